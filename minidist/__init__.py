@@ -1,0 +1,16 @@
+"""minidist: distributed neural-network training, from scratch, readable.
+
+    import minidist
+    x = minidist.Tensor([1.0, 2.0], requires_grad=True)
+
+See README.md and docs/ for the map.
+"""
+from minidist import backend
+from minidist.autograd import (Function, Tensor, checkpoint, concat, enable_grad,
+                               gradcheck, no_grad, split, stack, tensor, where)
+from minidist.backend import manual_seed
+
+__version__ = "0.1.0"
+
+__all__ = ["backend", "Tensor", "tensor", "Function", "no_grad", "enable_grad",
+           "gradcheck", "checkpoint", "concat", "stack", "split", "where", "manual_seed"]

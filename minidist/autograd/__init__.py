@@ -1,0 +1,17 @@
+"""A small reverse-mode autograd on arrays of the active backend.
+
+- ``Tensor``: data + grad + the op that made it (tensor.py)
+- ``Function``: forward and backward of one op; custom ops subclass it (function.py)
+- the backward pass (engine.py), ``no_grad`` (grad_mode.py)
+- every op (ops/), ``gradcheck`` (gradcheck.py), ``checkpoint`` (checkpoint.py)
+"""
+from minidist.autograd.checkpoint import checkpoint
+from minidist.autograd.function import Context, Function
+from minidist.autograd.functional import concat, matmul, split, stack, where
+from minidist.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from minidist.autograd.gradcheck import GradcheckError, gradcheck
+from minidist.autograd.tensor import Tensor, tensor
+
+__all__ = ["Tensor", "tensor", "Function", "Context", "no_grad", "enable_grad",
+           "is_grad_enabled", "set_grad_enabled", "gradcheck", "GradcheckError",
+           "checkpoint", "concat", "stack", "split", "where", "matmul"]

@@ -1,0 +1,149 @@
+"""The backward pass: walk the graph from the loss back to the leaves.
+
+    1. Sort the op nodes (``Context``) so each comes after the ops that made
+       its inputs (a topological order), by depth-first search from the root.
+    2. Visit them in reverse. Each node's ``backward`` turns the gradient of its
+       output(s) into gradients of its inputs (the chain rule:
+       dL/dx = dL/dy * dy/dx). Gradients meeting at a tensor are summed.
+    3. A leaf (a tensor made by the user, e.g. a parameter) is *ready* once every
+       op that used it has been visited. Then its gradient is added into
+       ``leaf.grad`` and its post-accumulate hooks fire. Data-parallel code uses
+       those hooks to start communicating a gradient while backward continues
+       with earlier layers.
+
+Unless ``retain_graph=True``, each node drops what it saved as soon as it has
+run, so memory falls as backward proceeds; a second backward through the same
+graph is then an error, as in PyTorch.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from minidist.autograd import grad_mode
+from minidist.autograd.function import Context
+from minidist.backend import xp
+
+
+def _topological_order(root: Context) -> list[Context]:
+    """Op nodes reachable from ``root``, each after the nodes that feed it."""
+    order: list[Context] = []
+    visited: set[int] = set()
+    stack: list[tuple[Context, bool]] = [(root, False)]
+    while stack:  # iterative DFS: deep graphs must not hit the recursion limit
+        node, children_done = stack.pop()
+        if children_done:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        for t in node.inputs:
+            if t is not None and t._ctx is not None and id(t._ctx) not in visited:
+                stack.append((t._ctx, False))
+    return order
+
+
+def _deliver(leaf: Any, grad: Any) -> None:
+    """Add a finished gradient into ``leaf.grad`` and fire the leaf's hooks."""
+    if grad.dtype != leaf.data.dtype:
+        grad = grad.astype(leaf.data.dtype)
+    if leaf.grad is None:
+        # copy: the array may be shared with other tensors' gradients
+        leaf.grad = grad.copy()
+    else:
+        leaf.grad += grad
+    for hook in leaf._hooks:
+        hook(leaf)
+
+
+def backward(root: Any, grad: Any = None, retain_graph: bool = False) -> None:
+    """Accumulate d(root)/d(leaf) * grad into every leaf's ``.grad``."""
+    if not root.requires_grad:
+        raise RuntimeError("backward() on a tensor that does not require grad "
+                           "(was it made under no_grad, or from leaves with "
+                           "requires_grad=False?)")
+    if grad is None:
+        if root.data.size != 1:
+            raise RuntimeError(f"backward() without a gradient needs a scalar output; "
+                               f"this one has shape {root.shape}: pass grad=")
+        grad = xp.ones_like(root.data)
+    elif hasattr(grad, "data") and not hasattr(grad, "dtype"):
+        grad = grad.data
+    if tuple(grad.shape) != tuple(root.shape):
+        raise ValueError(f"grad has shape {tuple(grad.shape)} but the output has "
+                         f"shape {tuple(root.shape)}")
+
+    if root._ctx is None:  # backward on a leaf: d(leaf)/d(leaf) = 1
+        _deliver(root, grad)
+        return
+
+    with grad_mode.no_grad():
+        _run(root, grad, retain_graph)
+
+
+def _run(root: Any, grad: Any, retain_graph: bool) -> None:
+    order = _topological_order(root._ctx)
+
+    # how many uses of each leaf remain to be visited
+    pending: dict[int, int] = {}
+    for node in order:
+        for t in node.inputs:
+            if t is not None and t._ctx is None:
+                pending[id(t)] = pending.get(id(t), 0) + 1
+
+    out_grads: dict[int, list] = {id(root._ctx): [None] * root._ctx.n_outputs}
+    out_grads[id(root._ctx)][root._out_index] = grad
+    leaf_grads: dict[int, Any] = {}
+
+    for node in reversed(order):
+        if getattr(node, "released", False):
+            raise RuntimeError(
+                f"backward through {node.fn.__name__} a second time: its saved "
+                "values were freed after the first backward. Pass "
+                "retain_graph=True to the first backward if you need two.")
+        grads_out = out_grads.pop(id(node), None)
+        if grads_out is None:  # nothing flows through this node
+            grads_in: tuple = (None,) * len(node.inputs)
+        else:
+            if node.n_outputs > 1:  # outputs no one used get zero gradient
+                grads_out = [g if g is not None else xp.zeros(shape, dtype)
+                             for g, (shape, dtype) in zip(grads_out, node.out_meta)]
+            grads_in = node.fn.backward(node, *grads_out)
+            if not isinstance(grads_in, tuple):
+                grads_in = (grads_in,)
+            if len(grads_in) != len(node.inputs):
+                raise RuntimeError(f"{node.fn.__name__}.backward returned "
+                                   f"{len(grads_in)} gradients for "
+                                   f"{len(node.inputs)} inputs")
+
+        for t, g in zip(node.inputs, grads_in):
+            if t is None:
+                continue
+            if g is not None and tuple(g.shape) != tuple(t.shape):
+                raise RuntimeError(f"{node.fn.__name__}.backward returned a gradient "
+                                   f"of shape {tuple(g.shape)} for an input of shape "
+                                   f"{tuple(t.shape)}")
+            if t._ctx is None:  # a leaf
+                if g is not None:
+                    prev = leaf_grads.get(id(t))
+                    leaf_grads[id(t)] = g if prev is None else prev + g
+                pending[id(t)] -= 1
+                if pending[id(t)] == 0 and id(t) in leaf_grads:
+                    _deliver(t, leaf_grads.pop(id(t)))
+            elif g is not None:
+                slots = out_grads.setdefault(id(t._ctx), [None] * t._ctx.n_outputs)
+                prev = slots[t._out_index]
+                slots[t._out_index] = g if prev is None else prev + g
+
+        if not retain_graph:
+            _release(node)
+
+
+def _release(node: Context) -> None:
+    """Free what the node saved; keep only what an error message needs."""
+    fn = node.fn
+    node.__dict__.clear()
+    node.fn = fn
+    node.inputs = ()
+    node.released = True

@@ -1,0 +1,111 @@
+"""Elementwise functions of one tensor, each with its local derivative.
+
+    exp:     d/dx e^x = e^x                 log:  1/x
+    sqrt:    1 / (2 sqrt x)                 tanh: 1 - tanh^2 x
+    relu:    1 if x > 0 else 0              sigmoid: s (1 - s)
+    gelu (tanh form, as GPT-2):  0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+        d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+"""
+from __future__ import annotations
+
+import math
+
+from minidist.autograd.function import Function
+from minidist.backend import xp
+
+
+class Exp(Function):
+    @staticmethod
+    def forward(ctx, a):
+        out = xp.exp(a)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved
+        return grad * out
+
+
+class Log(Function):
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a)
+        return xp.log(a)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (a,) = ctx.saved
+        return grad / a
+
+
+class Sqrt(Function):
+    @staticmethod
+    def forward(ctx, a):
+        out = xp.sqrt(a)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved
+        return grad / (2 * out)
+
+
+class Tanh(Function):
+    @staticmethod
+    def forward(ctx, a):
+        out = xp.tanh(a)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved
+        return grad * (1 - out * out)
+
+
+class Relu(Function):
+    @staticmethod
+    def forward(ctx, a):
+        ctx.save_for_backward(a > 0)
+        return xp.maximum(a, 0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (positive,) = ctx.saved
+        return grad * positive
+
+
+class Sigmoid(Function):
+    @staticmethod
+    def forward(ctx, a):
+        # 1 / (1 + e^-x) overflows for very negative x; this form does not
+        e = xp.exp(-xp.abs(a))
+        out = xp.where(a >= 0, 1 / (1 + e), e / (1 + e))
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved
+        return grad * out * (1 - out)
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+class Gelu(Function):
+    """GELU, tanh approximation (``torch.nn.functional.gelu(approximate='tanh')``)."""
+
+    @staticmethod
+    def forward(ctx, a):
+        t = xp.tanh(_GELU_C * (a + 0.044715 * a * a * a))
+        ctx.save_for_backward(a, t)
+        return 0.5 * a * (1 + t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, t = ctx.saved
+        du = _GELU_C * (1 + 3 * 0.044715 * a * a)
+        return grad * (0.5 * (1 + t) + 0.5 * a * (1 - t * t) * du)

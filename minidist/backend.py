@@ -1,0 +1,468 @@
+"""The array backend: one switch between NumPy, CuPy and a CuPy-like guard.
+
+Every core module gets its arrays from here::
+
+    from minidist.backend import xp      # numpy, cupy, or the guard namespace
+    y = xp.exp(x)
+
+`xp` follows the active backend, chosen by the environment variable
+``MINIDIST_BACKEND`` (``numpy`` by default, ``cupy``, or ``guard``) or by
+``set_backend(name)`` at run time. This is the only module of the core that
+imports numpy or cupy by name for array work.
+
+The three backends
+------------------
+- ``numpy``: plain NumPy on the CPU.
+- ``cupy``: CuPy on an NVIDIA GPU. Arrays live in device memory; moving them to
+  the host is explicit (``to_host``), and CuPy raises ``TypeError`` on an
+  implicit conversion such as ``numpy.asarray(device_array)``.
+- ``guard``: NumPy underneath, but its arrays behave like CuPy's where it
+  matters: ``numpy.asarray(a)`` raises ``TypeError``, and so does mixing a host
+  NumPy array into an operation on guard arrays. The test suite runs a second
+  time under it, so a stray ``np.`` call in core code fails on a machine
+  without a GPU instead of on the first GPU it meets.
+
+Helpers that are not portable between NumPy and CuPy live here too:
+``to_host`` / ``from_host``, a seeded ``Generator`` that draws the same numbers
+on every backend, ``scatter_add``, ``bits`` / ``from_bits``, ``synchronize``,
+``Timer`` and ``MemoryTracker``.
+"""
+from __future__ import annotations
+
+import os
+import time
+import tracemalloc
+from typing import Any
+
+import numpy as np
+from numpy.lib.mixins import NDArrayOperatorsMixin
+
+BACKENDS = ("numpy", "cupy", "guard")
+
+
+# --------------------------------------------------------------------------
+# The guard backend: NumPy arrays that refuse implicit host conversion.
+# --------------------------------------------------------------------------
+
+_HOST_MIX = ("a host numpy.ndarray was mixed into an operation on device arrays "
+             "(guard backend, behaving like CuPy); convert it explicitly with "
+             "minidist.backend.from_host(...)")
+
+
+def _unwrap(obj: Any) -> Any:
+    """Guard arrays -> their NumPy array; a plain ndarray is an error (like CuPy)."""
+    if isinstance(obj, GuardArray):
+        return obj._a
+    if isinstance(obj, np.ndarray):
+        raise TypeError(_HOST_MIX)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_unwrap(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _unwrap(v) for k, v in obj.items()}
+    return obj
+
+
+def _wrap(obj: Any) -> Any:
+    """NumPy results -> guard arrays. Scalars become 0-d arrays, as CuPy returns."""
+    if isinstance(obj, np.ndarray):
+        return GuardArray(obj)
+    if isinstance(obj, np.generic):
+        return GuardArray(np.asarray(obj))
+    if isinstance(obj, tuple):
+        return tuple(_wrap(o) for o in obj)
+    if isinstance(obj, list):
+        return [_wrap(o) for o in obj]
+    return obj
+
+
+class GuardArray(NDArrayOperatorsMixin):
+    """A NumPy array in disguise that behaves like a CuPy device array.
+
+    Operators, methods and ``xp.*`` functions work as usual. What fails, with
+    ``TypeError`` as on CuPy: ``numpy.asarray(a)`` / ``numpy.array(a)`` (implicit
+    transfer to the host), and operations that mix in a host ``numpy.ndarray``.
+    ``a.get()`` is the explicit transfer, as in CuPy.
+    """
+
+    __slots__ = ("_a",)
+
+    def __init__(self, a: np.ndarray):
+        self._a = a
+
+    # -- the conversions CuPy refuses --------------------------------------
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("Implicit conversion to a NumPy array is not allowed "
+                        "(guard backend, behaving like CuPy). "
+                        "Use minidist.backend.to_host(a) to copy it to the host.")
+
+    def get(self) -> np.ndarray:
+        """Explicit device -> host copy (CuPy's ``ndarray.get``)."""
+        return self._a.copy()
+
+    # -- NumPy protocol: dispatch to NumPy on the unwrapped arrays ---------
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return _wrap(getattr(ufunc, method)(*_unwrap(inputs), **_unwrap(kwargs)))
+
+    def __array_function__(self, func, types, args, kwargs):
+        return _wrap(func(*_unwrap(args), **_unwrap(kwargs)))
+
+    # -- attributes ---------------------------------------------------------
+    shape = property(lambda self: self._a.shape)
+    dtype = property(lambda self: self._a.dtype)
+    ndim = property(lambda self: self._a.ndim)
+    size = property(lambda self: self._a.size)
+    nbytes = property(lambda self: self._a.nbytes)
+    itemsize = property(lambda self: self._a.itemsize)
+    strides = property(lambda self: self._a.strides)
+    flags = property(lambda self: self._a.flags)
+    T = property(lambda self: GuardArray(self._a.T))
+    real = property(lambda self: GuardArray(self._a.real))
+    imag = property(lambda self: GuardArray(self._a.imag))
+
+    def __getattr__(self, name: str):
+        # Methods of ndarray (sum, reshape, astype, view, ...): unwrap the
+        # arguments, wrap the result. Dunder lookups are refused: forwarding
+        # __array_interface__ would hand NumPy the host buffer behind our back.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        attr = getattr(self._a, name)
+        if not callable(attr):
+            return attr
+
+        def method(*args, **kwargs):
+            return _wrap(attr(*_unwrap(args), **_unwrap(kwargs)))
+        return method
+
+    # -- indexing -----------------------------------------------------------
+    def __getitem__(self, key):
+        return _wrap(self._a[_unwrap(key)])
+
+    def __setitem__(self, key, value):
+        self._a[_unwrap(key)] = _unwrap(value)
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    def __iter__(self):
+        for row in self._a:
+            yield _wrap(row)
+
+    # -- scalars (CuPy allows these on size-1 arrays; they synchronise) -----
+    def __bool__(self) -> bool:
+        return bool(self._a)
+
+    def __float__(self) -> float:
+        return float(self._a)
+
+    def __int__(self) -> int:
+        return int(self._a)
+
+    def __index__(self) -> int:
+        return self._a.__index__()
+
+    def __complex__(self) -> complex:
+        return complex(self._a)
+
+    def __repr__(self) -> str:
+        return "guard:" + repr(self._a)
+
+    __hash__ = None  # arrays are not hashable
+
+    # pickling (multiprocess may pickle small metadata arrays)
+    def __reduce__(self):
+        return (GuardArray, (self._a,))
+
+
+class _GuardNamespace:
+    """The ``xp`` of the guard backend: NumPy's functions, wrapped.
+
+    Explicit transfers (``asarray``, ``array``, ``ascontiguousarray``) accept host
+    data; every other function rejects a host ``numpy.ndarray`` argument.
+    ``xp.random`` is refused: draw random numbers with ``backend.Generator`` so
+    they are the same on every backend.
+    """
+
+    _TRANSFERS = ("asarray", "array", "asanyarray", "ascontiguousarray")
+    ndarray = GuardArray
+
+    def __getattr__(self, name: str):
+        if name == "random":
+            raise AttributeError("xp.random differs between NumPy and CuPy; "
+                                 "use minidist.backend.Generator(seed)")
+        attr = getattr(np, name)
+        if name in self._TRANSFERS:
+            fn = _make_transfer(attr)
+        elif isinstance(attr, type) or not callable(attr):
+            fn = attr  # dtypes, constants
+        elif hasattr(attr, "__name__") and type(attr).__name__ == "module":
+            fn = attr
+        else:
+            fn = _make_wrapped(attr)
+        setattr(self, name, fn)  # cache
+        return fn
+
+    @property
+    def linalg(self):
+        return _GuardSubmodule(np.linalg)
+
+
+class _GuardSubmodule:
+    def __init__(self, mod):
+        self._mod = mod
+
+    def __getattr__(self, name):
+        return _make_wrapped(getattr(self._mod, name))
+
+
+def _make_wrapped(fn):
+    def wrapped(*args, **kwargs):
+        return _wrap(fn(*_unwrap(args), **_unwrap(kwargs)))
+    wrapped.__name__ = getattr(fn, "__name__", "fn")
+    return wrapped
+
+
+def _host_ok(obj):
+    if isinstance(obj, GuardArray):
+        return obj._a
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_host_ok(o) for o in obj)
+    return obj
+
+
+def _make_transfer(fn):
+    def transfer(obj, *args, **kwargs):
+        return GuardArray(np.asarray(fn(_host_ok(obj), *args, **kwargs)))
+    transfer.__name__ = fn.__name__
+    return transfer
+
+
+# --------------------------------------------------------------------------
+# The active backend and the `xp` proxy.
+# --------------------------------------------------------------------------
+
+class _ActiveNamespace:
+    """``xp``: forwards attribute lookups to the active array module.
+
+    Lookups are cached on the instance, so after the first use ``xp.exp`` is a
+    plain attribute read; ``set_backend`` clears the cache.
+    """
+
+    def __getattr__(self, name: str):
+        value = getattr(_state["module"], name)
+        self.__dict__[name] = value
+        return value
+
+    def __repr__(self) -> str:
+        return f"<minidist xp: {_state['name']}>"
+
+
+xp: Any = _ActiveNamespace()
+_state: dict = {"name": None, "module": None}
+
+
+def set_backend(name: str) -> None:
+    """Switch the active array backend: ``"numpy"``, ``"cupy"`` or ``"guard"``.
+
+    Arrays made under one backend are not converted; switch before building
+    tensors (or move them with ``to_host`` / ``from_host``).
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {BACKENDS} "
+                         "(set MINIDIST_BACKEND or call set_backend)")
+    if name == "cupy":
+        try:
+            import cupy  # noqa: F401
+        except ImportError as e:
+            raise ImportError("MINIDIST_BACKEND=cupy needs CuPy: "
+                              "pip install 'minidist[cuda]'") from e
+        module = cupy
+    elif name == "guard":
+        module = _GuardNamespace()
+    else:
+        module = np
+    _state["name"] = name
+    _state["module"] = module
+    xp.__dict__.clear()
+    global _default_generator
+    _default_generator = Generator(0)
+
+
+def get_backend() -> str:
+    """The name of the active backend."""
+    return _state["name"]
+
+
+# --------------------------------------------------------------------------
+# Non-portable helpers.
+# --------------------------------------------------------------------------
+
+def is_array(obj: Any) -> bool:
+    """True if ``obj`` is an array of the active backend."""
+    return isinstance(obj, xp.ndarray)
+
+
+def to_host(a: Any) -> np.ndarray:
+    """Copy (or view, for NumPy) an array of any backend into a host NumPy array."""
+    if isinstance(a, GuardArray):
+        return a._a
+    if isinstance(a, np.ndarray):
+        return a
+    if hasattr(a, "get"):  # cupy.ndarray
+        return a.get()
+    return np.asarray(a)
+
+
+def from_host(a: Any, dtype: Any = None) -> Any:
+    """Host data (NumPy array, list, scalar) -> an array of the active backend."""
+    if _state["name"] == "numpy":
+        return np.asarray(a, dtype=dtype)
+    if isinstance(a, GuardArray):
+        a = a._a
+    return xp.asarray(np.asarray(a, dtype=dtype))
+
+
+def scatter_add(target: Any, indices: Any, values: Any) -> None:
+    """In place: ``target[indices[i]] += values[i]``, repeated indices summed.
+
+    (``target[indices] += values`` would keep only one of the repeats.)
+    """
+    name = _state["name"]
+    if name == "cupy":
+        import cupyx
+        cupyx.scatter_add(target, indices, values)
+    elif name == "guard":
+        np.add.at(target._a, _unwrap(indices), _unwrap(values))
+    else:
+        np.add.at(target, indices, values)
+
+
+_UINT = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"}
+
+
+def bits(a: Any) -> Any:
+    """The raw bit patterns of a float array, as unsigned ints of the same width."""
+    return a.view(getattr(xp, _UINT[a.dtype.itemsize]))
+
+
+def from_bits(u: Any, dtype: Any) -> Any:
+    """Inverse of ``bits``: reinterpret unsigned ints as floats of ``dtype``."""
+    return u.view(dtype)
+
+
+def synchronize() -> None:
+    """Wait for queued device work (a no-op on the CPU backends)."""
+    if _state["name"] == "cupy":
+        import cupy
+        cupy.cuda.Device().synchronize()
+
+
+class Timer:
+    """Wall-clock timer that synchronises the device on entry and exit.
+
+    >>> with Timer() as t:
+    ...     work()
+    >>> t.seconds
+    """
+
+    def __enter__(self) -> "Timer":
+        synchronize()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        synchronize()
+        self.seconds = time.perf_counter() - self._t0
+
+
+class MemoryTracker:
+    """Peak array memory allocated inside a ``with`` block, in bytes.
+
+    On the CPU backends this uses ``tracemalloc`` (NumPy reports its array
+    buffers to it); on CuPy the memory pool's bytes in use, sampled at the
+    start and whenever ``sample()`` is called.
+    """
+
+    def __enter__(self) -> "MemoryTracker":
+        self.peak = 0
+        if _state["name"] == "cupy":
+            import cupy
+            self._pool = cupy.get_default_memory_pool()
+            self._base = self._pool.used_bytes()
+        else:
+            self._was_tracing = tracemalloc.is_tracing()
+            if not self._was_tracing:
+                tracemalloc.start()
+            tracemalloc.reset_peak()
+            self._base = tracemalloc.get_traced_memory()[0]
+        return self
+
+    def sample(self) -> None:
+        if _state["name"] == "cupy":
+            self.peak = max(self.peak, self._pool.used_bytes() - self._base)
+
+    def __exit__(self, *exc) -> None:
+        if _state["name"] == "cupy":
+            self.sample()
+        else:
+            self.peak = tracemalloc.get_traced_memory()[1] - self._base
+            if not self._was_tracing:
+                tracemalloc.stop()
+
+
+def memory_in_use() -> int:
+    """Bytes of array memory currently held (device pool on CuPy, traced on CPU)."""
+    if _state["name"] == "cupy":
+        import cupy
+        return cupy.get_default_memory_pool().used_bytes()
+    return tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else 0
+
+
+class Generator:
+    """A seeded random generator that gives identical numbers on every backend.
+
+    Draws happen on the host with NumPy's PCG64 and are copied to the active
+    backend, so a run on CuPy sees the same initial weights and dropout masks
+    as the same run on NumPy.
+    """
+
+    def __init__(self, seed: int | None = 0):
+        self._rng = np.random.Generator(np.random.PCG64(seed))
+
+    def normal(self, size, mean: float = 0.0, std: float = 1.0, dtype="float32"):
+        return from_host(self._rng.normal(mean, std, size).astype(dtype))
+
+    def uniform(self, size, low: float = 0.0, high: float = 1.0, dtype="float32"):
+        return from_host(self._rng.uniform(low, high, size).astype(dtype))
+
+    def random(self, size, dtype="float32"):
+        """Uniform on [0, 1)."""
+        return from_host(self._rng.random(size, dtype=np.dtype(dtype)))
+
+    def integers(self, low: int, high: int, size, dtype="int64"):
+        return from_host(self._rng.integers(low, high, size, dtype=np.dtype(dtype)))
+
+    def permutation(self, n: int):
+        return from_host(self._rng.permutation(n))
+
+    def get_state(self) -> dict:
+        return self._rng.bit_generator.state
+
+    def set_state(self, state: dict) -> None:
+        self._rng.bit_generator.state = state
+
+
+_default_generator: Generator
+
+
+def default_generator() -> Generator:
+    """The generator used when none is passed (dropout, weight init)."""
+    return _default_generator
+
+
+def manual_seed(seed: int) -> None:
+    """Reseed the default generator (like ``torch.manual_seed``)."""
+    global _default_generator
+    _default_generator = Generator(seed)
+
+
+set_backend(os.environ.get("MINIDIST_BACKEND", "numpy"))
