@@ -45,6 +45,9 @@ def gradcheck(fn: Callable[..., Tensor], inputs: Sequence[Tensor], eps: float = 
     with no_grad():
         for k, t in enumerate(checked):
             analytic = backend.to_host(t.grad) if t.grad is not None else 0.0 * backend.to_host(t.data)
+            # Own, contiguous data: reshape(-1) of a strided array (a transpose)
+            # is a copy, and perturbing a copy would never reach t.
+            t.data = t.data.copy()
             flat = t.data.reshape(-1)  # a view: writing it perturbs t
             for i in range(flat.size):
                 orig = float(flat[i])
