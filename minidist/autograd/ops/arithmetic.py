@@ -91,8 +91,12 @@ class Pow(Function):
     def backward(ctx, grad):                    # dz/da = p a^(p-1), dz/dp = a^p ln a
         a, p, out = ctx.saved
         ga = gp = None
+        zero = xp.zeros((), grad.dtype)
         if ctx.needs_input_grad[0]:
-            ga = unbroadcast(grad * p * a ** (p - 1), shape_of(a))
+            # a^0 is constant: its derivative is 0, also at a = 0 (not 0 * 0^-1 = nan)
+            ga = unbroadcast(xp.where(p == 0, zero, grad * p * a ** (p - 1)), shape_of(a))
         if ctx.needs_input_grad[1]:
-            gp = unbroadcast(grad * out * xp.log(a), shape_of(p))
+            # 0^p is 0 or 1 for every p >= 0: flat, not 0 * log 0 = nan
+            flat = (a == 0) & (p >= 0)
+            gp = unbroadcast(xp.where(flat, zero, grad * out * xp.log(a)), shape_of(p))
         return ga, gp
