@@ -175,6 +175,10 @@ class Tensor:
 
     __hash__ = object.__hash__
 
+    def __bool__(self) -> bool:
+        # like torch: fine for one element, an error for many
+        return bool(self.data)
+
     # -- methods ------------------------------------------------------------
     def sum(self, axis=None, keepdims: bool = False):
         return ops.Sum.apply(self, axis=axis, keepdims=keepdims)

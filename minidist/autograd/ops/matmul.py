@@ -58,5 +58,7 @@ class Linear(Function):
         g2 = grad.reshape(-1, weight.shape[0])      # (N, out)
         gx = (g2 @ weight).reshape(ctx.x_shape) if ctx.needs_input_grad[0] else None
         gw = g2.T @ x2 if ctx.needs_input_grad[1] else None
-        gb = g2.sum(axis=0) if len(ctx.needs_input_grad) > 2 and ctx.needs_input_grad[2] else None
+        if len(ctx.needs_input_grad) == 2:  # called without a bias
+            return gx, gw
+        gb = g2.sum(axis=0) if ctx.needs_input_grad[2] else None
         return gx, gw, gb

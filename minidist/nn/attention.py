@@ -1,0 +1,44 @@
+"""Multi-head causal self-attention, as in GPT-2.
+
+    q, k, v = split(x W_qkv)                     each (B, T, C) -> (B, nh, T, hs)
+    y_h = softmax(q_h k_h^T / sqrt(hs) + causal) v_h     for each head h
+    out = concat_h(y_h) W_proj
+
+with C = nh * hs. ``attention="naive"`` materialises the (T, T) score matrix
+(``nn.functional.scaled_dot_product_attention``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from minidist.autograd.functional import split
+from minidist.autograd.tensor import Tensor
+from minidist.nn import functional as F
+from minidist.nn.layers import Dropout, Linear
+from minidist.nn.module import Module
+
+
+class CausalSelfAttention(Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True,
+                 dtype: str = "float32", std: float | None = None,
+                 proj_std: float | None = None, generator: Any = None):
+        super().__init__()
+        if n_embd % n_head != 0:
+            raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}")
+        self.n_head, self.n_embd, self.dropout_p = n_head, n_embd, dropout
+        self.c_attn = Linear(n_embd, 3 * n_embd, bias, dtype, std, generator)
+        self.c_proj = Linear(n_embd, n_embd, bias, dtype, proj_std or std, generator)
+        self.resid_dropout = Dropout(dropout)  # masks from the default generator
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, C = x.shape
+        nh, hs = self.n_head, C // self.n_head
+        q, k, v = split(self.c_attn(x), C, axis=2)                    # 3 x (B, T, C)
+        q = q.reshape(B, T, nh, hs).transpose(1, 2)                   # (B, nh, T, hs)
+        k = k.reshape(B, T, nh, hs).transpose(1, 2)
+        v = v.reshape(B, T, nh, hs).transpose(1, 2)
+        p = self.dropout_p if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=p)               # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, C)                        # heads side by side
+        return self.resid_dropout(self.c_proj(y))

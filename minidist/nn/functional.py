@@ -1,0 +1,83 @@
+"""The layer functions of ``nn``, named as in ``torch.nn.functional``.
+
+Each is one autograd op (see ``minidist/autograd/ops``), so forward and
+backward are fused where that saves memory and time (linear, layer norm,
+softmax, cross-entropy).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from minidist.autograd import ops
+from minidist.autograd.tensor import Tensor, _raw
+from minidist.backend import xp
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """y = x W^T + b; W: (out, in)."""
+    if bias is None:
+        return ops.Linear.apply(x, weight)
+    return ops.Linear.apply(x, weight, bias)
+
+
+def embedding(ids: Any, weight: Tensor) -> Tensor:
+    """Rows of ``weight`` picked by integer ``ids``: (*ids.shape, dim)."""
+    return ops.Embedding.apply(_raw(ids), weight)
+
+
+def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    return ops.LayerNorm.apply(x, weight, bias, eps=eps)
+
+
+def gelu(x: Tensor) -> Tensor:
+    """GELU, tanh approximation (GPT-2's; ``F.gelu(x, approximate='tanh')``)."""
+    return ops.Gelu.apply(x)
+
+
+def relu(x: Tensor) -> Tensor:
+    return ops.Relu.apply(x)
+
+
+def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    return ops.Softmax.apply(x, axis=axis)
+
+
+def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    return ops.LogSoftmax.apply(x, axis=axis)
+
+
+def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100,
+                  reduction: str = "mean") -> Tensor:
+    """Mean of -log softmax(logits)[target] over targets != ignore_index."""
+    return ops.CrossEntropy.apply(logits, _raw(targets), ignore_index=ignore_index,
+                                  reduction=reduction)
+
+
+def dropout(x: Tensor, p: float = 0.5, training: bool = True, generator: Any = None) -> Tensor:
+    """Inverted dropout; the identity when not training or p == 0."""
+    if not training or p == 0.0:
+        return x
+    return ops.Dropout.apply(x, p=p, generator=generator)
+
+
+def causal_mask(t_q: int, t_k: int) -> Any:
+    """Boolean (t_q, t_k) mask, True above the diagonal: the future, not attended."""
+    return xp.triu(xp.ones((t_q, t_k), dtype=bool), k=1)
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
+                                 dropout_p: float = 0.0, generator: Any = None) -> Tensor:
+    """softmax(Q K^T / sqrt(d) [+ causal mask]) V, written out op by op.
+
+    q, k, v: (B, nh, T, hs). This is the textbook version that materialises the
+    (T, T) score matrix; ``minidist.attention`` holds the tiled one.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    att = (q @ k.transpose(-2, -1)) * scale                  # (B, nh, Tq, Tk)
+    if is_causal:
+        att = att.masked_fill(causal_mask(q.shape[-2], k.shape[-2]), -math.inf)
+    att = softmax(att, axis=-1)
+    att = dropout(att, dropout_p, training=dropout_p > 0, generator=generator)
+    return att @ v                                           # (B, nh, Tq, hs)

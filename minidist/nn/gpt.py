@@ -1,0 +1,116 @@
+"""A small GPT (decoder-only transformer), laid out like GPT-2 / nanoGPT.
+
+    x = wte[idx] + wpe[0..T)                                  (B, T, C)
+    for each block:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))
+    logits = ln_f(x) W_head^T                                 (B, T, vocab)
+    loss = cross_entropy(logits, targets)
+
+Parameter names match nanoGPT's (``transformer.h.0.attn.c_attn.weight`` is
+``blocks.0.attn.c_attn.weight`` here), so a PyTorch copy of the same model can
+be loaded weight for weight.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from minidist import backend
+from minidist.autograd.checkpoint import checkpoint
+from minidist.autograd.grad_mode import no_grad
+from minidist.autograd.tensor import Tensor
+from minidist.backend import xp
+from minidist.nn import functional as F
+from minidist.nn.attention import CausalSelfAttention
+from minidist.nn.layers import MLP, Dropout, Embedding, LayerNorm, Linear
+from minidist.nn.module import Module, ModuleList
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 64        # longest context the model sees (positions)
+    vocab_size: int = 65        # e.g. the characters of a small corpus
+    n_layer: int = 2            # transformer blocks
+    n_head: int = 4             # attention heads per block
+    n_embd: int = 64            # model width C; head size is C / n_head
+    dropout: float = 0.0        # on attention weights, residual branches, embeddings
+    bias: bool = True           # biases in Linear and LayerNorm, as GPT-2
+    tie_weights: bool = True    # lm_head shares wte's matrix, as GPT-2
+    checkpoint: bool = False    # recompute each block in backward (less memory)
+    dtype: str = "float32"      # parameter and activation dtype
+    seed: int = 0               # weight init seed (same weights on every backend)
+
+
+class Block(Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: GPTConfig, generator: Any = None):
+        super().__init__()
+        std = 0.02
+        proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)  # GPT-2: scale residual projections
+        self.ln_1 = LayerNorm(cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype)
+        self.attn = CausalSelfAttention(cfg.n_embd, cfg.n_head, cfg.dropout, cfg.bias,
+                                        cfg.dtype, std, proj_std, generator)
+        self.ln_2 = LayerNorm(cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype)
+        self.mlp = MLP(cfg.n_embd, 4 * cfg.n_embd, cfg.dropout, cfg.bias, cfg.dtype,
+                       std, proj_std, generator)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.config = cfg
+        gen = backend.Generator(cfg.seed)
+        self.wte = Embedding(cfg.vocab_size, cfg.n_embd, cfg.dtype, std=0.02, generator=gen)
+        self.wpe = Embedding(cfg.block_size, cfg.n_embd, cfg.dtype, std=0.02, generator=gen)
+        self.drop = Dropout(cfg.dropout)
+        self.blocks = ModuleList([Block(cfg, gen) for _ in range(cfg.n_layer)])
+        self.ln_f = LayerNorm(cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype)
+        self.lm_head = Linear(cfg.n_embd, cfg.vocab_size, bias=False, dtype=cfg.dtype,
+                              std=0.02, generator=gen)
+        if cfg.tie_weights:
+            self.lm_head.weight = self.wte.weight
+
+    def forward(self, idx: Any, targets: Any = None) -> tuple[Tensor, Tensor | None]:
+        """idx: integer (B, T) -> logits (B, T, vocab), and the loss if targets given."""
+        idx = idx.data if isinstance(idx, Tensor) else idx
+        B, T = idx.shape
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size "
+                             f"{self.config.block_size}")
+        pos = xp.arange(T)
+        x = self.drop(self.wte(idx) + self.wpe(pos))                  # (B, T, C)
+        for block in self.blocks:
+            x = checkpoint(block, x) if self.config.checkpoint and self.training else block(x)
+        logits = self.lm_head(self.ln_f(x))                           # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits, targets)
+        return logits, loss
+
+    @no_grad()
+    def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, seed: int = 0) -> Any:
+        """Sample ``max_new_tokens`` tokens after ``idx`` (B, T); returns (B, T + new)."""
+        gen = backend.Generator(seed)
+        was_training = self.training
+        self.eval()
+        for _ in range(max_new_tokens):
+            context = idx[:, -self.config.block_size:]
+            logits, _ = self(context)
+            logits = logits.data[:, -1, :] / temperature                # (B, vocab)
+            if top_k is not None:
+                kth = xp.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
+                logits = xp.where(logits < kth, -xp.inf, logits)
+            probs = F.softmax(Tensor(logits), axis=-1).data
+            # inverse-CDF sampling with a uniform draw: same on every backend
+            u = gen.random((probs.shape[0], 1), dtype=probs.dtype)
+            nxt = (xp.cumsum(probs, axis=-1) < u).sum(axis=-1, keepdims=True)
+            nxt = xp.minimum(nxt, probs.shape[-1] - 1)
+            idx = xp.concatenate([idx, nxt.astype(idx.dtype)], axis=1)
+        self.train(was_training)
+        return idx

@@ -1,0 +1,169 @@
+"""``Module`` and ``Parameter``: the containers a model is built from.
+
+A ``Module`` finds its parameters by looking at its own attributes: assigning
+a ``Parameter`` or another ``Module`` to ``self.something`` registers it, as in
+``torch.nn.Module``. Names are dotted paths (``blocks.0.attn.c_attn.weight``),
+so ``state_dict()`` of a PyTorch model with the same structure lines up key
+for key.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Iterator
+
+from minidist import backend
+from minidist.autograd.tensor import Tensor
+
+
+class Parameter(Tensor):
+    """A leaf tensor that a ``Module`` registers and an optimizer updates."""
+
+    __slots__ = ()
+
+    def __init__(self, data: Any, requires_grad: bool = True):
+        super().__init__(data, requires_grad=requires_grad)
+
+    def __repr__(self) -> str:
+        return f"Parameter(shape={self.shape}, dtype={self.dtype})"
+
+
+class Module:
+    """Base class of every layer and model: override ``forward``."""
+
+    def __init__(self):
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if "_parameters" not in self.__dict__:
+            raise RuntimeError(f"call super().__init__() in {type(self).__name__}.__init__ "
+                               "before assigning attributes")
+        self._parameters.pop(name, None)
+        self._modules.pop(name, None)
+        if isinstance(value, Parameter):
+            self._parameters[name] = value
+        elif isinstance(value, Module):
+            self._modules[name] = value
+        object.__setattr__(self, name, value)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} has no forward()")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    # -- traversal ----------------------------------------------------------
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        yield prefix, self
+        for name, child in self._modules.items():
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def modules(self) -> Iterator["Module"]:
+        for _, m in self.named_modules():
+            yield m
+
+    def children(self) -> Iterator["Module"]:
+        yield from self._modules.values()
+
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
+        """Each parameter once (a tied parameter under its first name)."""
+        seen: set[int] = set()
+        for mod_name, mod in self.named_modules(prefix):
+            for name, p in mod._parameters.items():
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                yield (f"{mod_name}.{name}" if mod_name else name), p
+
+    def parameters(self) -> Iterator[Parameter]:
+        for _, p in self.named_parameters():
+            yield p
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # -- modes and gradients ------------------------------------------------
+    def train(self, mode: bool = True) -> "Module":
+        for m in self.modules():
+            object.__setattr__(m, "training", mode)
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    def zero_grad(self) -> None:
+        for p in self.parameters():
+            p.grad = None
+
+    # -- state --------------------------------------------------------------
+    def state_dict(self) -> "OrderedDict[str, Any]":
+        """Parameter name -> array (the live arrays, not copies, as in PyTorch)."""
+        return OrderedDict((name, p.data) for name, p in self.named_parameters())
+
+    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        """Copy arrays into the parameters; names and shapes must match."""
+        own = dict(self.named_parameters())
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        if strict and (missing or unexpected):
+            raise KeyError(f"state_dict mismatch: missing {missing}, unexpected {unexpected}")
+        for name, value in state.items():
+            if name not in own:
+                continue
+            p = own[name]
+            if tuple(value.shape) != p.shape:
+                raise ValueError(f"{name}: shape {tuple(value.shape)} in the state_dict, "
+                                 f"{p.shape} in the model")
+            if not backend.is_array(value):
+                value = backend.from_host(value)
+            p.data[...] = value.astype(p.dtype)
+
+    def to_dtype(self, dtype: Any) -> "Module":
+        """Cast every parameter (in place of its data) to ``dtype``."""
+        for p in self.parameters():
+            p.data = p.data.astype(dtype)
+            p.grad = None
+        return self
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}("]
+        for name, m in self._modules.items():
+            body = repr(m).replace("\n", "\n  ")
+            lines.append(f"  ({name}): {body}")
+        for name, p in self._parameters.items():
+            lines.append(f"  {name}: {p.shape}")
+        return "\n".join(lines) + ")" if len(lines) > 1 else f"{type(self).__name__}()"
+
+
+class ModuleList(Module):
+    """A list of modules registered as ``0``, ``1``, ... (for stacks of blocks)."""
+
+    def __init__(self, modules: list | None = None):
+        super().__init__()
+        for m in modules or []:
+            self.append(m)
+
+    def append(self, module: Module) -> None:
+        setattr(self, str(len(self._modules)), module)
+
+    def __getitem__(self, i: int) -> Module:
+        return list(self._modules.values())[i]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+
+class Sequential(ModuleList):
+    """Modules applied one after another."""
+
+    def __init__(self, *modules: Module):
+        super().__init__(list(modules))
+
+    def forward(self, x: Any) -> Any:
+        for m in self:
+            x = m(x)
+        return x
