@@ -8,6 +8,9 @@ gradient back to each of them, weighted by its local derivative:
 """
 from __future__ import annotations
 
+import math
+import warnings
+
 from minidist.autograd.function import Function
 from minidist.autograd.ops._util import expand_reduced, normalize_axes
 from minidist.backend import xp
@@ -74,10 +77,14 @@ class Var(Function):
         denom = _count(a.shape, axes) - correction
         ctx.save_for_backward(centered)
         ctx.axes, ctx.keepdims, ctx.denom = axes, keepdims, denom
-        return (centered * centered).sum(axis=axes, keepdims=keepdims) / denom
+        if denom <= 0:  # no degrees of freedom left: nan, as torch (which also warns)
+            warnings.warn(f"var(): degrees of freedom n - correction = {denom} <= 0; "
+                          "the result is nan", stacklevel=2)
+        return (centered * centered).sum(axis=axes, keepdims=keepdims) / max(denom, 0)
 
     @staticmethod
     def backward(ctx, grad):
         (centered,) = ctx.saved
         g = expand_reduced(grad, centered.shape, ctx.axes, ctx.keepdims)
-        return g * (2.0 / ctx.denom) * centered
+        scale = 2.0 / ctx.denom if ctx.denom != 0 else math.inf  # inf * 0 = nan, as torch
+        return g * scale * centered
