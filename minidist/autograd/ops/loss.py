@@ -5,7 +5,8 @@
 
 Backward (per valid row): dL/dz_i = (softmax(z_i) - onehot(t_i)) / n_valid.
 Rows whose target is ``ignore_index`` contribute nothing, as in PyTorch; if
-every row is ignored the mean is 0/0 = nan, again as PyTorch returns.
+every row is ignored the mean is 0/0 = nan and its gradient is 0, again as
+PyTorch returns.
 """
 from __future__ import annotations
 
@@ -52,5 +53,7 @@ class CrossEntropy(Function):
         elif ctx.reduction == "sum":
             g *= grad
         else:
-            g *= grad / ctx.n_valid.astype(g.dtype)
+            # every row ignored: g is all 0 already; times grad / 0 = inf it would be nan
+            n_valid = xp.maximum(ctx.n_valid, 1).astype(g.dtype)
+            g *= grad / n_valid
         return g.reshape(ctx.shape), None
