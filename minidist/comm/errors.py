@@ -1,0 +1,48 @@
+"""What goes wrong between processes, each with its own exception.
+
+Every error names who and what: the peer rank, the tag, the collective, and
+what differed, so that a failing world explains itself in one message.
+"""
+from __future__ import annotations
+
+
+class CommError(RuntimeError):
+    """Base class of every communication error raised by minidist.comm."""
+
+
+class CommTimeoutError(CommError, TimeoutError):
+    """A send or receive waited longer than the group's timeout."""
+
+
+class CollectiveMismatchError(CommError):
+    """Ranks called different collectives, or the same one on different shapes,
+    dtypes, ops or roots. Raised on every rank of the group."""
+
+
+class MessageMismatchError(CommError):
+    """A message arrived whose size or dtype differs from the posted receive."""
+
+
+class WorldAbortedError(CommError):
+    """Another rank failed and the world is being stopped."""
+
+
+class RankFailedError(CommError):
+    """Raised in the parent when a rank of a world raised or died.
+
+    ``rank`` is the first rank that failed on its own (not merely because the
+    world was aborted), ``remote_traceback`` its traceback as text, and
+    ``failures`` maps every rank that failed to ``(exception type name,
+    traceback text)``.
+    """
+
+    def __init__(self, rank: int, exc_type: str, remote_traceback: str,
+                 failures: dict[int, tuple[str, str]]):
+        self.rank = rank
+        self.exc_type = exc_type
+        self.remote_traceback = remote_traceback
+        self.failures = failures
+        super().__init__(f"rank {rank} failed with {exc_type}:\n{remote_traceback}")
+
+    def __reduce__(self):
+        return (type(self), (self.rank, self.exc_type, self.remote_traceback, self.failures))

@@ -1,0 +1,238 @@
+"""Process groups: who talks to whom, and the default world.
+
+A ``ProcessGroup`` is an ordered list of global ranks plus a transport context,
+so that messages of one group never mix with another's. Ranks inside a group
+are numbered 0..size-1 in increasing global rank (as in torch.distributed).
+Point-to-point calls on a group take group ranks and count every byte and
+message they move (``group.stats``); the collectives are written on top of them.
+
+``init_process_group()`` picks the transport from the environment:
+
+- ``MINIDIST_SHM`` set (by ``minidist.launch`` / ``minidist run``): the local
+  shared-memory transport, rank from ``RANK``;
+- ``PMI_RANK`` / ``OMPI_COMM_WORLD_RANK`` set (under ``mpiexec``): MPI;
+- neither: a world of one process, so a script also runs on its own.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from minidist.comm import shm
+from minidist.comm.transport import Handle, Transport
+
+DEFAULT_TIMEOUT = 60.0       # seconds a wait may go without progress before it fails
+USER_TAG_LIMIT = 1 << 24     # user tags are 0 .. 2**24 - 1
+COLLECTIVE_TAG = 1 << 24     # collectives use COLLECTIVE_TAG + (call number mod 2**16)
+
+_MPI_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+@dataclass
+class CommStats:
+    """Bytes and messages this rank moved, in total and in the last collective."""
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    msgs_sent: int = 0
+    msgs_recv: int = 0
+    last: dict = field(default_factory=dict)
+    per_collective: dict = field(default_factory=dict)  # name -> totals of that collective
+
+    def snapshot(self) -> tuple[int, int, int, int]:
+        return (self.bytes_sent, self.bytes_recv, self.msgs_sent, self.msgs_recv)
+
+    def record(self, name: str, before: tuple, **info: Any) -> None:
+        delta = [now - then for now, then in zip(self.snapshot(), before)]
+        keys = ("bytes_sent", "bytes_recv", "msgs_sent", "msgs_recv")
+        self.last = dict(collective=name, **info, **dict(zip(keys, delta)))
+        totals = self.per_collective.setdefault(name, dict.fromkeys(("calls",) + keys, 0))
+        totals["calls"] += 1
+        for k, d in zip(keys, delta):
+            totals[k] += d
+
+    def reset(self) -> None:
+        self.__init__()
+
+
+class ProcessGroup:
+    """A set of ranks that communicate among themselves (see module docstring)."""
+
+    def __init__(self, transport: Transport, ranks: list[int], ctx: int,
+                 timeout: float = DEFAULT_TIMEOUT, check: bool = True):
+        self.transport = transport
+        self.ranks = list(ranks)              # group rank i is global rank ranks[i]
+        self.ctx = ctx
+        self.timeout = timeout
+        self.check = check                    # verify collective calls match (check.py)
+        self.rank = self.ranks.index(transport.rank)
+        self.size = len(self.ranks)
+        self.stats = CommStats()
+        self._calls = 0
+
+    def __repr__(self) -> str:
+        return f"ProcessGroup(ranks={self.ranks}, rank={self.rank}, transport={self.transport.name})"
+
+    def global_rank(self, group_rank: int) -> int:
+        return self.ranks[group_rank]
+
+    def group_rank(self, global_rank: int) -> int:
+        if global_rank not in self.ranks:
+            raise ValueError(f"rank {global_rank} is not in group {self.ranks}")
+        return self.ranks.index(global_rank)
+
+    def next_collective_tag(self) -> int:
+        """Each collective call gets its own tag (all ranks call collectives in the same order)."""
+        self._calls += 1
+        return COLLECTIVE_TAG + self._calls % (1 << 16)
+
+    # -- point to point, in group ranks ---------------------------------------
+    def isend(self, arr: Any, dst: int, tag: int) -> Handle:
+        self.stats.bytes_sent += arr.nbytes
+        self.stats.msgs_sent += 1
+        return self.transport.isend(arr, self.ranks[dst], tag, self.ctx)
+
+    def irecv(self, arr: Any, src: int, tag: int, op: Any = None) -> Handle:
+        """Receive into ``arr``; with ``op``, reduce into it instead (arr = op(arr, incoming))."""
+        self.stats.bytes_recv += arr.nbytes
+        self.stats.msgs_recv += 1
+        return self.transport.irecv(arr, self.ranks[src], tag, self.ctx, op)
+
+    def wait(self, handles: list, what: str = "") -> None:
+        self.transport.wait_all(handles, self.timeout, what)
+
+    def sendrecv(self, send_arr: Any, dst: int, recv_arr: Any, src: int, tag: int,
+                 op: Any = None, what: str = "") -> None:
+        """Send to ``dst`` and receive from ``src`` at the same time.
+
+        Both are posted before either is waited on: with blocking calls, two
+        neighbours that both send first would wait for each other forever once
+        the message no longer fits in the channel.
+        """
+        self.wait([self.isend(send_arr, dst, tag), self.irecv(recv_arr, src, tag, op)], what)
+
+
+class _NonMember:
+    """What ``new_group`` returns on a rank outside the group (torch's NON_GROUP_MEMBER)."""
+
+    def __repr__(self) -> str:
+        return "GroupMember.NON_GROUP_MEMBER"
+
+
+NON_GROUP_MEMBER = _NonMember()
+
+_state: dict[str, Any] = {"world": None, "owned_segment": None}
+
+
+def init_process_group(backend: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+                       check: bool = True) -> ProcessGroup:
+    """Join the world of processes this one belongs to and return the world group.
+
+    ``backend`` is the transport, named like torch's: ``"shm"`` (processes on
+    this machine), ``"mpi"`` (under mpiexec), or None to read the environment.
+    ``timeout`` is how long a send or receive may wait without progress before
+    it raises ``CommTimeoutError``; ``check=False`` skips the check that every
+    rank called the same collective on the same shape and dtype.
+    """
+    if _state["world"] is not None:
+        raise RuntimeError("init_process_group was already called in this process; "
+                           "call destroy_process_group() first")
+    env = os.environ
+    if backend is None:
+        if "MINIDIST_SHM" in env:
+            backend = "shm"
+        elif any(k in env for k in _MPI_ENV):
+            backend = "mpi"
+        else:
+            backend = "self"
+    if backend == "mpi":
+        from minidist.comm.mpi import MpiTransport
+        transport: Transport = MpiTransport(timeout)
+    elif backend == "shm" and "MINIDIST_SHM" in env:
+        from minidist.comm.local import LocalTransport
+        transport = LocalTransport(env["MINIDIST_SHM"], int(env.get("RANK", "0")), timeout)
+    elif backend in ("self", "shm"):
+        # A world of one: its own small segment, unlinked when the group is destroyed.
+        from minidist.comm.local import LocalTransport
+        seg = shm.create(1, nslots=4, slot_bytes=1 << 16)
+        _state["owned_segment"] = seg
+        transport = LocalTransport(seg.name, 0, timeout)
+    else:
+        raise ValueError(f"unknown backend {backend!r}: choose 'shm', 'mpi' or None")
+    _state["world"] = ProcessGroup(transport, list(range(transport.world_size)), 0, timeout, check)
+    atexit.register(destroy_process_group)
+    return _state["world"]
+
+
+def is_initialized() -> bool:
+    return _state["world"] is not None
+
+
+def destroy_process_group(group: ProcessGroup | None = None) -> None:
+    """Leave the world: stop background work, close the transport, free shared memory."""
+    if group is not None and group is not _state["world"]:
+        return  # sub-groups own nothing of their own
+    world = _state["world"]
+    if world is None:
+        return
+    from minidist.comm import work
+    work.shutdown()
+    _state["world"] = None
+    world.transport.close()
+    seg = _state["owned_segment"]
+    if seg is not None:
+        _state["owned_segment"] = None
+        name = seg.name
+        shm.close(seg)
+        shm.unlink(name)
+    atexit.unregister(destroy_process_group)
+
+
+def world_group() -> ProcessGroup:
+    world = _state["world"]
+    if world is None:
+        raise RuntimeError("the default process group is not initialised: "
+                           "call minidist.distributed.init_process_group() first")
+    return world
+
+
+def resolve(group: ProcessGroup | None) -> ProcessGroup:
+    """``group=None`` means the world; a non-member cannot take part."""
+    if group is None:
+        return world_group()
+    if group is NON_GROUP_MEMBER:
+        raise ValueError(f"rank {world_group().rank} is not a member of this group")
+    return group
+
+
+def new_group(ranks: list[int] | None = None, timeout: float | None = None) -> Any:
+    """A group of ``ranks`` (global ranks). Every rank of the world must call it, in
+    the same order; ranks outside the group get ``NON_GROUP_MEMBER``."""
+    world = world_group()
+    ranks = sorted(set(range(world.size) if ranks is None else ranks))
+    if not ranks or ranks[0] < 0 or ranks[-1] >= world.size:
+        raise ValueError(f"new_group: ranks {ranks} outside a world of {world.size}")
+    ctx = world.transport.new_context(ranks)
+    if world.transport.rank not in ranks:
+        return NON_GROUP_MEMBER
+    return ProcessGroup(world.transport, ranks, ctx,
+                        world.timeout if timeout is None else timeout, world.check)
+
+
+def get_rank(group: ProcessGroup | None = None) -> int:
+    """This process's rank in ``group`` (the world if None); -1 if not a member."""
+    if group is NON_GROUP_MEMBER:
+        return -1
+    return resolve(group).rank
+
+
+def get_world_size(group: ProcessGroup | None = None) -> int:
+    if group is NON_GROUP_MEMBER:
+        return -1
+    return resolve(group).size
+
+
+def get_stats(group: ProcessGroup | None = None) -> CommStats:
+    """Bytes and messages this rank moved in ``group`` (``.last``: the last collective)."""
+    return resolve(group).stats

@@ -1,0 +1,74 @@
+"""A device mesh: the world as a grid of data x pipeline x context x tensor ranks.
+
+    mesh = DeviceMesh(dp=2, pp=2, tp=2)      # 8 ranks
+    mesh.group("tp")                         # my tensor-parallel group
+    mesh.coord                               # {'pp': 0, 'dp': 1, 'cp': 0, 'tp': 1}
+
+Ranks are laid out with tensor parallelism fastest-varying, then context,
+then data, then pipeline (pp outermost)::
+
+    rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i
+
+so the ranks of one TP group are neighbours (on one machine, where the
+bandwidth is), and pipeline stages are the farthest apart. The group of
+dimension d holds the ranks that share every coordinate except d. Every rank
+builds every group, in the same order, as ``new_group`` requires.
+"""
+from __future__ import annotations
+
+import itertools
+
+from minidist.comm.group import ProcessGroup, get_world_size, new_group, world_group
+
+DIMS = ("pp", "dp", "cp", "tp")  # outermost to innermost
+
+
+class DeviceMesh:
+    """The world split into pp x dp x cp x tp groups (see module docstring)."""
+
+    def __init__(self, dp: int = 1, pp: int = 1, tp: int = 1, cp: int = 1):
+        self.shape = {"pp": pp, "dp": dp, "cp": cp, "tp": tp}
+        size = pp * dp * cp * tp
+        if size != get_world_size():
+            raise ValueError(f"mesh {self.shape} has {size} ranks but the world has "
+                             f"{get_world_size()}")
+        self.rank = world_group().rank
+        self.coord = self.coords_of(self.rank)
+        self._groups: dict[str, ProcessGroup] = {}
+        for dim in DIMS:
+            for ranks in self._all_groups(dim):  # every rank creates every group
+                g = new_group(ranks)
+                if self.rank in ranks:
+                    self._groups[dim] = g
+
+    def rank_of(self, coord: dict[str, int]) -> int:
+        r = 0
+        for dim in DIMS:
+            r = r * self.shape[dim] + coord.get(dim, 0)
+        return r
+
+    def coords_of(self, rank: int) -> dict[str, int]:
+        coord = {}
+        for dim in reversed(DIMS):
+            rank, coord[dim] = divmod(rank, self.shape[dim])
+        return {dim: coord[dim] for dim in DIMS}
+
+    def _all_groups(self, dim: str) -> list[list[int]]:
+        others = [d for d in DIMS if d != dim]
+        groups = []
+        for fixed in itertools.product(*(range(self.shape[d]) for d in others)):
+            base = dict(zip(others, fixed))
+            groups.append([self.rank_of({**base, dim: i}) for i in range(self.shape[dim])])
+        return groups
+
+    def group(self, dim: str) -> ProcessGroup:
+        """This rank's group along ``dim`` ('dp', 'pp', 'tp' or 'cp')."""
+        return self._groups[dim]
+
+    def ranks(self, dim: str) -> list[int]:
+        """Global ranks of this rank's group along ``dim``."""
+        return self._groups[dim].ranks
+
+    def __repr__(self) -> str:
+        dims = " x ".join(f"{d}={self.shape[d]}" for d in DIMS)
+        return f"DeviceMesh({dims}, rank {self.rank} at {self.coord})"

@@ -1,0 +1,157 @@
+"""Point-to-point transport: the interface every collective is written against.
+
+A transport moves the bytes of an array from one rank to another::
+
+    h = t.isend(arr, dst, tag, ctx)          # returns at once
+    h = t.irecv(arr, src, tag, ctx)          # receive into arr (its shape, dtype)
+    h = t.irecv(acc, src, tag, ctx, op=SUM)  # receive and reduce: acc = acc + incoming
+    t.wait_all([h, ...], timeout, what)      # progress until all are done
+
+``ctx`` is the context of a process group: messages sent in one group are never
+matched by receives in another. Within a context, messages between a pair of
+ranks with the same tag arrive in the order they were sent (as in MPI).
+
+Two transports implement it: ``LocalTransport`` (shared memory between
+processes on one machine, local.py) and ``MpiTransport`` (mpi4py, mpi.py).
+
+Host memory: transports move host bytes. ``host_bytes`` gives the bytes of a
+backend array (a view on NumPy and the guard backend, a device-to-host copy on
+CuPy); received pieces are written into the backend array with ``from_host``,
+which is again a view on the CPU backends and a host-to-device copy on CuPy.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from minidist import backend
+from minidist.backend import xp
+
+
+class Handle:
+    """A pending send or receive. ``wait()`` blocks until it is complete."""
+
+    done: bool = False
+
+    def wait(self, timeout: float | None = None) -> None:
+        raise NotImplementedError
+
+    def is_completed(self) -> bool:
+        return self.done
+
+
+class Transport:
+    """The point-to-point interface (see the module docstring)."""
+
+    rank: int
+    world_size: int
+    name: str
+
+    def isend(self, arr: Any, dst: int, tag: int, ctx: int = 0) -> Handle:
+        raise NotImplementedError
+
+    def irecv(self, arr: Any, src: int, tag: int, ctx: int = 0, op: Any = None) -> Handle:
+        raise NotImplementedError
+
+    def wait_all(self, handles: list, timeout: float, what: str = "") -> None:
+        raise NotImplementedError
+
+    def new_context(self, ranks: list[int]) -> int:
+        """A fresh context for a group of ``ranks``. Called by every rank of the
+        world, in the same order, like ``torch.distributed.new_group``."""
+        raise NotImplementedError
+
+    def abort(self, message: str) -> None:
+        """Tell the other ranks that this one failed (best effort)."""
+
+    def close(self) -> None:
+        pass
+
+
+# --------------------------------------------------------------------------
+# Host views of backend arrays.
+# --------------------------------------------------------------------------
+
+def host_bytes(arr: Any) -> Any:
+    """The bytes of ``arr`` as a flat host uint8 array (C order)."""
+    host = backend.to_host(arr)
+    if not host.flags.c_contiguous:
+        host = host.copy()  # a C-ordered snapshot of a strided array
+    return host.reshape(-1).view("uint8")
+
+
+def flat_target(arr: Any) -> tuple[Any, Any]:
+    """(flat view to receive into, function to call when the receive is complete).
+
+    A contiguous array is received into directly; a strided one through a
+    contiguous staging array that is copied back at the end.
+    """
+    if arr.flags.c_contiguous:
+        return arr.reshape(-1), None
+    staging = xp.empty(arr.size, dtype=arr.dtype)
+
+    def copy_back() -> None:
+        arr[...] = staging.reshape(arr.shape)
+    return staging, copy_back
+
+
+def host_view(buffer: Any) -> Any:
+    """A host uint8 array over a buffer (a memoryview of shared memory, bytes...)."""
+    return backend.to_host(memoryview(buffer))
+
+
+_DTYPE_CODES: dict = {}
+
+
+def dtype_code(dtype: Any) -> int:
+    """A dtype as one int64 for a message header ('<f4' packed into 8 bytes)."""
+    code = _DTYPE_CODES.get(dtype)
+    if code is None:
+        code = int.from_bytes(dtype.str.encode().ljust(8, b"\0")[:8], "little", signed=True)
+        _DTYPE_CODES[dtype] = code
+    return code
+
+
+def dtype_name(code: int) -> str:
+    return code.to_bytes(8, "little", signed=True).rstrip(b"\0").decode(errors="replace")
+
+
+# --------------------------------------------------------------------------
+# Waiting without hogging the CPU.
+# --------------------------------------------------------------------------
+
+class Backoff:
+    """Spin, then yield, then sleep: how a rank waits for its peers.
+
+    Spinning gives the lowest latency when every rank has a core of its own.
+    With more ranks than cores (4 ranks on 2 cores) a spinning rank steals the
+    core its peer needs to make progress, so after ``spin`` fruitless polls it
+    yields the CPU (``sched_yield``) and, after ``yield_s`` seconds, sleeps in
+    growing naps up to ``max_sleep`` seconds.
+    """
+
+    def __init__(self, spin: int = 64, yield_s: float = 0.002, max_sleep: float = 0.001):
+        self.spin, self.yield_s, self.max_sleep = spin, yield_s, max_sleep
+        self.reset()
+
+    def reset(self) -> None:
+        self.polls = 0
+        self.idle_since = None
+        self.nap = 1e-5
+
+    def pause(self) -> None:
+        self.polls += 1
+        if self.polls < self.spin:
+            return
+        now = time.monotonic()
+        if self.idle_since is None:
+            self.idle_since = now
+        if now - self.idle_since < self.yield_s:
+            _sched_yield()
+        else:
+            time.sleep(self.nap)
+            self.nap = min(self.nap * 2, self.max_sleep)
+
+
+_sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))

@@ -1,0 +1,29 @@
+"""minidist.distributed: the torch.distributed-shaped facade (re-exports only).
+
+    import minidist.distributed as dist
+
+    dist.init_process_group()              # RANK / WORLD_SIZE from minidist run, or mpiexec
+    x = backend.xp.ones(4) * dist.get_rank()
+    dist.all_reduce(x, op=dist.ReduceOp.SUM)
+    dist.destroy_process_group()
+
+The code lives in minidist/comm/.
+"""
+from minidist.comm import (NON_GROUP_MEMBER, CollectiveMismatchError, CommError,
+                           CommTimeoutError, DeviceMesh, MessageMismatchError, ProcessGroup,
+                           RankFailedError, ReduceOp, Work, WorldAbortedError, all_gather,
+                           all_gather_into_tensor, all_reduce, all_to_all, barrier, broadcast,
+                           destroy_process_group, gather, get_rank, get_world_size,
+                           init_process_group, irecv, is_initialized, isend, launch, new_group,
+                           recv, recv_reduce, reduce, reduce_scatter, reduce_scatter_tensor,
+                           scatter, send)
+from minidist.comm.group import get_stats
+
+
+__all__ = ["init_process_group", "destroy_process_group", "is_initialized", "get_rank",
+           "get_world_size", "new_group", "ProcessGroup", "NON_GROUP_MEMBER", "DeviceMesh",
+           "ReduceOp", "Work", "send", "recv", "isend", "irecv", "recv_reduce", "broadcast",
+           "reduce", "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+           "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "barrier", "launch",
+           "get_stats", "CommError", "CommTimeoutError", "CollectiveMismatchError",
+           "MessageMismatchError", "RankFailedError", "WorldAbortedError"]
