@@ -68,11 +68,13 @@ def backward(root: Any, grad: Any = None, retain_graph: bool = False) -> None:
             raise RuntimeError(f"backward() without a gradient needs a scalar output; "
                                f"this one has shape {root.shape}: pass grad=")
         grad = xp.ones_like(root.data)
-    elif hasattr(grad, "data") and not hasattr(grad, "dtype"):
+    elif isinstance(grad, type(root)):  # a Tensor, as torch's backward(gradient)
         grad = grad.data
     if tuple(grad.shape) != tuple(root.shape):
         raise ValueError(f"grad has shape {tuple(grad.shape)} but the output has "
                          f"shape {tuple(root.shape)}")
+    if grad.dtype != root.dtype:  # as torch: the gradient takes the output's dtype
+        grad = grad.astype(root.dtype)
 
     if root._ctx is None:  # backward on a leaf: d(leaf)/d(leaf) = 1
         _deliver(root, grad)
