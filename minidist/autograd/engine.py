@@ -144,8 +144,9 @@ def _run(root: Any, grad: Any, retain_graph: bool) -> None:
 
 def _release(node: Context) -> None:
     """Free what the node saved; keep only what an error message needs."""
-    fn = node.fn
+    fn, n_outputs = node.fn, node.n_outputs
     node.__dict__.clear()
     node.fn = fn
+    node.n_outputs = n_outputs  # read before the loop reaches the error
     node.inputs = ()
     node.released = True
