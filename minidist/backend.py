@@ -287,8 +287,6 @@ def set_backend(name: str) -> None:
     _state["name"] = name
     _state["module"] = module
     xp.__dict__.clear()
-    global _default_generator
-    _default_generator = Generator(0)
 
 
 def tune_host_allocator() -> bool:
@@ -477,7 +475,8 @@ class Generator:
         self._rng.bit_generator.state = state
 
 
-_default_generator: Generator
+# draws happen on the host, so one default generator serves every backend
+_default_generator = Generator(0)
 
 
 def default_generator() -> Generator:
