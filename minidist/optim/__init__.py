@@ -1,0 +1,25 @@
+"""Optimizers, gradient clipping and learning-rate schedules.
+
+- ``Optimizer``: param groups and per-parameter state, as in PyTorch (optimizer.py)
+- ``SGD`` (sgd.py), ``Adam`` / ``AdamW`` (adam.py), ``LAMB`` (lamb.py), ``LARS`` (lars.py):
+  each file states its update rule and keeps the arithmetic in a plain function
+  over arrays (``sgd_update``, ``adam_update``, ...) that ZeRO reuses on shards
+- ``clip_grad_norm_`` and its two halves for sharded gradients (clip.py)
+- ``warmup_cosine``, ``LambdaLR``, ``WarmupCosine`` and the batch-size scaling
+  rules (schedules.py)
+"""
+from minidist.optim.adam import Adam, AdamW, adam_direction, adam_update, adamw_update
+from minidist.optim.clip import clip_grad_norm_, clip_grads_with_norm_, grad_norm, grad_sq_sum
+from minidist.optim.lamb import LAMB, lamb_update, trust_ratio
+from minidist.optim.lars import LARS, lars_update
+from minidist.optim.optimizer import Optimizer
+from minidist.optim.schedules import (LambdaLR, LRScheduler, WarmupCosine, linear_scaled_lr,
+                                      sqrt_scaled_lr, warmup_cosine, warmup_steps_for)
+from minidist.optim.sgd import SGD, sgd_update
+
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "LAMB", "LARS",
+           "sgd_update", "adam_update", "adamw_update", "adam_direction", "lamb_update",
+           "lars_update", "trust_ratio",
+           "clip_grad_norm_", "clip_grads_with_norm_", "grad_norm", "grad_sq_sum",
+           "LRScheduler", "LambdaLR", "WarmupCosine", "warmup_cosine",
+           "linear_scaled_lr", "sqrt_scaled_lr", "warmup_steps_for"]

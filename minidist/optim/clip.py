@@ -1,0 +1,100 @@
+"""Gradient-norm clipping: rescale all gradients together when their norm is large.
+
+Over all gradients g_1, ..., g_k taken as one long vector:
+
+    total_norm = ( sum_i ||g_i||_p^p )^(1/p)      (p = inf: max_i max |g_i|)
+    clip_coef  = max_norm / (total_norm + 1e-6)
+    g_i <- clip_coef * g_i                        only if clip_coef < 1
+
+The direction of the step is kept; only its length is capped. (The 1e-6 keeps
+a zero norm from dividing by zero; it is PyTorch's constant.)
+
+Across shards (ZeRO, tensor parallel), each rank holds some of the g_i. The
+norm of the whole is then built from per-rank pieces:
+
+    p = 2:    total_norm = sqrt( all_reduce_sum( grad_sq_sum(my_params) ) )
+    p = inf:  total_norm = all_reduce_max( grad_norm(my_grads, inf) )
+
+and each rank calls ``clip_grads_with_norm_(my_params, max_norm, total_norm)``.
+``clip_grad_norm_`` is the one-process composition of the two halves.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+from minidist.autograd import Tensor
+from minidist.backend import xp
+
+
+def _grads(params: Tensor | Iterable[Tensor]) -> list[Any]:
+    """The gradient arrays of ``params`` (a Tensor or iterable of them), skipping None."""
+    if isinstance(params, Tensor):
+        params = [params]
+    grads = []
+    for p in params:
+        if not isinstance(p, Tensor):
+            raise TypeError(f"expected Tensors, got {type(p).__name__}")
+        if p.grad is not None:
+            grads.append(p.grad)
+    return grads
+
+
+def _sq_sum(g: Any) -> float:
+    """||g||_2^2 of one array; a dot product is one pass with no temporary g**2."""
+    flat = g.reshape(-1)
+    return float(xp.vdot(flat, flat))
+
+
+def grad_sq_sum(params: Tensor | Iterable[Tensor]) -> float:
+    """sum_i ||g_i||_2^2 over the parameters' gradients: what shards all-reduce."""
+    return sum((_sq_sum(g) for g in _grads(params)), 0.0)
+
+
+def grad_norm(grads: Iterable[Any], norm_type: float = 2.0) -> float:
+    """The p-norm of a list of arrays taken as one vector (p > 0 or ``math.inf``)."""
+    norm_type = float(norm_type)
+    if not norm_type > 0:
+        raise ValueError(f"norm_type must be > 0 or inf, got {norm_type}")
+    grads = list(grads)
+    if len(grads) == 0:
+        return 0.0
+    if norm_type == math.inf:
+        return max(float(xp.max(xp.abs(g))) if g.size else 0.0 for g in grads)
+    if norm_type == 2.0:
+        return math.sqrt(sum(_sq_sum(g) for g in grads))
+    total = sum(float(xp.sum(xp.abs(g) ** norm_type)) for g in grads)
+    return total ** (1.0 / norm_type)
+
+
+def clip_grads_with_norm_(params: Tensor | Iterable[Tensor], max_norm: float,
+                          total_norm: float) -> None:
+    """Scale the gradients in place by ``max_norm / (total_norm + 1e-6)`` if that is < 1.
+
+    ``total_norm`` is given, so it can be the norm over every rank's shards.
+    A NaN or inf total scales too (to NaN or 0), as in PyTorch, so a broken
+    step shows up in the gradients instead of being silently passed through.
+    """
+    if max_norm < 0:
+        raise ValueError(f"max_norm must be >= 0, got {max_norm}")
+    clip_coef = max_norm / (total_norm + 1e-6)
+    if clip_coef < 1.0 or not math.isfinite(total_norm):
+        for g in _grads(params):
+            g *= clip_coef
+
+
+def clip_grad_norm_(params: Tensor | Iterable[Tensor], max_norm: float,
+                    norm_type: float = 2.0, error_if_nonfinite: bool = False) -> float:
+    """Clip the gradients of ``params`` in place to total norm ``max_norm``.
+
+    Same semantics as ``torch.nn.utils.clip_grad_norm_``; parameters without a
+    gradient are skipped. Returns the total norm *before* clipping, as a Python
+    float (not a 0-d array: deciding whether to clip needs it on the host anyway).
+    """
+    params = [params] if isinstance(params, Tensor) else list(params)
+    total_norm = grad_norm(_grads(params), norm_type)
+    if error_if_nonfinite and not math.isfinite(total_norm):
+        raise RuntimeError(f"the total {norm_type}-norm of the gradients is {total_norm}; "
+                           "pass error_if_nonfinite=False to clip anyway")
+    clip_grads_with_norm_(params, max_norm, total_norm)
+    return total_norm

@@ -1,0 +1,84 @@
+"""LAMB: Adam's direction, rescaled per layer by a trust ratio.
+
+You et al., "Large Batch Optimization for Deep Learning: Training BERT in 76
+minutes" (2019). For each parameter tensor (a "layer" l) at step t = 1, 2, ...:
+
+    m_t = beta1 * m_{t-1} + (1 - beta1) * g_t
+    v_t = beta2 * v_{t-1} + (1 - beta2) * g_t^2
+    m_hat = m_t / (1 - beta1^t),   v_hat = v_t / (1 - beta2^t)
+    u_t = m_hat / (sqrt(v_hat) + eps) + lambda * w_{t-1}      (decoupled decay, in u)
+    r_t = ||w_{t-1}|| / ||u_t||        (r_t = 1 when either norm is 0)
+    w_t = w_{t-1} - eta * r_t * u_t
+
+Why: with a huge batch one wants a large eta, but a single eta is too large
+for some layers and too small for others. The trust ratio makes each layer's
+step proportional to the size of its weights: ||w_t - w_{t-1}|| = eta * ||w||,
+whatever the scale of its gradients. (The paper allows a clipping function
+phi(||w||) in the numerator; we use the identity, as most implementations do.)
+
+Under ZeRO sharding the two norms are over the whole tensor, so a shard would
+all-reduce its sums of squares of w and u before taking the ratio.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from minidist.backend import xp
+from minidist.optim.adam import _check_adam_args, adam_direction
+from minidist.optim.optimizer import Optimizer
+
+
+def trust_ratio(numerator_norm: float, denominator_norm: float) -> float:
+    """``numerator / denominator``, or 1.0 when either is 0.
+
+    A zero weight norm (e.g. a freshly zeroed bias) would freeze the layer at
+    0 forever, and a zero update norm would divide by 0: in both cases the
+    layer falls back to the plain (unscaled) step.
+    """
+    if numerator_norm > 0 and denominator_norm > 0:
+        return numerator_norm / denominator_norm
+    return 1.0
+
+
+def lamb_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int, *,
+                lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-6,
+                weight_decay: float = 0.01) -> float:
+    """One LAMB step on arrays, in place. Returns the trust ratio r_t it used."""
+    # u_t = m_hat / (sqrt(v_hat) + eps) + lambda * w
+    update = adam_direction(grad, exp_avg, exp_avg_sq, step, beta1=beta1, beta2=beta2,
+                            eps=eps, out=xp.empty_like(param))
+    if weight_decay != 0:
+        update += weight_decay * param
+    # r_t = ||w|| / ||u||  (float() brings the two norms to the host: one sync per layer)
+    ratio = trust_ratio(float(xp.linalg.norm(param)), float(xp.linalg.norm(update)))
+    update *= lr * ratio
+    param -= update                                      # w_t = w - eta * r_t * u_t
+    return ratio
+
+
+class LAMB(Optimizer):
+    """Layer-wise Adaptive Moments for Batch training (rule in the module docstring).
+
+    Defaults follow the paper's BERT setting: betas (0.9, 0.999), eps 1e-6,
+    weight_decay 0.01. To leave biases and LayerNorm weights undecayed, put them
+    in a param group with ``weight_decay=0``. State per parameter: ``'step'``,
+    ``'exp_avg'``, ``'exp_avg_sq'``, as in Adam.
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.01):
+        _check_adam_args(lr, betas, eps, weight_decay)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay))
+
+    def _update(self, p, group, state) -> None:
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = xp.zeros_like(p.data)
+            state["exp_avg_sq"] = xp.zeros_like(p.data)
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        lamb_update(p.data, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
+                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                    weight_decay=group["weight_decay"])
