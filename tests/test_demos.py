@@ -1,0 +1,34 @@
+"""Every demo runs and its printed check passes (smoke test, short settings).
+
+Each demo prints a line starting with ``check:`` and exits non-zero when the
+check fails; here each runs in a subprocess, under the backend of this test
+run, with a timeout so a stuck demo cannot hang the suite.
+"""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+DEMOS = pathlib.Path(__file__).resolve().parents[1] / "demos"
+
+# demo file -> the short arguments used in CI (defaults must stay runnable too)
+SMOKE_ARGS = {
+    "01_autograd.py": ["--steps", "120", "--n-embd", "64"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE_ARGS))
+def test_demo_runs_and_its_check_passes(name):
+    proc = subprocess.run([sys.executable, str(DEMOS / name), *SMOKE_ARGS[name]],
+                          capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    checks = [line for line in proc.stdout.splitlines() if line.startswith("check:")]
+    assert checks and all("FAILED" not in c for c in checks), proc.stdout[-3000:]
+
+
+def test_every_numbered_demo_has_smoke_arguments():
+    numbered = {p.name for p in DEMOS.glob("[0-9][0-9]_*.py")}
+    assert numbered <= set(SMOKE_ARGS), f"add smoke arguments for {numbered - set(SMOKE_ARGS)}"
