@@ -9,8 +9,9 @@ from minidist import backend
 from minidist.autograd import (Function, Tensor, checkpoint, concat, enable_grad,
                                gradcheck, no_grad, split, stack, tensor, where)
 from minidist.backend import manual_seed
+from minidist.comm.launch import launch
 
 __version__ = "0.1.0"
 
 __all__ = ["backend", "Tensor", "tensor", "Function", "no_grad", "enable_grad",
-           "gradcheck", "checkpoint", "concat", "stack", "split", "where", "manual_seed"]
+           "gradcheck", "checkpoint", "concat", "stack", "split", "where", "manual_seed", "launch"]

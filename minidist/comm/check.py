@@ -48,8 +48,10 @@ def verify_same_call(group, line: str, tag: int) -> None:
     d = 1
     while d < n:
         count = min(d, n - d)
+        # Not abortable: a rank that already found the mismatch aborts the world,
+        # but every rank should finish the exchange and report the mismatch itself.
         group.sendrecv(table[:count], (r - d) % n, table[d:d + count], (r + d) % n, tag,
-                       what="the collective check")
+                       what="the collective check", abortable=False)
         d *= 2
     host = backend.to_host(table)
     lines = [""] * n

@@ -99,18 +99,19 @@ class ProcessGroup:
         self.stats.msgs_recv += 1
         return self.transport.irecv(arr, self.ranks[src], tag, self.ctx, op)
 
-    def wait(self, handles: list, what: str = "") -> None:
-        self.transport.wait_all(handles, self.timeout, what)
+    def wait(self, handles: list, what: str = "", abortable: bool = True) -> None:
+        self.transport.wait_all(handles, self.timeout, what, abortable)
 
     def sendrecv(self, send_arr: Any, dst: int, recv_arr: Any, src: int, tag: int,
-                 op: Any = None, what: str = "") -> None:
+                 op: Any = None, what: str = "", abortable: bool = True) -> None:
         """Send to ``dst`` and receive from ``src`` at the same time.
 
         Both are posted before either is waited on: with blocking calls, two
         neighbours that both send first would wait for each other forever once
         the message no longer fits in the channel.
         """
-        self.wait([self.isend(send_arr, dst, tag), self.irecv(recv_arr, src, tag, op)], what)
+        self.wait([self.isend(send_arr, dst, tag), self.irecv(recv_arr, src, tag, op)], what,
+                  abortable)
 
 
 class _NonMember:

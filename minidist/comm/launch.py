@@ -69,7 +69,7 @@ class World:
                 self._procs.append(p)
             self._collect(start_timeout, "starting")
         except BaseException:
-            self.close()
+            self.close(force=True)
             raise
 
     def __enter__(self) -> "World":
@@ -88,7 +88,7 @@ class World:
                 conn.send_bytes(payload)
             return self._collect(self.run_timeout, getattr(fn, "__name__", "fn"))
         except BaseException:
-            self.close()
+            self.close(force=True)
             raise
 
     def _collect(self, timeout: float | None, what: str) -> list:
@@ -133,26 +133,28 @@ class World:
                 failures[r] = ("TimeoutError", f"rank {r} did not finish {what} within "
                                f"{timeout} s\n", False)
         if failures:
-            self.close()
+            self.close(force=True)
             first = min((r for r in failures if not failures[r][2]), default=min(failures))
             raise RankFailedError(first, failures[first][0], failures[first][1],
                                   {r: f[:2] for r, f in sorted(failures.items())})
         return results
 
-    def close(self) -> None:
-        """Stop every rank (politely, then by force) and remove the segment."""
+    def close(self, force: bool = False) -> None:
+        """Stop every rank and remove the segment. Ranks are asked to exit and
+        given 2 s, then terminated; with ``force`` (after a failure) at once."""
         if self.closed:
             return
         self.closed = True
         atexit.unregister(self.close)
-        for conn in self._conns:
-            try:
-                conn.send_bytes(b"")  # "exit" to a rank waiting for work
-            except (OSError, ValueError):
-                pass
-        deadline = time.monotonic() + 2.0
-        for p in self._procs:
-            p.join(max(0.0, deadline - time.monotonic()))
+        if not force:
+            for conn in self._conns:
+                try:
+                    conn.send_bytes(b"")  # "exit" to a rank waiting for work
+                except (OSError, ValueError):
+                    pass
+            deadline = time.monotonic() + 2.0
+            for p in self._procs:
+                p.join(max(0.0, deadline - time.monotonic()))
         for p in self._procs:
             if p.is_alive():
                 p.terminate()

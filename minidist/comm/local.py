@@ -267,7 +267,8 @@ class LocalTransport(Transport):
                 moved = True
         return moved
 
-    def wait_all(self, handles: list, timeout: float | None = None, what: str = "") -> None:
+    def wait_all(self, handles: list, timeout: float | None = None, what: str = "",
+                 abortable: bool = True) -> None:
         timeout = self.timeout if timeout is None else timeout
         backoff = Backoff()
         last_move = time.monotonic()
@@ -282,7 +283,8 @@ class LocalTransport(Transport):
                 continue
             backoff.pause()
             if backoff.polls >= backoff.spin:
-                self._check_abort()
+                if abortable:
+                    self._check_abort()
                 if time.monotonic() - last_move > timeout:
                     raise self._timeout_error(handles, timeout, what)
 

@@ -106,7 +106,8 @@ class MpiTransport(Transport):
         h.status = status
         return h
 
-    def wait_all(self, handles: list, timeout: float | None = None, what: str = "") -> None:
+    def wait_all(self, handles: list, timeout: float | None = None, what: str = "",
+                 abortable: bool = True) -> None:
         timeout = self.timeout if timeout is None else timeout
         backoff = Backoff()
         start = time.monotonic()

@@ -54,7 +54,11 @@ class Transport:
     def irecv(self, arr: Any, src: int, tag: int, ctx: int = 0, op: Any = None) -> Handle:
         raise NotImplementedError
 
-    def wait_all(self, handles: list, timeout: float, what: str = "") -> None:
+    def wait_all(self, handles: list, timeout: float, what: str = "",
+                 abortable: bool = True) -> None:
+        """Progress until every handle is done. Raise CommTimeoutError after
+        ``timeout`` seconds without progress, and WorldAbortedError if another
+        rank failed (unless ``abortable`` is False)."""
         raise NotImplementedError
 
     def new_context(self, ranks: list[int]) -> int:
