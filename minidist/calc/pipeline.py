@@ -1,0 +1,147 @@
+"""Pipeline-parallel cost models: bubble, in-flight activations, point-to-point volume.
+
+Notation (workbook ch. 5): p pipeline stages, m micro-batches per step, v virtual
+stages (model chunks) per GPU for the interleaved schedule. The source documents
+use N for p and M for m in chapter 26 and the quiz.
+
+    GPipe        bubble = (p-1) / (m + p-1)     idle time / total time
+    1F1B         bubble = (p-1) / m             idle time / useful time
+    interleaved  bubble = (p-1) / (m v)         idle time / useful time
+
+All three schedules leave the same p-1 idle slots per stage (v times shorter
+slots when interleaved); the source documents divide GPipe's by the total time
+and 1F1B's by the useful time (as Narayanan et al., 2021 do), which is why the
+1F1B figure can exceed 100% (workbook 9.6: 375%). ``idle_fraction`` gives
+every schedule's share of the step's wall-clock time.
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+def _check(stages: int, microbatches: int, virtual_stages: int) -> None:
+    if stages < 1 or microbatches < 1 or virtual_stages < 1:
+        raise ValueError("stages, microbatches and virtual_stages must be >= 1, got "
+                         f"{stages}, {microbatches}, {virtual_stages}")
+
+
+def bubble_fraction(stages: int, microbatches: int, schedule: str = "1f1b",
+                    virtual_stages: int = 1) -> float:
+    """Pipeline bubble as the source documents count it (see the module docstring).
+
+    gpipe: (p-1)/(m+p-1) (worked solutions: p = 8, m = 8 -> 47%; quiz Q5:
+    4 stages, 16 micro-batches -> 16%); 1f1b: (p-1)/m (workbook 5.1: 3/12 = 25%);
+    interleaved: (p-1)/(m v) (workbook 5.3: 3/48 = 6.25%).
+    """
+    _check(stages, microbatches, virtual_stages)
+    if schedule == "gpipe":
+        return (stages - 1) / (microbatches + stages - 1)
+    if schedule == "1f1b":
+        return (stages - 1) / microbatches
+    if schedule == "interleaved":
+        return (stages - 1) / (microbatches * virtual_stages)
+    raise ValueError(f"unknown schedule {schedule!r}: one of {SCHEDULES}")
+
+
+def idle_fraction(stages: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """Share of the step's wall-clock time a stage is idle, for any of the schedules.
+
+    (p-1) / (m v + p-1): the p-1 fill/drain slots (each 1/v of a stage's work
+    per micro-batch) over all slots. Equals GPipe's bubble_fraction for v = 1,
+    and r / (1 + r) for 1F1B's r = (p-1)/m: workbook 9.6's 375% is 79% idle.
+    """
+    _check(stages, microbatches, virtual_stages)
+    return (stages - 1) / (microbatches * virtual_stages + stages - 1)
+
+
+def min_microbatches(stages: int, max_bubble: float, schedule: str = "1f1b",
+                     virtual_stages: int = 1) -> int:
+    """Smallest m whose bubble_fraction is strictly below max_bubble.
+
+    1F1B: (p-1)/(m v) < b  <=>  m > (p-1)/(b v). Workbook 5.6: p = 8, 5% -> 141.
+    The target is turned into an exact fraction first (0.05 -> 1/20): in binary
+    0.05 is a hair above 1/20, which would let 7/140 = 5% count as "below 5%".
+    """
+    target = Fraction(max_bubble).limit_denominator(10**9)
+    if not 0 < target < 1:
+        raise ValueError(f"max_bubble must be in (0, 1), got {max_bubble}")
+    m = 1
+    # bubble_fraction decreases in m, so walk up (a few thousand steps at most
+    # for any sensible target; exact Fractions avoid a rounding at the boundary)
+    while True:
+        if schedule == "gpipe":
+            bubble = Fraction(stages - 1, m + stages - 1)
+        elif schedule in ("1f1b", "interleaved"):
+            v = virtual_stages if schedule == "interleaved" else 1
+            bubble = Fraction(stages - 1, m * v)
+        else:
+            raise ValueError(f"unknown schedule {schedule!r}: one of {SCHEDULES}")
+        if bubble < target:
+            return m
+        m += 1
+
+
+def warmup_forwards(stages: int, stage: int = 0) -> int:
+    """Forward passes a stage runs before its first backward in 1F1B: p - stage - 1.
+
+    The workbook's "p-1 in-flight micro-batches" (ch. 5, ex. 5.2) is this count
+    for the first stage.
+    """
+    return stages - stage - 1
+
+
+def peak_inflight_microbatches(stages: int, microbatches: int, schedule: str = "1f1b",
+                               stage: int = 0) -> int:
+    """Most micro-batches whose activations a stage holds at once.
+
+    GPipe runs every forward before any backward: m. 1F1B: the p - stage - 1
+    warmup forwards, plus the steady-state forward that comes just before the
+    stage's first backward: min(m, p - stage). The first stage holds the most, p.
+    (Interleaved schedules hold chunks of 1/v of a stage; no formula is given
+    for them in the source documents, so none is given here.)
+    """
+    _check(stages, microbatches, 1)
+    if schedule == "gpipe":
+        return microbatches
+    if schedule == "1f1b":
+        return min(microbatches, stages - stage)
+    raise ValueError(f"peak in-flight is modelled for 'gpipe' and '1f1b', not {schedule!r}")
+
+
+def pipeline_activation_memory(activation_bytes: float, stages: int, microbatches: int,
+                               schedule: str = "1f1b", stage: int = 0) -> float:
+    """Peak activation bytes on one stage: in-flight micro-batches x bytes per micro-batch.
+
+    activation_bytes is one micro-batch's activations for this stage's layers.
+    Workbook 5.2: GPipe, m = 12, 2 GB -> 24 GB; 1F1B, p = 4 -> 4 x 2 = 8 GB.
+    Chapter 26 ex. 26.6(c) asks for this as a function of m and N.
+    """
+    return activation_bytes * peak_inflight_microbatches(stages, microbatches, schedule, stage)
+
+
+def p2p_volume(activation_bytes: float, stages: int, microbatches: int,
+               virtual_stages: int = 1) -> float:
+    """Point-to-point bytes per step, summed over all stage boundaries.
+
+    (p v - 1) boundaries x m micro-batches x 2 (activations forward, their
+    gradients backward) x activation_bytes. Interleaving multiplies the
+    boundaries by v. Workbook 5.4: 15 x 12 x (0.5 + 0.5) GB = 180 GB.
+    """
+    _check(stages, microbatches, virtual_stages)
+    boundaries = stages * virtual_stages - 1
+    return boundaries * microbatches * 2 * activation_bytes
+
+
+def layers_per_stage(layers: int, stages: int) -> list[int]:
+    """Layers on each stage when L does not divide evenly: L mod p stages get one more.
+
+    Returned largest first. Workbook 9.2: 126 layers on 16 stages -> 14 stages of 8
+    and 2 of 7 (14 x 8 + 2 x 7 = 126). Real runs put the short stages first and
+    last, where the embedding and the LM head also live.
+    """
+    if stages < 1 or layers < stages:
+        raise ValueError(f"need 1 <= stages <= layers, got {stages} stages, {layers} layers")
+    base, extra = divmod(layers, stages)
+    return [base + 1] * extra + [base] * (stages - extra)
