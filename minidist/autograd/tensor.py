@@ -67,6 +67,9 @@ class Tensor:
     def requires_grad_(self, mode: bool = True) -> "Tensor":
         if self._ctx is not None:
             raise RuntimeError("requires_grad_ is for leaf tensors")
+        if mode and self.data.dtype.kind not in "fc":  # the same rule as __init__
+            raise TypeError(f"only floating-point tensors can require grad, "
+                            f"not {self.data.dtype}")
         self.requires_grad = mode
         return self
 
