@@ -184,6 +184,10 @@ def test_integer_tensors_cannot_require_grad():
         Tensor(np.array([True, False]), requires_grad=True)
     ids = Tensor(np.array([0, 1]))             # fine without grad
     assert not ids.requires_grad
+    with pytest.raises(TypeError, match="floating-point"):
+        ids.requires_grad_()
+    assert not ids.requires_grad
+    assert Tensor(np.array([1.0])).requires_grad_().requires_grad
 
 
 def test_comparisons_give_boolean_tensors_outside_the_graph():
