@@ -16,12 +16,13 @@ checkpoint).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 from minidist import backend
 from minidist.autograd.engine import backward as run_backward
 from minidist.autograd.function import Function
-from minidist.autograd.grad_mode import enable_grad, no_grad
+from minidist.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
 from minidist.autograd.tensor import Tensor
 
 
@@ -51,4 +52,9 @@ class _Checkpoint(Function):
 
 def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
     """``fn(*inputs)``, keeping no intermediates; they are recomputed in backward."""
+    if is_grad_enabled() and not any(isinstance(t, Tensor) and t.requires_grad for t in inputs):
+        # the trap of this design: parameters inside fn would silently get no gradient
+        warnings.warn("checkpoint: no input requires grad, so the block is not part of "
+                      "the graph and parameters used inside it get no gradient",
+                      stacklevel=2)
     return _Checkpoint.apply(*inputs, fn=fn)
