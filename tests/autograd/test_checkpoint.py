@@ -151,3 +151,15 @@ def test_checkpointing_every_block_lowers_peak_memory():
           f"plain {plain / 2**20:.1f} MiB, checkpointed {ckpt / 2**20:.1f} MiB "
           f"(ratio {ckpt / plain:.2f})")
     assert ckpt < 0.5 * plain
+
+
+def test_checkpoint_warns_when_no_input_requires_grad():
+    # Then the block is not in the graph and its parameters would silently get
+    # no gradient (the same limitation as torch's reentrant checkpoint).
+    blocks = make_blocks(1, 3, "float64", 0)
+    x = Tensor(randn(0, (2, 3)))
+    with pytest.warns(UserWarning, match="no input requires grad"):
+        out = minidist.checkpoint(lambda t: mlp_block(t, blocks[0], 0.0), x)
+    assert out._ctx is None
+    with minidist.no_grad():                   # inference: nothing to warn about
+        minidist.checkpoint(lambda t: mlp_block(t, blocks[0], 0.0), x)
