@@ -27,6 +27,12 @@ class CrossEntropy(Function):
             raise ValueError(f"logits {tuple(logits.shape)} and targets "
                              f"{tuple(targets.shape)} do not match")
         valid = t != ignore_index
+        # a negative target would silently pick a class from the end (as indices
+        # wrap); refuse it, as torch does (one device sync per call)
+        out_of_range = ((t < 0) | (t >= n_classes)) & valid
+        if bool(out_of_range.any()):
+            raise IndexError(f"a target is out of range for {n_classes} classes "
+                             f"(and is not ignore_index={ignore_index})")
         safe_t = xp.where(valid, t, 0)
         logp = log_softmax_array(z, axis=-1)              # (N, C)
         rows = xp.arange(z.shape[0])
