@@ -39,6 +39,11 @@ class Embedding(Function):
 
     @staticmethod
     def forward(ctx, ids, weight):
+        # a negative id would silently wrap to a row from the end; refuse it,
+        # as torch does (one device sync per call)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= weight.shape[0]):
+            raise IndexError(f"an id is out of range for an embedding of "
+                             f"{weight.shape[0]} rows")
         ctx.save_for_backward(ids)
         ctx.shape, ctx.dtype = weight.shape, weight.dtype
         return weight[ids]                           # (*ids.shape, C)
