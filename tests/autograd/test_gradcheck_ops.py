@@ -389,6 +389,18 @@ def test_getitem_with_two_index_arrays_and_a_device_index(shape, n_pick, seed):
 
 
 @FAST
+@given(shape=shapes, seed=seeds)
+def test_getitem_with_a_boolean_mask_puts_the_gradient_back_where_true(shape, seed):
+    values = randn(seed, shape)
+    x = leaf(values)
+    mask = x > 0.0                             # a boolean Tensor, as x[x > 0] in torch
+    assert gradcheck(lambda t: t[mask], [x])
+    x.grad = None
+    x[mask].sum().backward()
+    np.testing.assert_array_equal(backend.to_host(x.grad), (values > 0).astype("float64"))
+
+
+@FAST
 @given(vocab=st.integers(1, 5), dim=st.integers(1, 4),
        ids_shape=st.lists(st.integers(1, 4), min_size=1, max_size=2), seed=seeds)
 def test_embedding_adds_the_gradient_of_every_occurrence_of_an_id(vocab, dim, ids_shape, seed):

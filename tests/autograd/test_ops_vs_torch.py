@@ -332,6 +332,16 @@ def test_getitem_slices_ints_and_repeated_index_lists_match_torch(dtype, data, s
 
 @DTYPES
 @FAST
+@given(shape=shapes, seed=seeds)
+def test_getitem_with_a_boolean_mask_matches_torch(dtype, shape, seed):
+    mask = np.asarray(np.random.default_rng(seed + 1).random(shape) < 0.5)
+    mask_ours, mask_torch = Tensor(mask), torch.from_numpy(mask)
+    check_against_torch(lambda t: t[mask_ours], lambda t: t[mask_torch],
+                        [randn(seed, shape)], dtype, seed)
+
+
+@DTYPES
+@FAST
 @given(vocab=st.integers(1, 6), dim=st.integers(1, 5),
        ids_shape=st.lists(st.integers(1, 4), min_size=1, max_size=2), seed=seeds)
 def test_embedding_matches_torch(dtype, vocab, dim, ids_shape, seed):
@@ -423,6 +433,23 @@ def test_cross_entropy_with_every_target_ignored_matches_torch(dtype, reduction)
             lambda z: ops.CrossEntropy.apply(z, t_ours, reduction=reduction),
             lambda z: F.cross_entropy(z, t_torch, reduction=reduction),
             [randn(0, (4, 3))], dtype)
+
+
+@pytest.mark.parametrize("bad", [-1, 3, 7])
+def test_out_of_range_targets_and_ids_raise_like_torch(bad):
+    # a negative index would otherwise wrap around and pick a row from the end
+    logits, weight = randn(0, (2, 3)), randn(1, (3, 4))
+    targets = np.array([bad, 0])
+    with pytest.raises(IndexError):
+        F.cross_entropy(torch.tensor(logits), torch.from_numpy(targets))
+    with pytest.raises(IndexError, match="out of range"):
+        ops.CrossEntropy.apply(Tensor(logits), backend.from_host(targets))
+    with pytest.raises(IndexError):
+        F.embedding(torch.from_numpy(targets), torch.tensor(weight))
+    with pytest.raises(IndexError, match="out of range"):
+        ops.Embedding.apply(backend.from_host(targets), Tensor(weight))
+    # an ignore_index outside 0..C-1 is not out of range
+    ops.CrossEntropy.apply(Tensor(logits), backend.from_host(targets), ignore_index=bad)
 
 
 @DTYPES
