@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from minidist import backend
 
 # One setting for every property test here: enough examples to meet the
 # broadcasting and axis corner cases, few enough to keep the suite fast.
@@ -94,9 +93,3 @@ def distinct(seed: int, shape: tuple, dtype="float64") -> np.ndarray:
     values = rng.permutation(n) * 0.1 - 0.05 * n + rng.uniform(0, 0.01, n)
     return values.reshape(shape).astype(dtype)
 
-
-def host(a) -> np.ndarray:
-    """A backend array or Tensor -> a host NumPy array (explicit transfer)."""
-    if hasattr(a, "numpy") and callable(a.numpy):
-        return a.numpy()
-    return np.array(backend.to_host(a))
