@@ -99,6 +99,7 @@ def peak_inflight_microbatches(stages: int, microbatches: int, schedule: str = "
     GPipe runs every forward before any backward: m. 1F1B: the p - stage - 1
     warmup forwards, plus the steady-state forward that comes just before the
     stage's first backward: min(m, p - stage). The first stage holds the most, p.
+    Workbook ch. 5 and 5.2 (GPipe "stashes all m=12"); chapter 26 ex. 26.6(c).
     (Interleaved schedules hold chunks of 1/v of a stage; no formula is given
     for them in the source documents, so none is given here.)
     """
