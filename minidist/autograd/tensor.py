@@ -148,6 +148,9 @@ class Tensor:
     def __pow__(self, exponent):
         return ops.Pow.apply(self, exponent)
 
+    def __rpow__(self, base):
+        return ops.Pow.apply(base, self)
+
     def __matmul__(self, other):
         return ops.MatMul.apply(self, other)
 
