@@ -7,15 +7,21 @@ softmax, cross-entropy).
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any
 
 from minidist.autograd import ops
 from minidist.autograd.tensor import Tensor, _raw
 from minidist.backend import xp
+from minidist.precision.autocast import autocast_matmul
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """y = x W^T + b; W: (out, in)."""
+    """y = x W^T + b; W: (out, in). Under ``precision.autocast``, in its low format."""
+    return autocast_matmul(_linear, x, weight, bias)
+
+
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     if bias is None:
         return ops.Linear.apply(x, weight)
     return ops.Linear.apply(x, weight, bias)
@@ -72,12 +78,13 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: boo
     """softmax(Q K^T / sqrt(d) [+ causal mask]) V, written out op by op.
 
     q, k, v: (B, nh, T, hs). This is the textbook version that materialises the
-    (T, T) score matrix; ``minidist.attention`` holds the tiled one.
+    (T, T) score matrix; ``minidist.attention`` holds the tiled one. Under
+    ``precision.autocast`` the two products run in its low format, softmax in float32.
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
-    att = (q @ k.transpose(-2, -1)) * scale                  # (B, nh, Tq, Tk)
+    att = autocast_matmul(operator.matmul, q, k.transpose(-2, -1)) * scale  # (B, nh, Tq, Tk)
     if is_causal:
         att = att.masked_fill(causal_mask(q.shape[-2], k.shape[-2]), -math.inf)
     att = softmax(att, axis=-1)
     att = dropout(att, dropout_p, training=dropout_p > 0, generator=generator)
-    return att @ v                                           # (B, nh, Tq, hs)
+    return autocast_matmul(operator.matmul, att, v)          # (B, nh, Tq, hs)

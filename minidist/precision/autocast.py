@@ -1,0 +1,105 @@
+"""Autocast: matmul-like ops compute on low-precision inputs, the rest in float32.
+
+Inside ``with autocast("bf16"):`` (or "fp16"), every matmul-like op of ``nn``
+(linear, and the two products of attention, q k^T and att v) goes through
+``autocast_matmul``, which emulates what a tensor-core GEMM does under PyTorch's
+AMP:
+
+    forward:   y = round(op(round(a), round(b), ...))     products summed in float32
+    backward:  dL/dy <- round(dL/dy);  dL/da <- round(dL/da), ...
+
+``round`` is ``quantize(., fmt)``. The products of two fp16 / bf16 values are
+exact in float32 and the sums are float32, as in the hardware; the output and
+the op's gradients are rounded once, as the op writes them in the low format.
+Softmax, layer norm, reductions and the loss see float32 arrays (holding fp16
+values) and compute in float32: AMP's list of "float32 ops".
+
+The straight-through ``Round`` op below is the whole mechanism: forward rounds,
+backward rounds the gradient (or passes it through). FP8 (``precision.fp8``)
+plugs in its own policy with scaled casts.
+
+The active policy is a context, not a global reached from everywhere: only
+``autocast_matmul`` reads it, and ``nn.functional`` is its only caller.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from minidist.autograd.function import Function
+from minidist.autograd.tensor import Tensor
+from minidist.precision.formats import FloatFormat, get_format
+from minidist.precision.rounding import quantize
+
+_active: dict[str, Any] = {"policy": None}
+
+
+class Round(Function):
+    """y = fwd(x); dL/dx = bwd(dL/dy). ``None`` for either means the identity."""
+
+    @staticmethod
+    def forward(ctx, x, fwd=None, bwd=None):
+        ctx.bwd = bwd
+        return x if fwd is None else fwd(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad if ctx.bwd is None else ctx.bwd(grad)
+
+
+class AmpPolicy:
+    """Round inputs, output and gradients of matmul-like ops to ``fmt`` (fp16 / bf16)."""
+
+    def __init__(self, fmt: FloatFormat):
+        self.fmt = fmt
+
+    def _round(self, a: Any) -> Any:
+        return quantize(a, self.fmt)
+
+    def run(self, fn: Callable, args: tuple) -> Tensor:
+        low = [Round.apply(a, fwd=self._round, bwd=self._round) if isinstance(a, Tensor) else a
+               for a in args]
+        return Round.apply(fn(*low), fwd=self._round, bwd=self._round)
+
+
+def autocast_matmul(fn: Callable[..., Tensor], *args: Any) -> Tensor:
+    """``fn(*args)`` under the active autocast policy; just ``fn(*args)`` outside one.
+
+    ``fn`` is a matmul-like op of tensors (``Linear.apply``, ``operator.matmul``);
+    non-Tensor arguments (a ``None`` bias) pass through untouched.
+    """
+    policy = _active["policy"]
+    if policy is None:
+        return fn(*args)
+    return policy.run(fn, args)
+
+
+class use_policy:
+    """Context manager that makes ``policy`` (or none) active and restores the previous one."""
+
+    def __init__(self, policy: Any):
+        self.policy = policy
+
+    def __enter__(self) -> Any:
+        self._previous = _active["policy"]
+        _active["policy"] = self.policy
+        return self.policy
+
+    def __exit__(self, *exc: Any) -> None:
+        _active["policy"] = self._previous
+
+
+class autocast(use_policy):
+    """``with autocast("fp16"):`` runs matmul-like ops in fp16 (see the module docstring).
+
+    ``dtype``: a format or its name ("bf16", "fp16", any ``FloatFormat``);
+    ``enabled=False`` turns autocast off inside the block (as in PyTorch).
+    """
+
+    def __init__(self, dtype: FloatFormat | str = "bf16", enabled: bool = True):
+        self.fmt = get_format(dtype)
+        super().__init__(AmpPolicy(self.fmt) if enabled else None)
+
+
+def get_autocast_policy() -> Any:
+    """The active policy (``AmpPolicy``, an FP8 recipe) or None."""
+    return _active["policy"]
