@@ -5,12 +5,15 @@
     out = concat_h(y_h) W_proj
 
 with C = nh * hs. ``attention="naive"`` materialises the (T, T) score matrix
-(``nn.functional.scaled_dot_product_attention``).
+(``nn.functional.scaled_dot_product_attention``); ``attention="flash"`` computes
+the same tile by tile (``minidist.attention.flash_attention``), keeping only O
+and the row logsumexp for backward.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from minidist.attention import flash_attention
 from minidist.autograd.functional import split
 from minidist.autograd.tensor import Tensor
 from minidist.nn import functional as F
@@ -21,8 +24,12 @@ from minidist.nn.module import Module
 class CausalSelfAttention(Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True,
                  dtype: str = "float32", std: float | None = None,
-                 proj_std: float | None = None, generator: Any = None):
+                 proj_std: float | None = None, generator: Any = None,
+                 attention: str = "naive"):
         super().__init__()
+        if attention not in ("naive", "flash"):
+            raise ValueError(f"attention must be 'naive' or 'flash', got {attention!r}")
+        self.attention = attention
         if n_embd % n_head != 0:
             raise ValueError(f"n_embd={n_embd} is not divisible by n_head={n_head}")
         self.n_head, self.n_embd, self.dropout_p = n_head, n_embd, dropout
@@ -38,7 +45,10 @@ class CausalSelfAttention(Module):
         k = k.reshape(B, T, nh, hs).transpose(1, 2)
         v = v.reshape(B, T, nh, hs).transpose(1, 2)
         p = self.dropout_p if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=p)               # (B, nh, T, hs)
+        if self.attention == "flash":
+            y = flash_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, nh, T, hs)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               dropout_p=p)           # (B, nh, T, hs)
         y = y.transpose(1, 2).reshape(B, T, C)                        # heads side by side
         return self.resid_dropout(self.c_proj(y))

@@ -39,6 +39,7 @@ class GPTConfig:
     checkpoint: bool = False    # recompute each block in backward (less memory)
     dtype: str = "float32"      # parameter and activation dtype
     seed: int = 0               # weight init seed (same weights on every backend)
+    attention: str = "naive"    # "naive" (full T x T scores) | "flash" (tiled, minidist.attention)
 
 
 class Block(Module):
@@ -50,7 +51,7 @@ class Block(Module):
         proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)  # GPT-2: scale residual projections
         self.ln_1 = LayerNorm(cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype)
         self.attn = CausalSelfAttention(cfg.n_embd, cfg.n_head, cfg.dropout, cfg.bias,
-                                        cfg.dtype, std, proj_std, generator)
+                                        cfg.dtype, std, proj_std, generator, cfg.attention)
         self.ln_2 = LayerNorm(cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype)
         self.mlp = MLP(cfg.n_embd, 4 * cfg.n_embd, cfg.dropout, cfg.bias, cfg.dtype,
                        std, proj_std, generator)

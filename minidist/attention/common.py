@@ -1,0 +1,165 @@
+"""What naive and flash attention share: argument checks, masks, dropout, the lse merge.
+
+Shapes, as in ``torch.nn.functional.scaled_dot_product_attention``::
+
+    q: (..., Lq, E)   k: (..., Lk, E)   v: (..., Lk, Ev)   ->   out: (..., Lq, Ev)
+
+``...`` is any number of leading dimensions (batch, heads), the same for all three.
+A mask is boolean (True = attend) or additive float, broadcastable to (..., Lq, Lk).
+``is_causal`` keeps column j for row i when j <= i: the causal mask aligned at the
+top-left corner, as PyTorch's, also when Lq != Lk.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from minidist import backend
+from minidist.autograd.tensor import Tensor
+from minidist.backend import xp
+
+NEG_INF = -math.inf
+
+
+# -- argument checks -----------------------------------------------------------
+
+def check_qkv(q: Any, k: Any, v: Any) -> None:
+    """Raise on shapes or dtypes that attention cannot take (loud, before any work)."""
+    for name, a in (("query", q), ("key", k), ("value", v)):
+        if a.ndim < 2:
+            raise ValueError(f"{name} needs at least 2 dimensions (..., L, E), got {a.shape}")
+        if a.dtype.kind != "f":
+            raise TypeError(f"{name} must be a floating-point array, got {a.dtype}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"query, key and value must share a dtype, got "
+                        f"{q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        raise ValueError(f"query, key and value must share their leading (batch, head) "
+                         f"dimensions, got {q.shape}, {k.shape}, {v.shape}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"query and key must have the same head dim E, got "
+                         f"{q.shape[-1]} and {k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"key and value must have the same length Lk, got "
+                         f"{k.shape[-2]} and {v.shape[-2]}")
+
+
+def check_options(attn_mask: Any, dropout_p: float, is_causal: bool) -> None:
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if is_causal and attn_mask is not None:
+        raise ValueError("pass either attn_mask or is_causal=True, not both (as PyTorch)")
+
+
+def mask_array(attn_mask: Any) -> Any:
+    """A mask given as a Tensor or an array -> the array; a mask that wants a gradient
+    is refused (these ops treat the mask as a constant)."""
+    if isinstance(attn_mask, Tensor):
+        if attn_mask.requires_grad:
+            raise ValueError("attn_mask requires grad, but attention treats the mask as a "
+                             "constant; detach it")
+        return attn_mask.data
+    return attn_mask
+
+
+def prepare_mask(mask: Any, q: Any, k: Any) -> Any:
+    """Check ``mask`` and view it with as many dims as q, padding size-1 dims in front.
+
+    The mask is never broadcast to its full shape here: a (Lq, Lk) mask for many
+    heads stays one (Lq, Lk) array, and each tile slices it.
+    """
+    if mask is None:
+        return None
+    if not backend.is_array(mask):
+        raise TypeError(f"attn_mask must be an array of the active backend, got {type(mask)}")
+    if mask.dtype != bool and mask.dtype != q.dtype:
+        raise TypeError(f"attn_mask must be bool or of the query's dtype {q.dtype}, "
+                        f"got {mask.dtype}")
+    want = q.shape[:-1] + (k.shape[-2],)                                # (..., Lq, Lk)
+    if mask.ndim > len(want):
+        raise ValueError(f"attn_mask of shape {mask.shape} has more dims than {want}")
+    padded = (1,) * (len(want) - mask.ndim) + tuple(mask.shape)
+    for have, need in zip(padded, want):
+        if have not in (1, need):
+            raise ValueError(f"attn_mask of shape {mask.shape} does not broadcast to {want}")
+    return mask.reshape(padded)
+
+
+def apply_mask(s: Any, mask_tile: Any) -> None:
+    """In place: s += mask (float) or s = -inf where mask is False (bool)."""
+    if mask_tile.dtype == bool:
+        xp.copyto(s, NEG_INF, where=xp.logical_not(mask_tile))
+    else:
+        s += mask_tile
+
+
+def apply_causal(s: Any, row0: int, col0: int) -> None:
+    """In place: s[..., i, j] = -inf where column col0 + j lies after row row0 + i."""
+    rows = xp.arange(row0, row0 + s.shape[-2])[:, None]
+    cols = xp.arange(col0, col0 + s.shape[-1])[None, :]
+    xp.copyto(s, NEG_INF, where=cols > rows)                            # (bq, bk) -> s
+
+
+def default_scale(q: Any, scale: float | None) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+# -- dropout that a tile can regenerate ------------------------------------------
+#
+# Flash attention never holds the whole (Lq, Lk) matrix of dropout draws, yet its
+# backward must drop exactly the entries its forward dropped. So the draw for
+# entry (n, i, j) is a hash of (seed, its flat index): any tile can recompute its
+# own part, and naive attention, hashing every index at once, drops the same
+# entries. The hash is splitmix64's finaliser, a bijection on 64-bit integers
+# with good avalanche; the top 53 bits give a uniform u in [0, 1), kept if u >= p.
+
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def dropout_scale(seed: int, p: float, n: int, rows: tuple[int, int], cols: tuple[int, int],
+                  lq: int, lk: int, dtype: Any) -> Any:
+    """keep / (1 - p) for entries [0:n, rows, cols] of an (n, lq, lk) matrix: (n, bq, bk)."""
+    i = xp.arange(rows[0], rows[1], dtype="uint64")[None, :, None]
+    j = xp.arange(cols[0], cols[1], dtype="uint64")[None, None, :]
+    b = xp.arange(n, dtype="uint64")[:, None, None]
+    x = (b * lq + i) * lk + j                                           # flat index
+    x = x * _GOLDEN + seed                                              # wraps mod 2^64
+    x ^= x >> 30
+    x *= 0xBF58476D1CE4E5B9
+    x ^= x >> 27
+    x *= 0x94D049BB133111EB
+    x ^= x >> 31
+    keep = (x >> 11) >= int(p * 2.0**53)                               # u >= p
+    return keep.astype(dtype) * (1.0 / (1.0 - p))
+
+
+def draw_seed(generator: Any = None) -> int:
+    """A 62-bit seed for one attention call, from ``generator`` or the default one."""
+    gen = generator if generator is not None else backend.default_generator()
+    return int(backend.to_host(gen.integers(0, 2**62, (1,)))[0])
+
+
+# -- combining partial results: the logsumexp rule ---------------------------------
+
+def merge_partial(o: Any, lse: Any, o_part: Any, lse_part: Any) -> None:
+    """In place: fold the attention of the same rows over other keys into (o, lse).
+
+    Each pair is softmax-normalised over its own keys, with L = log sum exp(S). Over
+    the union of keys:
+
+        L   = log(e^L_a + e^L_b)
+        out = (e^(L_a - L) o_a + e^(L_b - L) o_b)
+
+    o: (..., L, Ev), lse: (..., L). A row with no visible key has L = -inf and o = 0
+    on both sides, and keeps them.
+    """
+    top = xp.maximum(lse, lse_part)
+    top = xp.where(top == NEG_INF, 0.0, top)               # both empty: any finite shift
+    a = xp.exp(lse - top)
+    b = xp.exp(lse_part - top)
+    total = a + b
+    empty = total == 0
+    total = xp.where(empty, 1.0, total)
+    o *= (a / total)[..., None]
+    o += (b / total)[..., None] * o_part
+    lse[...] = xp.where(empty, NEG_INF, top + xp.log(total))
