@@ -1,0 +1,227 @@
+"""Context parallelism: ring attention, the sequence split across ranks.
+
+Each of N ranks holds a slice of the sequence: its queries Q_r and its keys and
+values K_r, V_r, shaped (..., c, E). Attention of Q_r needs every K_b, V_b, so
+the K/V blocks travel around the ring (rank r sends to r+1, receives from r-1)
+while each rank folds the block it holds into its result with the logsumexp rule
+of flash attention:
+
+    forward, rank r, steps t = 0 .. N-1, block b = (r - t) mod N:
+        (O_b, L_b) = flash_forward(Q_r, K_b, V_b)            (the visible part only)
+        L   = log(e^L + e^L_b)
+        O   = e^(L_old - L) O + e^(L_b - L) O_b             (merge_partial)
+
+The next block's transfer is posted before the compute and waited after it, so
+sending overlaps computing. Backward runs the same ring, from the rank's final
+(global) O and L and its dO: with those, P = exp(S - L) on any block is that
+block's share of the true softmax, so
+
+    dQ_r   += sum over blocks of flash_backward(Q_r, K_b, V_b, O_r, L_r, dO_r).dq
+    dK_b, dV_b accumulate on every rank the block visits
+
+and the dK/dV accumulators travel around the ring one step behind their K/V
+block, arriving back at their owner after N hops.
+
+Causal load balance (zigzag). With a contiguous split and causal attention,
+rank N-1 attends to N blocks and rank 0 to one. Cut the sequence into 2N chunks
+and give rank r chunks r and 2N-1-r ("zigzag"). For the block of rank b:
+
+    b == r   local causal attention (the local order is the global order)
+    b <  r   both query chunks see all of chunk b, none of chunk 2N-1-b
+    b >  r   only query chunk 2N-1-r sees block b, and all of it
+
+so every step after the first costs the same half block on every rank.
+``plan_work`` counts it; demos/11_ring_attention.py prints it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import minidist.distributed as dist
+from minidist.attention import common, flash_backward, flash_forward, merge_partial
+from minidist.autograd.function import Function
+from minidist.autograd.tensor import Tensor
+from minidist.backend import xp
+
+LAYOUTS = ("zigzag", "contiguous")
+KV_TAG, DKV_TAG = 701, 702      # tags of the K/V blocks and of their gradient accumulators
+
+
+# -- where the sequence goes --------------------------------------------------------
+
+def _chunks(layout: str, rank: int, world_size: int) -> list[int]:
+    """Which of the equal chunks of the sequence ``rank`` holds, in order."""
+    if layout == "zigzag":
+        return [rank, 2 * world_size - 1 - rank]                # of 2N chunks
+    return [rank]                                               # of N chunks
+
+
+def shard_sequence(x: Any, rank: int, world_size: int, layout: str = "zigzag",
+                   axis: int = -2) -> Any:
+    """The part of the full sequence ``x`` that ``rank`` holds (an array)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    n_chunks = 2 * world_size if layout == "zigzag" else world_size
+    length = x.shape[axis]
+    if length % n_chunks:
+        raise ValueError(f"sequence length {length} is not divisible into {n_chunks} "
+                         f"chunks ({layout} layout, world size {world_size})")
+    parts = xp.split(x, n_chunks, axis=axis)
+    return xp.concatenate([parts[i] for i in _chunks(layout, rank, world_size)], axis=axis)
+
+
+def unshard_sequence(shards: list, layout: str = "zigzag", axis: int = -2) -> Any:
+    """Inverse of ``shard_sequence``: the shards of ranks 0..N-1 -> the full sequence."""
+    n = len(shards)
+    chunks: list = [None] * (2 * n if layout == "zigzag" else n)
+    for rank, shard in enumerate(shards):
+        ids = _chunks(layout, rank, n)
+        for i, part in zip(ids, xp.split(shard, len(ids), axis=axis)):
+            chunks[i] = part
+    return xp.concatenate(chunks, axis=axis)
+
+
+def _plan(rank: int, block: int, c: int, is_causal: bool, layout: str) -> list[tuple]:
+    """The (query rows, key columns, causal?) pieces of (Q_rank, K_block) to compute."""
+    everything = slice(0, c)
+    if not is_causal:
+        return [(everything, everything, False)]
+    if block == rank:
+        return [(everything, everything, True)]
+    if layout == "contiguous":
+        return [(everything, everything, False)] if block < rank else []
+    half = c // 2
+    if block < rank:
+        return [(everything, slice(0, half), False)]
+    return [(slice(half, c), everything, False)]
+
+
+def plan_work(rank: int, world_size: int, c: int, is_causal: bool = True,
+              layout: str = "zigzag") -> int:
+    """Query-key pairs scored by ``rank`` over the whole ring (c = its local length)."""
+    total = 0
+    for step in range(world_size):
+        for rows, cols, _ in _plan(rank, (rank - step) % world_size, c, is_causal, layout):
+            total += (rows.stop - rows.start) * (cols.stop - cols.start)
+    return total
+
+
+# -- the ring -------------------------------------------------------------------------
+
+def _neighbours(group: Any) -> tuple[int, int, int, int]:
+    """(rank in group, group size, global rank of the next, of the previous)."""
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    ranks = list(range(size)) if group is None else group.ranks
+    return rank, size, ranks[(rank + 1) % size], ranks[(rank - 1) % size]
+
+
+def ring_forward(q: Any, k: Any, v: Any, is_causal: bool, scale: float, layout: str,
+                 group: Any, blocks: dict) -> tuple[Any, Any]:
+    """Arrays of this rank -> its (O, L), attending to the K/V of every rank."""
+    rank, size, nxt, prev = _neighbours(group)
+    c, e = q.shape[-2], k.shape[-1]
+    out = xp.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
+    lse = xp.full(q.shape[:-1], common.NEG_INF, dtype=q.dtype)
+    kv = xp.concatenate([k, v], axis=-1)                       # one message: (..., c, E + Ev)
+    incoming = xp.empty_like(kv)
+    for step in range(size):
+        block = (rank - step) % size
+        pending = []
+        if step < size - 1:                                     # next block, while we compute
+            pending = [dist.isend(kv, nxt, group, KV_TAG), dist.irecv(incoming, prev, group,
+                                                                       KV_TAG)]
+        for rows, cols, causal in _plan(rank, block, c, is_causal, layout):
+            o_b, lse_b = flash_forward(q[..., rows, :], kv[..., cols, :e], kv[..., cols, e:],
+                                       is_causal=causal, scale=scale, **blocks)
+            merge_partial(out[..., rows, :], lse[..., rows], o_b, lse_b)
+        for handle in pending:
+            handle.wait()
+        kv, incoming = incoming, kv
+    return out, lse
+
+
+def ring_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, is_causal: bool,
+                  scale: float, layout: str, group: Any, blocks: dict) -> tuple[Any, Any, Any]:
+    """This rank's (dq, dk, dv) from its O, L and dO; K/V and their gradients ring round."""
+    rank, size, nxt, prev = _neighbours(group)
+    c, e = q.shape[-2], k.shape[-1]
+    dq = xp.zeros_like(q)
+    kv = xp.concatenate([k, v], axis=-1)
+    incoming = xp.empty_like(kv)
+    dkv_in = xp.empty_like(kv)
+    sends = []
+    for step in range(size):
+        block = (rank - step) % size
+        pending = []
+        if step < size - 1:
+            pending = [dist.isend(kv, nxt, group, KV_TAG), dist.irecv(incoming, prev, group,
+                                                                       KV_TAG)]
+        dkv = xp.zeros_like(kv)                                 # this rank's part for the block
+        for rows, cols, causal in _plan(rank, block, c, is_causal, layout):
+            dq_b, dk_b, dv_b = flash_backward(
+                q[..., rows, :], kv[..., cols, :e], kv[..., cols, e:], out[..., rows, :],
+                lse[..., rows], dout[..., rows, :], is_causal=causal, scale=scale, **blocks)
+            dq[..., rows, :] += dq_b
+            dkv[..., cols, :e] += dk_b
+            dkv[..., cols, e:] += dv_b
+        if step > 0:                       # the ranks before us already added their parts
+            dist.recv(dkv_in, prev, group, DKV_TAG)
+            dkv += dkv_in
+        if size > 1:
+            sends.append(dist.isend(dkv, nxt, group, DKV_TAG))
+        for handle in pending:
+            handle.wait()
+        kv, incoming = incoming, kv
+    if size > 1:                           # our own block, with every rank's part in it
+        dist.recv(dkv_in, prev, group, DKV_TAG)
+        dkv = dkv_in
+    for handle in sends:
+        handle.wait()
+    return dq, dkv[..., :e].copy(), dkv[..., e:].copy()
+
+
+class RingAttention(Function):
+    """Ring attention as an autograd op: each rank's local q, k, v -> its local output."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False, scale=1.0, layout="zigzag", group=None,
+                blocks=None):
+        blocks = blocks or {}
+        out, lse = ring_forward(q, k, v, is_causal, scale, layout, group, blocks)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = (is_causal, scale, layout, group, blocks)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved
+        return ring_backward(q, k, v, out, lse, dout, *ctx.options)
+
+
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
+                   scale: float | None = None, group: Any = None, layout: str = "zigzag",
+                   block_q: int | None = None, block_k: int | None = None) -> Tensor:
+    """Attention over the whole sequence, each rank holding its shard of q, k, v.
+
+    q, k, v: (..., c, E), (..., c, E), (..., c, Ev) on every rank of ``group`` (the
+    world if None), laid out by ``shard_sequence(x, rank, N, layout)``; returns this
+    rank's rows of softmax(scale Q K^T [+ causal]) V. ``layout`` matters only when
+    ``is_causal``: "zigzag" balances the work, "contiguous" is the plain split.
+    Every rank must call it, and later its backward, together.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    arrays = [t.data if isinstance(t, Tensor) else t for t in (q, k, v)]
+    common.check_qkv(*arrays)
+    c = arrays[0].shape[-2]
+    if arrays[1].shape[-2] != c:
+        raise ValueError(f"each rank must hold as many queries as keys, got {c} and "
+                         f"{arrays[1].shape[-2]}")
+    if is_causal and layout == "zigzag" and c % 2:
+        raise ValueError(f"the zigzag layout holds two equal chunks per rank; local length "
+                         f"{c} is odd")
+    blocks = {name: size for name, size in (("block_q", block_q), ("block_k", block_k))
+              if size is not None}
+    return RingAttention.apply(q, k, v, is_causal=is_causal,
+                               scale=common.default_scale(arrays[0], scale), layout=layout,
+                               group=group, blocks=blocks)
