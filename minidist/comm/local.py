@@ -14,7 +14,14 @@ ring all-reduce is made of: one read of the slot, no temporary).
 
 Nothing blocks: ``isend`` / ``irecv`` post an operation, and ``wait_all`` runs
 the progress loop, which pushes pieces of every pending send while there are
-free slots and pulls pieces of every pending receive. So a rank may post a
+free slots and pulls pieces of every pending receive. When a pass moves
+nothing, the rank keeps polling for up to ``SPIN_S`` seconds, yielding the CPU
+between polls (``sched_yield``: free when nobody else wants the core, and it
+lets a peer that shares our core run, with more ranks than cores or other
+load on the machine), then sleeps on its doorbell until a peer rings it
+(doorbell.py): peers ring after every piece they publish or slot they free.
+Sleeping costs a wake-up (a few to tens of microseconds, more in a VM), so it
+is kept for long waits: a peer that is computing, not communicating. So a rank may post a
 send to its right neighbour and a receive from its left one and wait for both,
 whatever the message size, without deadlock. A message that arrives before its
 receive is posted is kept in a side buffer (the "unexpected" queue), but only
@@ -29,12 +36,14 @@ from typing import Any
 
 from minidist import backend
 from minidist.comm import shm
+from minidist.comm.doorbell import Doorbells
 from minidist.comm.errors import CommTimeoutError, MessageMismatchError, WorldAbortedError
 from minidist.comm.ops import ReduceOp, combine_fn
-from minidist.comm.transport import (Backoff, Handle, Transport, dtype_code, dtype_name,
-                                     flat_target, host_bytes, host_view)
+from minidist.comm.transport import (Handle, Transport, cores_available, dtype_code,
+                                     dtype_name, flat_target, host_bytes, host_view, sched_yield)
 
 TAG_BITS = 32  # a wire tag is (group context << 32) | tag
+SPIN_S = 0.002  # how long a rank polls before it sleeps on its doorbell
 
 
 def describe_tag(wire_tag: int) -> str:
@@ -141,7 +150,10 @@ class LocalTransport(Transport):
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside a world of {self.world_size}")
         self.rank, self.timeout = rank, timeout
+        # More ranks than cores: yield at once when a poll finds nothing.
+        self.free_polls = 1 if self.world_size > cores_available() else 32
         self._words = self._seg.buf.cast("q")
+        self._bells = Doorbells(self._seg.buf, shm.BELLS_OFFSET, self.world_size)
         data = host_view(self._seg.buf)
         n, k, s = self.world_size, self.nslots, self.slot_bytes
         self._out = [_Channel(self._words, data, shm.channel_offset(rank, d, n, k, s), k, s)
@@ -203,6 +215,7 @@ class LocalTransport(Transport):
         op.sent += n
         ch.count += 1
         w[ch.head_i] = ch.count  # publish: the piece is complete
+        self._bells.ring(dst)
         if op.sent >= op.total:
             op.done = True
         return True
@@ -223,6 +236,7 @@ class LocalTransport(Transport):
         target.accept(ch.payload[ch.count % self.nslots][:n], w[h + 2])
         ch.count += 1
         w[ch.tail_i] = ch.count  # free the slot
+        self._bells.ring(src)
         if target.got >= target.total:
             del self._current[src]
             self._complete(src, target)
@@ -270,23 +284,45 @@ class LocalTransport(Transport):
     def wait_all(self, handles: list, timeout: float | None = None, what: str = "",
                  abortable: bool = True) -> None:
         timeout = self.timeout if timeout is None else timeout
-        backoff = Backoff()
-        last_move = time.monotonic()
+        polls, idle_since = 0, None
         while True:
             with self._lock:
                 moved = self._progress()
             if all(h.done for h in handles):
                 return
             if moved:
-                backoff.reset()
-                last_move = time.monotonic()
+                polls, idle_since = 0, None
                 continue
-            backoff.pause()
-            if backoff.polls >= backoff.spin:
-                if abortable:
-                    self._check_abort()
-                if time.monotonic() - last_move > timeout:
-                    raise self._timeout_error(handles, timeout, what)
+            polls += 1
+            if polls >= self.free_polls:
+                sched_yield()
+            if polls % 32:
+                continue  # look at the clock only now and then
+            now = time.monotonic()
+            if idle_since is None:
+                idle_since = now
+            if now - idle_since < SPIN_S:
+                continue
+            if abortable:
+                self._check_abort()
+            if now - idle_since > timeout:
+                raise self._timeout_error(handles, timeout, what)
+            self._sleep(handles)
+
+    def _sleep(self, handles: list) -> None:
+        """Sleep on our doorbell until a peer rings (at most 50 ms)."""
+        bells, me = self._bells, self.rank
+        seen = bells.value(me)
+        with self._lock:
+            bells.sleepers(me, +1)
+        try:
+            with self._lock:  # look once more, now that peers know we may sleep
+                moved = self._progress()
+            if not moved and not all(h.done for h in handles):
+                bells.wait(me, seen, 0.05)
+        finally:
+            with self._lock:
+                bells.sleepers(me, -1)
 
     def _check_abort(self) -> None:
         if self._words[shm.W_ABORT]:
@@ -316,5 +352,6 @@ class LocalTransport(Transport):
             return
         self._out = self._in = []
         self._words.release()
+        self._bells.close()
         seg, self._seg = self._seg, None
         shm.close(seg)

@@ -23,7 +23,8 @@ from typing import Any
 from minidist import backend
 from minidist.comm.errors import CommTimeoutError, MessageMismatchError
 from minidist.comm.ops import ReduceOp, combine_fn
-from minidist.comm.transport import Backoff, Handle, Transport, flat_target, host_bytes, host_view
+from minidist.comm.transport import (Backoff, Handle, Transport, flat_target, host_bytes,
+                                     host_view, spin_seconds)
 
 
 class _MpiHandle(Handle):
@@ -109,7 +110,7 @@ class MpiTransport(Transport):
     def wait_all(self, handles: list, timeout: float | None = None, what: str = "",
                  abortable: bool = True) -> None:
         timeout = self.timeout if timeout is None else timeout
-        backoff = Backoff()
+        backoff = Backoff(spin_seconds(self.world_size))
         start = time.monotonic()
         pending = [h for h in handles if not h.done]
         while pending:

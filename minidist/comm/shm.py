@@ -7,8 +7,9 @@ easy to spot (``leftover_segments()``).
 
 Layout (all offsets multiples of 64 bytes, one cache line)::
 
-    world header (4096 B): magic, world_size, nslots, slot_bytes, abort word,
+    world header (1024 B): magic, world_size, nslots, slot_bytes, abort word,
                            abort message
+    doorbells (64 B per rank, doorbell.py), padded to a multiple of 4096 B
     channel[src * N + dst] for every ordered pair, each:
         head   (64 B)  pieces written by src       (only src writes it)
         tail   (64 B)  pieces consumed by dst      (only dst writes it)
@@ -29,8 +30,11 @@ import secrets
 
 from multiprocess import shared_memory
 
+from minidist.comm.doorbell import BYTES_PER_RANK, Doorbells
+
 PREFIX = "minidist_"
-HEADER_BYTES = 4096
+HEADER_BYTES = 1024
+BELLS_OFFSET = HEADER_BYTES
 SLOT_HEADER_BYTES = 64
 CHANNEL_HEADER_BYTES = 128
 MAGIC = 0x6D696E6964697374  # "minidist"
@@ -47,12 +51,17 @@ def channel_bytes(nslots: int, slot_bytes: int) -> int:
     return CHANNEL_HEADER_BYTES + nslots * (SLOT_HEADER_BYTES + slot_bytes)
 
 
+def channels_offset(world_size: int) -> int:
+    """Where the channels start: after the header and the doorbells, page aligned."""
+    return -(-(BELLS_OFFSET + world_size * BYTES_PER_RANK) // 4096) * 4096
+
+
 def channel_offset(src: int, dst: int, world_size: int, nslots: int, slot_bytes: int) -> int:
-    return HEADER_BYTES + (src * world_size + dst) * channel_bytes(nslots, slot_bytes)
+    return channels_offset(world_size) + (src * world_size + dst) * channel_bytes(nslots, slot_bytes)
 
 
 def segment_bytes(world_size: int, nslots: int, slot_bytes: int) -> int:
-    return HEADER_BYTES + world_size * world_size * channel_bytes(nslots, slot_bytes)
+    return channels_offset(world_size) + world_size * world_size * channel_bytes(nslots, slot_bytes)
 
 
 def create(world_size: int, nslots: int, slot_bytes: int) -> shared_memory.SharedMemory:
@@ -94,14 +103,19 @@ def read_header(seg: shared_memory.SharedMemory) -> tuple[int, int, int]:
 
 
 def set_abort(seg: shared_memory.SharedMemory, rank: int, message: str) -> None:
-    """Tell every rank of the world to stop: rank ``rank`` failed (or -1: the parent)."""
+    """Tell every rank of the world to stop: rank ``rank`` failed (or -1: the parent).
+    Sleeping ranks are woken so that they see it at once."""
     words = seg.buf[:HEADER_BYTES].cast("q")
     if words[W_ABORT] == 0:
         data = message.encode("utf-8", "replace")[:ABORT_MSG_MAX]
         seg.buf[ABORT_MSG_OFFSET:ABORT_MSG_OFFSET + len(data)] = data
         words[W_ABORT_LEN] = len(data)
         words[W_ABORT] = rank + 2  # 0 means "no abort"; -1 (the parent) becomes 1
+    world_size = words[W_WORLD]
     words.release()
+    bells = Doorbells(seg.buf, BELLS_OFFSET, world_size)
+    bells.ring_all()
+    bells.close()
 
 
 def abort_reason(seg: shared_memory.SharedMemory) -> tuple[int, str] | None:

@@ -126,17 +126,21 @@ def dtype_name(code: int) -> str:
 # --------------------------------------------------------------------------
 
 class Backoff:
-    """Spin, then yield, then sleep: how a rank waits for its peers.
+    """Spin, then yield, then sleep: how a rank of the MPI transport waits.
 
-    Spinning gives the lowest latency when every rank has a core of its own.
-    With more ranks than cores (4 ranks on 2 cores) a spinning rank steals the
-    core its peer needs to make progress, so after ``spin`` fruitless polls it
-    yields the CPU (``sched_yield``) and, after ``yield_s`` seconds, sleeps in
-    growing naps up to ``max_sleep`` seconds.
+    Spinning (polling without pause) for ``spin_s`` seconds gives the lowest
+    latency when every rank has a core of its own. With more ranks than cores
+    (4 ranks on 2 cores) a spinning rank steals the core its peer needs to make
+    progress, so the world is started with ``spin_s`` = 0 there (see
+    ``spin_seconds``). After spinning the rank yields the CPU (``sched_yield``)
+    for ``yield_s`` seconds, then sleeps in growing naps up to ``max_sleep``.
+    (The local transport sleeps on a doorbell instead of napping: local.py.)
     """
 
-    def __init__(self, spin: int = 64, yield_s: float = 0.002, max_sleep: float = 0.001):
-        self.spin, self.yield_s, self.max_sleep = spin, yield_s, max_sleep
+    CHECK_EVERY = 64  # polls between looks at the clock
+
+    def __init__(self, spin_s: float = 0.0, yield_s: float = 0.002, max_sleep: float = 0.001):
+        self.spin_s, self.yield_s, self.max_sleep = spin_s, yield_s, max_sleep
         self.reset()
 
     def reset(self) -> None:
@@ -146,16 +150,31 @@ class Backoff:
 
     def pause(self) -> None:
         self.polls += 1
-        if self.polls < self.spin:
-            return
+        if self.polls < self.CHECK_EVERY:
+            return  # a few free polls: the message is often just behind
         now = time.monotonic()
         if self.idle_since is None:
             self.idle_since = now
-        if now - self.idle_since < self.yield_s:
-            _sched_yield()
+        idle = now - self.idle_since
+        if idle < self.spin_s:
+            return
+        if idle < self.spin_s + self.yield_s:
+            sched_yield()
         else:
             time.sleep(self.nap)
             self.nap = min(self.nap * 2, self.max_sleep)
 
 
-_sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+def cores_available() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def spin_seconds(ranks_here: int) -> float:
+    """How long to spin before yielding: long when each rank has its own core."""
+    return 0.002 if ranks_here <= cores_available() else 0.0
+
+
+sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))

@@ -1,0 +1,189 @@
+"""All-reduce bandwidth: minidist's ring and naive vs MPICH, in one run.
+
+    python bench/bench_collectives.py                 # worlds 2 and 4, 1 KiB .. 256 MiB
+    python bench/bench_collectives.py --max-size 16M --worlds 2
+
+For every message size and world size it prints the time of one all-reduce of
+float32 data, its algorithm bandwidth algbw = M / t, and the bus bandwidth
+busbw = algbw * 2(N-1)/N (the nccl-tests convention: what each link carries,
+comparable across N), for
+
+- minidist ``ring`` and ``naive`` on the local shared-memory transport
+  (``minidist.launch`` world, default options: the same-call check included);
+- mpi4py's native ``Allreduce`` (in place) under MPICH's ``mpiexec``: the
+  reference, run as a subprocess of this script;
+- a single-process ``memcpy`` of M bytes: a ceiling for any transfer on this
+  machine (a ring step copies M/N bytes and adds M/N bytes per rank).
+
+Each configuration is measured ``--repeats`` times, alternating minidist and
+MPICH so that a burst of other load on the machine hits both; the best time of
+the repeats is reported. The last column is minidist ring's busbw over MPICH's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+SIZES = [1 << k for k in range(10, 29, 2)]  # 1 KiB, 4 KiB, ..., 256 MiB
+
+
+def iterations(nbytes: int) -> int:
+    return int(min(1000, max(3, (1 << 27) // nbytes)))
+
+
+def human(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024:
+            return f"{nbytes:.0f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.0f} TiB"
+
+
+def parse_size(text: str) -> int:
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * mult[text[-1].upper()] if text[-1].upper() in mult else int(text)
+
+
+# -- minidist, on every rank of a World ---------------------------------------------
+
+def minidist_sweep(sizes: list[int], algorithms: list[str]) -> dict:
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    out = {}
+    for alg in algorithms:
+        for size in sizes:
+            x = xp.zeros(size // 4, dtype="float32")
+            iters = iterations(size)
+            for _ in range(2 if size < (64 << 20) else 1):  # warm up
+                dist.all_reduce(x, algorithm=alg)
+            dist.barrier()
+            t = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(x, algorithm=alg)
+            out[f"{alg}:{size}"] = (time.perf_counter() - t) / iters
+    return out
+
+
+def run_minidist(n: int, sizes: list[int]) -> dict:
+    from minidist.comm import World
+    with World(n) as world:
+        per_rank = world.run(minidist_sweep, sizes, ["ring", "naive"])
+    return {k: max(r[k] for r in per_rank) for k in per_rank[0]}  # done when all are done
+
+
+# -- MPICH, under mpiexec ------------------------------------------------------------
+
+def mpi_worker(sizes: list[int]) -> None:
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    out = {}
+    for size in sizes:
+        x = np.zeros(size // 4, dtype=np.float32)
+        iters = iterations(size)
+        for _ in range(2 if size < (64 << 20) else 1):
+            comm.Allreduce(MPI.IN_PLACE, x)
+        comm.Barrier()
+        t = time.perf_counter()
+        for _ in range(iters):
+            comm.Allreduce(MPI.IN_PLACE, x)
+        dt = comm.reduce((time.perf_counter() - t) / iters, op=MPI.MAX, root=0)
+        out[f"mpi:{size}"] = dt
+    if comm.rank == 0:
+        print("RESULT " + json.dumps(out), flush=True)
+
+
+def run_mpi(n: int, sizes: list[int]) -> dict:
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        return {}
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MINIDIST_SHM")}
+    cmd = [mpiexec, "-n", str(n), sys.executable, os.path.abspath(__file__), "--mpi-worker",
+           "--sizes", ",".join(map(str, sizes))]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    print(f"MPICH run failed:\n{out.stdout}\n{out.stderr}", file=sys.stderr)
+    return {}
+
+
+def memcpy_ceiling(sizes: list[int]) -> dict:
+    out = {}
+    for size in sizes:
+        src = np.ones(size, dtype=np.uint8)
+        dst = np.empty_like(src)
+        np.copyto(dst, src)
+        iters = iterations(size)
+        t = time.perf_counter()
+        for _ in range(iters):
+            np.copyto(dst, src)
+        out[f"memcpy:{size}"] = (time.perf_counter() - t) / iters
+    return out
+
+
+# -- the table ---------------------------------------------------------------------------
+
+def table(n: int, sizes: list[int], best: dict) -> str:
+    factor = 2 * (n - 1) / n
+    head = (f"{'size':>8} | {'minidist ring':^26} | {'minidist naive':^26} | "
+            f"{'MPICH Allreduce':^26} | {'memcpy':>7} | {'ring/MPICH':>10}")
+    sub = (f"{'':>8} | " + " | ".join([f"{'time':>9} {'algbw':>7} {'busbw':>8}"] * 3)
+           + f" | {'GB/s':>7} | {'busbw':>10}")
+    lines = [f"world {n}  (busbw = algbw * 2(N-1)/N = algbw * {factor:.2f}; GB/s = 1e9 B/s)",
+             head, sub, "-" * len(head)]
+    for size in sizes:
+        cells = []
+        busbws = {}
+        for key in ("ring", "naive", "mpi"):
+            t = best.get(f"{key}:{size}")
+            if t is None:
+                cells.append(f"{'-':>9} {'-':>7} {'-':>8}")
+                continue
+            algbw = size / t / 1e9
+            busbws[key] = algbw * factor
+            shown = f"{t * 1e6:.1f}us" if t < 1e-2 else f"{t * 1e3:.2f}ms"
+            cells.append(f"{shown:>9} {algbw:7.2f} {algbw * factor:8.2f}")
+        mc = best.get(f"memcpy:{size}")
+        ratio = busbws["ring"] / busbws["mpi"] if "mpi" in busbws and "ring" in busbws else None
+        lines.append(f"{human(size):>8} | " + " | ".join(cells)
+                     + f" | {size / mc / 1e9 if mc else 0:7.2f} | "
+                     + (f"{ratio:9.2f}x" if ratio else f"{'-':>10}"))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--min-size", type=parse_size, default=1 << 10)
+    p.add_argument("--max-size", type=parse_size, default=256 << 20)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--no-mpi", action="store_true", help="skip the MPICH reference")
+    p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--sizes", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.mpi_worker:
+        mpi_worker([int(s) for s in args.sizes.split(",")])
+        return
+    sizes = [s for s in SIZES if args.min_size <= s <= args.max_size]
+    print(f"all-reduce of float32, {os.cpu_count()} CPU cores, best of {args.repeats} repeats")
+    ceiling = memcpy_ceiling(sizes)
+    for n in args.worlds:
+        best: dict = dict(ceiling)
+        for _ in range(args.repeats):
+            runs = [run_minidist(n, sizes)] + ([] if args.no_mpi else [run_mpi(n, sizes)])
+            for run in runs:
+                for k, t in run.items():
+                    best[k] = min(t, best.get(k, float("inf")))
+        print()
+        print(table(n, sizes, best), flush=True)
+
+
+if __name__ == "__main__":
+    main()
