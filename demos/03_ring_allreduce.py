@@ -1,0 +1,87 @@
+"""Demo 03: ring all-reduce, its bytes per rank, and its two regimes.
+
+Part 1 runs a ring all-reduce of M bytes on N processes and prints the bytes
+each rank sent next to the formula 2(N-1)/N * M (the ring's bandwidth
+optimality: it does not grow with N), and the naive algorithm's root, which
+sends (N-1) * M.
+
+Part 2 sweeps the message size from 1 KiB up, times the ring, fits the
+alpha-beta model T = 2(N-1) * alpha + 2(N-1)/N * M / beta to the timings and
+prints measured time next to the model: small messages are latency-bound
+(the alpha term dominates, time hardly depends on M), large ones are
+bandwidth-bound (time grows linearly with M, busbw flattens out).
+
+    python demos/03_ring_allreduce.py              # 4 processes, ~15 s
+    python demos/03_ring_allreduce.py -n 2 --max-mib 64
+
+Code: minidist/comm/ring.py (the algorithm), minidist/comm/cost.py (the model).
+"""
+import argparse
+import time
+
+import minidist
+import minidist.distributed as dist
+from minidist.backend import xp
+from minidist.comm import cost
+
+
+def bytes_per_rank(m_bytes: int) -> list:
+    """Run ring and naive all-reduce once; return what this rank sent in each."""
+    out = {}
+    for alg in ("ring", "naive"):
+        x = xp.ones(m_bytes // 4, dtype="float32")
+        dist.all_reduce(x, algorithm=alg)
+        out[alg] = dist.get_stats().last["bytes_sent"]
+    return out
+
+
+def sweep(sizes: list, algorithm: str) -> list:
+    """Average time of one all-reduce per size (this rank's view)."""
+    times = []
+    for size in sizes:
+        x = xp.zeros(size // 4, dtype="float32")
+        iters = max(3, min(200, (16 << 20) // size))
+        dist.all_reduce(x, algorithm=algorithm)  # warm up
+        dist.barrier()
+        t = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(x, algorithm=algorithm)
+        times.append((time.perf_counter() - t) / iters)
+    return times
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-n", "--world-size", type=int, default=4)
+    parser.add_argument("--mib", type=int, default=8, help="M for part 1, in MiB")
+    parser.add_argument("--max-mib", type=int, default=16, help="largest size of the sweep")
+    args = parser.parse_args()
+    n = args.world_size
+
+    with minidist.comm.World(n) as world:
+        m = args.mib << 20
+        sent = world.run(bytes_per_rank, m)
+        print(f"Part 1: all-reduce of M = {args.mib} MiB on N = {n} processes\n")
+        print(f"{'rank':>4} {'ring sent':>12} {'2(N-1)/N * M':>14} {'naive sent':>12}")
+        for r, s in enumerate(sent):
+            print(f"{r:>4} {s['ring']:>12,} {2 * (n - 1) / n * m:>14,.0f} {s['naive']:>12,}")
+        print(f"\nthe naive root sent (N-1) * M = {(n - 1) * m:,} bytes; each ring rank "
+              f"{2 * (n - 1) / n:.2f} * M whatever N\n")
+
+        sizes = [1 << k for k in range(10, 21 + (args.max_mib.bit_length() - 1), 2)]
+        per_rank = world.run(sweep, sizes, "ring")
+        times = [max(t) for t in zip(*per_rank)]  # done when the slowest rank is done
+        alpha, beta = cost.fit_alpha_beta(sizes, times, n)
+        print(f"Part 2: ring all-reduce sweep; fitted alpha = {alpha * 1e6:.1f} us per step, "
+              f"beta = {beta / 1e9:.2f} GB/s\n")
+        print(f"{'M':>9} {'measured':>11} {'model':>11} {'busbw GB/s':>11} "
+              f"{'alpha term':>11} {'beta term':>11}  regime")
+        for size, t in zip(sizes, times):
+            model = cost.ring_all_reduce(size, n, alpha, beta)
+            a_term = model.steps * alpha
+            b_term = model.bytes_sent / beta
+            busbw = cost.bus_bandwidth(size, n, t)[1] / 1e9
+            regime = "latency-bound" if a_term > b_term else "bandwidth-bound"
+            label = f"{size >> 10} KiB" if size < (1 << 20) else f"{size >> 20} MiB"
+            print(f"{label:>9} {t * 1e6:>9.0f}us {model.seconds * 1e6:>9.0f}us {busbw:>11.2f} "
+                  f"{a_term * 1e6:>9.0f}us {b_term * 1e6:>9.0f}us  {regime}")
