@@ -164,5 +164,8 @@ def _abort_on_uncaught_exception(world) -> None:
         sys.stderr.flush()
         if issubclass(exc_type, KeyboardInterrupt):
             previous(exc_type, exc, tb)
+        # mpiexec forwards our stderr asynchronously and MPI_Abort kills the job at
+        # once: give the traceback a moment to get out first.
+        time.sleep(0.3)
         world.Abort(1)
     sys.excepthook = hook
