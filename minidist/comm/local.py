@@ -10,22 +10,25 @@ receiving are pipelined.
 Array bytes never go through pickle: the sender copies them into the slot, the
 receiver copies them out (``recv``) or adds them straight from the slot into
 its own buffer (``irecv(..., op=SUM)``, the fused receive-and-reduce that the
-ring all-reduce is made of: one read of the slot, no temporary).
+ring all-reduce is made of: one read of the slot, no temporary). The pending
+operations and how a piece lands in the receiver's array are in pending.py.
 
 Nothing blocks: ``isend`` / ``irecv`` post an operation, and ``wait_all`` runs
 the progress loop, which pushes pieces of every pending send while there are
-free slots and pulls pieces of every pending receive. When a pass moves
-nothing, the rank keeps polling for up to ``SPIN_S`` seconds, yielding the CPU
-between polls (``sched_yield``: free when nobody else wants the core, and it
-lets a peer that shares our core run, with more ranks than cores or other
-load on the machine), then sleeps on its doorbell until a peer rings it
-(doorbell.py): peers ring after every piece they publish or slot they free.
-Sleeping costs a wake-up (a few to tens of microseconds, more in a VM), so it
-is kept for long waits: a peer that is computing, not communicating. So a rank may post a
+free slots and pulls pieces of every pending receive. So a rank may post a
 send to its right neighbour and a receive from its left one and wait for both,
 whatever the message size, without deadlock. A message that arrives before its
 receive is posted is kept in a side buffer (the "unexpected" queue), but only
 when a receive with another tag is waiting behind it on the same channel.
+
+Waiting: when a pass moves nothing, the rank keeps polling for up to
+``SPIN_S`` seconds, yielding the CPU between polls (``sched_yield`` costs
+little when nobody else wants the core, and lets a peer that shares our core
+run, with more ranks than cores or other load on the machine). Then it sleeps
+on its doorbell until a peer rings it (doorbell.py); peers ring after every
+piece they publish and every slot they free. A wake-up costs from a few to
+tens of microseconds (more in a VM), so sleeping is kept for long waits: a
+peer that is computing, not communicating.
 """
 from __future__ import annotations
 
@@ -34,108 +37,15 @@ import time
 from collections import deque
 from typing import Any
 
-from minidist import backend
 from minidist.comm import shm
 from minidist.comm.doorbell import Doorbells
-from minidist.comm.errors import CommTimeoutError, MessageMismatchError, WorldAbortedError
-from minidist.comm.ops import ReduceOp, combine_fn
+from minidist.comm.errors import CommTimeoutError, WorldAbortedError
+from minidist.comm.ops import ReduceOp
+from minidist.comm.pending import TAG_BITS, Channel, Recv, Send, Unexpected
 from minidist.comm.transport import (Handle, Transport, cores_available, dtype_code,
-                                     dtype_name, flat_target, host_bytes, host_view, sched_yield)
+                                     host_bytes, host_view, sched_yield)
 
-TAG_BITS = 32  # a wire tag is (group context << 32) | tag
 SPIN_S = 0.002  # how long a rank polls before it sleeps on its doorbell
-
-
-def describe_tag(wire_tag: int) -> str:
-    ctx, tag = divmod(wire_tag, 1 << TAG_BITS)
-    return f"tag {tag}" + (f" in group context {ctx}" if ctx else "")
-
-
-class _Send(Handle):
-    __slots__ = ("transport", "dst", "tag", "data", "total", "sent", "code", "done")
-
-    def __init__(self, transport, dst, tag, data, code):
-        self.transport, self.dst, self.tag, self.code = transport, dst, tag, code
-        self.data, self.total, self.sent, self.done = data, data.size, 0, False
-
-    def wait(self, timeout: float | None = None) -> None:
-        self.transport.wait_all([self], timeout)
-
-    def describe(self) -> str:
-        return f"send to rank {self.dst} ({describe_tag(self.tag)}, {self.sent}/{self.total} bytes)"
-
-
-class _Recv(Handle):
-    __slots__ = ("transport", "src", "tag", "flat", "dtype", "code", "total", "got",
-                 "combine", "copy_back", "done")
-
-    def __init__(self, transport, src, tag, arr, op):
-        self.transport, self.src, self.tag = transport, src, tag
-        self.flat, self.copy_back = flat_target(arr)
-        self.dtype, self.code = arr.dtype, dtype_code(arr.dtype)
-        self.total, self.got, self.done = arr.nbytes, 0, False
-        self.combine = None if op is None else combine_fn(op)
-
-    def wait(self, timeout: float | None = None) -> None:
-        self.transport.wait_all([self], timeout)
-
-    def describe(self) -> str:
-        return f"recv from rank {self.src} ({describe_tag(self.tag)}, {self.got}/{self.total} bytes)"
-
-    def check(self, total: int, code: int) -> None:
-        if total != self.total or code != self.code:
-            raise MessageMismatchError(
-                f"rank {self.transport.rank}: the message from rank {self.src} "
-                f"({describe_tag(self.tag)}) holds {total} bytes of {dtype_name(code)}, "
-                f"but the receive posted for it expects {self.total} bytes of {self.dtype.str}")
-
-    def accept(self, piece: Any, offset: int) -> None:
-        """Write (or reduce) one piece of host bytes at byte ``offset`` of the target."""
-        n = piece.size
-        if n == 0:
-            return
-        incoming = backend.from_host(piece.view(self.dtype))
-        lo = offset // self.dtype.itemsize
-        dst = self.flat[lo:lo + incoming.size]
-        if self.combine is None:
-            dst[...] = incoming
-        else:
-            self.combine(dst, incoming, out=dst)  # the fused receive-and-reduce
-        self.got += n
-
-    def complete(self) -> None:
-        if self.copy_back is not None:
-            self.copy_back()
-        self.done = True
-
-
-class _Unexpected:
-    """A message that arrived before a matching receive was posted."""
-    __slots__ = ("tag", "total", "code", "buf", "got", "claimed_by")
-
-    def __init__(self, tag, total, code):
-        self.tag, self.total, self.code, self.got = tag, total, code, 0
-        self.buf = host_view(bytearray(total))
-        self.claimed_by = None
-
-    def accept(self, piece: Any, offset: int) -> None:
-        self.buf[offset:offset + piece.size] = piece
-        self.got += piece.size
-
-
-class _Channel:
-    """Word indices and slot views of one direction of one pair."""
-    __slots__ = ("head_i", "tail_i", "hdr_i", "payload", "count")
-
-    def __init__(self, words, data, offset, nslots, slot_bytes):
-        self.head_i = offset // 8
-        self.tail_i = (offset + 64) // 8
-        slots = [offset + shm.CHANNEL_HEADER_BYTES + k * (shm.SLOT_HEADER_BYTES + slot_bytes)
-                 for k in range(nslots)]
-        self.hdr_i = [s // 8 for s in slots]
-        self.payload = [data[s + shm.SLOT_HEADER_BYTES:s + shm.SLOT_HEADER_BYTES + slot_bytes]
-                        for s in slots]
-        self.count = 0  # pieces written (outgoing) or consumed (incoming) by this rank
 
 
 class LocalTransport(Transport):
@@ -156,9 +66,9 @@ class LocalTransport(Transport):
         self._bells = Doorbells(self._seg.buf, shm.BELLS_OFFSET, self.world_size)
         data = host_view(self._seg.buf)
         n, k, s = self.world_size, self.nslots, self.slot_bytes
-        self._out = [_Channel(self._words, data, shm.channel_offset(rank, d, n, k, s), k, s)
+        self._out = [Channel(self._words, data, shm.channel_offset(rank, d, n, k, s), k, s)
                      for d in range(n)]
-        self._in = [_Channel(self._words, data, shm.channel_offset(src, rank, n, k, s), k, s)
+        self._in = [Channel(self._words, data, shm.channel_offset(src, rank, n, k, s), k, s)
                     for src in range(n)]
         self._sends: dict[int, deque] = {}       # dst -> sends in order
         self._posted: dict[int, list] = {}       # src -> receives not yet matched
@@ -169,7 +79,7 @@ class LocalTransport(Transport):
 
     # -- posting -------------------------------------------------------------
     def isend(self, arr: Any, dst: int, tag: int, ctx: int = 0) -> Handle:
-        op = _Send(self, dst, (ctx << TAG_BITS) | tag, host_bytes(arr), dtype_code(arr.dtype))
+        op = Send(self, dst, (ctx << TAG_BITS) | tag, host_bytes(arr), dtype_code(arr.dtype))
         with self._lock:
             queue = self._sends.setdefault(dst, deque())
             queue.append(op)
@@ -183,7 +93,7 @@ class LocalTransport(Transport):
 
     def irecv(self, arr: Any, src: int, tag: int, ctx: int = 0,
               op: ReduceOp | None = None) -> Handle:
-        r = _Recv(self, src, (ctx << TAG_BITS) | tag, arr, op)
+        r = Recv(self, src, (ctx << TAG_BITS) | tag, arr, op)
         with self._lock:
             for i, early in enumerate(self._unexpected.get(src, ())):
                 if early.tag == r.tag and early.claimed_by is None:
@@ -201,7 +111,7 @@ class LocalTransport(Transport):
         return r
 
     # -- progress ------------------------------------------------------------
-    def _push(self, dst: int, op: _Send) -> bool:
+    def _push(self, dst: int, op: Send) -> bool:
         """Write the next piece of ``op`` into a free slot; False if none is free."""
         ch, w = self._out[dst], self._words
         if ch.count - w[ch.tail_i] >= self.nslots:
@@ -254,12 +164,12 @@ class LocalTransport(Transport):
                 r.check(total, code)
                 return r
         # A receive for another tag is waiting behind this message: stash it.
-        early = _Unexpected(tag, total, code)
+        early = Unexpected(tag, total, code)
         self._unexpected.setdefault(src, []).append(early)
         return early
 
     def _complete(self, src: int, target) -> None:
-        if isinstance(target, _Recv):
+        if isinstance(target, Recv):
             target.complete()
         elif target.claimed_by is not None:
             self._unexpected[src].remove(target)
