@@ -11,7 +11,8 @@
 - ``DelayedScaling`` / ``CurrentScaling`` and ``fp8_autocast``: FP8 with per-tensor
   scales (fp8.py)
 """
-from minidist.precision.autocast import Round, autocast, autocast_matmul, get_autocast_policy
+from minidist.precision.autocast import (AmpPolicy, Round, autocast, autocast_matmul,
+                                        get_autocast_policy, use_policy)
 from minidist.precision.encoding import decode, encode
 from minidist.precision.formats import (BF16, FP8_E4M3FN, FP8_E4M3FNUZ, FP8_E5M2, FP8_E5M2FNUZ,
                                         FP16, FP32, PRESETS, FloatFormat, get_format)
@@ -23,5 +24,6 @@ from minidist.precision.rounding import quantize, quantize_reference
 __all__ = ["FloatFormat", "get_format", "PRESETS", "FP16", "BF16", "FP32", "FP8_E4M3FN",
            "FP8_E5M2", "FP8_E4M3FNUZ", "FP8_E5M2FNUZ", "quantize", "quantize_reference",
            "encode", "decode", "autocast", "autocast_matmul", "get_autocast_policy", "Round",
+           "AmpPolicy", "use_policy",
            "MasterWeights", "GradScaler", "DelayedScaling", "CurrentScaling", "ScalingState",
            "fp8_autocast"]

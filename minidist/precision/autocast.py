@@ -47,18 +47,25 @@ class Round(Function):
 
 
 class AmpPolicy:
-    """Round inputs, output and gradients of matmul-like ops to ``fmt`` (fp16 / bf16)."""
+    """Round inputs, output and gradients of matmul-like ops to ``fmt`` (fp16 / bf16).
 
-    def __init__(self, fmt: FloatFormat):
-        self.fmt = fmt
+    ``round_forward`` / ``round_backward`` are the two roundings; a subclass may
+    override them, e.g. to count the gradient values that underflow (demo 09).
+    """
 
-    def _round(self, a: Any) -> Any:
+    def __init__(self, fmt: FloatFormat | str):
+        self.fmt = get_format(fmt)
+
+    def round_forward(self, a: Any) -> Any:
         return quantize(a, self.fmt)
 
+    def round_backward(self, grad: Any) -> Any:
+        return quantize(grad, self.fmt)
+
     def run(self, fn: Callable, args: tuple) -> Tensor:
-        low = [Round.apply(a, fwd=self._round, bwd=self._round) if isinstance(a, Tensor) else a
-               for a in args]
-        return Round.apply(fn(*low), fwd=self._round, bwd=self._round)
+        fwd, bwd = self.round_forward, self.round_backward
+        low = [Round.apply(a, fwd=fwd, bwd=bwd) if isinstance(a, Tensor) else a for a in args]
+        return Round.apply(fn(*low), fwd=fwd, bwd=bwd)
 
 
 def autocast_matmul(fn: Callable[..., Tensor], *args: Any) -> Tensor:
