@@ -148,8 +148,12 @@ def init_process_group(backend: str | None = None, *, timeout: float = DEFAULT_T
         else:
             backend = "self"
     if backend == "mpi":
-        from minidist.comm.mpi import MpiTransport
-        transport: Transport = MpiTransport(timeout)
+        try:
+            from minidist.comm.mpi import MpiTransport
+            transport: Transport = MpiTransport(timeout)
+        except ImportError as e:
+            raise ImportError("running under mpiexec needs mpi4py: "
+                              "pip install 'minidist[mpi]'") from e
     elif backend == "shm" and "MINIDIST_SHM" in env:
         from minidist.comm.local import LocalTransport
         transport = LocalTransport(env["MINIDIST_SHM"], int(env.get("RANK", "0")), timeout)

@@ -45,10 +45,18 @@ class World:
     """``world_size`` processes with the process group initialised, kept alive."""
 
     def __init__(self, world_size: int, *, timeout: float = 60.0, nslots: int = 4,
-                 slot_bytes: int = 1 << 20, check: bool = True, init_group: bool = True,
+                 slot_bytes: int | None = None, check: bool = True, init_group: bool = True,
                  run_timeout: float | None = None, start_timeout: float = 120.0):
+        """``timeout``: seconds a send or receive may wait without progress;
+        ``nslots`` x ``slot_bytes``: the ring of each pair's channel (1 MiB slots
+        up to 8 ranks, 256 KiB beyond, as there are N^2 channels); ``check``:
+        verify that ranks make the same collective calls; ``init_group``: call
+        init_process_group in each rank (``minidist run`` leaves it to the
+        script); ``run_timeout``: limit on one ``run`` (None: none)."""
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
+        if slot_bytes is None:
+            slot_bytes = 1 << 20 if world_size <= 8 else 1 << 18
         self.world_size = world_size
         self.run_timeout = run_timeout  # limit on one run() (None: rely on comm timeouts)
         self.closed = False

@@ -156,3 +156,28 @@ def test_no_segment_is_left_after_a_clean_world():
         assert name in shm.leftover_segments()
         world.run(lambda: None)
     assert name not in shm.leftover_segments()
+
+
+def test_ranks_and_segment_go_when_the_parent_is_killed(tmp_path):
+    """Even a parent killed with SIGKILL leaves nothing: the ranks notice and clean up."""
+    import signal
+    import subprocess
+    import sys
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import time\n"
+        "from minidist.comm import World\n"
+        "if __name__ == '__main__':\n"
+        "    w = World(2)\n"
+        "    print(w.segment_name, *[p.pid for p in w._procs], flush=True)\n"
+        "    time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    segment, *pids = proc.stdout.readline().split()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + LIMIT_S
+    while time.monotonic() < deadline and (any(alive(int(p)) for p in pids)
+                                           or segment in shm.leftover_segments()):
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(int(p))], "a rank outlived its killed parent"
+    assert segment not in shm.leftover_segments()
