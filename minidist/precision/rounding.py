@@ -34,7 +34,7 @@ tests check bit for bit against the reference and against ml_dtypes / NumPy:
 - "magic number": with ``C = 2^(E + p)`` (p = 23 for float32, 52 for float64),
   |x| + C lies in [C, 2C) where the float spacing is exactly q, so the
   hardware's round-to-nearest-even addition performs our rounding, and
-  ``(|x| + C) - C`` is exact. Five integer ops build C from the bits of x.
+  ``(|x| + C) - C`` is exact. A few integer ops build C from the bits of x.
 - bfloat16-like formats (float32's exponent range) on float32: round the bit
   pattern itself: add ``0x7FFF + (bit 16)``, clear the low 16 bits.
 """
@@ -62,7 +62,7 @@ def quantize(x: Any, fmt: FloatFormat | str, rounding: str = "nearest",
     inf / NaN.
 
         >>> quantize(from_host(np.array([1.0009765625, 70000.0, 3e-8], "float32")), "fp16")
-        array([1.0009766e+00, inf, 5.9604645e-08], dtype=float32)
+        array([1.0009766e+00,           inf, 5.9604645e-08], dtype=float32)
     """
     fmt = get_format(fmt)
     dtype = _check_input(x, fmt)
