@@ -9,18 +9,18 @@ beyond the inputs, outputs and gradients included.
 
     python bench/bench_attention.py                       # s = 1024 .. 8192, d = 64
     python bench/bench_attention.py --lengths 512 1024 --repeats 2
+    python bench/bench_attention.py --threads 1        # BLAS on one thread
+
+Flash makes many small matrix products (7 per tile pair) where naive makes 6
+large ones; on a loaded machine BLAS threads that wait for each other cost the
+small ones most, so compare with ``--threads 1`` when the machine is busy.
 
 Targets at s = 4096: flash's peak extra memory at most 1/16 of naive's, its
 time at most 1.2x naive's.
 """
 import argparse
+import os
 import statistics
-
-import numpy as np
-
-from minidist import backend
-from minidist.attention import flash_attention, naive_attention
-from minidist.autograd import Tensor
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
@@ -32,7 +32,18 @@ parser.add_argument("--causal", action="store_true")
 parser.add_argument("--block-q", type=int, default=None, help="flash tile rows (default: op's)")
 parser.add_argument("--block-k", type=int, default=None, help="flash tile cols (default: op's)")
 parser.add_argument("--repeats", type=int, default=3)
+parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="BLAS threads")
 args = parser.parse_args()
+
+# thread counts must be fixed before NumPy loads its BLAS thread pool
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[var] = str(args.threads)
+
+import numpy as np  # noqa: E402
+
+from minidist import backend  # noqa: E402
+from minidist.attention import flash_attention, naive_attention  # noqa: E402
+from minidist.autograd import Tensor  # noqa: E402
 
 blocks = {k: v for k, v in (("block_q", args.block_q), ("block_k", args.block_k)) if v}
 
@@ -73,7 +84,8 @@ def peak_bytes(fn, arrays) -> int:
 
 MiB = 2.0**20
 print(f"attention forward + backward, batch {args.batch} x heads {args.heads}, d = {args.d}, "
-      f"{args.dtype}, causal={args.causal}, backend {backend.get_backend()}")
+      f"{args.dtype}, causal={args.causal}, backend {backend.get_backend()}, "
+      f"{args.threads} BLAS thread(s)")
 print(f"{'s':>6} | {'naive ms':>9} {'flash ms':>9} {'time x':>7} | "
       f"{'naive MiB':>10} {'flash MiB':>10} {'memory /':>9}")
 results = {}

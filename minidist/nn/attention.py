@@ -5,7 +5,8 @@
     out = concat_h(y_h) W_proj
 
 with C = nh * hs. ``attention="naive"`` materialises the (T, T) score matrix
-(``nn.functional.scaled_dot_product_attention``); ``attention="flash"`` computes
+(``minidist.attention.naive_attention``, or op by op with
+``nn.functional.scaled_dot_product_attention`` under autocast); ``attention="flash"`` computes
 the same tile by tile (``minidist.attention.flash_attention``), keeping only O
 and the row logsumexp for backward.
 """
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from minidist.attention import flash_attention
+from minidist.attention import flash_attention, naive_attention
 from minidist.autograd.functional import split
 from minidist.autograd.tensor import Tensor
 from minidist.nn import functional as F
 from minidist.nn.layers import Dropout, Linear
 from minidist.nn.module import Module
+from minidist.precision.autocast import get_autocast_policy
 
 
 class CausalSelfAttention(Module):
@@ -47,8 +49,11 @@ class CausalSelfAttention(Module):
         p = self.dropout_p if self.training else 0.0
         if self.attention == "flash":
             y = flash_attention(q, k, v, dropout_p=p, is_causal=True)  # (B, nh, T, hs)
+        elif get_autocast_policy() is None:
+            # one fused op (minidist.attention.naive): fewer passes over the (T, T) matrix
+            y = naive_attention(q, k, v, dropout_p=p, is_causal=True)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                               dropout_p=p)           # (B, nh, T, hs)
+            # op by op, so that autocast rounds each of the two products as it writes them
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
         y = y.transpose(1, 2).reshape(B, T, C)                        # heads side by side
         return self.resid_dropout(self.c_proj(y))
