@@ -30,27 +30,47 @@ COLLECTIVE_TAG = 1 << 24     # collectives use COLLECTIVE_TAG + (call number mod
 _MPI_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
 
+_COUNTERS = ("bytes_sent", "bytes_recv", "msgs_sent", "msgs_recv")
+
+
 @dataclass
 class CommStats:
-    """Bytes and messages this rank moved, in total and in the last collective."""
+    """Bytes and messages this rank moved: in total, per collective, and in the
+    last collective (``last``: a dict with the collective's name, its call
+    fields, and the four counters)."""
     bytes_sent: int = 0
     bytes_recv: int = 0
     msgs_sent: int = 0
     msgs_recv: int = 0
-    last: dict = field(default_factory=dict)
-    per_collective: dict = field(default_factory=dict)  # name -> totals of that collective
+    _last: tuple = ("", {}, (0, 0, 0, 0))
+    _totals: dict = field(default_factory=dict)  # name -> [calls, *counters]
 
     def snapshot(self) -> tuple[int, int, int, int]:
         return (self.bytes_sent, self.bytes_recv, self.msgs_sent, self.msgs_recv)
 
-    def record(self, name: str, before: tuple, **info: Any) -> None:
-        delta = [now - then for now, then in zip(self.snapshot(), before)]
-        keys = ("bytes_sent", "bytes_recv", "msgs_sent", "msgs_recv")
-        self.last = dict(collective=name, **info, **dict(zip(keys, delta)))
-        totals = self.per_collective.setdefault(name, dict.fromkeys(("calls",) + keys, 0))
-        totals["calls"] += 1
-        for k, d in zip(keys, delta):
-            totals[k] += d
+    def record(self, name: str, before: tuple, info: dict) -> None:
+        """Note what the collective ``name`` moved since ``before`` (a snapshot).
+        Kept as plain numbers: this runs on every call, dicts are built on demand."""
+        now = self.snapshot()
+        delta = (now[0] - before[0], now[1] - before[1], now[2] - before[2], now[3] - before[3])
+        self._last = (name, info, delta)
+        totals = self._totals.get(name)
+        if totals is None:
+            totals = self._totals[name] = [0, 0, 0, 0, 0]
+        totals[0] += 1
+        for i in range(4):
+            totals[i + 1] += delta[i]
+
+    @property
+    def last(self) -> dict:
+        name, info, delta = self._last
+        if not name:
+            return {}
+        return dict(collective=name, **info, **dict(zip(_COUNTERS, delta)))
+
+    @property
+    def per_collective(self) -> dict:
+        return {name: dict(zip(("calls",) + _COUNTERS, t)) for name, t in self._totals.items()}
 
     def reset(self) -> None:
         self.__init__()

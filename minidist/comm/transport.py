@@ -82,7 +82,7 @@ def host_bytes(arr: Any) -> Any:
     host = backend.to_host(arr)
     if not host.flags.c_contiguous:
         host = host.copy()  # a C-ordered snapshot of a strided array
-    return host.reshape(-1).view("uint8")
+    return host.reshape(-1).view(_UINT8)
 
 
 def flat_target(arr: Any) -> tuple[Any, Any]:
@@ -104,6 +104,8 @@ def host_view(buffer: Any) -> Any:
     """A host uint8 array over a buffer (a memoryview of shared memory, bytes...)."""
     return backend.to_host(memoryview(buffer))
 
+
+_UINT8 = host_view(bytearray(1)).dtype  # the dtype object, looked up once
 
 _DTYPE_CODES: dict = {}
 

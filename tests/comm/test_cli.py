@@ -1,5 +1,6 @@
 """``minidist run -n N script.py``: like torchrun, loud on failure, Ctrl-C stops all."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -55,8 +56,8 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     while len(pids) < 2:
         line = proc.stdout.readline()
         assert line, "the script ended early"
-        if line.startswith("pid "):
-            pids.append(int(line.split()[1]))
+        # unbuffered ranks may interleave their prints: find the pids anywhere
+        pids += [int(p) for p in re.findall(r"pid (\d+)", line)]
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=10) == 130
     time.sleep(0.2)
