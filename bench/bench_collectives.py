@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 SIZES = [1 << k for k in range(10, 29, 2)]  # 1 KiB, 4 KiB, ..., 256 MiB
+LATENCY_SIZE = 1 << 10
 
 
 def iterations(nbytes: int) -> int:
@@ -73,9 +74,16 @@ def minidist_sweep(sizes: list[int], algorithms: list[str]) -> dict:
 
 def run_minidist(n: int, sizes: list[int]) -> dict:
     from minidist.comm import World
+    out = {}
     with World(n) as world:
         per_rank = world.run(minidist_sweep, sizes, ["ring", "naive"])
-    return {k: max(r[k] for r in per_rank) for k in per_rank[0]}  # done when all are done
+        out.update({k: max(r[k] for r in per_rank) for k in per_rank[0]})  # done when all are
+        per_rank = world.run(minidist_sweep, [LATENCY_SIZE], ["auto"])
+        out.update({k: max(r[k] for r in per_rank) for k in per_rank[0]})
+    with World(n, check=False) as world:  # what the same-call check costs
+        per_rank = world.run(minidist_sweep, [LATENCY_SIZE], ["auto"])
+        out.update({"nocheck:" + k: max(r[k] for r in per_rank) for k in per_rank[0]})
+    return out
 
 
 # -- MPICH, under mpiexec ------------------------------------------------------------
@@ -155,6 +163,13 @@ def table(n: int, sizes: list[int], best: dict) -> str:
         lines.append(f"{human(size):>8} | " + " | ".join(cells)
                      + f" | {size / mc / 1e9 if mc else 0:7.2f} | "
                      + (f"{ratio:9.2f}x" if ratio else f"{'-':>10}"))
+    key = f"auto:{LATENCY_SIZE}"
+    if key in best and f"mpi:{LATENCY_SIZE}" in best:
+        mpi = best[f"mpi:{LATENCY_SIZE}"]
+        auto, bare = best[key], best.get("nocheck:" + key, float("nan"))
+        lines.append(f"{human(LATENCY_SIZE)} latency: minidist auto (recursive doubling) "
+                     f"{auto * 1e6:.1f}us = {auto / mpi:.1f}x MPICH's {mpi * 1e6:.1f}us; "
+                     f"without the same-call check {bare * 1e6:.1f}us = {bare / mpi:.1f}x")
     return "\n".join(lines)
 
 
