@@ -19,8 +19,9 @@ RECORD_BYTES = 128
 
 
 def describe(name: str, **fields) -> str:
-    """One line describing a collective call: the name, then key=value pairs."""
-    return " ".join([name] + [f"{k}={v}" for k, v in fields.items()])
+    """One line describing a collective call: the name, then key=value pairs
+    (values without spaces, so the line splits back into its fields)."""
+    return " ".join([name] + [f"{k}={v}".replace(" ", "") for k, v in fields.items()])
 
 
 _encoded: dict[str, bytes] = {}  # the lines seen most recently, encoded once
