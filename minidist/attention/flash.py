@@ -38,8 +38,8 @@ from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.precision.autocast import autocast_matmul
 
-BLOCK_Q = 256   # rows of Q per tile; big tiles amortise NumPy's per-call overhead
-BLOCK_K = 256   # rows of K / V per tile
+BLOCK_Q = 512   # rows of Q per tile; big tiles amortise the per-call overhead of NumPy and BLAS
+BLOCK_K = 512   # rows of K / V per tile
 
 
 def _flat(a: Any) -> Any:

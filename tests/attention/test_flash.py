@@ -74,7 +74,7 @@ def test_flash_bf16_error_is_at_most_twice_naive_error(case):
         naive_err = _errors(run(textbook, arrays, None, case), gold)
         flash_err = _errors(run(flash_attention, arrays, None, case, **blocks(case)), gold)
     for name, fe, ne, g in zip(("out", "dq", "dk", "dv"), flash_err, naive_err, gold):
-        floor = 2.0**-8 * max(1.0, np.abs(g).max(initial=0)) * 1e-2
+        floor = 1e-4 * max(1.0, np.abs(g).max(initial=0))      # bf16's eps is 2^-8
         assert fe <= 2 * ne + floor, f"{name}: flash {fe:.2e}, naive {ne:.2e}"
 
 
