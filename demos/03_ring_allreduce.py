@@ -17,6 +17,7 @@ bandwidth-bound (time grows linearly with M, busbw flattens out).
 Code: minidist/comm/ring.py (the algorithm), minidist/comm/cost.py (the model).
 """
 import argparse
+import sys
 import time
 
 import minidist
@@ -65,8 +66,12 @@ if __name__ == "__main__":
         print(f"{'rank':>4} {'ring sent':>12} {'2(N-1)/N * M':>14} {'naive sent':>12}")
         for r, s in enumerate(sent):
             print(f"{r:>4} {s['ring']:>12,} {2 * (n - 1) / n * m:>14,.0f} {s['naive']:>12,}")
-        print(f"\nthe naive root sent (N-1) * M = {(n - 1) * m:,} bytes; each ring rank "
-              f"{2 * (n - 1) / n:.2f} * M whatever N\n")
+        formula = 2 * (n - 1) / n * m
+        # chunks differ by at most one element when N does not divide M / 4
+        ring_ok = all(abs(s["ring"] - formula) <= 2 * (n - 1) * 4 for s in sent)
+        naive_ok = sent[0]["naive"] == (n - 1) * m
+        print(f"\ncheck: every rank's ring bytes = 2(N-1)/N * M (to one element per step), "
+              f"naive root = (N-1) * M: {'ok' if ring_ok and naive_ok else 'FAILED'}\n")
 
         sizes = [1 << k for k in range(10, 21 + (args.max_mib.bit_length() - 1), 2)]
         per_rank = world.run(sweep, sizes, "ring")
@@ -85,3 +90,4 @@ if __name__ == "__main__":
             label = f"{size >> 10} KiB" if size < (1 << 20) else f"{size >> 20} MiB"
             print(f"{label:>9} {t * 1e6:>9.0f}us {model.seconds * 1e6:>9.0f}us {busbw:>11.2f} "
                   f"{a_term * 1e6:>9.0f}us {b_term * 1e6:>9.0f}us  {regime}")
+    sys.exit(0 if ring_ok and naive_ok else 1)
