@@ -51,3 +51,14 @@ def run(op, arrays, mask, case, **options):
              generator=backend.Generator(case["seed"]), **options)
     out.backward(do)
     return [backend.to_host(a) for a in (out.data, qt.grad, kt.grad, vt.grad)]
+
+
+def run_torch(arrays, mask, case):
+    """PyTorch's scaled_dot_product_attention forward and backward -> (O, dq, dk, dv)."""
+    import torch
+    q, k, v = (torch.tensor(a, requires_grad=True) for a in arrays[:3])
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=None if mask is None else torch.tensor(mask),
+        is_causal=case["causal"])
+    out.backward(torch.tensor(arrays[3]))
+    return [t.detach().numpy() for t in (out, q.grad, k.grad, v.grad)]

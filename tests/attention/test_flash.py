@@ -19,7 +19,12 @@ from minidist.autograd import Tensor, gradcheck
 from minidist.nn import functional as F
 from minidist.precision import BF16, autocast, quantize
 
-from .cases import attention_case, make_inputs, run
+from .cases import attention_case, make_inputs, run, run_torch
+
+try:
+    import torch
+except ImportError:  # the comparison with PyTorch is skipped
+    torch = None
 
 
 def blocks(case):
@@ -35,6 +40,17 @@ def test_flash_equals_naive_in_float64(case):
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
         assert np.isfinite(g).all(), name
         assert np.abs(g - w).max(initial=0) <= 1e-10, name
+
+
+@pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
+@settings(max_examples=20, deadline=None)
+@given(case=attention_case())
+def test_flash_matches_torch_scaled_dot_product_attention(case):
+    case["dropout"] = 0.0
+    arrays, mask = make_inputs(case)
+    got = run(flash_attention, arrays, mask, case, **blocks(case))
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, run_torch(arrays, mask, case)):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-11, err_msg=name)
 
 
 def _errors(results, gold):

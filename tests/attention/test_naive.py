@@ -14,7 +14,7 @@ from minidist import backend
 from minidist.attention import naive_attention
 from minidist.autograd import Tensor, gradcheck
 
-from .cases import attention_case, make_inputs, run
+from .cases import attention_case, make_inputs, run, run_torch
 
 try:
     import torch
@@ -52,12 +52,7 @@ def test_naive_matches_torch_scaled_dot_product_attention(case):
     case["dropout"] = 0.0
     arrays, mask = make_inputs(case)
     got = run(naive_attention, arrays, mask, case)
-    q, k, v = (torch.tensor(a, requires_grad=True) for a in arrays[:3])
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=None if mask is None else torch.tensor(mask),
-        is_causal=case["causal"])
-    out.backward(torch.tensor(arrays[3]))
-    want = [t.detach().numpy() for t in (out, q.grad, k.grad, v.grad)]
+    want = run_torch(arrays, mask, case)
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-11, err_msg=name)
 
