@@ -22,22 +22,24 @@ import sys
 import numpy as np
 
 import minidist
-import minidist.distributed as dist
-from minidist import backend
 from minidist.attention import flash_attention
 from minidist.autograd import Tensor
+from minidist.backend import from_host, to_host
+from minidist.distributed import get_rank, get_stats, get_world_size
 from minidist.parallel import plan_work, ring_attention, shard_sequence, unshard_sequence
 
 
 def on_rank(arrays, causal, layout):
     """Each rank: its shard of q, k, v, dO -> ring attention forward + backward."""
-    rank, size = dist.get_rank(), dist.get_world_size()
-    q, k, v, do = (shard_sequence(backend.from_host(a), rank, size, layout) for a in arrays)
+    # functions, not modules, from here: a module named in a function of __main__
+    # would be pickled whole to reach the ranks
+    rank, size = get_rank(), get_world_size()
+    q, k, v, do = (shard_sequence(from_host(a), rank, size, layout) for a in arrays)
     qt, kt, vt = (Tensor(a, requires_grad=True) for a in (q, k, v))
     out = ring_attention(qt, kt, vt, is_causal=causal, layout=layout)
     out.backward(do)
-    sent = dist.get_stats().bytes_sent
-    return [backend.to_host(a) for a in (out.data, qt.grad, kt.grad, vt.grad)], sent
+    sent = get_stats().bytes_sent
+    return [to_host(a) for a in (out.data, qt.grad, kt.grad, vt.grad)], sent
 
 
 def main() -> int:
@@ -54,10 +56,10 @@ def main() -> int:
     arrays = [rng.standard_normal((1, args.heads, args.length, args.d)) for _ in range(4)]
 
     # the reference: one process attends over the whole sequence
-    q, k, v = (Tensor(backend.from_host(a), requires_grad=True) for a in arrays[:3])
+    q, k, v = (Tensor(from_host(a), requires_grad=True) for a in arrays[:3])
     out = flash_attention(q, k, v, is_causal=args.causal)
-    out.backward(backend.from_host(arrays[3]))
-    want = [backend.to_host(a) for a in (out.data, q.grad, k.grad, v.grad)]
+    out.backward(from_host(arrays[3]))
+    want = [to_host(a) for a in (out.data, q.grad, k.grad, v.grad)]
 
     print(f"sequence {args.length}, heads {args.heads}, d = {args.d}, causal={args.causal}, "
           f"{n} processes; each holds {args.length // n} positions")
@@ -74,8 +76,8 @@ def main() -> int:
                   f"{sent / 2**20:>9.2f}")
         print(f"  busiest rank / average = {max(work) / (sum(work) / n):.2f}")
         for i, name in enumerate(("out", "dq", "dk", "dv")):
-            got = unshard_sequence([backend.from_host(r[0][i]) for r in results], layout)
-            err = float(np.abs(backend.to_host(got) - want[i]).max())
+            got = unshard_sequence([from_host(r[0][i]) for r in results], layout)
+            err = float(np.abs(to_host(got) - want[i]).max())
             worst = max(worst, err)
             print(f"  max |ring - single process| {name:>3}: {err:.1e}")
 
