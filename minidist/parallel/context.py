@@ -42,6 +42,7 @@ from minidist.attention import common, flash_backward, flash_forward, merge_part
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
+from minidist.precision.autocast import autocast_matmul
 
 LAYOUTS = ("zigzag", "contiguous")
 KV_TAG, DKV_TAG = 701, 702      # tags of the K/V blocks and of their gradient accumulators
@@ -207,7 +208,8 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
     world if None), laid out by ``shard_sequence(x, rank, N, layout)``; returns this
     rank's rows of softmax(scale Q K^T [+ causal]) V. ``layout`` matters only when
     ``is_causal``: "zigzag" balances the work, "contiguous" is the plain split.
-    Every rank must call it, and later its backward, together.
+    Every rank must call it, and later its backward, together. Under
+    ``precision.autocast`` the inputs, output and gradients are rounded to its format.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -222,6 +224,9 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                          f"{c} is odd")
     blocks = {name: size for name, size in (("block_q", block_q), ("block_k", block_k))
               if size is not None}
-    return RingAttention.apply(q, k, v, is_causal=is_causal,
-                               scale=common.default_scale(arrays[0], scale), layout=layout,
-                               group=group, blocks=blocks)
+
+    def run(q_: Tensor, k_: Tensor, v_: Tensor) -> Tensor:
+        return RingAttention.apply(q_, k_, v_, is_causal=is_causal,
+                                   scale=common.default_scale(arrays[0], scale), layout=layout,
+                                   group=group, blocks=blocks)
+    return autocast_matmul(run, q, k, v)
