@@ -16,6 +16,8 @@ DEMOS = pathlib.Path(__file__).resolve().parents[1] / "demos"
 # demo file -> the short arguments used in CI (defaults must stay runnable too)
 SMOKE_ARGS = {
     "01_autograd.py": ["--steps", "120", "--n-embd", "64"],
+    "02_collectives.py": [],
+    "03_ring_allreduce.py": ["--mib", "1", "--max-mib", "1"],
     "09_mixed_precision.py": ["--steps", "40", "--n-embd", "32", "--figure", ""],
     "10_flash_attention.py": ["--lengths", "256", "512"],
     "11_ring_attention.py": ["-n", "2", "--length", "256"],
