@@ -1,6 +1,9 @@
 """The ``minidist`` command line.
 
     minidist run -n 4 script.py [args...]    # like torchrun: 4 local processes
+    minidist demo [NAME] [args...]           # list the numbered demos, or run one
+    minidist bench [NAME] [args...]          # list the benchmarks, or run one
+    minidist calc TOPIC --flags              # the cost models (see `minidist calc --help`)
 
 ``run`` starts N processes (spawned, sharing one shared-memory segment); each
 runs ``script.py`` as ``__main__`` with RANK, WORLD_SIZE, LOCAL_RANK and
@@ -17,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import runpy
+import subprocess
 import sys
 from typing import Callable
 
@@ -66,9 +71,62 @@ def _add_run(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], 
     return run
 
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _scripts(folder: str, pattern: str) -> dict[str, pathlib.Path]:
+    where = REPO / folder
+    if not where.is_dir():
+        raise SystemExit(f"minidist: no {folder}/ folder next to the package ({where}); "
+                         "the demos and benchmarks come with a source checkout")
+    return {p.stem: p for p in sorted(where.glob(pattern))}
+
+
+def _first_doc_line(path: pathlib.Path) -> str:
+    """The first line of a script's docstring, without parsing or running it."""
+    text = path.read_text()
+    for quote in ('"""', "'''"):
+        if quote in text:
+            return text.split(quote, 2)[1].strip().split("\n")[0]
+    return ""
+
+
+def _add_script_runner(folder: str, pattern: str, what: str):
+    """`minidist demo` / `minidist bench`: list the scripts, or run the one named."""
+    def add(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+        parser.add_argument("name", nargs="?", help=f"{what} to run: its number or any "
+                            "unique part of its name (omit to list them)")
+        parser.add_argument("args", nargs=argparse.REMAINDER, help=f"arguments of the {what}")
+
+        def run(ns: argparse.Namespace) -> int:
+            scripts = _scripts(folder, pattern)
+            if ns.name is None:
+                for stem, path in scripts.items():
+                    print(f"  {stem:<28} {_first_doc_line(path)}")
+                return 0
+            matches = [p for stem, p in scripts.items()
+                       if stem == ns.name or stem.startswith(ns.name + "_") or ns.name in stem]
+            if len(matches) != 1:
+                names = ", ".join(p.stem for p in matches) or "none"
+                print(f"minidist: {ns.name!r} matches {names}; `minidist {ns.command}` lists them",
+                      file=sys.stderr)
+                return 2
+            return subprocess.call([sys.executable, str(matches[0]), *ns.args])
+        return run
+    return add
+
+
+def _add_calc(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    from minidist.calc.commands import add_calc_parser
+    return add_calc_parser(parser)
+
+
 # name -> (help, function adding the subcommand's arguments and returning its runner)
 SUBCOMMANDS: dict[str, tuple[str, Callable]] = {
     "run": ("run a script on N local processes (like torchrun)", _add_run),
+    "demo": ("list the numbered demos, or run one", _add_script_runner("demos", "[0-9]*.py", "demo")),
+    "bench": ("list the benchmarks, or run one", _add_script_runner("bench", "bench_*.py", "benchmark")),
+    "calc": ("closed-form cost models: memory, communication, bubbles, FLOPs", _add_calc),
 }
 
 
