@@ -17,6 +17,7 @@ from typing import Any
 from minidist import backend
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
+from minidist.precision.autocast import autocast_matmul
 
 NEG_INF = -math.inf
 
@@ -163,3 +164,23 @@ def merge_partial(o: Any, lse: Any, o_part: Any, lse_part: Any) -> None:
     o *= (a / total)[..., None]
     o += (b / total)[..., None] * o_part
     lse[...] = xp.where(empty, NEG_INF, top + xp.log(total))
+
+
+def apply_attention(op: Any, query: Tensor, key: Tensor, value: Tensor, attn_mask: Any,
+                    dropout_p: float, is_causal: bool, scale: float | None, generator: Any,
+                    **options: Any) -> Tensor:
+    """Check the arguments the way PyTorch's ``scaled_dot_product_attention`` does, then
+    run ``op`` (``NaiveAttention`` or ``FlashAttention``) under the active autocast.
+
+    Under ``precision.autocast`` the inputs, output and gradients are rounded to its
+    format; inside, the op computes in the dtype of its inputs.
+    """
+    def run(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        q_, k_, v_ = (t.data if isinstance(t, Tensor) else t for t in (q, k, v))
+        check_qkv(q_, k_, v_)
+        check_options(attn_mask, dropout_p, is_causal)
+        mask = prepare_mask(mask_array(attn_mask), q_, k_)
+        seed = draw_seed(generator) if dropout_p > 0 else 0
+        return op.apply(q, k, v, mask, is_causal=is_causal, scale=default_scale(q_, scale),
+                        dropout_p=dropout_p, seed=seed, **options)
+    return autocast_matmul(run, query, key, value)

@@ -36,7 +36,6 @@ from minidist.attention import common
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
-from minidist.precision.autocast import autocast_matmul
 
 BLOCK_Q = 512   # rows of Q per tile; big tiles amortise the per-call overhead of NumPy and BLAS
 BLOCK_K = 512   # rows of K / V per tile
@@ -201,14 +200,5 @@ def flash_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any = 
         if not isinstance(b, int) or b < 1:
             raise ValueError(f"{name} must be a positive int, got {b!r}")
 
-    def run(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        q_, k_, v_ = (t.data if isinstance(t, Tensor) else t for t in (q, k, v))
-        common.check_qkv(q_, k_, v_)
-        common.check_options(attn_mask, dropout_p, is_causal)
-        mask = common.prepare_mask(common.mask_array(attn_mask), q_, k_)
-        seed = common.draw_seed(generator) if dropout_p > 0 else 0
-        return FlashAttention.apply(q, k, v, mask, is_causal=is_causal,
-                                    scale=common.default_scale(q_, scale),
-                                    dropout_p=dropout_p, seed=seed, block_q=block_q,
-                                    block_k=block_k)
-    return autocast_matmul(run, query, key, value)
+    return common.apply_attention(FlashAttention, query, key, value, attn_mask, dropout_p,
+                                  is_causal, scale, generator, block_q=block_q, block_k=block_k)

@@ -25,7 +25,6 @@ from minidist.attention import common
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
-from minidist.precision.autocast import autocast_matmul
 
 
 def naive_forward_arrays(q: Any, k: Any, v: Any, mask: Any = None, is_causal: bool = False,
@@ -93,13 +92,5 @@ def naive_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Any = 
     Under ``precision.autocast`` the inputs, output and gradients are rounded to its
     format (the op itself computes in the dtype of its inputs).
     """
-    def run(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        q_, k_, v_ = (t.data if isinstance(t, Tensor) else t for t in (q, k, v))
-        common.check_qkv(q_, k_, v_)
-        common.check_options(attn_mask, dropout_p, is_causal)
-        mask = common.prepare_mask(common.mask_array(attn_mask), q_, k_)
-        seed = common.draw_seed(generator) if dropout_p > 0 else 0
-        return NaiveAttention.apply(q, k, v, mask, is_causal=is_causal,
-                                    scale=common.default_scale(q_, scale),
-                                    dropout_p=dropout_p, seed=seed)
-    return autocast_matmul(run, query, key, value)
+    return common.apply_attention(NaiveAttention, query, key, value, attn_mask, dropout_p,
+                                  is_causal, scale, generator)

@@ -24,8 +24,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from minidist.backend import xp
-from minidist.optim.adam import _check_adam_args, adam_direction
-from minidist.optim.optimizer import Optimizer
+from minidist.optim.adam import Adam, adam_direction
 
 
 def trust_ratio(numerator_norm: float, denominator_norm: float) -> float:
@@ -56,29 +55,20 @@ def lamb_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int,
     return ratio
 
 
-class LAMB(Optimizer):
+class LAMB(Adam):
     """Layer-wise Adaptive Moments for Batch training (rule in the module docstring).
 
-    Defaults follow the paper's BERT setting: betas (0.9, 0.999), eps 1e-6,
-    weight_decay 0.01. To leave biases and LayerNorm weights undecayed, put them
-    in a param group with ``weight_decay=0``. State per parameter: ``'step'``,
-    ``'exp_avg'``, ``'exp_avg_sq'``, as in Adam.
+    Adam's moments and bias correction, then the layer-wise trust ratio: the
+    state handling is Adam's; only the update function differs. Defaults follow
+    the paper's BERT setting: betas (0.9, 0.999), eps 1e-6, weight_decay 0.01.
+    To leave biases and LayerNorm weights undecayed, put them in a param group
+    with ``weight_decay=0``. State per parameter: ``'step'``, ``'exp_avg'``,
+    ``'exp_avg_sq'``, as in Adam.
     """
+
+    _update_fn = staticmethod(lamb_update)
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.01):
-        _check_adam_args(lr, betas, eps, weight_decay)
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay))
-
-    def _update(self, p, group, state) -> None:
-        if not state:
-            state["step"] = 0
-            state["exp_avg"] = xp.zeros_like(p.data)
-            state["exp_avg_sq"] = xp.zeros_like(p.data)
-        state["step"] += 1
-        beta1, beta2 = group["betas"]
-        lamb_update(p.data, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
-                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                    weight_decay=group["weight_decay"])
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
