@@ -31,7 +31,6 @@ args = parser.parse_args()
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[var] = str(args.threads)
 
-import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 

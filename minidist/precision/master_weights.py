@@ -28,7 +28,7 @@ format can represent (``quantize``).
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 from minidist.autograd.tensor import Tensor
 from minidist.precision.formats import FloatFormat, get_format

@@ -10,8 +10,7 @@ from minidist import Tensor, backend
 from minidist.nn import GPT, GPTConfig
 from minidist.nn import functional as F
 from minidist.optim import SGD
-from minidist.precision import (BF16, FP16, MasterWeights, autocast, get_autocast_policy,
-                                quantize)
+from minidist.precision import BF16, FP16, MasterWeights, autocast, get_autocast_policy
 
 from precision.helpers import quantize_host, same
 
