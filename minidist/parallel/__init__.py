@@ -1,10 +1,20 @@
 """Parallel training strategies, each built on minidist.distributed's send/recv and collectives.
 
+- ddp_naive.py, ddp.py (buckets.py, ddp_check.py), sampler.py   data parallelism: naive and
+               bucketed-overlapped DDP, no_sync, the parameter-sync check, DistributedSampler
+- zero.py (stages 1, 2), zero3.py, shard.py, zero_memory.py   ZeRO: sharded optimizer state,
+               gradients and weights, per-rank bytes
 - context.py   context parallelism: ring attention (``ring_attention``), zigzag sharding
 - tp_comm.py, tensor.py, tensor_vocab.py, tp_gpt.py   tensor parallelism (Megatron's f and g,
                column / row parallel layers, vocab-parallel embedding and cross-entropy,
                sequence parallelism, the tensor-parallel GPT)
 """
+from minidist.parallel.ddp import DistributedDataParallel
+from minidist.parallel.ddp_check import verify_parameter_sync
+from minidist.parallel.ddp_naive import DataParallelNaive
+from minidist.parallel.sampler import DistributedSampler
+from minidist.parallel.zero import Zero1, Zero2
+from minidist.parallel.zero3 import Zero3
 from minidist.parallel.context import (RingAttention, plan_work, ring_attention, shard_sequence,
                                        unshard_sequence)
 from minidist.parallel.tensor import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention,
@@ -16,7 +26,9 @@ from minidist.parallel.tp_comm import (copy_to_tp, gather_from_sp, gather_from_t
                                        reduce_from_tp, reduce_scatter_to_sp, split_to_tp)
 from minidist.parallel.tp_gpt import ParallelBlock, TensorParallelGPT
 
-__all__ = ["ring_attention", "RingAttention", "shard_sequence", "unshard_sequence", "plan_work",
+__all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_sync",
+           "DistributedSampler", "Zero1", "Zero2", "Zero3",
+           "ring_attention", "RingAttention", "shard_sequence", "unshard_sequence", "plan_work",
            # tensor parallelism
            "copy_to_tp", "reduce_from_tp", "gather_from_tp", "split_to_tp", "gather_from_sp",
            "reduce_scatter_to_sp", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",

@@ -1,0 +1,136 @@
+"""Training runs shared by the data-parallel tests: one rank's side and the oracle.
+
+A case is a plain dict; ``train_on_rank(case)`` runs it on every rank of a world
+(strategy: naive, ddp, zero1, zero2, zero3) and ``train_single(case)`` runs the
+same steps in one process on the concatenated batch. Each rank draws the whole
+data set from the seed and takes its slice, so only the case dict travels.
+
+The model is a 3-layer tanh MLP; ranks other than 0 start from *different*
+weights, so the tests also check that the wrappers broadcast rank 0's. The loss
+of a rank is the mean squared error over its B samples divided by the number of
+micro-batches, so that the averaged gradient is the gradient of the mean over
+the N * B * micro-batches samples of the step.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+import minidist.distributed as dist
+from minidist import backend
+from minidist.autograd import Tensor
+from minidist.nn import Linear, Module
+from minidist.optim import SGD, AdamW, clip_grad_norm_
+from minidist.parallel import DataParallelNaive, DistributedDataParallel, Zero1, Zero2, Zero3
+
+
+class TinyNet(Module):
+    def __init__(self, d_in, hidden, d_out, dtype, seed):
+        super().__init__()
+        gen = backend.Generator(seed)
+        self.fc1 = Linear(d_in, hidden, dtype=dtype, generator=gen)
+        self.fc2 = Linear(hidden, hidden, dtype=dtype, generator=gen)
+        self.fc3 = Linear(hidden, d_out, dtype=dtype, generator=gen)
+
+    def forward(self, x):
+        return self.fc3(self.fc2(self.fc1(x).tanh()).tanh())
+
+
+def data(case):
+    """(steps, micro, N*B, d) inputs and targets, from the seed (host arrays)."""
+    rng = np.random.default_rng(case["seed"])
+    shape = (case["steps"], case["micro"], case["world"] * case["batch"])
+    x = rng.standard_normal(shape + (case["d_in"],)).astype(case["dtype"])
+    y = rng.standard_normal(shape + (case["d_out"],)).astype(case["dtype"])
+    return x, y
+
+
+def make_model(case, rank):
+    return TinyNet(case["d_in"], case["hidden"], case["d_out"], case["dtype"],
+                   case["seed"] + 1000 * rank)
+
+
+def optimizer_spec(case):
+    if case["optimizer"] == "sgd":
+        return SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01)
+    return AdamW, dict(lr=0.01, weight_decay=0.1)
+
+
+def mse(out, y, micro):
+    diff = out - Tensor(backend.from_host(y))
+    return (diff * diff).mean() / micro
+
+
+def train_single(case):
+    """The oracle: one process, the whole global batch of each step at once."""
+    model = make_model(case, 0)
+    cls, kw = optimizer_spec(case)
+    opt = cls(model.parameters(), **kw)
+    x, y = data(case)
+    for s in range(case["steps"]):
+        xs = x[s].reshape(-1, case["d_in"])
+        ys = y[s].reshape(-1, case["d_out"])
+        mse(model(Tensor(backend.from_host(xs))), ys, 1).backward()
+        if case.get("clip"):
+            clip_grad_norm_(model.parameters(), case["clip"])
+        opt.step()
+        opt.zero_grad()
+    return {n: backend.to_host(p.data).copy() for n, p in model.named_parameters()}
+
+
+def train_on_rank(case):
+    """One rank of a data-parallel run; returns final parameters and collective counts."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    model = make_model(case, rank)
+    strategy = case["strategy"]
+    cls, kw = optimizer_spec(case)
+    cap = case.get("bucket_cap_mb", 25.0)
+    if strategy == "naive":
+        wrapped = DataParallelNaive(model)
+    elif strategy == "ddp":
+        wrapped = DistributedDataParallel(model, bucket_cap_mb=cap,
+                                          overlap=case.get("overlap", True))
+    elif strategy in ("zero1", "zero2"):
+        zcls = Zero1 if strategy == "zero1" else Zero2
+        wrapped = zcls(model, cls, bucket_cap_mb=cap, max_grad_norm=case.get("clip"), **kw)
+    else:
+        wrapped = Zero3(model, cls, prefetch=case.get("prefetch", False),
+                        max_grad_norm=case.get("clip"), **kw)
+    opt = cls(model.parameters(), **kw) if strategy in ("naive", "ddp") else None
+    x, y = data(case)
+    b = case["batch"]
+    calls_before = _calls()
+    for s in range(case["steps"]):
+        for j in range(case["micro"]):
+            last = j == case["micro"] - 1
+            quiet = wrapped.no_sync() if strategy == "ddp" and not last else contextlib.nullcontext()
+            with quiet:
+                xs = x[s, j, rank * b:(rank + 1) * b]
+                out = wrapped(Tensor(backend.from_host(xs)))
+                mse(out, y[s, j, rank * b:(rank + 1) * b], case["micro"]).backward()
+        if opt is None:
+            wrapped.step()
+            wrapped.zero_grad()
+            continue
+        if strategy == "naive":
+            wrapped.sync_gradients()
+        if case.get("clip"):
+            clip_grad_norm_(model.parameters(), case["clip"])
+        opt.step()
+        opt.zero_grad()
+    calls = {k: v - calls_before.get(k, 0) for k, v in _calls().items()}
+    if strategy == "zero3":
+        params = {k: backend.to_host(v).copy() for k, v in wrapped.full_state_dict().items()}
+    else:
+        params = {k: backend.to_host(p.data).copy() for k, p in model.named_parameters()}
+    return dict(params=params, calls=calls, world=n,
+                buckets=len(getattr(wrapped, "buckets", [])))
+
+
+def _calls():
+    return {k: v["calls"] for k, v in dist.get_stats().per_collective.items()}
+
+
+def max_diff(a, b):
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in b)
