@@ -60,8 +60,7 @@ class ZeroBase(Module):
                  max_grad_norm: float | None = None, precision: str | None = None,
                  **optimizer_kwargs: Any):
         super().__init__()
-        if not (isinstance(optimizer_class, type)
-                and issubclass(optimizer_class, ELEMENTWISE_OPTIMIZERS)):
+        if optimizer_class not in ELEMENTWISE_OPTIMIZERS:   # LAMB subclasses Adam: not it
             raise TypeError(f"ZeRO shards flat vectors, so it needs an elementwise optimizer "
                             f"(SGD, Adam, AdamW), got {optimizer_class!r}")
         self.module = module
