@@ -113,6 +113,10 @@ class ZeroBase(Module):
         self._gather_parameters()
         return norm
 
+    def after_load(self) -> None:
+        """After the shards were overwritten (a checkpoint): refresh the weights."""
+        self._gather_parameters()
+
     def zero_grad(self) -> None:
         for p in self.module.parameters():
             p.grad = None

@@ -195,6 +195,9 @@ class Zero3(ZeroBase):
     def _gather_parameters(self) -> None:
         pass                                      # gathered on demand, unit by unit
 
+    def after_load(self) -> None:
+        self._drop_prefetched()
+
     def full_state_dict(self) -> dict:
         """Every parameter in full (gathers each unit; for saving or comparing)."""
         out = {}

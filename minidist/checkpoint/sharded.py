@@ -1,0 +1,215 @@
+"""Sharded checkpoints for ZeRO: each rank writes its shard; loading reshards.
+
+Layout of a checkpoint directory:
+
+    path/LATEST                       the name of the complete version: "v3"
+    path/v3/manifest.json             world size, stage, flat groups (numel, dtype,
+                                      parameter names and shapes), optimizer
+                                      hyperparameters, sampler state, and per file its
+                                      size and sha256
+    path/v3/shard-00001-of-00004.pkl  rank 1's shard of every flat group: master
+                                      weights, optimizer buffers (exp_avg, ...), step
+                                      counts, and rank 1's RNG state
+
+Saving writes a new version next to the old one and only then replaces LATEST
+(atomically, io.py), so a crash at any point leaves LATEST naming a complete
+checkpoint. Older versions are removed after.
+
+Resharding: each flat group is a logical vector of P elements, which the old
+world cut into shards of S_old = ceil(P/N_old) and the new one cuts into
+S_new = ceil(P/N_new). New rank r needs elements [r*S_new, (r+1)*S_new) and reads
+only the old shard files that overlap that range. Buffers of the same length as
+the shard (the Adam moments, momentum) are resharded the same way; scalars (step)
+are copied. A rank of the new world that existed in the old one gets its RNG
+state back; a new rank keeps its own.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any
+
+import minidist.distributed as dist
+from minidist import backend
+from minidist.backend import xp
+from minidist.checkpoint.io import CheckpointError, atomic_write_bytes, load_file, save_file
+
+
+def _shard_name(rank: int, world: int) -> str:
+    return f"shard-{rank:05d}-of-{world:05d}.pkl"
+
+
+def _group_info(zero: Any) -> list[dict]:
+    names = {id(p): n for n, p in zero.module.named_parameters()}
+    return [dict(numel=lay.numel, dtype=lay.dtype.name,
+                 params=[[names.get(id(p), "?"), list(s)] for p, s in zip(lay.params,
+                                                                         lay.shapes)])
+            for lay in zero.layouts]
+
+
+def save_sharded(path: str, zero: Any, sampler: Any = None, extra: dict | None = None) -> str:
+    """Every rank writes its shard of ``zero`` (Zero1/2/3) under ``path``; returns the
+    version directory. A collective: every rank of ``zero.group`` must call it."""
+    group, rank, world = zero.group, zero.rank, zero.world_size
+    version = backend.from_host([_next_version(path) if rank == 0 else 0])
+    dist.broadcast(version, src=0 if group is None else group.global_rank(0), group=group)
+    vdir = os.path.join(path, f"v{int(backend.to_host(version)[0])}")
+    shards = []
+    for shard in zero.shards:
+        state = zero.optimizer.state.get(shard, {})
+        shards.append(dict(param=shard.data, state=dict(state)))
+    name = _shard_name(rank, world)
+    digest = save_file(os.path.join(vdir, name), dict(
+        rank=rank, world_size=world, groups=shards,
+        rng=backend.default_generator().get_state()))
+    size = os.path.getsize(os.path.join(vdir, name))
+    # every rank's digest and size to every rank: 32 + 8 bytes each
+    mine = backend.from_host(list(bytes.fromhex(digest)) + list(size.to_bytes(8, "little")),
+                             dtype="uint8")                                        # (40,)
+    everyone = xp.zeros(40 * world, dtype="uint8")
+    dist.all_gather_into_tensor(everyone, mine, group=group)
+    if rank == 0:
+        table = bytes(int(b) for b in backend.to_host(everyone))
+        files = [dict(name=_shard_name(r, world), sha256=table[40 * r:40 * r + 32].hex(),
+                      bytes=int.from_bytes(table[40 * r + 32:40 * r + 40], "little"))
+                 for r in range(world)]
+        hyper = {k: v for k, v in zero.optimizer.param_groups[0].items() if k != "params"}
+        manifest = dict(format="minidist-sharded-1", world_size=world, stage=zero.stage,
+                        precision=zero.precision, groups=_group_info(zero), files=files,
+                        optimizer=type(zero.optimizer).__name__, hyperparameters=hyper,
+                        sampler=sampler.state_dict() if sampler is not None else None,
+                        extra=extra or {})
+        atomic_write_bytes(os.path.join(vdir, "manifest.json"),
+                           json.dumps(manifest, indent=1).encode())
+        _publish(path, os.path.basename(vdir))
+    dist.barrier(group=group)
+    return vdir
+
+
+def _next_version(path: str) -> int:
+    found = [int(d[1:]) for d in os.listdir(path) if d[:1] == "v" and d[1:].isdigit()] \
+        if os.path.isdir(path) else []
+    return max(found, default=0) + 1
+
+
+def _publish(path: str, version: str) -> None:
+    """Point LATEST at the new version (atomic), then remove the older ones."""
+    atomic_write_bytes(os.path.join(path, "LATEST"), version.encode())
+    for d in os.listdir(path):
+        if d != version and d[:1] == "v" and d[1:].isdigit():
+            shutil.rmtree(os.path.join(path, d), ignore_errors=True)
+
+
+def read_manifest(path: str) -> tuple[str, dict]:
+    """The version directory LATEST names, and its manifest."""
+    latest = os.path.join(path, "LATEST")
+    try:
+        with open(latest) as f:
+            vdir = os.path.join(path, f.read().strip())
+    except FileNotFoundError:
+        raise CheckpointError(f"no checkpoint at {path}: {latest} is missing") from None
+    mpath = os.path.join(vdir, "manifest.json")
+    try:
+        with open(mpath) as f:
+            return vdir, json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint manifest missing: {mpath}") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"checkpoint manifest {mpath} is corrupt: {e}") from None
+
+
+def load_sharded(path: str, zero: Any, sampler: Any = None) -> dict:
+    """Restore ``zero`` from the latest checkpoint under ``path``, saved at any world
+    size with the same model and grouping; returns the saved ``extra``.
+
+    A collective. Each rank first reads and checks what it needs; the ranks then
+    agree (one all-reduce of a flag) before anything changes, so a file that one
+    rank cannot read is an error on every rank, never a hang or a half-loaded model.
+    """
+    error = None
+    try:
+        vdir, manifest, pieces, rng = _read_my_part(path, zero)
+    except CheckpointError as e:
+        error = e
+    flag = backend.from_host([0 if error is None else 1], dtype="int64")
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=zero.group)
+    if error is not None:
+        raise error
+    if int(backend.to_host(flag)[0]):
+        raise CheckpointError(f"another rank could not read its part of the checkpoint "
+                              f"under {path} (its error names the file)")
+    for shard, new in zip(zero.shards, pieces):
+        shard.data[...] = new["param"]
+        state = {k: v for k, v in new.items() if k != "param"}
+        if state:
+            zero.optimizer.state[shard] = state
+        else:
+            zero.optimizer.state.pop(shard, None)
+    group0 = zero.optimizer.param_groups[0]
+    for k, v in manifest["hyperparameters"].items():
+        group0[k] = tuple(v) if isinstance(group0.get(k), tuple) else v
+    if rng is not None:
+        backend.default_generator().set_state(rng)
+    if sampler is not None and manifest.get("sampler") is not None:
+        sampler.load_state_dict(manifest["sampler"])
+    zero.after_load()
+    return manifest["extra"]
+
+
+def _read_my_part(path: str, zero: Any) -> tuple[str, dict, list[dict], Any]:
+    """Check the manifest against ``zero``; read this rank's new shard of every group."""
+    vdir, manifest = read_manifest(path)
+    mpath = os.path.join(vdir, "manifest.json")
+    mine = _group_info(zero)
+    if len(manifest["groups"]) != len(mine):
+        raise CheckpointError(f"{mpath}: {len(manifest['groups'])} flat groups saved, this "
+                              f"ZeRO-{zero.stage} wrapper has {len(mine)} (another stage, "
+                              "bucket size or model?)")
+    for g, (saved, now) in enumerate(zip(manifest["groups"], mine)):
+        if saved != now:
+            raise CheckpointError(f"{mpath}: flat group {g} was saved as {saved['params']} "
+                                  f"({saved['numel']} x {saved['dtype']}), this model has "
+                                  f"{now['params']} ({now['numel']} x {now['dtype']})")
+    old_world = manifest["world_size"]
+    if len(manifest["files"]) != old_world:
+        raise CheckpointError(f"{mpath} lists {len(manifest['files'])} shard files for a "
+                              f"world of {old_world}")
+    cache: dict[int, dict] = {}
+
+    def old_shard(r: int) -> dict:
+        if r not in cache:
+            info = manifest["files"][r]
+            cache[r] = load_file(os.path.join(vdir, info["name"]), info["sha256"],
+                                 info["bytes"])
+        return cache[r]
+
+    pieces = [_gather_range(layout, old_world, lambda r, g=g: old_shard(r)["groups"][g])
+              for g, layout in enumerate(zero.layouts)]
+    rng = old_shard(zero.rank)["rng"] if zero.rank < old_world else None
+    return vdir, manifest, pieces, rng
+
+
+def _gather_range(layout: Any, old_world: int, saved_group: Any) -> dict:
+    """This rank's new shard of every array of a flat group, from the old shards."""
+    numel, s_old = layout.numel, -(-layout.numel // old_world)
+    lo, hi = layout.lo, min(layout.hi, numel)          # the real elements I now own
+    out: dict[str, Any] = {}
+    first = saved_group(lo // s_old if lo < numel else 0)
+    keys = ["param"] + [k for k in first["state"]]
+    for k in keys:
+        value = first["param"] if k == "param" else first["state"][k]
+        if not backend.is_array(value):
+            out[k] = value                             # a scalar, e.g. Adam's step
+            continue
+        out[k] = xp.zeros(layout.shard_size, dtype=value.dtype)   # (S_new,), padding zero
+    if lo >= hi:
+        return out
+    for r in range(lo // s_old, (hi - 1) // s_old + 1):
+        saved = saved_group(r)
+        a, b = max(lo, r * s_old), min(hi, (r + 1) * s_old)     # overlap, global indices
+        for k in keys:
+            value = saved["param"] if k == "param" else saved["state"][k]
+            if backend.is_array(value):
+                out[k][a - lo:b - lo] = value[a - r * s_old:b - r * s_old]
+    return out
