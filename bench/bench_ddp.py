@@ -1,0 +1,131 @@
+"""DDP step time: naive vs bucketed vs bucketed-and-overlapped, and weak scaling.
+
+    python bench/bench_ddp.py                      # world 2, 8 layers of 1024 x 1024
+    python bench/bench_ddp.py --layers 4 --width 512 --rounds 5
+
+The model is a stack of ``--layers`` Linear(width, width) + tanh in float32 and
+a small per-rank batch, so that all-reducing the gradients (4 * layers * width^2
+bytes) is a real share of the step. One training step (forward, backward,
+gradient sync, SGD) is timed for
+
+- ``compute``:   forward + backward + SGD with no gradient sync (``no_sync``):
+                 the floor that perfect overlap would reach;
+- ``naive``:     DataParallelNaive, one all-reduce per parameter after backward;
+- ``bucketed``:  DistributedDataParallel(overlap=False), one all-reduce per
+                 bucket, all after backward;
+- ``overlap``:   DistributedDataParallel(overlap=True), each bucket's all-reduce
+                 started from the gradient hooks while backward goes on.
+
+Variants alternate within each round (so a burst of other load hits all of
+them) and the median over rounds is reported, with each variant's time as a
+ratio to naive, and how much communication time each bucketed variant leaves
+exposed (its step minus ``compute``). Then the weak-scaling efficiency: the step time of the overlap
+variant at world 1 over world N, with the same per-rank batch (1.0 = perfect).
+Each rank uses one BLAS thread, so that N ranks on N cores do not oversubscribe.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")   # before NumPy loads, here and in the spawned ranks
+
+
+def time_steps(variant: str, layers: int, width: int, batch: int, steps: int,
+               bucket_mb: float, spin_s: float | None = None) -> float:
+    """On every rank: median seconds per training step of ``variant``."""
+    import contextlib
+    import time
+
+    import minidist.distributed as dist
+    from minidist.autograd import Tensor
+    from minidist.backend import Generator
+    from minidist.nn import Linear, Sequential
+    from minidist.optim import SGD
+    from minidist.parallel import DataParallelNaive, DistributedDataParallel
+
+    class Tanh(Sequential):
+        def forward(self, x):
+            return x.tanh()
+
+    mods = []
+    for i in range(layers):
+        mods += [Linear(width, width, generator=Generator(i)), Tanh()]
+    model = Sequential(*mods)
+    if variant == "naive":
+        wrapped = DataParallelNaive(model)
+    else:
+        wrapped = DistributedDataParallel(model, bucket_cap_mb=bucket_mb,
+                                          overlap=variant == "overlap")
+    opt = SGD(model.parameters(), lr=1e-3)
+    x = Tensor(Generator(100 + dist.get_rank()).normal((batch, width)))
+    if spin_s is not None:
+        import minidist.comm.local as local
+        local.SPIN_S = spin_s            # how long a waiting receive polls before sleeping
+    times = []
+    for i in range(steps + 2):                       # 2 warm-up steps
+        dist.barrier()
+        t = time.perf_counter()
+        with wrapped.no_sync() if variant == "compute" else contextlib.nullcontext():
+            wrapped(x).sum().backward()
+        if variant == "naive":
+            wrapped.sync_gradients()
+        opt.step()
+        opt.zero_grad()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[2:])
+
+
+def measure(world, variants, args) -> dict:
+    per_round: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(args.rounds):
+        for v in variants:
+            ranks = world.run(time_steps, v, args.layers, args.width, args.batch, args.steps,
+                              args.bucket_mb, args.spin_s)
+            per_round[v].append(max(ranks))       # a step is done when every rank is
+    return {v: statistics.median(ts) for v, ts in per_round.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--width", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=32, help="samples per rank")
+    ap.add_argument("--bucket-mb", type=float, default=8.0)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per measurement")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--spin-s", type=float, default=None,
+                    help="seconds a waiting receive polls before sleeping (default: the "
+                         "transport's); 0 frees the core for compute at once")
+    args = ap.parse_args()
+    from minidist.comm import World
+
+    grad_mb = 4 * args.layers * (args.width ** 2 + args.width) / 1e6
+    print(f"model: {args.layers} x Linear({args.width}, {args.width}) float32, "
+          f"{grad_mb:.1f} MB of gradients; batch {args.batch} per rank; "
+          f"buckets of {args.bucket_mb} MB; median of {args.rounds} rounds x {args.steps} steps")
+    variants = ["compute", "naive", "bucketed", "overlap"]
+    with World(args.world) as world:
+        at_n = measure(world, variants, args)
+    with World(1) as world:
+        at_1 = measure(world, ["overlap"], args)
+    base = at_n["naive"]
+    print(f"\nworld {args.world}      step (ms)   vs naive")
+    for v in variants:
+        print(f"  {v:<10} {1e3 * at_n[v]:9.1f}   {at_n[v] / base:8.3f}")
+    saving = 1 - at_n["overlap"] / at_n["bucketed"]
+    exposed = {v: at_n[v] - at_n["compute"] for v in ("bucketed", "overlap")}
+    print(f"\noverlap / bucketed = {at_n['overlap'] / at_n['bucketed']:.3f} "
+          f"(saves {100 * saving:.1f}% of the step)")
+    print(f"communication not hidden behind compute: bucketed {1e3 * exposed['bucketed']:.1f} "
+          f"ms, overlap {1e3 * exposed['overlap']:.1f} ms")
+    eff = at_1["overlap"] / at_n["overlap"]
+    print(f"weak scaling: step at world 1 = {1e3 * at_1['overlap']:.1f} ms, at world "
+          f"{args.world} = {1e3 * at_n['overlap']:.1f} ms -> efficiency {eff:.3f}")
+
+
+if __name__ == "__main__":
+    main()
