@@ -18,6 +18,8 @@ SMOKE_ARGS = {
     "01_autograd.py": ["--steps", "120", "--n-embd", "64", "--dropout", "0"],
     "02_collectives.py": [],
     "03_ring_allreduce.py": ["--mib", "1", "--max-mib", "1"],
+    "04_ddp.py": ["-n", "2", "--steps", "3", "--width", "64"],
+    "05_zero.py": ["-n", "2", "--width", "32", "--steps", "2"],
     "09_mixed_precision.py": ["--steps", "40", "--n-embd", "32", "--figure", ""],
     "10_flash_attention.py": ["--lengths", "256", "512"],
     "11_ring_attention.py": ["-n", "2", "--length", "256"],
