@@ -11,7 +11,7 @@
 """
 from minidist.parallel.ddp import DistributedDataParallel
 from minidist.parallel.ddp_check import verify_parameter_sync
-from minidist.parallel.ddp_naive import DataParallelNaive
+from minidist.parallel.ddp_naive import DataParallelNaive, found_inf_reduce
 from minidist.parallel.sampler import DistributedSampler
 from minidist.parallel.zero import Zero1, Zero2
 from minidist.parallel.zero3 import Zero3
@@ -27,7 +27,7 @@ from minidist.parallel.tp_comm import (copy_to_tp, gather_from_sp, gather_from_t
 from minidist.parallel.tp_gpt import ParallelBlock, TensorParallelGPT
 
 __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_sync",
-           "DistributedSampler", "Zero1", "Zero2", "Zero3",
+           "DistributedSampler", "Zero1", "Zero2", "Zero3", "found_inf_reduce",
            "ring_attention", "RingAttention", "shard_sequence", "unshard_sequence", "plan_work",
            # tensor parallelism
            "copy_to_tp", "reduce_from_tp", "gather_from_tp", "split_to_tp", "gather_from_sp",

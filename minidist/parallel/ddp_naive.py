@@ -33,6 +33,16 @@ def broadcast_parameters(module: Module, group: Any = None) -> None:
         dist.broadcast(p.data, src=src, group=group)
 
 
+def found_inf_reduce(group: Any = None):
+    """For ``GradScaler(found_inf_reduce=...)``: a rank that saw inf / NaN makes every
+    rank skip the step (MAX of the 0-d flag), so the replicas never step apart."""
+    def reduce(flag: Any) -> Any:
+        flag = flag.reshape(1).copy()                       # (1,): all_reduce works in place
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return flag.reshape(())
+    return reduce
+
+
 class DataParallelNaive(Module):
     """Wrap ``module``; call ``sync_gradients()`` after ``loss.backward()``.
 

@@ -147,3 +147,24 @@ def test_fingerprint_changes_with_any_one_element():
     swapped = a.copy()
     swapped[[0, 1]] = swapped[[1, 0]]              # same sum, different elements
     assert not np.array_equal(backend.to_host(fingerprint(backend.from_host(swapped))), h0)
+
+
+def test_found_inf_reduce_makes_every_rank_skip_when_one_overflows(world):
+    def fn():
+        import minidist.distributed as dist
+        from minidist.autograd import Tensor
+        from minidist.backend import to_host, xp
+        from minidist.optim import SGD
+        from minidist.parallel import found_inf_reduce
+        from minidist.precision import GradScaler
+        w = Tensor(xp.ones(3, dtype="float32"), requires_grad=True)
+        opt = SGD([w], lr=0.1)
+        scaler = GradScaler(found_inf_reduce=found_inf_reduce())
+        scaler.scale((w * w).sum()).backward()
+        if dist.get_rank() == dist.get_world_size() - 1:
+            w.grad[0] = float("inf")               # only the last rank overflows
+        scaler.step(opt)
+        scaler.update()
+        return to_host(w.data).copy()
+    for got in world.run(fn):
+        assert (got == 1.0).all()                  # no rank stepped
