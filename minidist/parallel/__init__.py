@@ -8,6 +8,8 @@
 - tp_comm.py, tensor.py, tensor_vocab.py, tp_gpt.py   tensor parallelism (Megatron's f and g,
                column / row parallel layers, vocab-parallel embedding and cross-entropy,
                sequence parallelism, the tensor-parallel GPT)
+- pipeline_schedule.py, pipeline.py, pipeline_gpt.py   pipeline parallelism (GPipe, 1F1B and
+               interleaved schedules as data, the executor, measured bubbles, GPT pieces)
 """
 from minidist.parallel.ddp import DistributedDataParallel
 from minidist.parallel.ddp_check import verify_parameter_sync
@@ -25,6 +27,11 @@ from minidist.parallel.tensor_vocab import (VocabParallelEmbedding, vocab_parall
 from minidist.parallel.tp_comm import (copy_to_tp, gather_from_sp, gather_from_tp,
                                        reduce_from_tp, reduce_scatter_to_sp, split_to_tp)
 from minidist.parallel.tp_gpt import ParallelBlock, TensorParallelGPT
+from minidist.parallel.pipeline import PipelineStats, measured_bubble, run_pipeline, split_layers
+from minidist.parallel.pipeline_gpt import (GPTPiece, pieces_of_rank, pipeline_parameters,
+                                            split_gpt, sync_tied_gradients)
+from minidist.parallel.pipeline_schedule import (Op, gpipe, interleaved, make_schedule,
+                                                 one_f_one_b, render_timeline, simulate)
 
 __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_sync",
            "DistributedSampler", "Zero1", "Zero2", "Zero3", "found_inf_reduce",
@@ -34,4 +41,9 @@ __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_syn
            "reduce_scatter_to_sp", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",
            "ParallelSelfAttention", "SequenceParallelLayerNorm", "shard_state_dict",
            "VocabParallelEmbedding", "vocab_parallel_cross_entropy", "vocab_range",
-           "ParallelBlock", "TensorParallelGPT"]
+           "ParallelBlock", "TensorParallelGPT",
+           # pipeline parallelism
+           "Op", "gpipe", "one_f_one_b", "interleaved", "make_schedule", "simulate",
+           "render_timeline", "run_pipeline", "PipelineStats", "measured_bubble", "split_layers",
+           "GPTPiece", "split_gpt", "pieces_of_rank", "pipeline_parameters",
+           "sync_tied_gradients"]
