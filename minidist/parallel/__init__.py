@@ -10,6 +10,7 @@
                sequence parallelism, the tensor-parallel GPT)
 - pipeline_schedule.py, pipeline.py, pipeline_gpt.py   pipeline parallelism (GPipe, 1F1B and
                interleaved schedules as data, the executor, measured bubbles, GPT pieces)
+- three_d.py   data x pipeline x tensor parallelism on one device mesh (``ThreeDParallelGPT``)
 """
 from minidist.parallel.ddp import DistributedDataParallel
 from minidist.parallel.ddp_check import verify_parameter_sync
@@ -32,6 +33,7 @@ from minidist.parallel.pipeline_gpt import (GPTPiece, pieces_of_rank, pipeline_p
                                             split_gpt, sync_tied_gradients)
 from minidist.parallel.pipeline_schedule import (Op, gpipe, interleaved, make_schedule,
                                                  one_f_one_b, render_timeline, simulate)
+from minidist.parallel.three_d import ThreeDParallelGPT
 
 __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_sync",
            "DistributedSampler", "Zero1", "Zero2", "Zero3", "found_inf_reduce",
@@ -46,4 +48,4 @@ __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_syn
            "Op", "gpipe", "one_f_one_b", "interleaved", "make_schedule", "simulate",
            "render_timeline", "run_pipeline", "PipelineStats", "measured_bubble", "split_layers",
            "GPTPiece", "split_gpt", "pieces_of_rank", "pipeline_parameters",
-           "sync_tied_gradients"]
+           "sync_tied_gradients", "ThreeDParallelGPT"]
