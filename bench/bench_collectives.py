@@ -17,7 +17,8 @@ comparable across N), for
 
 Each configuration is measured ``--repeats`` times, alternating minidist and
 MPICH so that a burst of other load on the machine hits both; the best time of
-the repeats is reported. The last column is minidist ring's busbw over MPICH's.
+the repeats is reported (and, for sizes up to 64 KiB, the best of 5 timed
+windows within a run, on both sides alike). The last column is minidist ring's busbw over MPICH's.
 """
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ LATENCY_SIZE = 1 << 10
 
 def iterations(nbytes: int) -> int:
     return int(min(1000, max(3, (1 << 27) // nbytes)))
+
+
+def windows(nbytes: int) -> int:
+    """Timed windows per size: small sizes take milliseconds, so a burst of other
+    load can spoil one window; the best window counts (the same for both sides)."""
+    return 5 if nbytes <= (64 << 10) else 1
 
 
 def human(nbytes: float) -> str:
@@ -64,25 +71,32 @@ def minidist_sweep(sizes: list[int], algorithms: list[str]) -> dict:
             iters = iterations(size)
             for _ in range(2 if size < (64 << 20) else 1):  # warm up
                 dist.all_reduce(x, algorithm=alg)
-            dist.barrier()
-            t = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(x, algorithm=alg)
-            out[f"{alg}:{size}"] = (time.perf_counter() - t) / iters
+            times = []
+            for _ in range(windows(size)):
+                dist.barrier()
+                t = time.perf_counter()
+                for _ in range(iters):
+                    dist.all_reduce(x, algorithm=alg)
+                times.append((time.perf_counter() - t) / iters)
+            out[f"{alg}:{size}"] = times
     return out
+
+
+def slowest_rank(per_rank: list[dict], prefix: str = "") -> dict:
+    """Per key: the best window, each window timed by its slowest rank (the
+    all-reduce is done when every rank is done)."""
+    return {prefix + k: min(max(r[k][w] for r in per_rank) for w in range(len(per_rank[0][k])))
+            for k in per_rank[0]}
 
 
 def run_minidist(n: int, sizes: list[int]) -> dict:
     from minidist.comm import World
     out = {}
     with World(n) as world:
-        per_rank = world.run(minidist_sweep, sizes, ["ring", "naive"])
-        out.update({k: max(r[k] for r in per_rank) for k in per_rank[0]})  # done when all are
-        per_rank = world.run(minidist_sweep, [LATENCY_SIZE], ["auto"])
-        out.update({k: max(r[k] for r in per_rank) for k in per_rank[0]})
+        out.update(slowest_rank(world.run(minidist_sweep, sizes, ["ring", "naive"])))
+        out.update(slowest_rank(world.run(minidist_sweep, [LATENCY_SIZE], ["auto"])))
     with World(n, check=False) as world:  # what the same-call check costs
-        per_rank = world.run(minidist_sweep, [LATENCY_SIZE], ["auto"])
-        out.update({"nocheck:" + k: max(r[k] for r in per_rank) for k in per_rank[0]})
+        out.update(slowest_rank(world.run(minidist_sweep, [LATENCY_SIZE], ["auto"]), "nocheck:"))
     return out
 
 
@@ -97,12 +111,15 @@ def mpi_worker(sizes: list[int]) -> None:
         iters = iterations(size)
         for _ in range(2 if size < (64 << 20) else 1):
             comm.Allreduce(MPI.IN_PLACE, x)
-        comm.Barrier()
-        t = time.perf_counter()
-        for _ in range(iters):
-            comm.Allreduce(MPI.IN_PLACE, x)
-        dt = comm.reduce((time.perf_counter() - t) / iters, op=MPI.MAX, root=0)
-        out[f"mpi:{size}"] = dt
+        best = float("inf")
+        for _ in range(windows(size)):
+            comm.Barrier()
+            t = time.perf_counter()
+            for _ in range(iters):
+                comm.Allreduce(MPI.IN_PLACE, x)
+            slowest = comm.allreduce((time.perf_counter() - t) / iters, op=MPI.MAX)
+            best = min(best, slowest)
+        out[f"mpi:{size}"] = best
     if comm.rank == 0:
         print("RESULT " + json.dumps(out), flush=True)
 
@@ -167,9 +184,10 @@ def table(n: int, sizes: list[int], best: dict) -> str:
     if key in best and f"mpi:{LATENCY_SIZE}" in best:
         mpi = best[f"mpi:{LATENCY_SIZE}"]
         auto, bare = best[key], best.get("nocheck:" + key, float("nan"))
-        lines.append(f"{human(LATENCY_SIZE)} latency: minidist auto (recursive doubling) "
-                     f"{auto * 1e6:.1f}us = {auto / mpi:.1f}x MPICH's {mpi * 1e6:.1f}us; "
-                     f"without the same-call check {bare * 1e6:.1f}us = {bare / mpi:.1f}x")
+        lines.append(f"{human(LATENCY_SIZE)} latency: minidist auto (allgather, the same-call "
+                     f"check in its messages) {auto * 1e6:.1f}us = {auto / mpi:.2f}x MPICH's "
+                     f"{mpi * 1e6:.1f}us; with the check off {bare * 1e6:.1f}us = "
+                     f"{bare / mpi:.2f}x")
     return "\n".join(lines)
 
 

@@ -1,4 +1,4 @@
-"""All-reduce, four ways: naive, tree, recursive doubling, ring.
+"""All-reduce, five ways: naive, tree, recursive doubling, ring, all-gather.
 
 Every rank starts with an array x_r and ends with op(x_0, ..., x_{N-1}), the
 same bits on every rank. The algorithms differ in how many steps they take
@@ -13,10 +13,16 @@ same bits on every rank. The algorithms differ in how many steps they take
             T = log2(N) * (alpha + M/beta)      -- best for small M
     ring    reduce-scatter then all-gather:
             T = 2(N-1) * alpha + 2(N-1)/N * M/beta  -- best for large M
+    allgather
+            every rank gathers all N arrays and folds them in rank order,
+            in the same messages as the same-call check (small.py):
+            T = ceil(log2 N) * alpha + (N-1) * M/beta  -- best for tiny M
 
 ``naive`` is the oracle the others are tested against; ``auto`` picks
-recursive doubling below ``SMALL_BYTES`` and the ring above, as NCCL and MPI
-libraries do. The cost model of each is in cost.py; the demo
+``allgather`` while the (N-1) * M bytes it sends stay within ``GATHER_BYTES``
+(its rounds are the check's, so the check costs no extra message), recursive
+doubling below ``SMALL_BYTES``, and the ring above, as NCCL and MPI libraries
+switch algorithms by size. The cost model of each is in cost.py; the demo
 demos/03_ring_allreduce.py prints the ring's bytes next to 2(N-1)/N * M.
 """
 from __future__ import annotations
@@ -28,8 +34,9 @@ from minidist.comm.ring import chunk_bounds, ring_all_gather, ring_reduce_scatte
 from minidist.comm.tree import (binomial_broadcast, binomial_reduce,
                                 recursive_doubling_all_reduce)
 
-ALGORITHMS = ("auto", "ring", "tree", "recursive_doubling", "naive")
-SMALL_BYTES = 64 * 1024
+ALGORITHMS = ("auto", "ring", "tree", "recursive_doubling", "naive", "allgather")
+GATHER_BYTES = 32 * 1024  # auto: allgather while (N-1) * M is at most this
+SMALL_BYTES = 64 * 1024   # auto: recursive doubling below this, the ring from here
 
 
 def naive_all_reduce(group, flat: Any, op: ReduceOp, tag: int) -> None:
@@ -71,11 +78,14 @@ def choose(algorithm: str, nbytes: int, group_size: int) -> str:
         raise ValueError(f"unknown all_reduce algorithm {algorithm!r}; choose one of {ALGORITHMS}")
     if algorithm != "auto":
         return algorithm
+    if nbytes * (group_size - 1) <= GATHER_BYTES:
+        return "allgather"
     return "recursive_doubling" if nbytes < SMALL_BYTES else "ring"
 
 
 def all_reduce_flat(group, flat: Any, op: ReduceOp, algorithm: str, tag: int) -> None:
-    """Reduce the 1-D contiguous ``flat`` in place across ``group`` with ``algorithm``."""
+    """Reduce the 1-D contiguous ``flat`` in place across ``group`` with ``algorithm``
+    (all but ``allgather``, which collectives.all_reduce runs with its plan, small.py)."""
     if group.size == 1:
         finish(op, flat, 1)
         return

@@ -1,7 +1,8 @@
 """The collectives, shaped like torch.distributed and built only from send/recv.
 
 Each public function (1) resolves the group (``None`` = the world), (2) checks
-that every rank made the same call (check.py), (3) runs its algorithm on the
+that every rank made the same call (check.py; a small all-reduce does it in its
+own messages, small.py), (3) runs its algorithm on the
 group's point-to-point calls, counting the bytes it moved (``group.stats.last``),
 and (4) runs now, or in the background when ``async_op=True`` (work.py).
 
@@ -12,7 +13,8 @@ Arrays are arrays of the active backend. In-place where torch's are in place:
     collective       algorithm            bytes sent per rank (M = array bytes)
     broadcast        binomial tree        <= ceil(log2 N) * M (the root)
     reduce           binomial tree        M (every rank but the root)
-    all_reduce       ring/tree/rd/naive   ring: 2(N-1)/N * M
+    all_reduce       ring/tree/rd/naive/  ring: 2(N-1)/N * M; allgather: (N-1) * M
+                     allgather
     all_gather       ring                 (N-1) * M   (M = one rank's part)
     reduce_scatter   ring                 (N-1)/N * M (M = the whole input)
     gather, scatter  direct (linear)      the root receives / sends (N-1) * M
@@ -30,16 +32,17 @@ from minidist.comm.check import describe, verify_same_call
 from minidist.comm.group import ProcessGroup, resolve
 from minidist.comm.ops import ReduceOp, finish
 from minidist.comm.ring import chunk_bounds, ring_all_gather, ring_reduce_scatter
+from minidist.comm.small import allgather_all_reduce, plan_for
 from minidist.comm.tree import binomial_broadcast, binomial_reduce
 
 
 def _run(group: ProcessGroup | None, name: str, fields: dict,
-         body: Callable[[ProcessGroup, int], None], async_op: bool):
-    g = resolve(group)
+         body: Callable[[ProcessGroup, int], None], async_op: bool, checks_itself: bool = False):
+    g = group if isinstance(group, ProcessGroup) else resolve(group)
     tag = g.next_collective_tag()  # taken now, in issue order, even if run later
 
     def job() -> None:
-        if g.check and g.size > 1:
+        if g.check and g.size > 1 and not checks_itself:
             verify_same_call(g, describe(name, **fields), tag)
         before = g.stats.snapshot()
         body(g, tag)
@@ -48,10 +51,14 @@ def _run(group: ProcessGroup | None, name: str, fields: dict,
     return work.submit(job, async_op)
 
 
+def _nothing() -> None:
+    pass
+
+
 def _flat(arr: Any) -> tuple[Any, Callable[[], None]]:
     """A 1-D contiguous view of ``arr`` to work in, and how to write it back."""
     if arr.flags.c_contiguous:
-        return arr.reshape(-1), lambda: None
+        return arr.reshape(-1), _nothing
     staging = xp.ascontiguousarray(arr).reshape(-1)
 
     def write_back() -> None:
@@ -109,9 +116,18 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | N
                async_op: bool = False, algorithm: str = "auto"):
     """Reduce ``tensor`` across the group in place. Afterwards ``tensor`` is bitwise
     identical in all processes. ``algorithm``: auto, ring, tree, recursive_doubling,
-    naive (all_reduce.py)."""
+    naive, allgather (all_reduce.py)."""
     g = resolve(group)
     alg = choose(algorithm, tensor.nbytes, g.size)
+    if alg == "allgather" and g.size > 1:
+        # The same-call check travels in the same messages as the data (small.py).
+        plan = plan_for(g, tensor, op)
+
+        def gather_body(g, tag):
+            flat, write_back = _flat(tensor)
+            allgather_all_reduce(g, flat, plan, tag)
+            write_back()
+        return _run(g, "all_reduce", plan.fields, gather_body, async_op, checks_itself=True)
 
     def body(g, tag):
         flat, write_back = _flat(tensor)

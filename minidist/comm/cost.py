@@ -9,6 +9,7 @@ the algorithms in all_reduce.py, ring.py and tree.py:
     naive all-reduce   T = 2(N-1) * (alpha + M / beta)         (root sends (N-1) M)
     tree all-reduce    T = 2 ceil(log2 N) * (alpha + M / beta)
     rec. doubling      T = ceil(log2 N) * (alpha + M / beta)   (+2 steps if N not 2^k)
+    allgather all-red. T = ceil(log2 N) * alpha + (N-1) * M / beta
     ring all-gather    T = (N-1) * alpha + (N-1)/N * M / beta  (M = the gathered total)
     tree broadcast     T = ceil(log2 N) * (alpha + M / beta)
 
@@ -55,6 +56,12 @@ def recursive_doubling_all_reduce(m: float, n: int, alpha: float, beta: float) -
     return Cost(steps * (alpha + m / beta), steps * m, steps)
 
 
+def allgather_all_reduce(m: float, n: int, alpha: float, beta: float) -> Cost:
+    """Gather all N arrays (Bruck, ceil(log2 N) rounds), reduce locally (small.py)."""
+    sent = (n - 1) * m
+    return Cost(_log2(n) * alpha + sent / beta, sent, _log2(n))
+
+
 def ring_all_gather(m: float, n: int, alpha: float, beta: float) -> Cost:
     sent = (n - 1) / n * m
     return Cost((n - 1) * alpha + sent / beta, sent, n - 1)
@@ -65,7 +72,8 @@ def tree_broadcast(m: float, n: int, alpha: float, beta: float) -> Cost:
 
 
 ALL_REDUCE = {"ring": ring_all_reduce, "naive": naive_all_reduce, "tree": tree_all_reduce,
-              "recursive_doubling": recursive_doubling_all_reduce}
+              "recursive_doubling": recursive_doubling_all_reduce,
+              "allgather": allgather_all_reduce}
 
 
 def bus_bandwidth(m: float, n: int, seconds: float) -> tuple[float, float]:

@@ -89,6 +89,7 @@ class ProcessGroup:
         self.rank = self.ranks.index(transport.rank)
         self.size = len(self.ranks)
         self.stats = CommStats()
+        self.small_plans: dict = {}           # (shape, dtype, op) -> plan of small.py
         self._calls = 0
 
     def __repr__(self) -> str:
@@ -132,6 +133,16 @@ class ProcessGroup:
         """
         self.wait([self.isend(send_arr, dst, tag), self.irecv(recv_arr, src, tag, op)], what,
                   abortable)
+
+
+    def exchange(self, data: Any, dst: int, inbox: Any, src: int, tag: int, what: str = "",
+                 abortable: bool = True) -> bool:
+        """Send host bytes to ``dst`` while receiving host bytes from ``src``: one
+        step of the call check (check.py). False if the incoming message had
+        another size than ``inbox`` (then dropped). Not counted in ``stats``:
+        the caller counts what it carried besides the check."""
+        return self.transport.exchange(data, self.ranks[dst], inbox, self.ranks[src], tag,
+                                       self.ctx, self.timeout, what, abortable)
 
 
 class _NonMember:

@@ -21,6 +21,12 @@ whatever the message size, without deadlock. A message that arrives before its
 receive is posted is kept in a side buffer (the "unexpected" queue), but only
 when a receive with another tag is waiting behind it on the same channel.
 
+``exchange`` (one step of the same-call check, and of the small all-reduce
+that carries it) takes a short way when nothing else is under way with its
+peers: it writes its one-piece message into the slot directly and polls for
+the reply, skipping the bookkeeping of isend / irecv (same bytes, same
+headers); anything unusual sends it down the general path.
+
 Waiting: when a pass moves nothing, the rank keeps polling for up to
 ``SPIN_S`` seconds, yielding the CPU between polls (``sched_yield`` costs
 little when nobody else wants the core, and lets a peer that shares our core
@@ -41,11 +47,12 @@ from minidist.comm import shm
 from minidist.comm.doorbell import Doorbells
 from minidist.comm.errors import CommTimeoutError, WorldAbortedError
 from minidist.comm.ops import ReduceOp
-from minidist.comm.pending import TAG_BITS, Channel, Recv, Send, Unexpected
+from minidist.comm.pending import TAG_BITS, BytesRecv, Channel, Recv, Send, Unexpected
 from minidist.comm.transport import (Handle, Transport, cores_available, dtype_code,
                                      host_bytes, host_view, sched_yield)
 
 SPIN_S = 0.002  # how long a rank polls before it sleeps on its doorbell
+_BYTES_CODE = dtype_code(host_view(bytearray(1)).dtype)  # the header's dtype of raw bytes
 
 
 class LocalTransport(Transport):
@@ -75,6 +82,7 @@ class LocalTransport(Transport):
         self._current: dict[int, Any] = {}       # src -> receive that is taking pieces now
         self._unexpected: dict[int, list] = {}   # src -> messages stashed early
         self._lock = threading.RLock()
+        self._posts = 0  # receives posted so far (see exchange)
         self._next_ctx = 1
 
     # -- posting -------------------------------------------------------------
@@ -93,8 +101,13 @@ class LocalTransport(Transport):
 
     def irecv(self, arr: Any, src: int, tag: int, ctx: int = 0,
               op: ReduceOp | None = None) -> Handle:
-        r = Recv(self, src, (ctx << TAG_BITS) | tag, arr, op)
+        return self._post_recv(Recv(self, src, (ctx << TAG_BITS) | tag, arr, op))
+
+    def _post_recv(self, r):
+        """Match ``r`` with a message stashed early, or queue it and pull what is there."""
         with self._lock:
+            self._posts += 1  # tells a short-way exchange polling src to step aside
+            src = r.src
             for i, early in enumerate(self._unexpected.get(src, ())):
                 if early.tag == r.tag and early.claimed_by is None:
                     r.check(early.total, early.code)
@@ -110,24 +123,104 @@ class LocalTransport(Transport):
                 pass
         return r
 
+    # -- the short way, for the small exchanges of the call check ------------
+    def exchange(self, data: Any, dst: int, inbox: Any, src: int, tag: int, ctx: int = 0,
+                 timeout: float | None = None, what: str = "", abortable: bool = True) -> bool:
+        """Send the host bytes ``data`` to ``dst`` and receive one message from
+        ``src`` into the host bytes ``inbox``; False if that message had another
+        size (it is then drained and dropped). See ``Transport.exchange``.
+
+        The short way, taken when the message fits in one slot and no other
+        send or receive of this process is under way with these peers: write
+        header and payload into the slot at once (no Send object, no queue),
+        then poll the incoming channel's head word until the reply is there and
+        copy it out. The bytes and headers in shared memory are exactly those
+        of isend / irecv; only the Python bookkeeping (Send and Recv objects,
+        queues, matching) is left out, which is most of the time a small
+        exchange takes. Anything unusual (a full channel, a bigger message, another tag first,
+        another thread posting a receive meanwhile, no reply within SPIN_S)
+        falls back to isend / irecv / wait_all, which handle every case.
+        """
+        wire = (ctx << TAG_BITS) | tag
+        with self._lock:
+            sent = (dst not in self._sends and data.size <= self.slot_bytes
+                    and self._write_piece(dst, wire, data.size, 0, data, _BYTES_CODE))
+            quiet = not (self._posted.get(src) or src in self._current
+                         or self._unexpected.get(src))
+            posts = self._posts
+        if sent and quiet:
+            same = self._poll_reply(src, wire, inbox, posts)
+            if same is not None:
+                return same
+        # The general way.
+        pending = [] if sent else [self.isend(data, dst, tag, ctx)]
+        r = self._post_recv(BytesRecv(self, src, wire, inbox))
+        self.wait_all(pending + [r], timeout, what, abortable)
+        return not r.mismatch
+
+    def _poll_reply(self, src: int, wire: int, inbox: Any, posts: int) -> bool | None:
+        """Wait (spinning, yielding) for a one-piece message with tag ``wire`` from
+        ``src`` and take it: True if it had ``inbox.size`` bytes, False if not
+        (dropped); None to hand over to the general way, having taken nothing."""
+        ch, w = self._in[src], self._words
+        seen = ch.count
+        polls, start = 0, None
+        while w[ch.head_i] == seen:
+            if self._posts != posts:
+                return None  # another thread posted a receive: it may take our message
+            polls += 1
+            if polls >= self.free_polls:
+                sched_yield()  # a peer that shares our core gets to run
+            if polls % 32 == 0:
+                now = time.monotonic()
+                if start is None:
+                    start = now
+                elif now - start > SPIN_S:
+                    return None  # a long wait: wait_all sleeps on the doorbell
+        with self._lock:
+            if self._posts != posts or ch.count != seen:
+                return None
+            k = seen % self.nslots
+            h = ch.hdr_i[k]
+            total = w[h + 1]
+            if w[h] != wire or w[h + 3] != total:
+                return None  # another tag first, or a message in several pieces
+            same = total == inbox.size
+            if same:
+                inbox[:] = ch.payload[k][:total]
+            ch.count += 1
+            w[ch.tail_i] = ch.count  # free the slot
+            self._bells.ring(src)
+        return same
+
     # -- progress ------------------------------------------------------------
     def _push(self, dst: int, op: Send) -> bool:
         """Write the next piece of ``op`` into a free slot; False if none is free."""
+        n = min(self.slot_bytes, op.total - op.sent)
+        if not self._write_piece(dst, op.tag, op.total, op.sent,
+                                 op.data[op.sent:op.sent + n], op.code):
+            return False
+        op.sent += n
+        if op.sent >= op.total:
+            op.done = True
+        return True
+
+    def _write_piece(self, dst: int, tag: int, total: int, offset: int, piece: Any,
+                     code: int) -> bool:
+        """Copy one piece and its header into the next slot of the channel to
+        ``dst``, then publish it; False if every slot is still full."""
         ch, w = self._out[dst], self._words
         if ch.count - w[ch.tail_i] >= self.nslots:
             return False
         k = ch.count % self.nslots
-        n = min(self.slot_bytes, op.total - op.sent)
+        n = piece.size
         if n:
-            ch.payload[k][:n] = op.data[op.sent:op.sent + n]
+            ch.payload[k][:n] = piece
         h = ch.hdr_i[k]
-        w[h], w[h + 1], w[h + 2], w[h + 3], w[h + 4] = op.tag, op.total, op.sent, n, op.code
-        op.sent += n
+        w[h], w[h + 1], w[h + 2], w[h + 3], w[h + 4] = tag, total, offset, n, code
         ch.count += 1
         w[ch.head_i] = ch.count  # publish: the piece is complete
         self._bells.ring(dst)
-        if op.sent >= op.total:
-            op.done = True
         return True
 
     def _pull(self, src: int) -> bool:

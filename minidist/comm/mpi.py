@@ -40,6 +40,13 @@ class _MpiHandle(Handle):
     def describe(self) -> str:
         return self.what
 
+    def test(self) -> bool:
+        """Progress: True once the operation is complete (then finished)."""
+        if not self.request.Test(self.status):
+            return False
+        self.finish()
+        return True
+
     def finish(self) -> None:
         if self.expect is not None:
             got = self.status.Get_count()
@@ -51,6 +58,37 @@ class _MpiHandle(Handle):
             self.on_done()
         self.done = True
         self.buf = None
+
+
+class _MpiBytesRecv(_MpiHandle):
+    """A receive of host bytes that tolerates another size (for ``exchange``).
+
+    MPI cannot receive a message into a smaller buffer, so the message is first
+    found with a matched probe (``Improbe``, which also tells its size), then
+    received into ``inbox`` if the size is right, or into a scratch buffer that
+    is dropped if not.
+    """
+
+    def __init__(self, transport, comm, peer, tag, inbox, what):
+        super().__init__(transport, None, what, buf=inbox)
+        self.comm, self.peer, self.tag = comm, peer, tag
+        self.status = transport.MPI.Status()
+        self.mismatch = False
+
+    def test(self) -> bool:
+        if self.request is None:
+            message = self.comm.Improbe(self.peer, self.tag, self.status)
+            if message is None:
+                return False
+            byte = self.transport.MPI.BYTE
+            if self.status.Get_count(byte) == self.buf.size:
+                self.request = message.Irecv([self.buf, byte])
+            else:
+                self.mismatch = True
+                message.Recv([host_view(bytearray(self.status.Get_count(byte))), byte])
+                self.done = True
+                return True
+        return super().test()
 
 
 class MpiTransport(Transport):
@@ -114,12 +152,7 @@ class MpiTransport(Transport):
         start = time.monotonic()
         pending = [h for h in handles if not h.done]
         while pending:
-            still = []
-            for h in pending:
-                if h.request.Test(h.status):
-                    h.finish()
-                else:
-                    still.append(h)
+            still = [h for h in pending if not h.test()]
             if len(still) < len(pending):
                 backoff.reset()
                 start = time.monotonic()
@@ -132,6 +165,16 @@ class MpiTransport(Transport):
                 raise CommTimeoutError(
                     f"rank {self.rank}: waited {timeout:g} s{where} without progress on: "
                     + "; ".join(h.describe() for h in pending))
+
+    def exchange(self, data: Any, dst: int, inbox: Any, src: int, tag: int, ctx: int = 0,
+                 timeout: float | None = None, what: str = "", abortable: bool = True) -> bool:
+        comm, peer = self._comm(ctx, dst)
+        send = _MpiHandle(self, comm.Isend([data, self.MPI.BYTE], dest=peer, tag=tag),
+                          f"send to rank {dst} (tag {tag})", buf=data)
+        comm, peer = self._comm(ctx, src)
+        recv = _MpiBytesRecv(self, comm, peer, tag, inbox, f"recv from rank {src} (tag {tag})")
+        self.wait_all([send, recv], timeout, what, abortable)
+        return not recv.mismatch
 
     def new_context(self, ranks: list[int]) -> int:
         ctx = self._next_ctx

@@ -4,8 +4,10 @@ A ``Send`` holds the host bytes of the array being sent and how far it got; a
 ``Recv`` holds the flat view of the caller's array and writes each piece that
 arrives at its offset, or folds it in with the reduction op (``accept``): on
 the CPU backends the piece is read straight from shared memory, without a
-temporary. An ``Unexpected`` message arrived before its receive was posted and
-waits in a private buffer. A ``Channel`` knows where one direction of one pair
+temporary. A ``BytesRecv`` receives raw host bytes for the call check's
+exchange (check.py), where a message of another size is a finding, not an
+error: it is drained and dropped, and ``mismatch`` is set. An ``Unexpected``
+message arrived before its receive was posted and waits in a private buffer. A ``Channel`` knows where one direction of one pair
 of ranks lives in the segment (shm.py).
 """
 from __future__ import annotations
@@ -86,6 +88,30 @@ class Recv(Handle):
         if self.copy_back is not None:
             self.copy_back()
         self.done = True
+
+
+class BytesRecv(Recv):
+    """A receive of host bytes into the host uint8 array ``inbox`` that tolerates
+    a message of another size: its pieces are consumed and dropped, and
+    ``mismatch`` tells the caller (``LocalTransport.exchange``)."""
+
+    __slots__ = ("mismatch",)
+
+    def __init__(self, transport, src, tag, inbox):
+        self.transport, self.src, self.tag = transport, src, tag
+        self.flat, self.copy_back, self.combine = inbox, None, None
+        self.dtype, self.code = inbox.dtype, dtype_code(inbox.dtype)
+        self.total, self.got, self.done, self.mismatch = inbox.size, 0, False, False
+
+    def check(self, total: int, code: int) -> None:
+        if total != self.total:
+            self.mismatch = True
+            self.total = total  # drain the whole message
+
+    def accept(self, piece: Any, offset: int) -> None:
+        if not self.mismatch:
+            self.flat[offset:offset + piece.size] = piece
+        self.got += piece.size
 
 
 class Unexpected:

@@ -6,10 +6,16 @@ A transport moves the bytes of an array from one rank to another::
     h = t.irecv(arr, src, tag, ctx)          # receive into arr (its shape, dtype)
     h = t.irecv(acc, src, tag, ctx, op=SUM)  # receive and reduce: acc = acc + incoming
     t.wait_all([h, ...], timeout, what)      # progress until all are done
+    same = t.exchange(data, dst, inbox, src, tag, ctx)   # host bytes out, host bytes in
 
 ``ctx`` is the context of a process group: messages sent in one group are never
 matched by receives in another. Within a context, messages between a pair of
 ranks with the same tag arrive in the order they were sent (as in MPI).
+
+``exchange`` is the step of the call check (check.py): send a block of host
+bytes and receive one, where the incoming message may have another size than
+expected (the ranks called different collectives): then it is dropped and
+``exchange`` returns False instead of raising.
 
 Two transports implement it: ``LocalTransport`` (shared memory between
 processes on one machine, local.py) and ``MpiTransport`` (mpi4py, mpi.py).
@@ -59,6 +65,14 @@ class Transport:
         """Progress until every handle is done. Raise CommTimeoutError after
         ``timeout`` seconds without progress, and WorldAbortedError if another
         rank failed (unless ``abortable`` is False)."""
+        raise NotImplementedError
+
+    def exchange(self, data: Any, dst: int, inbox: Any, src: int, tag: int, ctx: int = 0,
+                 timeout: float | None = None, what: str = "", abortable: bool = True) -> bool:
+        """Send the host uint8 array ``data`` to ``dst`` while receiving one message
+        from ``src`` into the host uint8 array ``inbox``. Return True if that
+        message had exactly ``inbox.size`` bytes; otherwise drop it (``inbox`` is
+        left as it was) and return False."""
         raise NotImplementedError
 
     def new_context(self, ranks: list[int]) -> int:

@@ -62,7 +62,9 @@ def submit(job: Callable[[], None], async_op: bool) -> Work | None:
     if not async_op:
         last = _state["last"]
         if last is not None:
-            last.wait()
+            # Wait for it to finish, but leave its error (if any) to its own wait():
+            # it belongs to that call, not to this one.
+            last._done.wait()
             _state["last"] = None
         job()
         return None

@@ -46,6 +46,16 @@ def main() -> None:
         raise AssertionError("a shape mismatch went unnoticed")
     except dist.CollectiveMismatchError as e:
         assert "differ in shape" in str(e), str(e)
+    # A small all-reduce (its check in its data messages) against a broadcast
+    # (a separate check): blocks of different sizes, found with a matched probe.
+    try:
+        if rank == 1:
+            dist.broadcast(backend.xp.ones(4), src=0)
+        else:
+            dist.all_reduce(backend.xp.ones(4))
+        raise AssertionError("all_reduce against broadcast went unnoticed")
+    except dist.CollectiveMismatchError as e:
+        assert "differ in" in str(e) and "collective" in str(e), str(e)
 
     # Point to point, the fused receive-and-reduce, and groups.
     x = backend.from_host(np.arange(5000.0))

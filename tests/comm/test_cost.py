@@ -41,3 +41,11 @@ def test_fit_recovers_alpha_and_beta():
     times = [cost.ring_all_reduce(m, n, alpha, beta).seconds for m in sizes]
     a, b = cost.fit_alpha_beta(sizes, times, n)
     assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(beta, rel=1e-6)
+
+
+def test_allgather_all_reduce_takes_log_n_steps_and_sends_n_minus_1_times_m():
+    c = cost.allgather_all_reduce(1e3, 5, 1e-6, 1e9)
+    assert c.steps == 3 and c.bytes_sent == 4e3
+    assert c.seconds == pytest.approx(3e-6 + 4e3 / 1e9)
+    # fewer rounds than recursive doubling plus a separate check, for tiny M
+    assert c.steps < cost.recursive_doubling_all_reduce(1e3, 5, 1e-6, 1e9).steps

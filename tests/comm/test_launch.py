@@ -104,7 +104,7 @@ def test_a_shape_mismatch_is_an_error_on_every_rank():
     assert set(err.failures) == {0, 1, 2, 3}
     assert {t for t, _ in err.failures.values()} == {"CollectiveMismatchError"}
     assert "(they differ in shape)" in err.remote_traceback
-    assert "rank 1: all_reduce op=SUM algorithm=recursive_doubling dtype=float64 shape=(3,5)" \
+    assert "rank 1: all_reduce op=SUM algorithm=allgather dtype=float64 shape=(3,5)" \
         in err.remote_traceback
 
 
@@ -137,7 +137,7 @@ def _rss_growth(n_calls, seed):
         for _ in range(k):
             n = int(rng.integers(0, 20000))
             x = backend.from_host(np.ones(n, dtype=np.float32))
-            alg = ["ring", "tree", "naive", "recursive_doubling"][int(rng.integers(4))]
+            alg = ["ring", "tree", "naive", "recursive_doubling", "allgather"][int(rng.integers(5))]
             dist.all_reduce(x, algorithm=alg)
     burst(200)  # warm up: allocator pools, caches
     before = rss()
