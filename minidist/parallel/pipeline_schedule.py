@@ -193,9 +193,11 @@ def render_timeline(timings: list[list[tuple[Op, float, float]]], slot: float = 
     for r, row in enumerate(timings):
         cells = ["." * (width - 1)] * n
         for op, start, stop in row:
+            # position from the start, length from the duration: measured ops that
+            # drift by a fraction of a slot keep their length instead of growing one
             first = int(round((start - t0) / slot))
-            last = max(first + 1, int(round((stop - t0) / slot)))
-            for i in range(first, min(last, n)):
+            length = max(1, int(round((stop - start) / slot)))
+            for i in range(first, min(first + length, n)):
                 cells[i] = str(op)[:width - 1].ljust(width - 1)
         lines.append(f"stage {r} |" + " ".join(cells) + "|")
     return "\n".join(lines)

@@ -229,8 +229,10 @@ def world4():
 # latency of one message and of waking the receiving process (tens of
 # microseconds on an idle machine, a few milliseconds when 4 processes share 2
 # busy cores), and sleeps overshoot by up to a millisecond. All of it is idle
-# time on top of the ideal bubble: a measurement can only come out high, never
-# low, so the lower bound is tight (0.01) and the upper one is 0.06 absolute,
+# time on top of the ideal bubble, so a measurement comes out high, not low: the
+# lower bound is tight (0.02: an op runs a little past its padded length, for
+# the bookkeeping and the send after it, which counts as busy time), the upper
+# one is 0.06 absolute,
 # about two 20 ms forwards of extra idle in a step of (m + p - 1) x 60 ms, still
 # well below the differences the test tells apart (GPipe 0.27, 1F1B 0.375,
 # interleaved 0.19 here). Measured on an idle 2-core machine: +0.005 to +0.05.
@@ -249,7 +251,7 @@ def test_measured_bubble_matches_the_formula(world4, schedule, v):
         tries.append(measured_bubble([timeline for timeline, _ in results], schedule))
         if min(tries) <= want + BUBBLE_MARGIN:
             break
-    assert want - 0.01 <= min(tries) <= want + BUBBLE_MARGIN, (schedule, tries, want)
+    assert want - 0.02 <= min(tries) <= want + BUBBLE_MARGIN, (schedule, tries, want)
     if schedule != "interleaved":
         peaks = [peak for _, peak in results]
         assert peaks == [peak_inflight_microbatches(p, m, schedule, r) for r in range(p)]
