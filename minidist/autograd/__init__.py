@@ -3,9 +3,9 @@
 - ``Tensor``: data + grad + the op that made it (tensor.py)
 - ``Function``: forward and backward of one op; custom ops subclass it (function.py)
 - the backward pass (engine.py), ``no_grad`` (grad_mode.py)
-- every op (ops/), ``gradcheck`` (gradcheck.py), ``checkpoint`` (checkpoint.py)
+- every op (ops/), ``gradcheck`` (gradcheck.py), ``checkpoint`` (activation_checkpoint.py)
 """
-from minidist.autograd.checkpoint import checkpoint
+from minidist.autograd.activation_checkpoint import checkpoint
 from minidist.autograd.function import Context, Function
 from minidist.autograd.functional import concat, matmul, split, stack, where
 from minidist.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minidist import backend
-from minidist.autograd.checkpoint import checkpoint
+from minidist.autograd.activation_checkpoint import checkpoint
 from minidist.autograd.grad_mode import no_grad
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp

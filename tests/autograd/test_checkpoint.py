@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import minidist
 from minidist import Tensor, backend
-from minidist.autograd import ops
+from minidist.autograd import checkpoint, ops
 
 from .strategies import FEWER, randn, seeds
 
@@ -48,7 +48,7 @@ def forward(x: Tensor, blocks: list[dict], p_drop: float, use_checkpoint: bool) 
     h = x
     for params in blocks:
         if use_checkpoint:
-            h = minidist.checkpoint(lambda t, params=params: mlp_block(t, params, p_drop), h)
+            h = checkpoint(lambda t, params=params: mlp_block(t, params, p_drop), h)
         else:
             h = mlp_block(h, params, p_drop)
     return h
@@ -92,7 +92,7 @@ def test_checkpoint_replays_the_dropout_mask_and_leaves_the_generator_as_it_was(
     fn = lambda t: mlp_block(t, blocks[0], 0.5)  # noqa: E731
     x = Tensor(randn(0, (3, 4)), requires_grad=True)
     minidist.manual_seed(7)
-    out = minidist.checkpoint(fn, x)
+    out = checkpoint(fn, x)
     state_after_forward = backend.default_generator().get_state()
     out.sum().backward()                       # recompute draws the same mask
     # backward restored the generator: a later draw is the one it would have been
@@ -159,7 +159,17 @@ def test_checkpoint_warns_when_no_input_requires_grad():
     blocks = make_blocks(1, 3, "float64", 0)
     x = Tensor(randn(0, (2, 3)))
     with pytest.warns(UserWarning, match="no input requires grad"):
-        out = minidist.checkpoint(lambda t: mlp_block(t, blocks[0], 0.0), x)
+        out = checkpoint(lambda t: mlp_block(t, blocks[0], 0.0), x)
     assert out._ctx is None
     with minidist.no_grad():                   # inference: nothing to warn about
-        minidist.checkpoint(lambda t: mlp_block(t, blocks[0], 0.0), x)
+        checkpoint(lambda t: mlp_block(t, blocks[0], 0.0), x)
+
+
+def test_activation_checkpoint_is_not_shadowed_by_the_checkpoint_package():
+    """minidist.checkpoint is the save/load package; activation checkpointing
+    stays reachable as minidist.autograd.checkpoint after both are imported."""
+    import minidist.autograd
+    import minidist.checkpoint as ckpt_package
+
+    assert hasattr(ckpt_package, "save_checkpoint")
+    assert callable(minidist.autograd.checkpoint)
