@@ -51,15 +51,17 @@ class CommStats:
     def record(self, name: str, before: tuple, info: dict) -> None:
         """Note what the collective ``name`` moved since ``before`` (a snapshot).
         Kept as plain numbers: this runs on every call, dicts are built on demand."""
-        now = self.snapshot()
-        delta = (now[0] - before[0], now[1] - before[1], now[2] - before[2], now[3] - before[3])
+        delta = (self.bytes_sent - before[0], self.bytes_recv - before[1],
+                 self.msgs_sent - before[2], self.msgs_recv - before[3])
         self._last = (name, info, delta)
         totals = self._totals.get(name)
         if totals is None:
             totals = self._totals[name] = [0, 0, 0, 0, 0]
         totals[0] += 1
-        for i in range(4):
-            totals[i + 1] += delta[i]
+        totals[1] += delta[0]
+        totals[2] += delta[1]
+        totals[3] += delta[2]
+        totals[4] += delta[3]
 
     @property
     def last(self) -> dict:

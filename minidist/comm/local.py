@@ -53,6 +53,10 @@ from minidist.comm.transport import (Handle, Transport, cores_available, dtype_c
 
 SPIN_S = 0.002  # how long a rank polls before it sleeps on its doorbell
 _BYTES_CODE = dtype_code(host_view(bytearray(1)).dtype)  # the header's dtype of raw bytes
+# Pieces up to this size are copied through memoryviews (a third of NumPy's
+# overhead per call); larger ones through NumPy, which releases the GIL while it
+# copies, so that a collective running in the background overlaps computation.
+SMALL_COPY = 16 * 1024
 
 
 class LocalTransport(Transport):
@@ -73,9 +77,10 @@ class LocalTransport(Transport):
         self._bells = Doorbells(self._seg.buf, shm.BELLS_OFFSET, self.world_size)
         data = host_view(self._seg.buf)
         n, k, s = self.world_size, self.nslots, self.slot_bytes
-        self._out = [Channel(self._words, data, shm.channel_offset(rank, d, n, k, s), k, s)
+        buf = self._seg.buf
+        self._out = [Channel(buf, data, shm.channel_offset(rank, d, n, k, s), k, s)
                      for d in range(n)]
-        self._in = [Channel(self._words, data, shm.channel_offset(src, rank, n, k, s), k, s)
+        self._in = [Channel(buf, data, shm.channel_offset(src, rank, n, k, s), k, s)
                     for src in range(n)]
         self._sends: dict[int, deque] = {}       # dst -> sends in order
         self._posted: dict[int, list] = {}       # src -> receives not yet matched
@@ -137,9 +142,10 @@ class LocalTransport(Transport):
         copy it out. The bytes and headers in shared memory are exactly those
         of isend / irecv; only the Python bookkeeping (Send and Recv objects,
         queues, matching) is left out, which is most of the time a small
-        exchange takes. Anything unusual (a full channel, a bigger message, another tag first,
-        another thread posting a receive meanwhile, no reply within SPIN_S)
-        falls back to isend / irecv / wait_all, which handle every case.
+        exchange takes. Anything unusual (a full channel, a bigger message,
+        another tag first, another thread posting a receive meanwhile, no
+        reply within SPIN_S) falls back to isend / irecv / wait_all, which
+        handle every case.
         """
         wire = (ctx << TAG_BITS) | tag
         with self._lock:
@@ -186,8 +192,10 @@ class LocalTransport(Transport):
             if w[h] != wire or w[h + 3] != total:
                 return None  # another tag first, or a message in several pieces
             same = total == inbox.size
-            if same:
+            if same and total > SMALL_COPY:
                 inbox[:] = ch.payload[k][:total]
+            elif same:
+                memoryview(inbox)[:] = ch.raw[k][:total]
             ch.count += 1
             w[ch.tail_i] = ch.count  # free the slot
             self._bells.ring(src)
@@ -214,8 +222,10 @@ class LocalTransport(Transport):
             return False
         k = ch.count % self.nslots
         n = piece.size
-        if n:
+        if n > SMALL_COPY:
             ch.payload[k][:n] = piece
+        elif n:
+            ch.raw[k][:n] = piece
         h = ch.hdr_i[k]
         w[h], w[h + 1], w[h + 2], w[h + 3], w[h + 4] = tag, total, offset, n, code
         ch.count += 1
@@ -353,6 +363,8 @@ class LocalTransport(Transport):
     def close(self) -> None:
         if self._seg is None:
             return
+        for ch in self._out + self._in:
+            ch.release()
         self._out = self._in = []
         self._words.release()
         self._bells.close()

@@ -129,15 +129,29 @@ class Unexpected:
 
 
 class Channel:
-    """Word indices and slot views of one direction of one pair."""
-    __slots__ = ("head_i", "tail_i", "hdr_i", "payload", "count")
+    """Word indices and slot views of one direction of one pair.
 
-    def __init__(self, words, data, offset, nslots, slot_bytes):
+    Each slot's payload is seen twice: ``payload[k]`` as a host uint8 array
+    (to view as a dtype, reduce from, and copy large pieces) and ``raw[k]`` as
+    a plain memoryview of the segment, through which small pieces are copied:
+    a memoryview slice assignment is a memcpy with a third of the overhead of
+    NumPy's indexing, which counts where the overhead is all there is
+    (local.py, SMALL_COPY).
+    """
+    __slots__ = ("head_i", "tail_i", "hdr_i", "payload", "raw", "count")
+
+    def __init__(self, buf, data, offset, nslots, slot_bytes):
         self.head_i = offset // 8
         self.tail_i = (offset + 64) // 8
-        slots = [offset + shm.CHANNEL_HEADER_BYTES + k * (shm.SLOT_HEADER_BYTES + slot_bytes)
-                 for k in range(nslots)]
-        self.hdr_i = [s // 8 for s in slots]
-        self.payload = [data[s + shm.SLOT_HEADER_BYTES:s + shm.SLOT_HEADER_BYTES + slot_bytes]
-                        for s in slots]
+        starts = [offset + shm.CHANNEL_HEADER_BYTES + k * (shm.SLOT_HEADER_BYTES + slot_bytes)
+                  for k in range(nslots)]
+        self.hdr_i = [s // 8 for s in starts]
+        spans = [(s + shm.SLOT_HEADER_BYTES, s + shm.SLOT_HEADER_BYTES + slot_bytes)
+                 for s in starts]
+        self.payload = [data[lo:hi] for lo, hi in spans]
+        self.raw = [buf[lo:hi] for lo, hi in spans]
         self.count = 0  # pieces written (outgoing) or consumed (incoming) by this rank
+
+    def release(self) -> None:
+        for view in self.raw:
+            view.release()

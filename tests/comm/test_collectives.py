@@ -7,10 +7,12 @@ example runs on every rank and the parent compares every rank's result with
 additions does not matter).
 """
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from . import cases
+from .test_check import MISMATCHES, _mismatches
 
 EXAMPLES = 5
 
@@ -89,3 +91,20 @@ def test_all_reduce_of_a_strided_array_writes_back(worlds):
     results = worlds.get(3).run(fn)
     for got in results:
         assert np.array_equal(got, 3 * np.arange(12.0).reshape(3, 4).T)
+
+
+def test_every_mismatch_is_an_error_on_every_rank_and_the_world_goes_on(worlds, world_size):
+    """The pairings of test_check.py, at every world size, in the worlds this
+    module keeps running (a world of its own per size would cost seconds)."""
+    n = world_size
+    if n == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    odd_ranks = [(3 * i + 1) % n for i in range(len(MISMATCHES))]
+    per_rank = worlds.get(n).run(_mismatches, MISMATCHES, odd_ranks)
+    for i, ((usual, other, field), odd) in enumerate(zip(MISMATCHES, odd_ranks)):
+        for rank in range(n):
+            error, later = per_rank[rank][i]
+            assert error is not None, f"rank {rank} missed {usual} vs {other} (odd rank {odd})"
+            assert f"differ in {field}" in error, error
+            assert f"rank {odd}: " in error, error
+            assert later == n
