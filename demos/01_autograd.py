@@ -7,9 +7,12 @@ warmup + cosine schedule (minidist/optim). The corpus ships with the repo
 
     python demos/01_autograd.py            # ~20 s on 2 cores
     python demos/01_autograd.py --steps 1000 --n-embd 128
+    python demos/01_autograd.py --figure /tmp/autograd.png   # also draw the curves
 
 Prints the loss falling and a sample; the check is that the final loss is
-well below the loss of a uniform guess, log(vocab).
+well below the loss of a uniform guess, log(vocab). With --figure PATH (no
+figure without it) it also saves the train and held-out loss, the learning
+rate and the gradient norm per step as a PNG (needs matplotlib).
 """
 import argparse
 import math
@@ -34,6 +37,7 @@ parser.add_argument("--n-embd", type=int, default=128)
 parser.add_argument("--dropout", type=float, default=0.2, help="fights memorising the corpus")
 parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--figure", metavar="PATH", help="save the curves as a PNG (default: none)")
 args = parser.parse_args()
 
 # -- data: characters -> integers ------------------------------------------
@@ -49,7 +53,7 @@ print(f"corpus: {len(text)} characters, vocabulary of {len(chars)}, "
 rng = np.random.default_rng(args.seed)
 
 
-def batch(data):
+def batch(data, rng=rng):
     """Random windows of the text; the targets are the inputs shifted by one."""
     starts = rng.integers(0, len(data) - args.block - 1, args.batch)
     x = np.stack([data[s:s + args.block] for s in starts])          # (B, T)
@@ -68,29 +72,39 @@ schedule = WarmupCosine(optimizer, warmup_steps=args.steps // 10, total_steps=ar
                         min_lr=args.lr / 10)
 minidist.manual_seed(args.seed)
 
+
+def held_out_loss(batches, rng=rng):
+    with minidist.no_grad():
+        model.eval()
+        value = float(np.mean([model(*batch(val_data, rng))[1].item() for _ in range(batches)]))
+        model.train()
+    return value
+
+
 # -- training -------------------------------------------------------------------
-losses = []
+losses, lrs, norms, held_out = [], [], [], []
+figure_rng = np.random.default_rng(args.seed + 1)   # the figure's evaluations leave `rng` alone
 bar = Progress(range(args.steps), "train")
 for step in bar:
     x, y = batch(train_data)
     _, loss = model(x, y)            # forward: builds the graph
     optimizer.zero_grad()
     loss.backward()                  # backward: fills p.grad for every parameter
-    clip_grad_norm_(model.parameters(), 1.0)
+    lrs.append(optimizer.param_groups[0]["lr"])
+    norms.append(clip_grad_norm_(model.parameters(), 1.0))
     optimizer.step()
     schedule.step()
     losses.append(loss.item())
     bar.note(f"loss {np.mean(losses[-10:]):.3f}")
+    if args.figure and (step % max(1, args.steps // 10) == 0 or step == args.steps - 1):
+        held_out.append((step, held_out_loss(2, figure_rng)))
 
 print()
 for step in sorted({0, args.steps // 4, args.steps // 2, 3 * args.steps // 4, args.steps - 1}):
     window = losses[max(0, step - 9):step + 1]
     print(f"step {step:4d}  loss {np.mean(window):.3f}")
 
-with minidist.no_grad():
-    model.eval()
-    val_loss = float(np.mean([model(*batch(val_data))[1].item() for _ in range(8)]))
-    model.train()
+val_loss = held_out_loss(8)
 print(f"held-out loss {val_loss:.3f} (train {np.mean(losses[-10:]):.3f}: "
       "the gap is memorisation of a small corpus)")
 
@@ -100,6 +114,10 @@ out = backend.to_host(model.generate(start, 200, temperature=0.8, seed=args.seed
 print("\nsample:\n" + "".join(chars[i] for i in out))
 
 uniform = math.log(len(chars))
+if args.figure:
+    from _figures import training_curves
+    training_curves(args.figure, losses, held_out, lrs, norms, 1.0, uniform,
+                    f"GPT on the corpus, backend {backend.get_backend()}")
 final = float(np.mean(losses[-10:]))
 ok = final < uniform - 1.0 and val_loss < uniform - 1.0
 print(f"\ncheck: train loss {final:.3f} and held-out loss {val_loss:.3f} < uniform guess "

@@ -13,6 +13,10 @@ bandwidth-bound (time grows linearly with M, busbw flattens out).
 
     python demos/03_ring_allreduce.py              # 4 processes, ~15 s
     python demos/03_ring_allreduce.py -n 2 --max-mib 64
+    python demos/03_ring_allreduce.py --figure /tmp/ring.png   # also draw the sweep
+
+With --figure PATH (no figure without it) it saves time and bus bandwidth vs
+message size, measured and fitted, as a PNG (needs matplotlib).
 
 Code: minidist/comm/ring.py (the algorithm), minidist/comm/cost.py (the model).
 """
@@ -56,6 +60,7 @@ if __name__ == "__main__":
     parser.add_argument("-n", "--world-size", type=int, default=4)
     parser.add_argument("--mib", type=int, default=8, help="M for part 1, in MiB")
     parser.add_argument("--max-mib", type=int, default=16, help="largest size of the sweep")
+    parser.add_argument("--figure", metavar="PATH", help="save the sweep as a PNG (default: none)")
     args = parser.parse_args()
     n = args.world_size
 
@@ -90,4 +95,7 @@ if __name__ == "__main__":
             label = f"{size >> 10} KiB" if size < (1 << 20) else f"{size >> 20} MiB"
             print(f"{label:>9} {t * 1e6:>9.0f}us {model.seconds * 1e6:>9.0f}us {busbw:>11.2f} "
                   f"{a_term * 1e6:>9.0f}us {b_term * 1e6:>9.0f}us  {regime}")
+    if args.figure:
+        from _figures import bandwidth
+        bandwidth(args.figure, sizes, times, alpha, beta, n)
     sys.exit(0 if ring_ok and naive_ok else 1)

@@ -15,6 +15,10 @@ backward, and whether its all-reduce had already finished by then.
 
     python demos/04_ddp.py                # 4 processes, ~5 s
     python demos/04_ddp.py -n 2 --steps 5 --bucket-mb 0.05
+    python demos/04_ddp.py --figure /tmp/buckets.png   # also draw the timeline
+
+With --figure PATH (no figure without it) it saves that bucket timeline as a
+PNG (needs matplotlib).
 
 Code: minidist/parallel/ddp.py (bucketed), ddp_naive.py (the oracle), buckets.py.
 """
@@ -87,6 +91,7 @@ if __name__ == "__main__":
     parser.add_argument("--batch", type=int, default=8, help="samples per rank per step")
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--bucket-mb", type=float, default=1.0)
+    parser.add_argument("--figure", metavar="PATH", help="save the timeline as a PNG (default: none)")
     args = parser.parse_args()
 
     single = train_single(args)
@@ -115,6 +120,9 @@ if __name__ == "__main__":
         print(f"  bucket {ev['bucket']}: {ev['params']} params, {ev['bytes'] / 1e3:7.1f} kB, "
               f"ready at {ev['ready_ms']:6.2f} ms, all-reduce {state}; "
               f"waited for until {ev['waited_until_ms']:6.2f} ms")
+    if args.figure:
+        from _figures import bucket_timeline
+        bucket_timeline(args.figure, timeline, args.world_size, args.bucket_mb)
     ok = worst <= TOLERANCE
     print(f"\ncheck: max |ddp - single| = {worst:.1e}  (tolerance {TOLERANCE:.0e})  "
           f"{'ok' if ok else 'FAILED'}")

@@ -13,6 +13,10 @@ stage (gradient clipping on) and prints max |zero - ddp| over the parameters.
 
     python demos/05_zero.py                   # 4 processes, ~10 s
     python demos/05_zero.py -n 2 --width 32
+    python demos/05_zero.py --figure /tmp/zero.png   # also draw part 1
+
+With --figure PATH (no figure without it) it saves part 1's bytes per
+parameter, measured beside the formula, as a PNG (needs matplotlib).
 
 Code: minidist/parallel/zero.py (stages 1, 2), zero3.py, shard.py, zero_memory.py.
 """
@@ -97,6 +101,7 @@ if __name__ == "__main__":
     parser.add_argument("-n", "--world-size", type=int, default=4)
     parser.add_argument("--width", type=int, default=128, help="MLP(width, 4 * width)")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--figure", metavar="PATH", help="save part 1 as a PNG (default: none)")
     args = parser.parse_args()
     n = args.world_size
 
@@ -104,7 +109,7 @@ if __name__ == "__main__":
         print(f"Part 1: bytes per parameter on rank 0 of {n} (Adam), measured vs formula")
         print(f"{'':8} {'precision':9} {'weights':>8} {'grads':>8} {'optim':>8} "
               f"{'total':>8} {'formula':>8}   total bytes")
-        worst_rel = 0.0
+        worst_rel, rows = 0.0, []
         for precision in ("fp32", "mixed"):
             for stage in range(4):
                 rep, p = world.run(memory_on_rank, args.width, stage, precision)[0]
@@ -114,7 +119,12 @@ if __name__ == "__main__":
                 print(f"{NAMES[stage]:<8} {precision:<9} {rep['params'] / p:8.3f} "
                       f"{rep['grads'] / p:8.3f} {rep['optimizer'] / p:8.3f} {got:8.3f} "
                       f"{want:8.3f}   {rep['total']:,}")
+                rows.append((precision, NAMES[stage], rep["params"] / p, rep["grads"] / p,
+                             rep["optimizer"] / p, want))
         print(f"(P = {p:,}; a shard is padded to ceil(P/N) elements, hence the last digits)")
+        if args.figure:
+            from _figures import zero_memory
+            zero_memory(args.figure, rows, n)
 
         print(f"\nPart 2: {args.steps} AdamW steps in float64 with clipping, N = {n}")
         ddp = world.run(train_on_rank, args.width, 0, args.steps)[0]

@@ -14,6 +14,11 @@ processes and in this one, and prints
 
     python demos/06_tensor_parallel.py                # t = 2, ~5 s
     python demos/06_tensor_parallel.py -n 4 --n-layer 4 --n-embd 64
+    python demos/06_tensor_parallel.py --figure /tmp/tp.png   # also draw it
+
+With --figure PATH (no figure without it) it saves the parameters per rank and
+the bytes rank 0 sent per collective, beside the formula, as a PNG (needs
+matplotlib).
 
 Code: minidist/parallel/tp_comm.py (f, g, gathers), tensor.py (layers),
 tensor_vocab.py (embedding, cross-entropy), tp_gpt.py (the model).
@@ -38,10 +43,10 @@ def on_rank(cfg, idx, tgt, dense_grads, sequence_parallel):
     stats = get_stats()
     stats.reset()
     _, loss = model(from_host(idx), from_host(tgt))
-    forward = {k: v["calls"] for k, v in stats.per_collective.items()}
+    forward = stats.per_collective               # {kind: {"calls": ..., "bytes_sent": ...}}
     stats.reset()
     loss.backward()
-    backward = {k: v["calls"] for k, v in stats.per_collective.items()}
+    backward = stats.per_collective
     want = shard_state_dict(model, {n: from_host(g) for n, g in dense_grads.items()})
     err = max(float(abs(to_host(p.grad) - to_host(want[n])).max())
               for n, p in model.named_parameters())
@@ -56,6 +61,7 @@ def main() -> int:
     parser.add_argument("--n-embd", type=int, default=32)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--figure", metavar="PATH", help="save a PNG (default: none)")
     args = parser.parse_args()
     cfg = GPTConfig(block_size=args.block_size, vocab_size=64, n_layer=args.n_layer,
                     n_head=args.n_head, n_embd=args.n_embd, dtype="float64")
@@ -70,7 +76,7 @@ def main() -> int:
     print(f"GPT: {cfg.n_layer} layers, {cfg.n_head} heads, C = {cfg.n_embd}, vocab "
           f"{cfg.vocab_size}; {dense.num_parameters():,} parameters in one process")
 
-    worst = 0.0
+    worst, traffic = 0.0, {}
     with World(args.tp) as world:
         for sp in (False, True):
             results = world.run(on_rank, cfg, idx, tgt, grads, sp)
@@ -78,8 +84,11 @@ def main() -> int:
             print(f"\ntp = {args.tp}, sequence parallel = {sp}")
             print(f"  parameters per rank: {held:,} ({held / dense.num_parameters():.0%} "
                   "of the model; layer norms and positions are replicated)")
-            print(f"  collectives, forward : {forward}")
-            print(f"  collectives, backward: {backward}")
+            print(f"  collectives, forward : { {k: v['calls'] for k, v in forward.items()} }")
+            print(f"  collectives, backward: { {k: v['calls'] for k, v in backward.items()} }")
+            for direction, kinds in (("forward", forward), ("backward", backward)):
+                label = f"{direction}\n{'sequence parallel' if sp else 'plain'}"
+                traffic[label] = {k: v["bytes_sent"] for k, v in kinds.items()}
             if not sp:
                 print(f"    = 2 all-reduces per block ({2 * cfg.n_layer}) + 1 embedding (g) "
                       "+ 2 in the loss (max, sums) forward; 2 per block + the head's f backward")
@@ -92,6 +101,12 @@ def main() -> int:
             print(f"  loss {loss_tp:.6f} (single process {float(loss.data):.6f}); "
                   f"max |tp - single| over loss and gradients = {err:.1e}")
             worst = max(worst, err)
+    if args.figure:
+        from minidist.calc.tensor import tp_comm_bytes_per_layer
+        from _figures import tensor_parallel
+        blocks = cfg.n_layer * tp_comm_bytes_per_layer(args.batch, cfg.block_size, cfg.n_embd,
+                                                       args.tp, bytes_per_element=8)
+        tensor_parallel(args.figure, dense.num_parameters(), held, args.tp, traffic, blocks)
     ok = worst <= TOLERANCE
     print(f"\ncheck: max |tensor parallel - single| = {worst:.1e}  (tolerance "
           f"{TOLERANCE:.0e}, float64)  {'ok' if ok else 'FAILED'}")

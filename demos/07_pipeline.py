@@ -16,14 +16,16 @@ For each schedule the demo prints
 
     python demos/07_pipeline.py                 # p = 4, m = 8, v = 2, ~10 s
     python demos/07_pipeline.py -p 2 -m 4 --op-ms 10
+    python demos/07_pipeline.py --figure /tmp/pipeline.png   # also draw the timelines
+
+With --figure PATH (no figure without it) it saves the measured timelines as
+a PNG (needs matplotlib).
 
 Code: minidist/parallel/pipeline_schedule.py (schedules, ASCII timelines),
 pipeline.py (executor, measurement), pipeline_gpt.py (GPT pieces).
 """
 import argparse
-import os
 import sys
-import tempfile
 
 import numpy as np
 
@@ -82,9 +84,8 @@ def main() -> int:
     parser.add_argument("-m", "--microbatches", type=int, default=8)
     parser.add_argument("-v", "--virtual", type=int, default=2, help="chunks per rank (interleaved)")
     parser.add_argument("--op-ms", type=float, default=20.0, help="forward cost of a stage (ms)")
-    parser.add_argument("--figure", default=os.path.join(tempfile.gettempdir(),
-                                                         "minidist_pipeline.png"),
-                        help="where to save the measured timelines ('' for none)")
+    parser.add_argument("--figure", metavar="PATH",
+                        help="save the measured timelines as a PNG (default: none)")
     args = parser.parse_args()
     p, m, v, op_s = args.stages, args.microbatches, args.virtual, args.op_ms / 1e3
     runs = [("gpipe", 1), ("1f1b", 1), ("interleaved", v)]
@@ -139,26 +140,8 @@ def main() -> int:
             print(f"GPT in {p * vv} pieces: max |pipeline - single| over gradients = {err:.1e}")
 
     if args.figure:
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-            fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2 + len(runs) * p * 0.4))
-            for ax, (name, _) in zip(axes, runs):
-                t0 = min(s for row in measured[name] for _, s, _ in row)
-                for r, row in enumerate(measured[name]):
-                    for op, s, e in row:
-                        ax.broken_barh([(s - t0, e - s)], (r - 0.4, 0.8),
-                                       color="tab:blue" if op.kind == "F" else "tab:orange")
-                ax.set_title(name)
-                ax.set_ylabel("stage")
-                ax.invert_yaxis()
-            axes[-1].set_xlabel("seconds (blue: forward, orange: backward)")
-            fig.tight_layout()
-            fig.savefig(args.figure, dpi=100)
-            print(f"\nfigure: {args.figure}")
-        except ImportError:
-            print("\n(no figure: matplotlib is not installed)")
+        from _figures import pipeline_timelines
+        pipeline_timelines(args.figure, measured, p)
 
     print(f"\ncheck: measured bubbles within [-0.02, +{MARGIN}] of the formulas, peak "
           f"in-flight as the formulas, gradients within {TOLERANCE:.0e} of one process  "

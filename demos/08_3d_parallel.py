@@ -14,6 +14,11 @@ the losses, and max |3D - single process| over every parameter shard.
 
     python demos/08_3d_parallel.py                      # 8 processes, ~10 s
     python demos/08_3d_parallel.py --dp 1 --pp 2 --tp 2 --steps 5 --schedule gpipe
+    python demos/08_3d_parallel.py --figure /tmp/mesh.png   # also draw the mesh
+
+With --figure PATH (no figure without it) it saves the mesh (each rank's
+place, what it holds) and the step losses beside one process's as a PNG
+(needs matplotlib).
 
 Code: minidist/parallel/three_d.py (the step), comm/mesh.py (the mesh),
 pipeline.py, tp_gpt.py, ddp_naive.py.
@@ -53,6 +58,7 @@ def main() -> int:
     parser.add_argument("--microbatches", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--lr", type=float, default=0.3)
+    parser.add_argument("--figure", metavar="PATH", help="save a PNG (default: none)")
     args = parser.parse_args()
     shape = dict(dp=args.dp, pp=args.pp, tp=args.tp)
     world = args.dp * args.pp * args.tp
@@ -91,6 +97,10 @@ def main() -> int:
     mean_3d = np.mean(np.array(last, dtype=float), axis=0)
     print("\nstep losses, 3D:            " + "  ".join(f"{x:.6f}" for x in mean_3d))
     print("step losses, one process:   " + "  ".join(f"{x:.6f}" for x in single_losses))
+    if args.figure:
+        from _figures import mesh_3d
+        mesh_3d(args.figure, [r[0] for r in results], [r[2] for r in results], shape, mean_3d,
+                single_losses)
     worst = max(r[1] for r in results)
     ok = worst <= TOLERANCE and np.abs(mean_3d - single_losses).max() <= TOLERANCE
     print(f"\ncheck: after {args.steps} steps max |3D - single| over every parameter = "

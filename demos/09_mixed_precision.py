@@ -16,16 +16,18 @@ precision differs (minidist/precision):
     python demos/09_mixed_precision.py --steps 400 --growth-interval 2000
 
 Prints each run's final loss, the fraction of gradient values that underflow to
-zero in fp16 backward (counted as they are rounded) without and with loss scaling, and the loss-scale trace (saved as a
-figure too when matplotlib is installed). The checks: every run trains, the
+zero in fp16 backward (counted as they are rounded) without and with loss
+scaling, and the loss-scale trace. The checks: every run trains, the
 low-precision runs end near fp32, and loss scaling rescues underflowing gradients.
+With --figure PATH (no figure without it) it saves the loss curves and the
+loss-scale trace as a PNG (needs matplotlib):
+
+    python demos/09_mixed_precision.py --figure /tmp/precision.png
 """
 import argparse
 import math
-import os
 import pathlib
 import sys
-import tempfile
 
 import numpy as np
 
@@ -48,9 +50,8 @@ parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
 parser.add_argument("--growth-interval", type=int, default=50,
                     help="GradScaler's clean steps before S doubles (PyTorch: 2000; "
                          "shorter here so a short run shows S growing back)")
-parser.add_argument("--figure", default=os.path.join(tempfile.gettempdir(),
-                                                     "minidist_09_mixed_precision.png"),
-                    help="where to save the figure ('' for none)")
+parser.add_argument("--figure", metavar="PATH",
+                    help="save the loss curves and the loss-scale trace as a PNG (default: none)")
 parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
 
@@ -156,22 +157,8 @@ print("\ngradient values that underflow to 0 when rounded to fp16 in backward "
 print(f"  without loss scaling: {no_scale:.3%}    with loss scaling: {with_scale:.3%}")
 
 if args.figure:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-        for mode, run in runs.items():
-            ax1.plot(np.convolve(run[0], np.ones(10) / 10, mode="valid"), label=mode)
-        ax1.set(xlabel="step", ylabel="loss (10-step mean)", title="training loss")
-        ax1.legend()
-        ax2.semilogy(scales, base=2)
-        ax2.set(xlabel="step", ylabel="loss scale S", title="GradScaler (fp16)")
-        fig.tight_layout()
-        fig.savefig(args.figure, dpi=100)
-        print(f"\nfigure: {args.figure}")
-    except ImportError:
-        print("\n(no figure: matplotlib is not installed)")
+    from _figures import precision_runs
+    precision_runs(args.figure, runs, scales)
 
 uniform = math.log(len(chars))
 checks = [

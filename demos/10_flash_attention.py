@@ -11,7 +11,11 @@ extra memory of each and the error of each against a float64 result.
     python demos/10_flash_attention.py --lengths 512 1024 2048 4096 --causal
 
 The checks: the online softmax equals the plain one, flash equals naive in
-float64 (1e-10, output and gradients), and flash holds less memory.
+float64 (1e-10, output and gradients), and flash holds less memory. With
+--figure PATH (no figure without it) it saves part 2's memory vs sequence
+length as a PNG (needs matplotlib):
+
+    python demos/10_flash_attention.py --figure /tmp/attention.png
 """
 import argparse
 import sys
@@ -31,6 +35,7 @@ parser.add_argument("--d", type=int, default=64, help="head dim")
 parser.add_argument("--block", type=int, default=128, help="flash tile size (rows = cols)")
 parser.add_argument("--causal", action="store_true")
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--figure", metavar="PATH", help="save part 2's memory as a PNG (default: none)")
 args = parser.parse_args()
 rng = np.random.default_rng(args.seed)
 ok = True
@@ -80,6 +85,7 @@ print(f"heads {args.heads}, d = {args.d}, flash tiles {args.block} x {args.block
       f"causal={args.causal}; forward + backward")
 print(f"{'s':>6} | {'naive MiB':>9} {'flash MiB':>9} {'ratio':>6} | {'|flash-naive| f64':>17} | "
       f"{'f32 err naive':>13} {'f32 err flash':>13}")
+memory = []
 for length in args.lengths:
     host = [rng.standard_normal((1, args.heads, length, args.d)) for _ in range(4)]
     f64 = [backend.from_host(a) for a in host]
@@ -94,10 +100,14 @@ for length in args.lengths:
     flash32 = fwd_bwd(flash_attention, f32, block_q=args.block, block_k=args.block)[0]
     err_naive = max(np.abs(a - g).max() for a, g in zip(naive32, gold))
     err_flash = max(np.abs(a - g).max() for a, g in zip(flash32, gold))
+    memory.append((mem_naive, mem_flash))
     ok &= diff <= 1e-10 and mem_flash < mem_naive and err_flash <= 2 * err_naive + 1e-6
     print(f"{length:>6} | {mem_naive / MiB:>9.1f} {mem_flash / MiB:>9.1f} "
           f"{mem_naive / mem_flash:>5.1f}x | {diff:>17.1e} | {err_naive:>13.1e} {err_flash:>13.1e}")
 
+if args.figure:
+    from _figures import attention_memory
+    attention_memory(args.figure, args.lengths, *zip(*memory), args.heads, args.d)
 print(f"check: flash = naive within 1e-10 in float64, float32 error <= 2x naive's, "
       f"less memory: {'ok' if ok else 'FAILED'}")
 sys.exit(0 if ok else 1)

@@ -15,6 +15,10 @@ every step waits for the slowest rank, so the busiest rank sets the pace.
     python demos/11_ring_attention.py -n 2 --length 4096 --no-causal
 
 The check: max |ring - single process| over output and gradients <= 1e-10 (float64).
+With --figure PATH (no figure without it) it saves the work per rank of each
+split as a PNG (needs matplotlib):
+
+    python demos/11_ring_attention.py --figure /tmp/ring_attention.png
 """
 import argparse
 import sys
@@ -50,6 +54,7 @@ def main() -> int:
     parser.add_argument("--d", type=int, default=32, help="head dim")
     parser.add_argument("--no-causal", dest="causal", action="store_false")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--figure", metavar="PATH", help="save the work per rank as a PNG")
     args = parser.parse_args()
     n = args.world_size
     rng = np.random.default_rng(args.seed)
@@ -63,12 +68,12 @@ def main() -> int:
 
     print(f"sequence {args.length}, heads {args.heads}, d = {args.d}, causal={args.causal}, "
           f"{n} processes; each holds {args.length // n} positions")
-    worst = 0.0
+    worst, work_of = 0.0, {}
     layouts = ["zigzag", "contiguous"] if args.causal else ["contiguous"]
     for layout in layouts:
         results = minidist.launch(on_rank, n, arrays, args.causal, layout)
         c = args.length // n
-        work = [plan_work(r, n, c, args.causal, layout) for r in range(n)]
+        work = work_of[layout] = [plan_work(r, n, c, args.causal, layout) for r in range(n)]
         print(f"\n{layout} split:")
         print(f"{'rank':>6} {'query-key pairs':>16} {'share':>6} {'MiB sent':>9}")
         for rank, (_, sent) in enumerate(results):
@@ -81,6 +86,9 @@ def main() -> int:
             worst = max(worst, err)
             print(f"  max |ring - single process| {name:>3}: {err:.1e}")
 
+    if args.figure:
+        from _figures import ring_work
+        ring_work(args.figure, work_of, n, args.length, args.causal)
     ok = worst <= 1e-10
     print(f"\ncheck: max |ring - single process| = {worst:.1e}  (tolerance 1e-10): "
           f"{'ok' if ok else 'FAILED'}")

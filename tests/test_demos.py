@@ -21,11 +21,12 @@ SMOKE_ARGS = {
     "04_ddp.py": ["-n", "2", "--steps", "3", "--width", "64"],
     "05_zero.py": ["-n", "2", "--width", "32", "--steps", "2"],
     "06_tensor_parallel.py": ["-n", "2", "--n-layer", "1", "--n-embd", "16"],
-    "07_pipeline.py": ["-p", "2", "-m", "4", "--figure", ""],
+    "07_pipeline.py": ["-p", "2", "-m", "4"],
     "08_3d_parallel.py": ["--steps", "2"],
-    "09_mixed_precision.py": ["--steps", "40", "--n-embd", "32", "--figure", ""],
+    "09_mixed_precision.py": ["--steps", "40", "--n-embd", "32"],
     "10_flash_attention.py": ["--lengths", "256", "512"],
     "11_ring_attention.py": ["-n", "2", "--length", "256"],
+    "12_checkpoints.py": ["--width", "8", "--steps", "4", "--save-at", "2"],
 }
 
 
