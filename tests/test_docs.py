@@ -32,3 +32,54 @@ def test_index_reaches_every_page_and_demo():
 
 def test_readme_points_to_the_index():
     assert "docs/index.md" in (REPO / "README.md").read_text()
+
+
+# -- figures: each page shows one, drawn by the demo it names -------------------------------
+FIGURE = re.compile(r"!\[[^\]]+\]\(figures/([^)\s]+\.png)\)")
+NO_FIGURE = {"index.md", "cost_models.md"}       # the course map; formulas without a demo
+
+
+def _make_figures():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_figures", REPO / "docs" / "make_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)               # defines the table; runs nothing
+    return module
+
+
+def test_every_page_embeds_a_figure_that_exists():
+    missing = []
+    for page in sorted((REPO / "docs").glob("*.md")):
+        if page.name in NO_FIGURE:
+            continue
+        figures = FIGURE.findall(page.read_text())
+        if not figures:
+            missing.append(f"{page.name}: no ![caption](figures/NAME.png)")
+        missing += [f"{page.name}: {f} not in docs/figures/" for f in figures
+                    if not (REPO / "docs" / "figures" / f).exists()]
+    assert not missing, "\n".join(missing)
+
+
+def test_make_figures_knows_the_demo_behind_every_figure_and_the_page_names_it():
+    table = _make_figures().FIGURES
+    problems = []
+    for page in sorted((REPO / "docs").glob("*.md")):
+        text = page.read_text()
+        for figure in FIGURE.findall(text):
+            if figure not in table:
+                problems.append(f"{page.name}: {figure} is not in make_figures.FIGURES")
+                continue
+            demo = table[figure][0]
+            if not (REPO / "demos" / demo).exists():
+                problems.append(f"{figure}: demo {demo} does not exist")
+            if f"demos/{demo}" not in text:
+                problems.append(f"{page.name} shows {figure} but never names demos/{demo}")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_figure_in_the_table_is_committed_and_every_demo_draws_one():
+    table = _make_figures().FIGURES
+    on_disk = {p.name for p in (REPO / "docs" / "figures").glob("*.png")}
+    assert set(table) == on_disk, f"table only: {set(table) - on_disk}, disk only: {on_disk - set(table)}"
+    for demo, _, _ in table.values():
+        assert "--figure" in (REPO / "demos" / demo).read_text(), demo
