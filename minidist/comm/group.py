@@ -43,25 +43,27 @@ class CommStats:
     msgs_sent: int = 0
     msgs_recv: int = 0
     _last: tuple = ("", {}, (0, 0, 0, 0))
-    _totals: dict = field(default_factory=dict)  # name -> [calls, *counters]
+    _totals: dict = field(default_factory=dict)  # name -> [calls, *counters, seconds]
 
     def snapshot(self) -> tuple[int, int, int, int]:
         return (self.bytes_sent, self.bytes_recv, self.msgs_sent, self.msgs_recv)
 
-    def record(self, name: str, before: tuple, info: dict) -> None:
-        """Note what the collective ``name`` moved since ``before`` (a snapshot).
-        Kept as plain numbers: this runs on every call, dicts are built on demand."""
+    def record(self, name: str, before: tuple, info: dict, seconds: float = 0.0) -> None:
+        """Note what the collective ``name`` moved since ``before`` (a snapshot), and
+        how long it ran. Kept as plain numbers: this runs on every call, dicts are
+        built on demand."""
         delta = (self.bytes_sent - before[0], self.bytes_recv - before[1],
                  self.msgs_sent - before[2], self.msgs_recv - before[3])
         self._last = (name, info, delta)
         totals = self._totals.get(name)
         if totals is None:
-            totals = self._totals[name] = [0, 0, 0, 0, 0]
+            totals = self._totals[name] = [0, 0, 0, 0, 0, 0.0]
         totals[0] += 1
         totals[1] += delta[0]
         totals[2] += delta[1]
         totals[3] += delta[2]
         totals[4] += delta[3]
+        totals[5] += seconds
 
     @property
     def last(self) -> dict:
@@ -72,7 +74,11 @@ class CommStats:
 
     @property
     def per_collective(self) -> dict:
-        return {name: dict(zip(("calls",) + _COUNTERS, t)) for name, t in self._totals.items()}
+        """name -> calls, the four counters, and ``seconds``: how long its calls ran
+        in all (an async call runs in the background, so its seconds may overlap
+        compute; parallel/diagnostics.py turns this into a table)."""
+        return {name: dict(zip(("calls",) + _COUNTERS + ("seconds",), t))
+                for name, t in self._totals.items()}
 
     def reset(self) -> None:
         self.__init__()
