@@ -11,8 +11,8 @@ data).
 
 Two mechanisms use this exchange (docs/collectives.md, "Same call everywhere"):
 
-- Most collectives run it on its own first (``verify_same_call``): one extra
-  round trip per level of the tree, records only.
+- Most collectives run it on its own first (``verify_same_call``): ceil(log2 N)
+  extra rounds of records-only messages before their data moves.
 - A small all-reduce carries its data inside it (small.py): each block is the
   record followed by the rank's array, and the all-reduce *is* the check, at
   no extra message. It can because its data moves in exactly this pattern;
@@ -27,7 +27,8 @@ record and is passed on like one. A rank whose rows all equal its own record
 has, through the all-gather, seen the genuine record of every rank, so all
 calls were the same; otherwise every rank sees a differing or poisoned row.
 Then all of them run the exchange once more with records only (same size
-everywhere) to learn who called what, and raise.
+everywhere) to learn who called what, and raise. Every message of the failed
+call has then been received, so the next call starts on empty channels.
 """
 from __future__ import annotations
 

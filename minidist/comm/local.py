@@ -72,7 +72,13 @@ class LocalTransport(Transport):
             raise ValueError(f"rank {rank} outside a world of {self.world_size}")
         self.rank, self.timeout = rank, timeout
         # More ranks than cores: yield at once when a poll finds nothing.
-        self.free_polls = 1 if self.world_size > cores_available() else 32
+        oversubscribed = self.world_size > cores_available()
+        self.free_polls = 1 if oversubscribed else 32
+        # The short way (exchange) waits for a reply that is microseconds away:
+        # with a core per rank it busy-polls longer before yielding, as MPICH
+        # does, because a yield may hand the core to another process of the
+        # machine for a whole time slice (milliseconds) where the reply needed 3 us.
+        self.short_polls = 1 if oversubscribed else 1000
         self._words = self._seg.buf.cast("q")
         self._bells = Doorbells(self._seg.buf, shm.BELLS_OFFSET, self.world_size)
         data = host_view(self._seg.buf)
@@ -175,7 +181,7 @@ class LocalTransport(Transport):
             if self._posts != posts:
                 return None  # another thread posted a receive: it may take our message
             polls += 1
-            if polls >= self.free_polls:
+            if polls >= self.short_polls:
                 sched_yield()  # a peer that shares our core gets to run
             if polls % 32 == 0:
                 now = time.monotonic()

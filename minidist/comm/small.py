@@ -40,7 +40,11 @@ from minidist.comm.check import (bruck_rounds, describe, encode, gather_rows, ho
 from minidist.comm.ops import ReduceOp, combine_fn, finish
 from minidist.comm.transport import host_view
 
-MAX_PLANS = 64  # plans kept per group (a training loop uses a handful of shapes)
+# Plans kept per group: a training loop all-reduces a handful of shapes. Only
+# plans whose table is small are kept (an explicit algorithm="allgather" on big
+# arrays makes its plan afresh), so the cache stays under 32 x 64 KiB.
+MAX_PLANS = 32
+MAX_KEPT_TABLE_BYTES = 64 * 1024
 
 
 class SmallPlan:
@@ -82,9 +86,11 @@ def plan_for(group, tensor: Any, op: ReduceOp) -> SmallPlan:
     key = (tensor.shape, tensor.dtype, op)
     plan = group.small_plans.get(key)
     if plan is None:
-        if len(group.small_plans) >= MAX_PLANS:
-            group.small_plans.clear()
-        plan = group.small_plans[key] = SmallPlan(group, tensor.shape, tensor.dtype, op)
+        plan = SmallPlan(group, tensor.shape, tensor.dtype, op)
+        if plan.table.nbytes <= MAX_KEPT_TABLE_BYTES:
+            if len(group.small_plans) >= MAX_PLANS:
+                group.small_plans.clear()
+            group.small_plans[key] = plan
     return plan
 
 
