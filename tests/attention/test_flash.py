@@ -65,9 +65,12 @@ def test_flash_float32_error_is_at_most_twice_naive_error(case):
     gold = run(naive_attention, [a.astype("float64") for a in arrays], None, case)
     naive_err = _errors(run(naive_attention, arrays, None, case), gold)
     flash_err = _errors(run(flash_attention, arrays, None, case, **blocks(case)), gold)
-    for name, fe, ne, g in zip(("out", "dq", "dk", "dv"), flash_err, naive_err, gold):
-        floor = 1e-6 * max(1.0, np.abs(g).max(initial=0))
-        assert fe <= 2 * ne + floor, f"{name}: flash {fe:.2e}, naive {ne:.2e}"
+    # The floor scales with the largest gold value of the case, not of each array: a
+    # gradient that is exactly zero (dK with one key: softmax is then constant, so naive
+    # gets 0 exactly) still carries flash's rounding noise, of the size of its terms.
+    scale = max(1.0, max(np.abs(g).max(initial=0) for g in gold))
+    for name, fe, ne in zip(("out", "dq", "dk", "dv"), flash_err, naive_err):
+        assert fe <= 2 * ne + 1e-6 * scale, f"{name}: flash {fe:.2e}, naive {ne:.2e}"
 
 
 def _bf16(a):
@@ -89,8 +92,9 @@ def test_flash_bf16_error_is_at_most_twice_naive_error(case):
     with autocast("bf16"):
         naive_err = _errors(run(textbook, arrays, None, case), gold)
         flash_err = _errors(run(flash_attention, arrays, None, case, **blocks(case)), gold)
-    for name, fe, ne, g in zip(("out", "dq", "dk", "dv"), flash_err, naive_err, gold):
-        floor = 1e-4 * max(1.0, np.abs(g).max(initial=0))      # bf16's eps is 2^-8
+    scale = max(1.0, max(np.abs(g).max(initial=0) for g in gold))  # as in the float32 test
+    for name, fe, ne in zip(("out", "dq", "dk", "dv"), flash_err, naive_err):
+        floor = 1e-4 * scale                                   # bf16's eps is 2^-8
         assert fe <= 2 * ne + floor, f"{name}: flash {fe:.2e}, naive {ne:.2e}"
 
 

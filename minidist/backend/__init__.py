@@ -7,7 +7,7 @@ Every core module gets its arrays from here::
 
 `xp` follows the active backend, chosen by the environment variable
 ``MINIDIST_BACKEND`` (``numpy`` by default, ``cupy``, or ``guard``) or by
-``set_backend(name)`` at run time. This is the only module of the core that
+``set_backend(name)`` at run time. This package is the only part of the core that
 imports numpy or cupy by name for array work.
 
 The three backends
@@ -16,7 +16,7 @@ The three backends
 - ``cupy``: CuPy on an NVIDIA GPU. Arrays live in device memory; moving them to
   the host is explicit (``to_host``), and CuPy raises ``TypeError`` on an
   implicit conversion such as ``numpy.asarray(device_array)``.
-- ``guard``: NumPy underneath, but its arrays behave like CuPy's where it
+- ``guard`` (guard.py): NumPy underneath, but its arrays behave like CuPy's where it
   matters: ``numpy.asarray(a)`` raises ``TypeError``, and so does mixing a host
   NumPy array into an operation on guard arrays. The test suite runs a second
   time under it, so a stray ``np.`` call in core code fails on a machine
@@ -37,205 +37,10 @@ import tracemalloc
 from typing import Any
 
 import numpy as np
-from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from minidist.backend.guard import GuardArray, GuardNamespace, _unwrap
 
 BACKENDS = ("numpy", "cupy", "guard")
-
-
-# --------------------------------------------------------------------------
-# The guard backend: NumPy arrays that refuse implicit host conversion.
-# --------------------------------------------------------------------------
-
-_HOST_MIX = ("a host numpy.ndarray was mixed into an operation on device arrays "
-             "(guard backend, behaving like CuPy); convert it explicitly with "
-             "minidist.backend.from_host(...)")
-
-
-def _unwrap(obj: Any) -> Any:
-    """Guard arrays -> their NumPy array; a plain ndarray is an error (like CuPy)."""
-    if isinstance(obj, GuardArray):
-        return obj._a
-    if isinstance(obj, np.ndarray):
-        raise TypeError(_HOST_MIX)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_unwrap(o) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _unwrap(v) for k, v in obj.items()}
-    return obj
-
-
-def _wrap(obj: Any) -> Any:
-    """NumPy results -> guard arrays. Scalars become 0-d arrays, as CuPy returns."""
-    if isinstance(obj, np.ndarray):
-        return GuardArray(obj)
-    if isinstance(obj, np.generic):
-        return GuardArray(np.asarray(obj))
-    if isinstance(obj, tuple):
-        return tuple(_wrap(o) for o in obj)
-    if isinstance(obj, list):
-        return [_wrap(o) for o in obj]
-    return obj
-
-
-class GuardArray(NDArrayOperatorsMixin):
-    """A NumPy array in disguise that behaves like a CuPy device array.
-
-    Operators, methods and ``xp.*`` functions work as usual. What fails, with
-    ``TypeError`` as on CuPy: ``numpy.asarray(a)`` / ``numpy.array(a)`` (implicit
-    transfer to the host), and operations that mix in a host ``numpy.ndarray``.
-    ``a.get()`` is the explicit transfer, as in CuPy.
-    """
-
-    __slots__ = ("_a",)
-
-    def __init__(self, a: np.ndarray):
-        self._a = a
-
-    # -- the conversions CuPy refuses --------------------------------------
-    def __array__(self, dtype=None, copy=None):
-        raise TypeError("Implicit conversion to a NumPy array is not allowed "
-                        "(guard backend, behaving like CuPy). "
-                        "Use minidist.backend.to_host(a) to copy it to the host.")
-
-    def get(self) -> np.ndarray:
-        """Explicit device -> host copy (CuPy's ``ndarray.get``)."""
-        return self._a.copy()
-
-    # -- NumPy protocol: dispatch to NumPy on the unwrapped arrays ---------
-    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        return _wrap(getattr(ufunc, method)(*_unwrap(inputs), **_unwrap(kwargs)))
-
-    def __array_function__(self, func, types, args, kwargs):
-        return _wrap(func(*_unwrap(args), **_unwrap(kwargs)))
-
-    # -- attributes ---------------------------------------------------------
-    shape = property(lambda self: self._a.shape)
-    dtype = property(lambda self: self._a.dtype)
-    ndim = property(lambda self: self._a.ndim)
-    size = property(lambda self: self._a.size)
-    nbytes = property(lambda self: self._a.nbytes)
-    itemsize = property(lambda self: self._a.itemsize)
-    strides = property(lambda self: self._a.strides)
-    flags = property(lambda self: self._a.flags)
-    T = property(lambda self: GuardArray(self._a.T))
-    real = property(lambda self: GuardArray(self._a.real))
-    imag = property(lambda self: GuardArray(self._a.imag))
-
-    def __getattr__(self, name: str):
-        # Methods of ndarray (sum, reshape, astype, view, ...): unwrap the
-        # arguments, wrap the result. Dunder lookups are refused: forwarding
-        # __array_interface__ would hand NumPy the host buffer behind our back.
-        if name.startswith("__"):
-            raise AttributeError(name)
-        attr = getattr(self._a, name)
-        if not callable(attr):
-            return attr
-
-        def method(*args, **kwargs):
-            return _wrap(attr(*_unwrap(args), **_unwrap(kwargs)))
-        return method
-
-    # -- indexing -----------------------------------------------------------
-    def __getitem__(self, key):
-        return _wrap(self._a[_unwrap(key)])
-
-    def __setitem__(self, key, value):
-        self._a[_unwrap(key)] = _unwrap(value)
-
-    def __len__(self) -> int:
-        return len(self._a)
-
-    def __iter__(self):
-        for row in self._a:
-            yield _wrap(row)
-
-    # -- scalars (CuPy allows these on size-1 arrays; they synchronise) -----
-    def __bool__(self) -> bool:
-        return bool(self._a)
-
-    def __float__(self) -> float:
-        return float(self._a)
-
-    def __int__(self) -> int:
-        return int(self._a)
-
-    def __index__(self) -> int:
-        return self._a.__index__()
-
-    def __complex__(self) -> complex:
-        return complex(self._a)
-
-    def __repr__(self) -> str:
-        return "guard:" + repr(self._a)
-
-    __hash__ = None  # arrays are not hashable
-
-    # pickling (multiprocess may pickle small metadata arrays)
-    def __reduce__(self):
-        return (GuardArray, (self._a,))
-
-
-class _GuardNamespace:
-    """The ``xp`` of the guard backend: NumPy's functions, wrapped.
-
-    Explicit transfers (``asarray``, ``array``, ``ascontiguousarray``) accept host
-    data; every other function rejects a host ``numpy.ndarray`` argument.
-    ``xp.random`` is refused: draw random numbers with ``backend.Generator`` so
-    they are the same on every backend.
-    """
-
-    _TRANSFERS = ("asarray", "array", "asanyarray", "ascontiguousarray")
-    ndarray = GuardArray
-
-    def __getattr__(self, name: str):
-        if name == "random":
-            raise AttributeError("xp.random differs between NumPy and CuPy; "
-                                 "use minidist.backend.Generator(seed)")
-        attr = getattr(np, name)
-        if name in self._TRANSFERS:
-            fn = _make_transfer(attr)
-        elif isinstance(attr, type) or not callable(attr):
-            fn = attr  # dtypes, constants
-        elif hasattr(attr, "__name__") and type(attr).__name__ == "module":
-            fn = attr
-        else:
-            fn = _make_wrapped(attr)
-        setattr(self, name, fn)  # cache
-        return fn
-
-    @property
-    def linalg(self):
-        return _GuardSubmodule(np.linalg)
-
-
-class _GuardSubmodule:
-    def __init__(self, mod):
-        self._mod = mod
-
-    def __getattr__(self, name):
-        return _make_wrapped(getattr(self._mod, name))
-
-
-def _make_wrapped(fn):
-    def wrapped(*args, **kwargs):
-        return _wrap(fn(*_unwrap(args), **_unwrap(kwargs)))
-    wrapped.__name__ = getattr(fn, "__name__", "fn")
-    return wrapped
-
-
-def _host_ok(obj):
-    if isinstance(obj, GuardArray):
-        return obj._a
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_host_ok(o) for o in obj)
-    return obj
-
-
-def _make_transfer(fn):
-    def transfer(obj, *args, **kwargs):
-        return GuardArray(np.asarray(fn(_host_ok(obj), *args, **kwargs)))
-    transfer.__name__ = fn.__name__
-    return transfer
 
 
 # --------------------------------------------------------------------------
@@ -279,7 +84,7 @@ def set_backend(name: str) -> None:
                               "pip install 'minidist[cuda]'") from e
         module = cupy
     elif name == "guard":
-        module = _GuardNamespace()
+        module = GuardNamespace()
     else:
         module = np
     if name in ("numpy", "guard"):
