@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from minidist.backend import xp
-from minidist.optim.optimizer import Optimizer
+from minidist.optim.optimizer import Optimizer, check_non_negative
 
 
 def adam_direction(grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int, *, beta1: float,
@@ -79,14 +79,10 @@ def adamw_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int
 
 def _check_adam_args(lr: float, betas: tuple[float, float], eps: float,
                      weight_decay: float) -> None:
-    if lr < 0:
-        raise ValueError(f"invalid learning rate: {lr} (must be >= 0)")
-    if eps < 0:
-        raise ValueError(f"invalid eps: {eps} (must be >= 0)")
+    check_non_negative(lr=lr, eps=eps)
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ValueError(f"invalid betas: {betas} (need two values in [0, 1))")
-    if weight_decay < 0:
-        raise ValueError(f"invalid weight_decay: {weight_decay} (must be >= 0)")
+    check_non_negative(weight_decay=weight_decay)
 
 
 class Adam(Optimizer):

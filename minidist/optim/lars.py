@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from minidist.backend import xp
-from minidist.optim.optimizer import Optimizer
+from minidist.optim.optimizer import Optimizer, check_non_negative
 
 
 def lars_update(param: Any, grad: Any, momentum_buffer: Any, *, lr: float,
@@ -57,12 +57,7 @@ class LARS(Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 1.0, momentum: float = 0.9,
                  weight_decay: float = 0.0, trust_coefficient: float = 0.001):
-        if lr < 0:
-            raise ValueError(f"invalid learning rate: {lr} (must be >= 0)")
-        if momentum < 0:
-            raise ValueError(f"invalid momentum: {momentum} (must be >= 0)")
-        if weight_decay < 0:
-            raise ValueError(f"invalid weight_decay: {weight_decay} (must be >= 0)")
+        check_non_negative(lr=lr, momentum=momentum, weight_decay=weight_decay)
         if trust_coefficient <= 0:
             raise ValueError(f"invalid trust_coefficient: {trust_coefficient} (must be > 0)")
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,

@@ -22,6 +22,14 @@ from minidist import backend
 from minidist.autograd import Tensor, enable_grad
 
 
+def check_non_negative(**hyperparameters: float) -> None:
+    """Raise ValueError naming the first hyperparameter below 0 (lr, momentum, ...)."""
+    for name, value in hyperparameters.items():
+        if value < 0:
+            label = "learning rate" if name == "lr" else name
+            raise ValueError(f"invalid {label}: {value} (must be >= 0)")
+
+
 class Optimizer:
     """Base class: holds ``param_groups`` and ``state``; subclasses write ``step``.
 

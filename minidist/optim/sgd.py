@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from minidist.optim.optimizer import Optimizer
+from minidist.optim.optimizer import Optimizer, check_non_negative
 
 
 def sgd_update(param: Any, grad: Any, momentum_buffer: Any | None, *, lr: float,
@@ -57,12 +57,7 @@ class SGD(Optimizer):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, momentum: float = 0.0,
                  dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False):
-        if lr < 0:
-            raise ValueError(f"invalid learning rate: {lr} (must be >= 0)")
-        if momentum < 0:
-            raise ValueError(f"invalid momentum: {momentum} (must be >= 0)")
-        if weight_decay < 0:
-            raise ValueError(f"invalid weight_decay: {weight_decay} (must be >= 0)")
+        check_non_negative(lr=lr, momentum=momentum, weight_decay=weight_decay)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum needs momentum > 0 and dampening = 0")
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening,

@@ -32,21 +32,9 @@ def leaf(array: np.ndarray) -> Tensor:
 # The checker itself
 # --------------------------------------------------------------------------
 
-class CubeWithWrongDerivative(Function):
-    """y = x^3 with the derivative written as 3 x^2 * 1.01 (deliberately wrong)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x * x
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved
-        return grad * 3 * x * x * 1.01
-
-
 class CubeWithRightDerivative(Function):
+    """y = x^3, dy/dx = 3 x^2."""
+
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
@@ -56,6 +44,15 @@ class CubeWithRightDerivative(Function):
     def backward(ctx, grad):
         (x,) = ctx.saved
         return grad * 3 * x * x
+
+
+class CubeWithWrongDerivative(CubeWithRightDerivative):
+    """The same forward, with the derivative written as 3 x^2 * 1.01 (deliberately wrong)."""
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved
+        return grad * 3 * x * x * 1.01
 
 
 class AddThatForgetsTheSecondInput(Function):
