@@ -37,6 +37,7 @@ from multiprocess.connection import wait as wait_any
 
 from minidist.comm import shm
 from minidist.comm.errors import RankFailedError, WorldAbortedError
+from minidist.comm.link import link_bytes_per_s
 
 GRACE_S = 1.0  # after a failure, how long the other ranks get to report before being killed
 
@@ -46,13 +47,16 @@ class World:
 
     def __init__(self, world_size: int, *, timeout: float = 60.0, nslots: int = 4,
                  slot_bytes: int | None = None, check: bool = True, init_group: bool = True,
-                 run_timeout: float | None = None, start_timeout: float = 120.0):
+                 run_timeout: float | None = None, start_timeout: float = 120.0,
+                 link_gbps: float | None = None):
         """``timeout``: seconds a send or receive may wait without progress;
         ``nslots`` x ``slot_bytes``: the ring of each pair's channel (1 MiB slots
         up to 8 ranks, 256 KiB beyond, as there are N^2 channels); ``check``:
         verify that ranks make the same collective calls; ``init_group``: call
         init_process_group in each rank (``minidist run`` leaves it to the
-        script); ``run_timeout``: limit on one ``run`` (None: none)."""
+        script); ``run_timeout``: limit on one ``run`` (None: none);
+        ``link_gbps``: emulate a link of that many GB/s between every pair of
+        ranks (link.py; None: ``MINIDIST_LINK_GBPS`` if set, else none)."""
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         if slot_bytes is None:
@@ -60,7 +64,8 @@ class World:
         self.world_size = world_size
         self.run_timeout = run_timeout  # limit on one run() (None: rely on comm timeouts)
         self.closed = False
-        self._segment = shm.create(world_size, nslots, slot_bytes)
+        self._segment = shm.create(world_size, nslots, slot_bytes,
+                                   link_bytes_per_s(link_gbps))
         self.segment_name = self._segment.name
         atexit.register(self.close)
         options = dict(timeout=timeout, check=check, init_group=init_group)

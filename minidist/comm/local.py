@@ -28,13 +28,17 @@ the reply, skipping the bookkeeping of isend / irecv (same bytes, same
 headers); anything unusual sends it down the general path.
 
 Waiting: when a pass moves nothing, the rank keeps polling for up to
-``SPIN_S`` seconds, yielding the CPU between polls (``sched_yield`` costs
+``SPIN_S`` seconds (the background thread of work.py does not poll at all), yielding the CPU between polls (``sched_yield`` costs
 little when nobody else wants the core, and lets a peer that shares our core
 run, with more ranks than cores or other load on the machine). Then it sleeps
 on its doorbell until a peer rings it (doorbell.py); peers ring after every
 piece they publish and every slot they free. A wake-up costs from a few to
 tens of microseconds (more in a VM), so sleeping is kept for long waits: a
 peer that is computing, not communicating.
+
+With an emulated link (link.py, off by default) each piece is stamped with
+the time it lands; a receiver leaves it in its slot until then, and a rank
+that waits only for pieces on the wire sleeps until the first one lands.
 """
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ from typing import Any
 from minidist.comm import shm
 from minidist.comm.doorbell import Doorbells
 from minidist.comm.errors import CommTimeoutError, WorldAbortedError
+from minidist.comm.link import EmulatedLink
 from minidist.comm.ops import ReduceOp
 from minidist.comm.pending import TAG_BITS, BytesRecv, Channel, Recv, Send, Unexpected
 from minidist.comm.transport import (Handle, Transport, cores_available, dtype_code,
@@ -59,6 +64,13 @@ _BYTES_CODE = dtype_code(host_view(bytearray(1)).dtype)  # the header's dtype of
 SMALL_COPY = 16 * 1024
 
 
+def _in_background() -> bool:
+    """Is this the thread that runs asynchronous collectives (work.py)? It
+    does not spin while it waits: the main thread computes on the same core
+    and needs the GIL, so it sleeps on its doorbell at once."""
+    return threading.current_thread() is not threading.main_thread()
+
+
 class LocalTransport(Transport):
     """Point-to-point between the processes of one machine, through shared memory."""
 
@@ -67,7 +79,7 @@ class LocalTransport(Transport):
     def __init__(self, segment_name: str, rank: int, timeout: float = 60.0):
         self.segment_name = segment_name
         self._seg = shm.attach(segment_name)
-        self.world_size, self.nslots, self.slot_bytes = shm.read_header(self._seg)
+        self.world_size, self.nslots, self.slot_bytes, link_bps = shm.read_header(self._seg)
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside a world of {self.world_size}")
         self.rank, self.timeout = rank, timeout
@@ -92,6 +104,8 @@ class LocalTransport(Transport):
         self._posted: dict[int, list] = {}       # src -> receives not yet matched
         self._current: dict[int, Any] = {}       # src -> receive that is taking pieces now
         self._unexpected: dict[int, list] = {}   # src -> messages stashed early
+        # An emulated link (link.py): pieces take time on the wire, the CPU is free.
+        self._link = EmulatedLink(link_bps, self.world_size) if link_bps else None
         self._lock = threading.RLock()
         self._posts = 0  # receives posted so far (see exchange)
         self._next_ctx = 1
@@ -150,17 +164,18 @@ class LocalTransport(Transport):
         queues, matching) is left out, which is most of the time a small
         exchange takes. Anything unusual (a full channel, a bigger message,
         another tag first, another thread posting a receive meanwhile, no
-        reply within SPIN_S) falls back to isend / irecv / wait_all, which
+        reply within SPIN_S, an emulated link) falls back to isend / irecv / wait_all, which
         handle every case.
         """
         wire = (ctx << TAG_BITS) | tag
         with self._lock:
-            sent = (dst not in self._sends and data.size <= self.slot_bytes
+            sent = (self._link is None and dst not in self._sends
+                    and data.size <= self.slot_bytes
                     and self._write_piece(dst, wire, data.size, 0, data, _BYTES_CODE))
             quiet = not (self._posted.get(src) or src in self._current
                          or self._unexpected.get(src))
             posts = self._posts
-        if sent and quiet:
+        if sent and quiet and not _in_background():
             same = self._poll_reply(src, wire, inbox, posts)
             if same is not None:
                 return same
@@ -234,6 +249,7 @@ class LocalTransport(Transport):
             ch.raw[k][:n] = piece
         h = ch.hdr_i[k]
         w[h], w[h + 1], w[h + 2], w[h + 3], w[h + 4] = tag, total, offset, n, code
+        w[h + 5] = self._link.stamp(dst, n) if self._link is not None else 0  # arrival
         ch.count += 1
         w[ch.head_i] = ch.count  # publish: the piece is complete
         self._bells.ring(dst)
@@ -245,6 +261,8 @@ class LocalTransport(Transport):
         if w[ch.head_i] == ch.count:
             return False
         h = ch.hdr_i[ch.count % self.nslots]
+        if self._link is not None and not self._link.arrived(w[h + 5]):
+            return False  # still on the (emulated) wire
         target = self._current.get(src)
         if target is None:
             target = self._match(src, w[h], w[h + 1], w[h + 4])
@@ -303,6 +321,7 @@ class LocalTransport(Transport):
     def wait_all(self, handles: list, timeout: float | None = None, what: str = "",
                  abortable: bool = True) -> None:
         timeout = self.timeout if timeout is None else timeout
+        spin_s = 0.0 if _in_background() else SPIN_S
         polls, idle_since = 0, None
         while True:
             with self._lock:
@@ -312,15 +331,19 @@ class LocalTransport(Transport):
             if moved:
                 polls, idle_since = 0, None
                 continue
+            if self._link is not None and self._link.sleep_until_next():
+                if abortable:   # slept while a piece was on the (emulated) wire
+                    self._check_abort()
+                continue
             polls += 1
             if polls >= self.free_polls:
                 sched_yield()
-            if polls % 32:
+            if polls % 32 and spin_s:
                 continue  # look at the clock only now and then
             now = time.monotonic()
             if idle_since is None:
                 idle_since = now
-            if now - idle_since < SPIN_S:
+            if now - idle_since < spin_s:
                 continue
             if abortable:
                 self._check_abort()

@@ -8,7 +8,7 @@ easy to spot (``leftover_segments()``).
 Layout (all offsets multiples of 64 bytes, one cache line)::
 
     world header (1024 B): magic, world_size, nslots, slot_bytes, abort word,
-                           abort message
+                           abort message, the emulated link's bytes/s (link.py)
     doorbells (64 B per rank, doorbell.py), padded to a multiple of 4096 B
     channel[src * N + dst] for every ordered pair, each:
         head   (64 B)  pieces written by src       (only src writes it)
@@ -40,7 +40,7 @@ CHANNEL_HEADER_BYTES = 128
 MAGIC = 0x6D696E6964697374  # "minidist"
 
 # Word indices (int64) in the world header.
-W_MAGIC, W_WORLD, W_NSLOTS, W_SLOT_BYTES, W_ABORT, W_ABORT_LEN = range(6)
+W_MAGIC, W_WORLD, W_NSLOTS, W_SLOT_BYTES, W_ABORT, W_ABORT_LEN, W_LINK = range(7)
 ABORT_MSG_OFFSET = 64
 ABORT_MSG_MAX = HEADER_BYTES - ABORT_MSG_OFFSET
 
@@ -64,8 +64,10 @@ def segment_bytes(world_size: int, nslots: int, slot_bytes: int) -> int:
     return channels_offset(world_size) + world_size * world_size * channel_bytes(nslots, slot_bytes)
 
 
-def create(world_size: int, nslots: int, slot_bytes: int) -> shared_memory.SharedMemory:
-    """Create a zeroed segment for a world and write its header."""
+def create(world_size: int, nslots: int, slot_bytes: int,
+           link_bytes_per_s: int = 0) -> shared_memory.SharedMemory:
+    """Create a zeroed segment for a world and write its header
+    (``link_bytes_per_s``: the emulated link of link.py, 0 for none)."""
     if slot_bytes % 64 or slot_bytes <= 0:
         raise ValueError(f"slot_bytes must be a positive multiple of 64, got {slot_bytes}")
     if nslots < 1:
@@ -77,6 +79,7 @@ def create(world_size: int, nslots: int, slot_bytes: int) -> shared_memory.Share
     words[W_WORLD] = world_size
     words[W_NSLOTS] = nslots
     words[W_SLOT_BYTES] = slot_bytes
+    words[W_LINK] = link_bytes_per_s
     words[W_MAGIC] = MAGIC
     words.release()
     return seg
@@ -94,10 +97,10 @@ def attach(name: str) -> shared_memory.SharedMemory:
     return seg
 
 
-def read_header(seg: shared_memory.SharedMemory) -> tuple[int, int, int]:
-    """(world_size, nslots, slot_bytes) of a segment."""
+def read_header(seg: shared_memory.SharedMemory) -> tuple[int, int, int, int]:
+    """(world_size, nslots, slot_bytes, link bytes per second) of a segment."""
     words = seg.buf[:HEADER_BYTES].cast("q")
-    out = (words[W_WORLD], words[W_NSLOTS], words[W_SLOT_BYTES])
+    out = (words[W_WORLD], words[W_NSLOTS], words[W_SLOT_BYTES], words[W_LINK])
     words.release()
     return out
 

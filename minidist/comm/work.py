@@ -7,10 +7,19 @@ adds large arrays, so the main thread computes while the thread communicates.
 
 A synchronous collective issued while async ones are queued first waits for
 them, which keeps the order the same on every rank.
+
+The GIL: the thread mostly waits for peers (asleep, without the GIL), then
+needs the GIL for a moment to copy the next piece. By default Python makes a
+waiting thread wait up to 5 ms for the GIL while another thread runs Python
+code (the autograd engine, say), which would stretch every step of a ring by
+that much. While collectives run in the background, the switch interval is
+``SWITCH_S`` (0.1 ms) instead, from the moment one is queued until the queue
+is empty again.
 """
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from typing import Callable
 
@@ -29,6 +38,7 @@ class Work:
         except BaseException as e:  # re-raised in the thread that calls wait()
             self._error = e
         finally:
+            _count_queued(-1)
             self._done.set()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -46,6 +56,9 @@ class Work:
         return self._error
 
 
+SWITCH_S = 1e-4  # sys.setswitchinterval while a collective runs in the background
+
+_switch: dict = {"lock": threading.Lock(), "queued": 0, "default": 0.005}
 _state: dict = {"thread": None, "queue": None, "last": None}
 
 
@@ -55,6 +68,17 @@ def _loop(q: "queue.Queue") -> None:
         if item is None:
             return
         item._run()
+
+
+def _count_queued(delta: int) -> None:
+    """Keep the short switch interval while any collective is queued or running."""
+    with _switch["lock"]:
+        _switch["queued"] += delta
+        if delta > 0 and _switch["queued"] == 1:
+            _switch["default"] = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_S)
+        elif _switch["queued"] == 0:
+            sys.setswitchinterval(_switch["default"])
 
 
 def submit(job: Callable[[], None], async_op: bool) -> Work | None:
@@ -75,6 +99,7 @@ def submit(job: Callable[[], None], async_op: bool) -> Work | None:
         _state["thread"].start()
     w = Work(job)
     _state["last"] = w
+    _count_queued(+1)  # before the thread can take it: it must not wait 5 ms for the GIL
     _state["queue"].put(w)
     return w
 
