@@ -16,6 +16,7 @@ backward, and whether its all-reduce had already finished by then.
     python demos/04_ddp.py                # 4 processes, ~5 s
     python demos/04_ddp.py -n 2 --steps 5 --bucket-mb 0.05
     python demos/04_ddp.py --figure /tmp/buckets.png   # also draw the timeline
+    python demos/04_ddp.py --link-gbps 0.5   # bytes take time on a wire: watch overlap
 
 With --figure PATH (no figure without it) it saves that bucket timeline as a
 PNG (needs matplotlib).
@@ -92,11 +93,13 @@ if __name__ == "__main__":
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--bucket-mb", type=float, default=1.0)
     parser.add_argument("--figure", metavar="PATH", help="save the timeline as a PNG (default: none)")
+    parser.add_argument("--link-gbps", type=float, default=None,
+                        help="emulate a link of this many GB/s between ranks (comm/link.py)")
     args = parser.parse_args()
 
     single = train_single(args)
     results = {}
-    with World(args.world_size) as world:
+    with World(args.world_size, link_gbps=args.link_gbps) as world:
         for naive in (True, False):
             results[naive] = world.run(train_rank, args, naive)
     n_params = len(single)
