@@ -182,3 +182,19 @@ def test_ranks_and_segment_go_when_the_parent_is_killed(tmp_path):
         time.sleep(0.1)
     assert not [p for p in pids if alive(int(p))], "a rank outlived its killed parent"
     assert segment not in shm.leftover_segments()
+
+
+def _blas_threads():
+    return os.environ.get("OMP_NUM_THREADS"), os.environ.get("OPENBLAS_NUM_THREADS")
+
+
+def test_ranks_get_a_share_of_the_cores_for_blas_unless_the_user_chose(monkeypatch):
+    from minidist.comm.transport import cores_available
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    n = 3
+    share = str(max(1, cores_available() // n))
+    assert minidist.launch(_blas_threads, n) == [(share, share)] * n
+    assert "OMP_NUM_THREADS" not in os.environ  # the parent's environment is restored
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    assert minidist.launch(_blas_threads, 2) == [("7", str(max(1, cores_available() // 2)))] * 2
