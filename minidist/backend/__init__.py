@@ -25,7 +25,7 @@ The three backends
 Helpers that are not portable between NumPy and CuPy live here too:
 ``to_host`` / ``from_host``, a seeded ``Generator`` that draws the same numbers
 on every backend, ``scatter_add``, ``bits`` / ``from_bits``, ``synchronize``,
-``Timer`` and ``MemoryTracker``.
+``use_device`` / ``current_device``, ``Timer`` and ``MemoryTracker``.
 """
 from __future__ import annotations
 
@@ -183,6 +183,28 @@ def synchronize() -> None:
     if _state["name"] == "cupy":
         import cupy
         cupy.cuda.Device().synchronize()
+
+
+def use_device(index: int) -> None:
+    """Make GPU ``index mod G`` (of the G visible) this thread's current device.
+
+    CuPy only; a no-op on the CPU backends. Ranks started by ``minidist.launch``
+    or ``minidist run`` call it with their rank, so they take the GPUs in turn
+    and, with more ranks than GPUs, several share one. The current device is
+    per thread in CUDA: a thread that works on a rank's arrays (the background
+    thread of async collectives) calls it too, with ``current_device()``.
+    """
+    if _state["name"] == "cupy":
+        import cupy
+        cupy.cuda.Device(index % cupy.cuda.runtime.getDeviceCount()).use()
+
+
+def current_device() -> int | None:
+    """This thread's current GPU (CuPy), or None on the CPU backends."""
+    if _state["name"] == "cupy":
+        import cupy
+        return cupy.cuda.Device().id
+    return None
 
 
 class Timer:

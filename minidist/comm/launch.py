@@ -36,6 +36,7 @@ import dill
 import multiprocess
 from multiprocess.connection import wait as wait_any
 
+from minidist import backend
 from minidist.comm import shm
 from minidist.comm.errors import RankFailedError, WorldAbortedError
 from minidist.comm.link import link_bytes_per_s
@@ -70,7 +71,10 @@ class World:
                                    link_bytes_per_s(link_gbps))
         self.segment_name = self._segment.name
         atexit.register(self.close)
-        options = dict(timeout=timeout, check=check, init_group=init_group)
+        # The ranks use this process's backend, also when it was chosen with
+        # set_backend() rather than MINIDIST_BACKEND (which they would inherit).
+        options = dict(timeout=timeout, check=check, init_group=init_group,
+                       backend=backend.get_backend())
         ctx = multiprocess.get_context("spawn")
         self._conns, self._procs = [], []
         try:
@@ -231,6 +235,8 @@ def _rank_main(rank: int, world_size: int, segment_name: str, conn, options: dic
                       LOCAL_WORLD_SIZE=str(world_size), MINIDIST_SHM=segment_name)
     segment = shm.attach(segment_name)
     _watch_parent(segment_name)
+    backend.set_backend(options["backend"])
+    backend.use_device(rank)  # CuPy: GPU rank mod G; with fewer GPUs than ranks, shared
     from minidist.comm import group
     try:
         if options["init_group"]:

@@ -23,17 +23,22 @@ import sys
 import threading
 from typing import Callable
 
+from minidist import backend
+
 
 class Work:
     """Handle of an asynchronous collective, like torch's ``Work``."""
 
     def __init__(self, job: Callable[[], None]):
         self._job = job
+        self._device = backend.current_device()  # the issuing thread's GPU (CuPy)
         self._done = threading.Event()
         self._error: BaseException | None = None
 
     def _run(self) -> None:
         try:
+            if self._device is not None:
+                backend.use_device(self._device)  # CUDA's current device is per thread
             self._job()
         except BaseException as e:  # re-raised in the thread that calls wait()
             self._error = e

@@ -198,3 +198,19 @@ def test_ranks_get_a_share_of_the_cores_for_blas_unless_the_user_chose(monkeypat
     assert "OMP_NUM_THREADS" not in os.environ  # the parent's environment is restored
     monkeypatch.setenv("OMP_NUM_THREADS", "7")
     assert minidist.launch(_blas_threads, 2) == [("7", str(max(1, cores_available() // 2)))] * 2
+
+
+def _backend_name():
+    from minidist import backend
+    return backend.get_backend()
+
+
+def test_ranks_use_the_backend_chosen_with_set_backend_not_only_the_environment():
+    from minidist import backend
+    before = backend.get_backend()
+    other = "numpy" if before == "guard" else "guard"  # not what MINIDIST_BACKEND says
+    backend.set_backend(other)
+    try:
+        assert minidist.launch(_backend_name, 2) == [other, other]
+    finally:
+        backend.set_backend(before)
