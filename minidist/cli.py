@@ -4,6 +4,7 @@
     minidist demo [NAME] [args...]           # list the numbered demos, or run one
     minidist bench [NAME] [args...]          # list the benchmarks, or run one
     minidist calc TOPIC --flags              # the cost models (see `minidist calc --help`)
+    minidist selftest [--backend cupy]       # this backend against NumPy, and the test suite
 
 ``run`` starts N processes (spawned, sharing one shared-memory segment); each
 runs ``script.py`` as ``__main__`` with RANK, WORLD_SIZE, LOCAL_RANK and
@@ -121,12 +122,19 @@ def _add_calc(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     return add_calc_parser(parser)
 
 
+def _add_selftest(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    from minidist.selftest.command import add_arguments
+    return add_arguments(parser)
+
+
 # name -> (help, function adding the subcommand's arguments and returning its runner)
 SUBCOMMANDS: dict[str, tuple[str, Callable]] = {
     "run": ("run a script on N local processes (like torchrun)", _add_run),
     "demo": ("list the numbered demos, or run one", _add_script_runner("demos", "[0-9]*.py", "demo")),
     "bench": ("list the benchmarks, or run one", _add_script_runner("bench", "bench_*.py", "benchmark")),
     "calc": ("closed-form cost models: memory, communication, bubbles, FLOPs", _add_calc),
+    "selftest": ("this backend against NumPy: the comparison checks and the property suite",
+                 _add_selftest),
 }
 
 

@@ -24,11 +24,14 @@ ALLOWED = {
     "parallel": {"backend", "autograd", "precision", "attention", "nn", "optim", "comm",
                  "distributed", "launch"},
     "checkpoint": {"backend", "autograd", "nn", "optim", "comm", "distributed", "parallel"},
+    "selftest": {"backend", "autograd", "precision", "attention", "nn", "optim", "comm",
+                 "distributed", "launch", "parallel"},
     "cli": None,        # the command line may import anything
     "__init__": None,   # the package's front door re-exports
 }
-# modules that may import numpy by name for array work
-NUMPY_OK = {"backend", "calc", "cli"}
+# modules that may import numpy by name for array work (selftest: host inputs and the
+# comparisons against NumPy)
+NUMPY_OK = {"backend", "calc", "cli", "selftest"}
 
 ROOT = pathlib.Path(minidist.__file__).parent
 

@@ -199,6 +199,19 @@ def use_device(index: int) -> None:
         cupy.cuda.Device(index % cupy.cuda.runtime.getDeviceCount()).use()
 
 
+def cupy_unavailable() -> str | None:
+    """Why ``MINIDIST_BACKEND=cupy`` cannot run here (no CuPy, no CUDA device), or None."""
+    try:
+        import cupy
+    except ImportError:
+        return "CuPy is not installed (pip install 'minidist[cuda]')"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # CUDARuntimeError / CUDADriverError: no driver, no device
+        return f"no CUDA device ({type(e).__name__}: {e})"
+    return None if count > 0 else "no CUDA device"
+
+
 def current_device() -> int | None:
     """This thread's current GPU (CuPy), or None on the CPU backends."""
     if _state["name"] == "cupy":

@@ -1,0 +1,119 @@
+"""``minidist selftest``: the property suite and the comparison suite, on one backend.
+
+    minidist selftest --backend cupy             # on a GPU: everything, cupy against numpy
+    minidist selftest --backend guard --quick    # the CuPy-like guard, small and fast
+    minidist selftest -k "round or flash"        # only what matches (as pytest's -k)
+
+1. The comparison suite (checks.py): every check computes the same thing on the
+   chosen backend and on NumPy from the same host inputs, and compares them
+   bit for bit (rounding, data movement) or by the flash-attention rule
+   (matmul-based results). One line per check; any FAIL makes the exit status 1.
+2. The property suite: ``python -m pytest tests/`` of the source checkout with
+   ``MINIDIST_BACKEND`` set to the chosen backend, in a subprocess. With
+   ``--quick``, only its single-process part (backend, autograd, nn, optim,
+   precision, attention: about 30 s on 2 cores). Without a checkout next to the
+   package (an installed wheel) there is no tests/ folder: the command says so and
+   runs the comparison suite alone.
+
+Exit status: 0 if everything passed, 1 if anything failed, 2 if the backend
+cannot run here (no CuPy or no CUDA device for ``cupy``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import time
+from typing import Callable
+
+from minidist import backend
+from minidist.selftest.checks import CHECKS
+from minidist.selftest.compare import Check, Result, run_check
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TESTS = REPO / "tests"
+QUICK_TESTS = ["test_backend.py", "autograd", "nn", "optim", "precision", "attention"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    parser.add_argument("--backend", choices=backend.BACKENDS,
+                        default=os.environ.get("MINIDIST_BACKEND", "numpy"),
+                        help="the backend to test against NumPy (default: MINIDIST_BACKEND, "
+                             "else numpy)")
+    parser.add_argument("-k", dest="expr", default=None,
+                        help="only checks and tests matching this expression "
+                             "(words, and / or / not, parentheses: as pytest's -k)")
+    parser.add_argument("--quick", action="store_true",
+                        help="small comparison sizes and only the single-process tests")
+    return run
+
+
+def run(ns: argparse.Namespace) -> int:
+    problem = _unavailable(ns.backend)
+    if problem:
+        print(f"minidist selftest: backend {ns.backend} cannot run here: {problem}",
+              file=sys.stderr)
+        return 2
+    try:
+        checks = select(CHECKS, ns.expr)
+    except SyntaxError:
+        print(f"minidist selftest: cannot read -k {ns.expr!r}", file=sys.stderr)
+        return 2
+    failed = run_checks(checks, ns.backend, ns.quick)
+    tests_ok = run_property_suite(ns.backend, ns.expr, ns.quick)
+    suite = {True: "passed", False: "failed", None: "not run"}[tests_ok]
+    verdict = "FAILED" if failed or tests_ok is False else "passed"
+    print(f"minidist selftest on {ns.backend}: {verdict} ({failed} of {len(checks)} "
+          f"comparison checks failed; property suite {suite})")
+    return 1 if verdict == "FAILED" else 0
+
+
+def run_checks(checks: list[Check], backend_name: str, quick: bool) -> int:
+    """Run and print each check (one line each); return how many failed."""
+    size = "small" if quick else "full"
+    print(f"comparison suite: {backend_name} against numpy, same host inputs, {size} sizes")
+    failed = 0
+    for check in checks:
+        start = time.perf_counter()
+        result: Result = run_check(check, backend_name, quick)
+        print(f"{result.line()}  [{time.perf_counter() - start:.1f} s]", flush=True)
+        failed += not result.passed
+    return failed
+
+
+def run_property_suite(backend_name: str, expr: str | None, quick: bool) -> bool | None:
+    """pytest on the checkout's tests/ under MINIDIST_BACKEND; None if there is no tests/."""
+    if not TESTS.is_dir():
+        print(f"property suite: not run: no tests/ folder next to the package ({TESTS}); "
+              "it comes with a source checkout")
+        return None
+    paths = [str(TESTS / p) for p in QUICK_TESTS] if quick else [str(TESTS)]
+    command = [sys.executable, "-m", "pytest", *paths] + (["-k", expr] if expr else [])
+    print(f"property suite: MINIDIST_BACKEND={backend_name} {shlex.join(command)}", flush=True)
+    env = dict(os.environ, MINIDIST_BACKEND=backend_name)
+    code = subprocess.call(command, cwd=REPO, env=env)
+    return code in (0, 5)  # 5: -k selected no test, which is no failure
+
+
+def select(checks: list[Check], expr: str | None) -> list[Check]:
+    """The checks whose name matches ``expr``: words match as case-insensitive
+    substrings, combined with and / or / not and parentheses."""
+    if not expr:
+        return list(checks)
+    tokens = re.findall(r"[()]|[^\s()]+", expr)
+    chosen = []
+    for check in checks:
+        words = [t if t in ("and", "or", "not", "(", ")") else str(t.lower() in check.name.lower())
+                 for t in tokens]
+        if eval(" ".join(words), {"__builtins__": {}}):  # only True / False / and / or / not
+            chosen.append(check)
+    return chosen
+
+
+def _unavailable(name: str) -> str | None:
+    """Why backend ``name`` cannot run here, or None."""
+    return backend.cupy_unavailable() if name == "cupy" else None
