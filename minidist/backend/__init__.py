@@ -242,16 +242,16 @@ class MemoryTracker:
     """Peak array memory allocated inside a ``with`` block, in bytes.
 
     On the CPU backends this uses ``tracemalloc`` (NumPy reports its array
-    buffers to it); on CuPy the memory pool's bytes in use, sampled at the
-    start and whenever ``sample()`` is called.
+    buffers to it); on CuPy a memory hook that adds up what the pool hands out
+    and takes back, in this thread. ``peak`` counts from the bytes in use at
+    the start, so freeing an older array makes room without counting.
     """
 
     def __enter__(self) -> "MemoryTracker":
         self.peak = 0
         if _state["name"] == "cupy":
-            import cupy
-            self._pool = cupy.get_default_memory_pool()
-            self._base = self._pool.used_bytes()
+            self._hook = _cupy_peak_hook()
+            self._hook.__enter__()
         else:
             self._was_tracing = tracemalloc.is_tracing()
             if not self._was_tracing:
@@ -261,16 +261,36 @@ class MemoryTracker:
         return self
 
     def sample(self) -> None:
-        if _state["name"] == "cupy":
-            self.peak = max(self.peak, self._pool.used_bytes() - self._base)
+        """Kept for callers that sampled by hand: the peak is tracked throughout, on every backend."""
 
     def __exit__(self, *exc) -> None:
         if _state["name"] == "cupy":
-            self.sample()
+            self._hook.__exit__()
+            self.peak = self._hook.peak
         else:
             self.peak = tracemalloc.get_traced_memory()[1] - self._base
             if not self._was_tracing:
                 tracemalloc.stop()
+
+
+def _cupy_peak_hook():
+    """A CuPy memory hook keeping the running and peak bytes taken from the pool."""
+    import cupy
+
+    class PeakHook(cupy.cuda.MemoryHook):
+        def __init__(self):
+            self.name = f"minidist_peak_{id(self)}"  # hooks are kept by name: trackers may nest
+            self.in_use = self.peak = 0
+
+        def malloc_postprocess(self, mem_size: int = 0, mem_ptr: int = 0, **kwargs) -> None:
+            if mem_ptr:  # 0: the allocation failed
+                self.in_use += mem_size
+                self.peak = max(self.peak, self.in_use)
+
+        def free_postprocess(self, mem_size: int = 0, **kwargs) -> None:
+            self.in_use -= mem_size
+
+    return PeakHook()
 
 
 def memory_in_use() -> int:
