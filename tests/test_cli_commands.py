@@ -58,3 +58,12 @@ def test_calc_without_a_required_flag_fails_loudly(capsys):
         main(["calc", "bubble", "--stages", "4"])
     assert exit_.value.code == 2
     assert "--microbatches" in capsys.readouterr().err
+
+
+def test_bench_gpu_without_a_gpu_says_so_in_one_line_and_exits_2(capfd):
+    from minidist import backend
+    if backend.cupy_unavailable() is None:
+        pytest.skip("CuPy and a CUDA device are here: the benchmark would run")
+    assert main(["bench", "bench_gpu"]) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bench_gpu: needs CuPy")
