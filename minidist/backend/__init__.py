@@ -25,7 +25,7 @@ The three backends
 Helpers that are not portable between NumPy and CuPy live here too:
 ``to_host`` / ``from_host``, a seeded ``Generator`` that draws the same numbers
 on every backend, ``scatter_add``, ``bits`` / ``from_bits``, ``synchronize``,
-``use_device`` / ``current_device``, ``Timer`` and ``MemoryTracker``.
+``use_device`` / ``current_device`` / ``device_name``, ``Timer`` and ``MemoryTracker``.
 """
 from __future__ import annotations
 
@@ -210,6 +210,15 @@ def cupy_unavailable() -> str | None:
     except Exception as e:  # CUDARuntimeError / CUDADriverError: no driver, no device
         return f"no CUDA device ({type(e).__name__}: {e})"
     return None if count > 0 else "no CUDA device"
+
+
+def device_name() -> str:
+    """The current GPU's name as the driver reports it (CuPy), else "CPU"."""
+    if _state["name"] != "cupy":
+        return "CPU"
+    import cupy
+    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
 
 
 def current_device() -> int | None:

@@ -220,7 +220,8 @@ def _adamw_inputs(quick: bool) -> dict:
 
 
 def _adamw(inputs: dict, dtype: Any) -> dict:
-    """Three AdamW steps: elementwise, but a GPU may fuse a * b + c into one rounding."""
+    """Three AdamW steps: elementwise, held to the twice rule rather than bit for bit,
+    since a GPU compiler may contract or approximate float arithmetic."""
     w = _leaf(inputs["w"], dtype)
     opt = AdamW([w], lr=1e-2)
     for key in ("g1", "g2", "g3"):

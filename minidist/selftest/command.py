@@ -32,7 +32,7 @@ from typing import Callable
 
 from minidist import backend
 from minidist.selftest.checks import CHECKS
-from minidist.selftest.compare import Check, Result, run_check
+from minidist.selftest.compare import Check, Result, active_backend, run_check
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
@@ -63,11 +63,14 @@ def run(ns: argparse.Namespace) -> int:
     except SyntaxError:
         print(f"minidist selftest: cannot read -k {ns.expr!r}", file=sys.stderr)
         return 2
+    with active_backend(ns.backend):
+        where = f"{ns.backend} on {backend.device_name()}"
+    print(f"minidist selftest: {where}")
     failed = run_checks(checks, ns.backend, ns.quick)
     tests_ok = run_property_suite(ns.backend, ns.expr, ns.quick)
     suite = {True: "passed", False: "failed", None: "not run"}[tests_ok]
     verdict = "FAILED" if failed or tests_ok is False else "passed"
-    print(f"minidist selftest on {ns.backend}: {verdict} ({failed} of {len(checks)} "
+    print(f"minidist selftest, {where}: {verdict} ({failed} of {len(checks)} "
           f"comparison checks failed; property suite {suite})")
     return 1 if verdict == "FAILED" else 0
 
