@@ -13,18 +13,14 @@ Prints each framework's median step time and the ratio minidist / PyTorch.
 """
 import argparse
 import os
-import pathlib
 import sys
+
+import gpt_race
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
 parser.add_argument("--steps", type=int, default=15, help="timed steps per framework")
-parser.add_argument("--batch", type=int, default=16)
-parser.add_argument("--block", type=int, default=128)
-parser.add_argument("--n-layer", type=int, default=4)
-parser.add_argument("--n-head", type=int, default=4)
-parser.add_argument("--n-embd", type=int, default=256)
-parser.add_argument("--vocab", type=int, default=65)
+gpt_race.add_gpt_size_arguments(parser)  # the same GPT as bench_gpu.py
 args = parser.parse_args()
 
 # thread counts must be fixed before NumPy / PyTorch load their thread pools
@@ -35,45 +31,15 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 from minidist import backend  # noqa: E402
-from minidist.nn import GPT, GPTConfig  # noqa: E402
-from minidist.optim import AdamW  # noqa: E402
 
 try:
     import torch
 except ImportError:
     sys.exit("bench_autograd needs PyTorch (pip install torch) as the reference")
 torch.set_num_threads(args.threads)
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-from oracles.torch_gpt import torch_copy_of  # noqa: E402
 
-cfg = GPTConfig(block_size=args.block, vocab_size=args.vocab, n_layer=args.n_layer,
-                n_head=args.n_head, n_embd=args.n_embd)
-model = GPT(cfg)
-tmodel = torch_copy_of(model)
-opt = AdamW(model.parameters(), lr=1e-4)
-topt = torch.optim.AdamW(tmodel.parameters(), lr=1e-4, foreach=False)
-
-rng = np.random.default_rng(0)
-idx = rng.integers(0, args.vocab, (args.batch, args.block))
-tgt = rng.integers(0, args.vocab, (args.batch, args.block))
-idx_md, tgt_md = backend.from_host(idx), backend.from_host(tgt)
-idx_t, tgt_t = torch.from_numpy(idx), torch.from_numpy(tgt)
-
-
-def minidist_step() -> float:
-    _, loss = model(idx_md, tgt_md)
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    return loss.item()
-
-
-def torch_step() -> float:
-    _, loss = tmodel(idx_t, tgt_t)
-    topt.zero_grad()
-    loss.backward()
-    topt.step()
-    return loss.item()
+model, minidist_step, torch_step = gpt_race.build(args)
+cfg = model.config
 
 
 def timed(step) -> float:

@@ -24,20 +24,16 @@ one line and exits with status 2. docs/gpu.md records the figures.
 """
 import argparse
 import os
-import pathlib
 import socket
 import statistics
 import sys
 import time
 
+import gpt_race
+
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--steps", type=int, default=15, help="timed GPT steps per framework")
-parser.add_argument("--batch", type=int, default=16)
-parser.add_argument("--block", type=int, default=128)
-parser.add_argument("--n-layer", type=int, default=4)
-parser.add_argument("--n-head", type=int, default=4)
-parser.add_argument("--n-embd", type=int, default=256)
-parser.add_argument("--vocab", type=int, default=65)
+gpt_race.add_gpt_size_arguments(parser)  # the same GPT as bench_autograd.py
 parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096],
                     help="attention sequence lengths")
 parser.add_argument("--heads", type=int, default=8, help="attention heads (batch 1, d = --d)")
@@ -86,11 +82,6 @@ import minidist.distributed as dist  # noqa: E402
 from minidist.attention import flash_attention  # noqa: E402
 from minidist.autograd import Tensor  # noqa: E402
 from minidist.comm import World  # noqa: E402
-from minidist.nn import GPT, GPTConfig  # noqa: E402
-from minidist.optim import AdamW  # noqa: E402
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-from oracles.torch_gpt import torch_copy_of  # noqa: E402
 
 CUDA = torch.device("cuda", cupy.cuda.Device().id)  # the device minidist uses, too
 
@@ -126,30 +117,8 @@ def verdict(ratio: float, target: float) -> str:
 # -- 1. GPT training step --------------------------------------------------------------
 
 def gpt_step() -> float:
-    cfg = GPTConfig(block_size=args.block, vocab_size=args.vocab, n_layer=args.n_layer,
-                    n_head=args.n_head, n_embd=args.n_embd)
-    model = GPT(cfg)
-    tmodel = torch_copy_of(model).to(CUDA)
-    opt = AdamW(model.parameters(), lr=1e-4)
-    topt = torch.optim.AdamW(tmodel.parameters(), lr=1e-4, foreach=False)
-    rng = np.random.default_rng(0)
-    idx = rng.integers(0, args.vocab, (args.batch, args.block))
-    tgt = rng.integers(0, args.vocab, (args.batch, args.block))
-    idx_md, tgt_md = backend.from_host(idx), backend.from_host(tgt)
-    idx_t, tgt_t = torch.from_numpy(idx).to(CUDA), torch.from_numpy(tgt).to(CUDA)
-
-    def minidist_step():
-        _, loss = model(idx_md, tgt_md)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    def torch_step():
-        _, loss = tmodel(idx_t, tgt_t)
-        topt.zero_grad()
-        loss.backward()
-        topt.step()
-
+    model, minidist_step, torch_step = gpt_race.build(args, CUDA)
+    cfg = model.config
     med = medians({"minidist": minidist_step, "torch": torch_step}, args.steps)
     tokens = args.batch * args.block
     print(f"\n1. GPT training step: {cfg.n_layer} layers, width {cfg.n_embd}, {cfg.n_head} heads, "
