@@ -62,8 +62,8 @@ def time_steps(variant: str, layers: int, width: int, batch: int, steps: int,
     opt = SGD(model.parameters(), lr=1e-3)
     x = Tensor(Generator(100 + dist.get_rank()).normal((batch, width)))
     if spin_s is not None:
-        import minidist.comm.local as local
-        local.SPIN_S = spin_s            # how long a waiting receive polls before sleeping
+        from minidist.comm.group import world_group
+        world_group().transport.spin_s = spin_s  # how long a waiting rank polls before sleeping
     times = []
     for i in range(steps + 2):                       # 2 warm-up steps
         dist.barrier()
@@ -120,7 +120,7 @@ def main() -> None:
 
 def report(at_n: dict, at_1: float, world: int, link: float | None) -> None:
     if link is None:
-        print(f"\n== shared memory: every byte is copied by the ranks' CPUs ==")
+        print("\n== shared memory: every byte is copied by the ranks' CPUs ==")
     else:
         print(f"\n== emulated link of {link:g} GB/s per pair of ranks: bytes on the wire "
               f"for M / {link:g} GB/s while the CPU is free (comm/link.py) ==")

@@ -139,8 +139,12 @@ class ProcessGroup:
         neighbours that both send first would wait for each other forever once
         the message no longer fits in the channel.
         """
-        self.wait([self.isend(send_arr, dst, tag), self.irecv(recv_arr, src, tag, op)], what,
-                  abortable)
+        self.stats.bytes_sent += send_arr.nbytes
+        self.stats.bytes_recv += recv_arr.nbytes
+        self.stats.msgs_sent += 1
+        self.stats.msgs_recv += 1
+        self.transport.sendrecv(send_arr, self.ranks[dst], recv_arr, self.ranks[src], tag,
+                                self.ctx, op, self.timeout, what, abortable)
 
 
     def exchange(self, data: Any, dst: int, inbox: Any, src: int, tag: int, what: str = "",

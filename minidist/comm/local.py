@@ -21,14 +21,13 @@ whatever the message size, without deadlock. A message that arrives before its
 receive is posted is kept in a side buffer (the "unexpected" queue), but only
 when a receive with another tag is waiting behind it on the same channel.
 
-``exchange`` (one step of the same-call check, and of the small all-reduce
-that carries it) takes a short way when nothing else is under way with its
-peers: it writes its one-piece message into the slot directly and polls for
-the reply, skipping the bookkeeping of isend / irecv (same bytes, same
-headers); anything unusual sends it down the general path.
+``exchange`` (one step of the same-call check) and ``sendrecv`` (one step of
+a ring) take a short way when nothing else is under way with their peers:
+short_way.py.
 
 Waiting: when a pass moves nothing, the rank keeps polling for up to
-``SPIN_S`` seconds (the background thread of work.py does not poll at all), yielding the CPU between polls (``sched_yield`` costs
+``SPIN_S`` seconds (the background thread of work.py does not poll at all),
+yielding the CPU between polls (``sched_yield`` costs
 little when nobody else wants the core, and lets a peer that shares our core
 run, with more ranks than cores or other load on the machine). Then it sleeps
 on its doorbell until a peer rings it (doorbell.py); peers ring after every
@@ -52,26 +51,15 @@ from minidist.comm.doorbell import Doorbells
 from minidist.comm.errors import CommTimeoutError, WorldAbortedError
 from minidist.comm.link import EmulatedLink
 from minidist.comm.ops import ReduceOp
-from minidist.comm.pending import TAG_BITS, BytesRecv, Channel, Recv, Send, Unexpected
+from minidist.comm.pending import SMALL_COPY, TAG_BITS, Channel, Recv, Send, Unexpected
+from minidist.comm.short_way import ShortWays
 from minidist.comm.transport import (Handle, Transport, cores_available, dtype_code,
-                                     host_bytes, host_view, sched_yield)
+                                     host_bytes, host_view, in_background_thread, sched_yield)
 
-SPIN_S = 0.002  # how long a rank polls before it sleeps on its doorbell
-_BYTES_CODE = dtype_code(host_view(bytearray(1)).dtype)  # the header's dtype of raw bytes
-# Pieces up to this size are copied through memoryviews (a third of NumPy's
-# overhead per call); larger ones through NumPy, which releases the GIL while it
-# copies, so that a collective running in the background overlaps computation.
-SMALL_COPY = 16 * 1024
+SPIN_S = 0.002  # how long a rank polls before it sleeps on its doorbell (transport.spin_s)
 
 
-def _in_background() -> bool:
-    """Is this the thread that runs asynchronous collectives (work.py)? It
-    does not spin while it waits: the main thread computes on the same core
-    and needs the GIL, so it sleeps on its doorbell at once."""
-    return threading.current_thread() is not threading.main_thread()
-
-
-class LocalTransport(Transport):
+class LocalTransport(ShortWays, Transport):
     """Point-to-point between the processes of one machine, through shared memory."""
 
     name = "shm"
@@ -83,6 +71,7 @@ class LocalTransport(Transport):
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside a world of {self.world_size}")
         self.rank, self.timeout = rank, timeout
+        self.spin_s = SPIN_S  # polling before sleeping on the doorbell (see above)
         # More ranks than cores: yield at once when a poll finds nothing.
         oversubscribed = self.world_size > cores_available()
         self.free_polls = 1 if oversubscribed else 32
@@ -147,80 +136,6 @@ class LocalTransport(Transport):
             while self._pull(src):
                 pass
         return r
-
-    # -- the short way, for the small exchanges of the call check ------------
-    def exchange(self, data: Any, dst: int, inbox: Any, src: int, tag: int, ctx: int = 0,
-                 timeout: float | None = None, what: str = "", abortable: bool = True) -> bool:
-        """Send the host bytes ``data`` to ``dst`` and receive one message from
-        ``src`` into the host bytes ``inbox``; False if that message had another
-        size (it is then drained and dropped). See ``Transport.exchange``.
-
-        The short way, taken when the message fits in one slot and no other
-        send or receive of this process is under way with these peers: write
-        header and payload into the slot at once (no Send object, no queue),
-        then poll the incoming channel's head word until the reply is there and
-        copy it out. The bytes and headers in shared memory are exactly those
-        of isend / irecv; only the Python bookkeeping (Send and Recv objects,
-        queues, matching) is left out, which is most of the time a small
-        exchange takes. Anything unusual (a full channel, a bigger message,
-        another tag first, another thread posting a receive meanwhile, no
-        reply within SPIN_S, an emulated link) falls back to isend / irecv / wait_all, which
-        handle every case.
-        """
-        wire = (ctx << TAG_BITS) | tag
-        with self._lock:
-            sent = (self._link is None and dst not in self._sends
-                    and data.size <= self.slot_bytes
-                    and self._write_piece(dst, wire, data.size, 0, data, _BYTES_CODE))
-            quiet = not (self._posted.get(src) or src in self._current
-                         or self._unexpected.get(src))
-            posts = self._posts
-        if sent and quiet and not _in_background():
-            same = self._poll_reply(src, wire, inbox, posts)
-            if same is not None:
-                return same
-        # The general way.
-        pending = [] if sent else [self.isend(data, dst, tag, ctx)]
-        r = self._post_recv(BytesRecv(self, src, wire, inbox))
-        self.wait_all(pending + [r], timeout, what, abortable)
-        return not r.mismatch
-
-    def _poll_reply(self, src: int, wire: int, inbox: Any, posts: int) -> bool | None:
-        """Wait (spinning, yielding) for a one-piece message with tag ``wire`` from
-        ``src`` and take it: True if it had ``inbox.size`` bytes, False if not
-        (dropped); None to hand over to the general way, having taken nothing."""
-        ch, w = self._in[src], self._words
-        seen = ch.count
-        polls, start = 0, None
-        while w[ch.head_i] == seen:
-            if self._posts != posts:
-                return None  # another thread posted a receive: it may take our message
-            polls += 1
-            if polls >= self.short_polls:
-                sched_yield()  # a peer that shares our core gets to run
-            if polls % 32 == 0:
-                now = time.monotonic()
-                if start is None:
-                    start = now
-                elif now - start > SPIN_S:
-                    return None  # a long wait: wait_all sleeps on the doorbell
-        with self._lock:
-            if self._posts != posts or ch.count != seen:
-                return None
-            k = seen % self.nslots
-            h = ch.hdr_i[k]
-            total = w[h + 1]
-            if w[h] != wire or w[h + 3] != total:
-                return None  # another tag first, or a message in several pieces
-            same = total == inbox.size
-            if same and total > SMALL_COPY:
-                inbox[:] = ch.payload[k][:total]
-            elif same:
-                memoryview(inbox)[:] = ch.raw[k][:total]
-            ch.count += 1
-            w[ch.tail_i] = ch.count  # free the slot
-            self._bells.ring(src)
-        return same
 
     # -- progress ------------------------------------------------------------
     def _push(self, dst: int, op: Send) -> bool:
@@ -321,7 +236,7 @@ class LocalTransport(Transport):
     def wait_all(self, handles: list, timeout: float | None = None, what: str = "",
                  abortable: bool = True) -> None:
         timeout = self.timeout if timeout is None else timeout
-        spin_s = 0.0 if _in_background() else SPIN_S
+        spin_s = 0.0 if in_background_thread() else self.spin_s
         polls, idle_since = 0, None
         while True:
             with self._lock:

@@ -21,6 +21,10 @@ from minidist.comm.ops import combine_fn
 from minidist.comm.transport import Handle, dtype_code, dtype_name, flat_target, host_view
 
 TAG_BITS = 32  # a wire tag is (group context << 32) | tag
+# Pieces up to this size are copied through memoryviews (a third of NumPy's
+# overhead per call); larger ones through NumPy, which releases the GIL while it
+# copies, so that a collective running in the background overlaps computation.
+SMALL_COPY = 16 * 1024
 
 
 def describe_tag(wire_tag: int) -> str:
@@ -136,7 +140,7 @@ class Channel:
     a plain memoryview of the segment, through which small pieces are copied:
     a memoryview slice assignment is a memcpy with a third of the overhead of
     NumPy's indexing, which counts where the overhead is all there is
-    (local.py, SMALL_COPY).
+    (SMALL_COPY).
     """
     __slots__ = ("head_i", "tail_i", "hdr_i", "payload", "raw", "count")
 

@@ -38,27 +38,21 @@ def ring_reduce_scatter(group, flat: Any, bounds: list[tuple[int, int]], op: Red
     """In place on ``flat``: afterwards chunk ``group.rank`` holds the reduction."""
     n, r = group.size, group.rank
     right, left = (r + 1) % n, (r - 1) % n
-    sends = []
     for s in range(n - 1):
         send_lo, send_hi = bounds[(r - s - 1) % n]
         recv_lo, recv_hi = bounds[(r - s - 2) % n]
-        # Each step waits for its receive only: the chunk being sent is never
-        # written again in this phase, so its send may drain while we go on
-        # (a slow right neighbour does not hold up the left one's next step).
-        sends.append(group.isend(flat[send_lo:send_hi], right, tag))
-        group.wait([group.irecv(flat[recv_lo:recv_hi], left, tag, op=op)],
-                   f"ring reduce-scatter step {s}")
-    group.wait(sends, "ring reduce-scatter (sends)")
+        # Send one chunk right while the left neighbour's copy of the next one
+        # is added into ours as it arrives (the fused receive-and-reduce).
+        group.sendrecv(flat[send_lo:send_hi], right, flat[recv_lo:recv_hi], left, tag, op=op,
+                       what=f"ring reduce-scatter step {s}")
 
 
 def ring_all_gather(group, flat: Any, bounds: list[tuple[int, int]], tag: int) -> None:
     """In place on ``flat``: chunk i (held by rank i) is copied to every rank."""
     n, r = group.size, group.rank
     right, left = (r + 1) % n, (r - 1) % n
-    sends = []
     for s in range(n - 1):
         send_lo, send_hi = bounds[(r - s) % n]
         recv_lo, recv_hi = bounds[(r - s - 1) % n]
-        sends.append(group.isend(flat[send_lo:send_hi], right, tag))  # as above
-        group.wait([group.irecv(flat[recv_lo:recv_hi], left, tag)], f"ring all-gather step {s}")
-    group.wait(sends, "ring all-gather (sends)")
+        group.sendrecv(flat[send_lo:send_hi], right, flat[recv_lo:recv_hi], left, tag,
+                       what=f"ring all-gather step {s}")

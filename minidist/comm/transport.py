@@ -28,6 +28,7 @@ which is again a view on the CPU backends and a host-to-device copy on CuPy.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -66,6 +67,17 @@ class Transport:
         ``timeout`` seconds without progress, and WorldAbortedError if another
         rank failed (unless ``abortable`` is False)."""
         raise NotImplementedError
+
+    def sendrecv(self, send_arr: Any, dst: int, recv_arr: Any, src: int, tag: int,
+                 ctx: int = 0, op: Any = None, timeout: float | None = None, what: str = "",
+                 abortable: bool = True) -> None:
+        """Send ``send_arr`` to ``dst`` while receiving (or, with ``op``,
+        reducing) into ``recv_arr`` from ``src``; return when both are done.
+        One step of a ring or of recursive doubling. Both are posted before
+        either is waited on, so two neighbours that send to each other never
+        wait for each other, whatever the size."""
+        self.wait_all([self.isend(send_arr, dst, tag, ctx), self.irecv(recv_arr, src, tag, ctx, op)],
+                      timeout, what, abortable)
 
     def exchange(self, data: Any, dst: int, inbox: Any, src: int, tag: int, ctx: int = 0,
                  timeout: float | None = None, what: str = "", abortable: bool = True) -> bool:
@@ -194,3 +206,10 @@ def spin_seconds(ranks_here: int) -> float:
 
 
 sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+
+def in_background_thread() -> bool:
+    """Is this the thread that runs asynchronous collectives (work.py)? It
+    does not spin while it waits: the main thread computes on the same core
+    and needs the GIL, so it sleeps at once."""
+    return threading.current_thread() is not threading.main_thread()

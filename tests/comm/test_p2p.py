@@ -113,3 +113,40 @@ def test_a_message_of_the_wrong_size_is_an_error():
     err = info.value
     assert err.rank == 1 and err.exc_type == "MessageMismatchError"
     assert "16 bytes of <f4" in err.remote_traceback and "expects 20 bytes" in err.remote_traceback
+
+
+def _sendrecv_when_things_are_unusual(case, n):
+    """Rank 0 makes one sendrecv with rank 1 (tag 5) while rank 1 makes it unusual:
+    another message first, or a pause in the middle of its message."""
+    import time
+
+    from minidist import backend
+    from minidist.comm.group import world_group
+    from minidist.comm.ops import ReduceOp
+    g = world_group()
+    xp, peer = backend.xp, 1 - g.rank
+    mine = xp.arange(n, dtype="float64") * (g.rank + 1)
+    got = xp.ones(n, dtype="float64")
+    if g.rank == 0:
+        g.sendrecv(mine, peer, got, peer, tag=5, op=ReduceOp.SUM)   # got = 1 + theirs
+        extra = xp.zeros(3)
+        if case == "another message first":
+            g.wait([g.irecv(extra, peer, tag=99)])
+        return backend.to_host(got).tolist(), backend.to_host(extra).tolist()
+    if case == "another message first":
+        g.wait([g.isend(xp.full(3, 7.0), peer, tag=99)])    # arrives before tag 5
+    h = g.isend(mine, peer, tag=5)                          # pushes what fits, no more
+    if case == "a pause mid-message":
+        time.sleep(0.05)                                    # rank 0 gives up the short way
+    g.wait([h, g.irecv(got, peer, tag=5)])
+    return backend.to_host(got).tolist(), None
+
+
+@pytest.mark.parametrize("case", ["another message first", "a pause mid-message"])
+@pytest.mark.parametrize("n", [0, 3, 10_000])  # 10k float64: 20 pieces, 4 fit in the channel
+def test_sendrecv_hands_over_to_the_general_way_without_losing_a_byte(worlds, case, n):
+    (got0, extra), (got1, _) = worlds.get(2).run(_sendrecv_when_things_are_unusual, case, n)
+    assert got0 == (1 + 2 * np.arange(n, dtype=np.float64)).tolist()
+    assert got1 == np.arange(n, dtype=np.float64).tolist()
+    if case == "another message first":
+        assert extra == [7.0, 7.0, 7.0]
