@@ -89,17 +89,22 @@ def run_checks(checks: list[Check], backend_name: str, quick: bool) -> int:
 
 
 def run_property_suite(backend_name: str, expr: str | None, quick: bool) -> bool | None:
-    """pytest on the checkout's tests/ under MINIDIST_BACKEND; None if there is no tests/."""
+    """pytest on the checkout's tests/ under MINIDIST_BACKEND: True if it passed,
+    None if there is no tests/ folder or -k matched no test."""
     if not TESTS.is_dir():
         print(f"property suite: not run: no tests/ folder next to the package ({TESTS}); "
               "it comes with a source checkout")
         return None
-    paths = [str(TESTS / p) for p in QUICK_TESTS] if quick else [str(TESTS)]
-    command = [sys.executable, "-m", "pytest", *paths] + (["-k", expr] if expr else [])
-    print(f"property suite: MINIDIST_BACKEND={backend_name} {shlex.join(command)}", flush=True)
+    paths = [f"tests/{p}" for p in QUICK_TESTS] if quick else ["tests"]
+    args = ["-m", "pytest", *paths] + (["-k", expr] if expr else [])
+    print(f"property suite, in {REPO}: MINIDIST_BACKEND={backend_name} python "
+          f"{shlex.join(args)}", flush=True)
     env = dict(os.environ, MINIDIST_BACKEND=backend_name)
-    code = subprocess.call(command, cwd=REPO, env=env)
-    return code in (0, 5)  # 5: -k selected no test, which is no failure
+    code = subprocess.call([sys.executable, *args], cwd=REPO, env=env)
+    if code == 5:  # pytest's "no tests collected": -k matched none
+        print(f"property suite: no test matches -k {expr!r}")
+        return None
+    return code == 0
 
 
 def select(checks: list[Check], expr: str | None) -> list[Check]:
