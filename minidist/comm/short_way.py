@@ -142,9 +142,11 @@ class ShortWays:
                 s.sent = sent
                 self._sends.setdefault(dst, deque()).append(s)
                 pending.append(s)
-            if r.got:
+            if r.done:
+                pass                    # complete: the next pieces from src are not ours
+            elif r.got:
                 self._current[src] = r  # its first pieces are in: the rest follow in order
-            elif not r.done:
+            else:
                 self._post_recv(r)
         self.wait_all(pending, timeout, what, abortable)
 

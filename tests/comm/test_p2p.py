@@ -150,3 +150,32 @@ def test_sendrecv_hands_over_to_the_general_way_without_losing_a_byte(worlds, ca
     assert got1 == np.arange(n, dtype=np.float64).tolist()
     if case == "another message first":
         assert extra == [7.0, 7.0, 7.0]
+
+
+def _sendrecv_whose_receive_finishes_first():
+    """Rank 0's sendrecv gets its (small) message at once but cannot finish its
+    (large) send until rank 1 drains it, 50 ms later; meanwhile rank 1 sends a
+    second message with the same tag. It must go to the next receive."""
+    import time
+
+    from minidist import backend
+    from minidist.comm.group import world_group
+    g = world_group()
+    xp, peer = backend.xp, 1 - g.rank
+    big = xp.arange(10_000, dtype="float64")            # 20 pieces; 4 fit in the channel
+    if g.rank == 0:
+        first, second = xp.zeros(3), xp.zeros(3)
+        g.sendrecv(big, peer, first, peer, tag=5)
+        g.wait([g.irecv(second, peer, tag=5)])
+        return backend.to_host(first).tolist(), backend.to_host(second).tolist()
+    g.wait([g.isend(xp.full(3, 1.0), peer, tag=5)])
+    time.sleep(0.05)                                    # rank 0 hands over to the general way
+    g.wait([g.isend(xp.full(3, 2.0), peer, tag=5)])     # right behind the first message
+    got = xp.zeros(10_000, dtype="float64")
+    g.wait([g.irecv(got, peer, tag=5)])
+    return bool((got == big).all())
+
+
+def test_a_finished_receive_takes_no_piece_of_the_next_message(worlds):
+    (first, second), ok = worlds.get(2).run(_sendrecv_whose_receive_finishes_first)
+    assert first == [1.0] * 3 and second == [2.0] * 3 and ok
