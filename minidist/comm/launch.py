@@ -230,27 +230,11 @@ def launch(fn: Callable, world_size: int, *args: Any, **kwargs: Any) -> list:
 # Inside a rank.
 # --------------------------------------------------------------------------
 
-def _pin_to_core(rank: int) -> None:
-    """Bind rank r to core r mod C of the cores this process may use, as
-    ``mpiexec --bind-to core`` does. Unbound, two ranks of a ring may be
-    started on the same core and stay there (each sleeps or yields often
-    enough that the load balancer sees no reason to move it): then every step
-    of a collective waits for a time slice, and a 4 MiB all-reduce takes 2 ms
-    instead of 0.3 ms. ``MINIDIST_PIN=0`` leaves placement to the OS."""
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {cores[rank % len(cores)]})
-    except (AttributeError, OSError):
-        pass  # not Linux, or not allowed: the OS places the rank
-
-
 def _rank_main(rank: int, world_size: int, segment_name: str, conn, options: dict) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MINIDIST_SHM=segment_name)
     segment = shm.attach(segment_name)
     _watch_parent(segment_name)
-    if os.environ.get("MINIDIST_PIN", "1") != "0":
-        _pin_to_core(rank)
     backend.set_backend(options["backend"])
     backend.use_device(rank)  # CuPy: GPU rank mod G; with fewer GPUs than ranks, shared
     from minidist.comm import group

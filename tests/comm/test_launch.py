@@ -215,15 +215,3 @@ def test_ranks_use_the_backend_chosen_with_set_backend_not_only_the_environment(
     finally:
         backend.set_backend(before)
 
-
-def _my_cores():
-    return sorted(os.sched_getaffinity(0))
-
-
-def test_each_rank_is_bound_to_one_core_unless_told_not_to(monkeypatch):
-    cores = sorted(os.sched_getaffinity(0))
-    n = len(cores) + 1                      # one more rank than cores: two share core 0
-    monkeypatch.delenv("MINIDIST_PIN", raising=False)
-    assert minidist.launch(_my_cores, n) == [[cores[r % len(cores)]] for r in range(n)]
-    monkeypatch.setenv("MINIDIST_PIN", "0")
-    assert minidist.launch(_my_cores, 2) == [cores, cores]
