@@ -63,7 +63,7 @@ def parse_size(text: str) -> int:
 
 def minidist_sweep(sizes: list[int], algorithms: list[str]) -> dict:
     import minidist.distributed as dist
-    from minidist.backend import xp
+    from minidist.backend import synchronize, xp
     out = {}
     for alg in algorithms:
         for size in sizes:
@@ -77,6 +77,7 @@ def minidist_sweep(sizes: list[int], algorithms: list[str]) -> dict:
                 t = time.perf_counter()
                 for _ in range(iters):
                     dist.all_reduce(x, algorithm=alg)
+                synchronize()  # a GPU backend's copies are asynchronous
                 times.append((time.perf_counter() - t) / iters)
             out[f"{alg}:{size}"] = times
     return out

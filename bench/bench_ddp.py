@@ -41,7 +41,7 @@ def time_steps(variant: str, layers: int, width: int, batch: int, steps: int,
 
     import minidist.distributed as dist
     from minidist.autograd import Tensor
-    from minidist.backend import Generator
+    from minidist.backend import Generator, synchronize
     from minidist.nn import Linear, Sequential
     from minidist.optim import SGD
     from minidist.parallel import DataParallelNaive, DistributedDataParallel
@@ -74,6 +74,7 @@ def time_steps(variant: str, layers: int, width: int, batch: int, steps: int,
             wrapped.sync_gradients()
         opt.step()
         opt.zero_grad()
+        synchronize()                                # a GPU backend computes asynchronously
         times.append(time.perf_counter() - t)
     return statistics.median(times[2:])
 
