@@ -7,6 +7,8 @@ process computes with NumPy, with the bytes rank 0 sent.
 
     python demos/02_collectives.py          # ~2 s
     python demos/02_collectives.py -n 3     # any world size
+    minidist run -n 4 demos/02_collectives.py    # the same, started like torchrun
+    mpiexec -n 4 python demos/02_collectives.py  # the same, on the MPI transport
 
 Every collective is built from point-to-point sends and receives
 (minidist/comm/collectives.py); the check printed is max |got - want| = 0.
@@ -78,6 +80,18 @@ def worker() -> list:
     return out
 
 
+def gathered_to_rank_0(mine: list) -> list:
+    """Under minidist run / mpiexec each rank holds only its own results; rank 0
+    gathers every rank's all_reduce results (all it needs from the others)."""
+    rows = backend.from_host(np.stack([got for name, got, _ in mine
+                                       if name.startswith("all_reduce")]))
+    everyone = [backend.xp.zeros_like(rows) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, rows)
+    names = [name for name, _, _ in mine if name.startswith("all_reduce")]
+    return [mine] + [[(name, backend.to_host(r)[i], 0) for i, name in enumerate(names)]
+                     for r in everyone[1:]]
+
+
 def expected(n: int) -> dict:
     """What rank 0 must hold after each collective, computed in one process."""
     xs = [rank_data(r) for r in range(n)]
@@ -97,7 +111,14 @@ if __name__ == "__main__":
     args = parser.parse_args()
     n = args.world_size
 
-    results = minidist.launch(worker, n)
+    if dist.launched():  # minidist run / mpiexec started us: we are one rank of the world
+        dist.init_process_group()
+        n = dist.get_world_size()
+        results = gathered_to_rank_0(worker())
+        if dist.get_rank() != 0:
+            sys.exit(0)      # rank 0 prints and checks
+    else:
+        results = minidist.launch(worker, n)
     want = expected(n)
     print(f"{n} processes; rank r starts with [10r, 10r+1, 10r+2, 10r+3]\n")
     print(f"{'collective':<30} {'rank 0 got':<34} {'bytes sent':>10}  check")
@@ -111,8 +132,9 @@ if __name__ == "__main__":
             shown = np.array2string(got.ravel()[:8], precision=0, separator=",")
         worst = max(worst, err)
         print(f"{name:<30} {shown:<34} {sent:>10}  max |got - want| = {err:.1e}")
-    same = all(np.array_equal(a[1], b[1]) for other in results[1:]
-               for a, b in zip(results[0], other) if a[0].startswith("all_reduce"))
+    ours = {name: got for name, got, _ in results[0]}
+    same = all(np.array_equal(ours[name], got) for other in results[1:]
+               for name, got, _ in other if name.startswith("all_reduce"))
     ok = worst == 0.0 and same
     print(f"\ncheck: max |got - want| over all collectives = {worst:.1e} (must be 0), "
           f"all_reduce bitwise identical on every rank: {same}: {'ok' if ok else 'FAILED'}")

@@ -14,7 +14,8 @@ from minidist.comm import (NON_GROUP_MEMBER, CollectiveMismatchError, CommError,
                            RankFailedError, ReduceOp, Work, WorldAbortedError, all_gather,
                            all_gather_into_tensor, all_reduce, all_to_all, barrier, broadcast,
                            destroy_process_group, gather, get_rank, get_world_size,
-                           init_process_group, irecv, is_initialized, isend, launch, new_group,
+                           init_process_group, irecv, is_initialized, isend, launch, launched,
+                           new_group,
                            recv, recv_reduce, reduce, reduce_scatter, reduce_scatter_tensor,
                            scatter, send)
 from minidist.comm.group import get_stats
@@ -25,5 +26,6 @@ __all__ = ["init_process_group", "destroy_process_group", "is_initialized", "get
            "ReduceOp", "Work", "send", "recv", "isend", "irecv", "recv_reduce", "broadcast",
            "reduce", "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
            "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "barrier", "launch",
+           "launched",
            "get_stats", "CommError", "CommTimeoutError", "CollectiveMismatchError",
            "MessageMismatchError", "RankFailedError", "WorldAbortedError"]

@@ -44,3 +44,24 @@ def test_demo_runs_and_its_check_passes(name):
 def test_every_numbered_demo_has_smoke_arguments():
     numbered = {p.name for p in DEMOS.glob("[0-9][0-9]_*.py")}
     assert numbered <= set(SMOKE_ARGS), f"add smoke arguments for {numbered - set(SMOKE_ARGS)}"
+
+
+@pytest.mark.parametrize("launcher", ["minidist run", "mpiexec"])
+def test_the_readme_starts_demo_02_under_a_launcher(launcher):
+    """README: `minidist run -n 4 demos/02_collectives.py` and `mpiexec -n 4 python
+    demos/02_collectives.py` run the same demo as one rank each."""
+    if launcher == "mpiexec":
+        import shutil
+        mpiexec = shutil.which("mpiexec")
+        if mpiexec is None:
+            pytest.skip("mpiexec not on PATH (pip install -e '.[mpi]')")
+        cmd = [mpiexec, "-n", "3", sys.executable, str(DEMOS / "02_collectives.py")]
+    else:
+        cmd = [sys.executable, "-m", "minidist.cli", "run", "-n", "3",
+               str(DEMOS / "02_collectives.py")]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MINIDIST_SHM")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    checks = [line for line in proc.stdout.splitlines() if line.startswith("check:")]
+    assert len(checks) == 1 and checks[0].endswith("ok"), proc.stdout[-3000:]
+    assert "3 processes" in proc.stdout

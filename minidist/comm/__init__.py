@@ -20,7 +20,7 @@ from minidist.comm.errors import (CollectiveMismatchError, CommError, CommTimeou
                                   MessageMismatchError, RankFailedError, WorldAbortedError)
 from minidist.comm.group import (NON_GROUP_MEMBER, ProcessGroup, destroy_process_group,
                                  get_rank, get_world_size, init_process_group, is_initialized,
-                                 new_group)
+                                 launched, new_group)
 from minidist.comm.launch import World, launch
 from minidist.comm.mesh import DeviceMesh
 from minidist.comm.ops import ReduceOp

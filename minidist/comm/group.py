@@ -213,6 +213,13 @@ def init_process_group(backend: str | None = None, *, timeout: float = DEFAULT_T
     return _state["world"]
 
 
+def launched() -> bool:
+    """Was this process started as one rank of a world, by ``minidist run``,
+    ``minidist.launch`` or ``mpiexec``? (torch: ``is_torchelastic_launched``.)
+    A script can then join that world instead of starting its own."""
+    return "MINIDIST_SHM" in os.environ or any(k in os.environ for k in _MPI_ENV)
+
+
 def is_initialized() -> bool:
     return _state["world"] is not None
 

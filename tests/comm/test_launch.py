@@ -215,3 +215,16 @@ def test_ranks_use_the_backend_chosen_with_set_backend_not_only_the_environment(
     finally:
         backend.set_backend(before)
 
+
+
+def _launched():
+    import minidist.distributed as dist
+    return dist.launched()
+
+
+def test_a_rank_knows_it_was_launched_and_a_plain_process_does_not(monkeypatch):
+    import minidist.distributed as dist
+    for var in ("MINIDIST_SHM", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert not dist.launched()
+    assert minidist.launch(_launched, 2) == [True, True]
