@@ -145,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, (help_text, add) in SUBCOMMANDS.items():
         runners[name] = add(sub.add_parser(name, help=help_text))
     ns = parser.parse_args(argv)
-    return runners[ns.command](ns)
+    try:
+        return runners[ns.command](ns)
+    except BrokenPipeError:  # `minidist demo | head`: the reader left early, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
