@@ -50,8 +50,8 @@ class ShortWays:
         queues, matching) is left out, which is most of the time a small
         exchange takes. Anything unusual (a full channel, a bigger message,
         another tag first, another thread posting a receive meanwhile, no
-        reply within spin_s, an emulated link) falls back to isend / irecv / wait_all, which
-        handle every case.
+        reply within spin_s, an emulated link) falls back to isend / irecv /
+        wait_all, which handle every case.
         """
         wire = (ctx << TAG_BITS) | tag
         with self._lock:
