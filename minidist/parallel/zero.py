@@ -102,14 +102,31 @@ class ZeroBase(Module):
         clip_grads_with_norm_(self.shards, max_norm, total)
         return total
 
-    def step(self) -> float | None:
+    def step(self, scaler: Any = None) -> float | None:
         """Reduce gradients, clip (if ``max_grad_norm``), update my shard, gather weights.
-        Returns the total gradient norm when clipping, else None."""
+        Returns the total gradient norm when clipping, else None.
+
+        ``scaler``: a ``GradScaler`` (fp16 loss scaling). The reduced shard's
+        gradients are unscaled before clipping, and the update is skipped if
+        any gradient is inf / NaN. Each rank sees only its shard, so the scaler
+        must combine that flag over the group, or the ranks would step apart:
+        ``GradScaler(found_inf_reduce=found_inf_reduce(group))`` (torch's
+        ShardedGradScaler). Call ``scaler.update()`` after the step.
+        """
+        if scaler is not None and self.world_size > 1 and scaler.found_inf_reduce is None:
+            raise ValueError("with sharded gradients every rank must agree on skipping a step: "
+                             "build the scaler as GradScaler(found_inf_reduce="
+                             "minidist.parallel.found_inf_reduce(group))")
         self._reduce_gradients()
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)
         norm = None
         if self.max_grad_norm is not None:
             norm = self.clip_grad_norm_(self.max_grad_norm)
-        self.optimizer.step()
+        if scaler is None:
+            self.optimizer.step()
+        else:
+            scaler.step(self.optimizer)         # no update if some rank found inf / NaN
         self._gather_parameters()
         return norm
 

@@ -143,6 +143,11 @@ class GradScaler:
     def is_enabled(self) -> bool:
         return self._enabled
 
+    @property
+    def found_inf_reduce(self) -> Callable[[Any], Any] | None:
+        """How the found-inf flag is combined over ranks (None: this rank alone)."""
+        return self._found_inf_reduce
+
     def state_dict(self) -> dict[str, Any]:
         """The keys of ``torch.amp.GradScaler.state_dict()``; empty when disabled."""
         if not self._enabled:
