@@ -209,7 +209,8 @@ sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 def in_background_thread() -> bool:
-    """Is this the thread that runs asynchronous collectives (work.py)? It
-    does not spin while it waits: the main thread computes on the same core
-    and needs the GIL, so it sleeps at once."""
+    """Is this a thread other than the main one: the thread that runs
+    asynchronous collectives (work.py), or one of the user's? Such a thread
+    does not spin while it waits: the main thread is computing on the same
+    core and needs the GIL, so it sleeps at once."""
     return threading.current_thread() is not threading.main_thread()
