@@ -37,32 +37,11 @@ def memory_on_rank(width, stage, precision):
     from minidist.autograd import Tensor
     from minidist.backend import Generator
     from minidist.nn import MLP
-    from minidist.optim import AdamW
-    from minidist.parallel import DistributedDataParallel, Zero1, Zero2, Zero3
-    from minidist.precision import MasterWeights
+    from minidist.parallel.memory_probe import model_state_bytes
     model = MLP(width)
     p_count = model.num_parameters()            # before ZeRO-3 empties the parameters
     x = Tensor(Generator(0).normal((8, width)))
-    fmt = None if precision == "fp32" else "fp16"
-    if stage == 0:
-        ddp = DistributedDataParallel(model)
-        master = MasterWeights(model.parameters(), fmt) if fmt else None
-        opt = AdamW(master.params if master else model.parameters())
-        for _ in range(2):
-            opt.zero_grad()
-            ddp(x).sum().backward()
-            if master:
-                master.grads_to_master()
-            opt.step()
-            if master:
-                master.master_to_model()
-        return ddp.memory_report(opt, weight_bytes=2 if fmt else None), p_count
-    zero = {1: Zero1, 2: Zero2, 3: Zero3}[stage](model, AdamW, precision=fmt)
-    zero(x).sum().backward()
-    zero.step()
-    zero.zero_grad()
-    zero(x).sum().backward()
-    return zero.memory_report(), p_count
+    return model_state_bytes(model, x, stage, precision), p_count
 
 
 def train_on_rank(width, stage, steps):

@@ -2,7 +2,7 @@
 
 - ddp_naive.py, ddp.py (buckets.py, ddp_check.py), sampler.py   data parallelism: naive and
                bucketed-overlapped DDP, no_sync, the parameter-sync check, DistributedSampler
-- zero.py (stages 1, 2), zero3.py, shard.py, zero_memory.py   ZeRO: sharded optimizer state,
+- zero.py (stages 1, 2), zero3.py, shard.py, zero_memory.py, memory_probe.py   ZeRO: sharded optimizer state,
                gradients and weights, per-rank bytes
 - context.py   context parallelism: ring attention (``ring_attention``), zigzag sharding
 - tp_comm.py, tensor.py, tensor_vocab.py, tp_gpt.py   tensor parallelism (Megatron's f and g,
