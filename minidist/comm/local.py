@@ -186,13 +186,18 @@ class LocalTransport(ShortWays, Transport):
             self._current[src] = target
         n = w[h + 3]
         target.accept(ch.payload[ch.count % self.nslots][:n], w[h + 2])
-        ch.count += 1
-        w[ch.tail_i] = ch.count  # free the slot
-        self._bells.ring(src)
+        self._release(src, ch)
         if target.got >= target.total:
             del self._current[src]
             self._complete(src, target)
         return True
+
+    def _release(self, src: int, ch: Channel) -> None:
+        """The piece at the channel's tail has been taken: free its slot for
+        ``src`` and ring its bell (it may be waiting to write)."""
+        ch.count += 1
+        self._words[ch.tail_i] = ch.count
+        self._bells.ring(src)
 
     def _match(self, src: int, tag: int, total: int, code: int):
         posted = self._posted.get(src)

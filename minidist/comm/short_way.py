@@ -103,9 +103,7 @@ class ShortWays:
                 inbox[:] = ch.payload[k][:total]
             elif same:
                 memoryview(inbox)[:] = ch.raw[k][:total]
-            ch.count += 1
-            w[ch.tail_i] = ch.count  # free the slot
-            self._bells.ring(src)
+            self._release(src, ch)
         return same
 
     # -- one step of a ring ----------------------------------------------------
@@ -176,9 +174,7 @@ class ShortWays:
                         return sent, send_done  # another message first: the general way
                     r.check(w[h + 1], w[h + 4])
                 r.accept(ch.payload[k][:w[h + 3]], w[h + 2])
-                ch.count += 1
-                w[ch.tail_i] = ch.count  # free the slot
-                self._bells.ring(src)
+                self._release(src, ch)
                 if r.got >= r.total:
                     r.complete()
                 moved = True
