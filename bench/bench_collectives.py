@@ -17,8 +17,8 @@ comparable across N), for
 
 Each configuration is measured ``--repeats`` times, alternating minidist and
 MPICH so that a burst of other load on the machine hits both; the best time of
-the repeats is reported (and, for sizes up to 64 KiB, the best of 5 timed
-windows within a run, on both sides alike). The last column is minidist ring's busbw over MPICH's.
+the repeats is reported, each run's time being its best of 5 timed windows (3
+above 16 MiB), on both sides alike. The last column is minidist ring's busbw over MPICH's.
 """
 from __future__ import annotations
 
@@ -41,9 +41,10 @@ def iterations(nbytes: int) -> int:
 
 
 def windows(nbytes: int) -> int:
-    """Timed windows per size: small sizes take milliseconds, so a burst of other
-    load can spoil one window; the best window counts (the same for both sides)."""
-    return 5 if nbytes <= (64 << 10) else 1
+    """Timed windows per size: a window takes milliseconds to a second, so a burst
+    of other load on the machine can spoil one; the best window counts (the same
+    for both sides)."""
+    return 5 if nbytes <= (16 << 20) else 3
 
 
 def human(nbytes: float) -> str:
@@ -162,8 +163,12 @@ def table(n: int, sizes: list[int], best: dict) -> str:
             f"{'MPICH Allreduce':^26} | {'memcpy':>7} | {'ring/MPICH':>10}")
     sub = (f"{'':>8} | " + " | ".join([f"{'time':>9} {'algbw':>7} {'busbw':>8}"] * 3)
            + f" | {'GB/s':>7} | {'busbw':>10}")
-    lines = [f"world {n}  (busbw = algbw * 2(N-1)/N = algbw * {factor:.2f}; GB/s = 1e9 B/s)",
-             head, sub, "-" * len(head)]
+    lines = [f"world {n}  (busbw = algbw * 2(N-1)/N = algbw * {factor:.2f}; GB/s = 1e9 B/s)"]
+    cores = len(os.sched_getaffinity(0))  # the cores this run may use (taskset)
+    if n > cores:
+        lines.append(f"{n} ranks on {cores} core{'s' * (cores > 1)}: ranks share the cores "
+                     f"and take turns (both minidist and MPICH)")
+    lines += [head, sub, "-" * len(head)]
     for size in sizes:
         cells = []
         busbws = {}
@@ -206,7 +211,9 @@ def main() -> None:
         mpi_worker([int(s) for s in args.sizes.split(",")])
         return
     sizes = [s for s in SIZES if args.min_size <= s <= args.max_size]
-    print(f"all-reduce of float32, {os.cpu_count()} CPU cores, best of {args.repeats} repeats")
+    cores = len(os.sched_getaffinity(0))
+    print(f"all-reduce of float32, {cores} CPU core{'s' * (cores > 1)}, "
+          f"best of {args.repeats} repeats")
     ceiling = memcpy_ceiling(sizes)
     for n in args.worlds:
         best: dict = dict(ceiling)
