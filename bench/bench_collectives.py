@@ -47,6 +47,11 @@ def windows(nbytes: int) -> int:
     return 5 if nbytes <= (16 << 20) else 3
 
 
+def usable_cores() -> int:
+    """The cores this run may use (fewer than the machine's under taskset)."""
+    return len(os.sched_getaffinity(0))
+
+
 def human(nbytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if nbytes < 1024:
@@ -164,7 +169,7 @@ def table(n: int, sizes: list[int], best: dict) -> str:
     sub = (f"{'':>8} | " + " | ".join([f"{'time':>9} {'algbw':>7} {'busbw':>8}"] * 3)
            + f" | {'GB/s':>7} | {'busbw':>10}")
     lines = [f"world {n}  (busbw = algbw * 2(N-1)/N = algbw * {factor:.2f}; GB/s = 1e9 B/s)"]
-    cores = len(os.sched_getaffinity(0))  # the cores this run may use (taskset)
+    cores = usable_cores()
     if n > cores:
         lines.append(f"{n} ranks on {cores} core{'s' * (cores > 1)}: ranks share the cores "
                      f"and take turns (both minidist and MPICH)")
@@ -211,7 +216,7 @@ def main() -> None:
         mpi_worker([int(s) for s in args.sizes.split(",")])
         return
     sizes = [s for s in SIZES if args.min_size <= s <= args.max_size]
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     print(f"all-reduce of float32, {cores} CPU core{'s' * (cores > 1)}, "
           f"best of {args.repeats} repeats")
     ceiling = memcpy_ceiling(sizes)
