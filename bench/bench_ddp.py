@@ -124,7 +124,7 @@ def report(at_n: dict, at_1: float, world: int, link: float | None) -> None:
         print("\n== shared memory: every byte is copied by the ranks' CPUs ==")
     else:
         print(f"\n== emulated link of {link:g} GB/s per pair of ranks: bytes on the wire "
-              f"for M / {link:g} GB/s while the CPU is free (comm/link.py) ==")
+              f"for M / {link:g} GB/s while the CPU is free (comm/transport/link.py) ==")
     base = at_n["naive"]
     print(f"world {world}      step (ms)   vs naive")
     for v in at_n:

@@ -11,7 +11,7 @@ process computes with NumPy, with the bytes rank 0 sent.
     mpiexec -n 4 python demos/02_collectives.py  # the same, on the MPI transport
 
 Every collective is built from point-to-point sends and receives
-(minidist/comm/collectives.py); the check printed is max |got - want| = 0.
+(minidist/comm/collectives/api.py); the check printed is max |got - want| = 0.
 """
 import argparse
 import sys

@@ -18,7 +18,7 @@ bandwidth-bound (time grows linearly with M, busbw flattens out).
 With --figure PATH (no figure without it) it saves time and bus bandwidth vs
 message size, measured and fitted, as a PNG (needs matplotlib).
 
-Code: minidist/comm/ring.py (the algorithm), minidist/comm/cost.py (the model).
+Code: minidist/comm/collectives/ring.py (the algorithm), minidist/comm/collectives/cost.py (the model).
 """
 import argparse
 import sys
@@ -27,7 +27,7 @@ import time
 import minidist
 import minidist.distributed as dist
 from minidist.backend import xp
-from minidist.comm import cost
+from minidist.comm.collectives import cost
 
 
 def bytes_per_rank(m_bytes: int) -> list:

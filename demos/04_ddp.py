@@ -21,7 +21,7 @@ backward, and whether its all-reduce had already finished by then.
 With --figure PATH (no figure without it) it saves that bucket timeline as a
 PNG (needs matplotlib).
 
-Code: minidist/parallel/ddp.py (bucketed), ddp_naive.py (the oracle), buckets.py.
+Code: minidist/parallel/data/ddp.py (bucketed), naive.py (the oracle), buckets.py.
 """
 import argparse
 import sys
@@ -94,7 +94,7 @@ if __name__ == "__main__":
     parser.add_argument("--bucket-mb", type=float, default=1.0)
     parser.add_argument("--figure", metavar="PATH", help="save the timeline as a PNG (default: none)")
     parser.add_argument("--link-gbps", type=float, default=None,
-                        help="emulate a link of this many GB/s between ranks (comm/link.py)")
+                        help="emulate a link of this many GB/s between ranks (comm/transport/link.py)")
     args = parser.parse_args()
 
     single = train_single(args)

@@ -18,7 +18,7 @@ stage (gradient clipping on) and prints max |zero - ddp| over the parameters.
 With --figure PATH (no figure without it) it saves part 1's bytes per
 parameter, measured beside the formula, as a PNG (needs matplotlib).
 
-Code: minidist/parallel/zero.py (stages 1, 2), zero3.py, shard.py, zero_memory.py.
+Code: minidist/parallel/zero/zero12.py (stages 1, 2), zero3.py, shard.py, memory.py.
 """
 import argparse
 import sys
@@ -37,7 +37,7 @@ def memory_on_rank(width, stage, precision):
     from minidist.autograd import Tensor
     from minidist.backend import Generator
     from minidist.nn import MLP
-    from minidist.parallel.memory_probe import model_state_bytes
+    from minidist.parallel.zero.memory_probe import model_state_bytes
     model = MLP(width)
     p_count = model.num_parameters()            # before ZeRO-3 empties the parameters
     x = Tensor(Generator(0).normal((8, width)))

@@ -20,8 +20,8 @@ With --figure PATH (no figure without it) it saves the parameters per rank and
 the bytes rank 0 sent per collective, beside the formula, as a PNG (needs
 matplotlib).
 
-Code: minidist/parallel/tp_comm.py (f, g, gathers), tensor.py (layers),
-tensor_vocab.py (embedding, cross-entropy), tp_gpt.py (the model).
+Code: minidist/parallel/tensor/mappings.py (f, g, gathers), layers.py,
+vocab.py (embedding, cross-entropy), gpt.py (the model).
 """
 import argparse
 import sys

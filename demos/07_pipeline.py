@@ -21,8 +21,8 @@ For each schedule the demo prints
 With --figure PATH (no figure without it) it saves the measured timelines as
 a PNG (needs matplotlib).
 
-Code: minidist/parallel/pipeline_schedule.py (schedules, ASCII timelines),
-pipeline.py (executor, measurement), pipeline_gpt.py (GPT pieces).
+Code: minidist/parallel/pipeline/schedule.py (schedules, ASCII timelines),
+executor.py (executor, measurement), gpt.py (GPT pieces).
 """
 import argparse
 import sys

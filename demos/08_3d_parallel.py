@@ -21,7 +21,7 @@ place, what it holds) and the step losses beside one process's as a PNG
 (needs matplotlib).
 
 Code: minidist/parallel/three_d.py (the step), comm/mesh.py (the mesh),
-pipeline.py, tp_gpt.py, ddp_naive.py.
+parallel/pipeline/executor.py, parallel/tensor/gpt.py, parallel/data/naive.py.
 """
 import argparse
 import sys

@@ -2,7 +2,7 @@
 
 N processes each hold 1/N of a long sequence's queries, keys and values. The
 K/V blocks travel around the ring while each rank merges its partial results
-with the logsumexp rule (minidist/parallel/context.py); backward sends the
+with the logsumexp rule (minidist/parallel/context/ring_attention.py); backward sends the
 dK/dV accumulators around with them. The parent gathers every rank's rows and
 compares output and gradients with attention computed in one process.
 

@@ -67,7 +67,7 @@ def training_curves(path, losses, held_out, lrs, grad_norms, max_norm, uniform, 
 
 def bandwidth(path, sizes, times, alpha, beta, n):
     """Demo 03: ring all-reduce time and bus bandwidth vs message size, with the alpha-beta fit."""
-    from minidist.comm import cost
+    from minidist.comm.collectives import cost
     plt = _pyplot()
     if plt is None:
         return

@@ -9,7 +9,7 @@ from minidist import backend
 from minidist.autograd import (Function, Tensor, concat, enable_grad, gradcheck, no_grad,
                                split, stack, tensor, where)
 from minidist.backend import manual_seed
-from minidist.comm.launch import launch
+from minidist.comm.launch.world import launch
 
 __version__ = "0.1.0"
 

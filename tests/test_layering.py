@@ -6,6 +6,7 @@ against the table below. An upward import (``comm`` importing ``parallel``,
 """
 import ast
 import pathlib
+import sys
 
 import minidist
 
@@ -32,6 +33,25 @@ ALLOWED = {
 # modules that may import numpy by name for array work (selftest: host inputs and the
 # comparisons against NumPy)
 NUMPY_OK = {"backend", "calc", "cli", "selftest"}
+
+# Inside minidist.parallel, one strategy (a subpackage) may import another only where it
+# builds on it. strategy -> the strategies it may import (besides itself); the modules at
+# parallel/ level (three_d.py, diagnostics.py) compose strategies and may import any.
+STRATEGIES = {
+    "data": set(),
+    "zero": {"data"},               # ZeRO is data parallelism with shards: its buckets, broadcast
+    "tensor": set(),
+    "pipeline": set(),
+    "context": set(),
+}
+# Inside minidist.comm: transport moves bytes, collectives are built on it, the launcher
+# starts worlds of it. package -> what it may import (the modules at comm/ level, group,
+# mesh and errors, are what a user meets first and sit between them).
+COMM_LAYERS = {
+    "transport": {"errors"},
+    "collectives": {"transport", "errors", "group"},
+    "launch": {"transport", "errors", "group"},
+}
 
 ROOT = pathlib.Path(minidist.__file__).parent
 
@@ -78,6 +98,53 @@ def test_imports_point_down_only():
             if target in ALLOWED and target != layer and target not in allowed:
                 upward.append(f"{path.relative_to(ROOT)}:{line} ({layer}) imports {name}")
     assert not upward, "upward imports:\n" + "\n".join(upward)
+
+
+def _sibling_violations(package: str, table: dict) -> list[str]:
+    """Imports between subpackages of ``minidist.<package>`` that ``table`` does not allow.
+
+    A module directly in the package (not in a subpackage) is free: it composes them.
+    """
+    found = []
+    for path in _package_modules():
+        parts = path.relative_to(ROOT).parts
+        if parts[0] != package or len(parts) < 3:
+            continue
+        own = parts[1]
+        for line, name in _imports(path):
+            target = name.split(".")
+            if target[:2] != ["minidist", package] or len(target) < 3 or target[2] == own:
+                continue
+            if target[2] not in table.get(own, set()):
+                found.append(f"{path.relative_to(ROOT)}:{line} ({package}/{own}) imports {name}")
+    return found
+
+
+def test_strategies_import_only_what_they_build_on():
+    wrong = _sibling_violations("parallel", STRATEGIES)
+    assert not wrong, "strategy imports a sibling it does not build on:\n" + "\n".join(wrong)
+
+
+def test_transport_is_below_the_collectives():
+    wrong = _sibling_violations("comm", COMM_LAYERS)
+    assert not wrong, "comm layer imports upward:\n" + "\n".join(wrong)
+
+
+def test_every_strategy_and_comm_layer_is_in_its_table():
+    for package, table in (("parallel", STRATEGIES), ("comm", COMM_LAYERS)):
+        subpackages = {p.name for p in (ROOT / package).iterdir()
+                       if p.is_dir() and (p / "__init__.py").exists()}
+        assert subpackages == set(table), f"{package}: update the table for {subpackages ^ set(table)}"
+
+
+def test_sibling_check_catches_a_forbidden_import(tmp_path, monkeypatch):
+    """The sibling checker can fail: a data-parallel module that imports the pipeline."""
+    fake = ROOT / "parallel" / "data" / "_fake_for_test.py"
+    monkeypatch.setattr(sys.modules[__name__], "_package_modules", lambda: [fake])
+    monkeypatch.setattr(pathlib.Path, "read_text",
+                        lambda self, *a, **k: "from minidist.parallel.pipeline import gpipe\n")
+    assert _sibling_violations("parallel", STRATEGIES) == [
+        "parallel/data/_fake_for_test.py:1 (parallel/data) imports minidist.parallel.pipeline"]
 
 
 def test_core_modules_take_arrays_from_the_backend():

@@ -12,7 +12,7 @@ per rank (the whole gradient, not a chunk), alpha the latency of one message
     reduce-scatter     (M = the full tensor; each rank sends (N-1)/N * M)
 
 A ring all-reduce is a reduce-scatter followed by an all-gather, so its bytes
-are twice theirs. These agree with ``minidist.comm.cost`` (which measures the
+are twice theirs. These agree with ``minidist.comm.collectives.cost`` (which measures the
 same quantities on the real collectives); calc restates them so that it depends
 on nothing.
 """

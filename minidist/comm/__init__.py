@@ -1,21 +1,19 @@
-"""Communication between processes: point-to-point transports, the launcher,
-process groups, and every collective built from send/recv.
+"""Communication between processes: what a user meets first, and two layers below it.
 
-    transport.py    the point-to-point interface; local.py (shared memory),
-                    mpi.py (mpi4py); shm.py the segment layout
-    launch.py       World / launch: spawn ranks, collect results, fail loudly
-    group.py        ProcessGroup, init_process_group, new_group; mesh.py DeviceMesh
-    p2p.py          send, recv, isend, irecv, recv_reduce
-    collectives.py  broadcast, reduce, all_reduce, all_gather, reduce_scatter,
-                    gather, scatter, all_to_all, barrier
-    ring.py, tree.py, all_reduce.py   the algorithms; check.py the same-call check
-    cost.py         the alpha-beta cost model; work.py async handles
+    group.py        ProcessGroup, init_process_group, new_group, get_rank, get_world_size
+    mesh.py         DeviceMesh: ranks on a grid (dp x pp x tp ...), a group per axis
+    errors.py       what fails, loudly: timeouts, mismatched calls, a failed rank
+    launch/         World / launch: spawn ranks, collect results, fail loudly
+    collectives/    every collective built from send/recv, the same-call check, the cost
+                    model, async handles (its __init__ lists the files)
+    transport/      moving bytes: the point-to-point interface, shared memory, the emulated
+                    link, MPI (its __init__ lists the files)
 
 This package imports only ``minidist.backend`` (never nn, autograd or parallel).
 """
-from minidist.comm.collectives import (all_gather, all_gather_into_tensor, all_reduce,
-                                       all_to_all, barrier, broadcast, gather, reduce,
-                                       reduce_scatter, reduce_scatter_tensor, scatter)
+from minidist.comm.collectives.api import (all_gather, all_gather_into_tensor, all_reduce,
+                                           all_to_all, barrier, broadcast, gather, reduce,
+                                           reduce_scatter, reduce_scatter_tensor, scatter)
 from minidist.comm.errors import (CollectiveMismatchError, CommError, CommTimeoutError,
                                   MessageMismatchError, RankFailedError, WorldAbortedError)
 from minidist.comm.group import (NON_GROUP_MEMBER, ProcessGroup, destroy_process_group,
@@ -23,6 +21,6 @@ from minidist.comm.group import (NON_GROUP_MEMBER, ProcessGroup, destroy_process
                                  launched, new_group)
 from minidist.comm.launch import World, launch
 from minidist.comm.mesh import DeviceMesh
-from minidist.comm.ops import ReduceOp
-from minidist.comm.p2p import irecv, isend, recv, recv_reduce, send
-from minidist.comm.work import Work
+from minidist.comm.transport.reduce_op import ReduceOp
+from minidist.comm.collectives.p2p import irecv, isend, recv, recv_reduce, send
+from minidist.comm.collectives.work import Work

@@ -20,8 +20,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from minidist.comm import shm
-from minidist.comm.transport import Handle, Transport
+from minidist.comm.transport import shm
+from minidist.comm.transport.base import Handle, Transport
 
 DEFAULT_TIMEOUT = 60.0       # seconds a wait may go without progress before it fails
 USER_TAG_LIMIT = 1 << 24     # user tags are 0 .. 2**24 - 1
@@ -192,17 +192,17 @@ def init_process_group(backend: str | None = None, *, timeout: float = DEFAULT_T
             backend = "self"
     if backend == "mpi":
         try:
-            from minidist.comm.mpi import MpiTransport
+            from minidist.comm.transport.mpi import MpiTransport
             transport: Transport = MpiTransport(timeout)
         except ImportError as e:
             raise ImportError("running under mpiexec needs mpi4py: "
                               "pip install 'minidist[mpi]'") from e
     elif backend == "shm" and "MINIDIST_SHM" in env:
-        from minidist.comm.local import LocalTransport
+        from minidist.comm.transport.local import LocalTransport
         transport = LocalTransport(env["MINIDIST_SHM"], int(env.get("RANK", "0")), timeout)
     elif backend in ("self", "shm"):
         # A world of one: its own small segment, unlinked when the group is destroyed.
-        from minidist.comm.local import LocalTransport
+        from minidist.comm.transport.local import LocalTransport
         seg = shm.create(1, nslots=4, slot_bytes=1 << 16)
         _state["owned_segment"] = seg
         transport = LocalTransport(seg.name, 0, timeout)
@@ -231,7 +231,7 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
     world = _state["world"]
     if world is None:
         return
-    from minidist.comm import work
+    from minidist.comm.collectives import work
     work.shutdown()
     _state["world"] = None
     world.transport.close()

@@ -192,3 +192,19 @@ def _load_value(name: str, value: Any, p: Tensor, index: int) -> Any:
                          f"the parameter has shape {tuple(p.data.shape)}")
     # A copy, so the loaded optimizer never writes into the caller's dict.
     return value.astype(p.data.dtype, copy=True)
+
+
+def optimizer_bytes(optimizer: Any, model_params: Iterable[Any] = ()) -> int:
+    """Bytes of the optimizer's state arrays, plus parameter arrays it owns that are
+    not the model's (a float32 master copy counts as optimizer state, as in ZeRO)."""
+    total = 0
+    for state in optimizer.state.values():
+        for value in state.values():
+            if hasattr(value, "nbytes"):
+                total += value.nbytes
+    model = {id(p) for p in model_params}
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in model:
+                total += p.data.nbytes
+    return total

@@ -1,39 +1,38 @@
-"""Parallel training strategies, each built on minidist.distributed's send/recv and collectives.
+"""Parallel training strategies, one subpackage each, built on minidist.distributed.
 
-- ddp_naive.py, ddp.py (buckets.py, ddp_check.py), sampler.py   data parallelism: naive and
-               bucketed-overlapped DDP, no_sync, the parameter-sync check, DistributedSampler
-- zero.py (stages 1, 2), zero3.py, shard.py, zero_memory.py, memory_probe.py   ZeRO: sharded optimizer state,
-               gradients and weights, per-rank bytes
-- context.py   context parallelism: ring attention (``ring_attention``), zigzag sharding
-- tp_comm.py, tensor.py, tensor_vocab.py, tp_gpt.py   tensor parallelism (Megatron's f and g,
-               column / row parallel layers, vocab-parallel embedding and cross-entropy,
-               sequence parallelism, the tensor-parallel GPT)
-- pipeline_schedule.py, pipeline.py, pipeline_gpt.py   pipeline parallelism (GPipe, 1F1B and
-               interleaved schedules as data, the executor, measured bubbles, GPT pieces)
-- three_d.py   data x pipeline x tensor parallelism on one device mesh (``ThreeDParallelGPT``)
+Every strategy reproduces single-process training (tests/parallel/ says to what
+tolerance); each subpackage's docstring is its map (idea, formula, files in reading order).
+
+- data/      data parallelism: naive and bucketed-overlapped DDP, the sampler, the sync check
+- zero/      ZeRO stages 1, 2 and 3: sharded optimizer state, gradients and weights
+- tensor/    tensor parallelism (Megatron's f and g, column / row layers, vocab-parallel
+             embedding and cross-entropy, sequence parallelism, the tensor-parallel GPT)
+- pipeline/  pipeline parallelism (schedules as data, the executor, GPT pieces)
+- context/   context parallelism: ring attention, zigzag sharding
+- three_d.py      data x pipeline x tensor parallelism on one device mesh (``ThreeDParallelGPT``)
+- diagnostics.py  what to ask a data-parallel run whose numbers look wrong
+
+One strategy imports another only where it builds on it: ZeRO on data; 3D on tensor,
+pipeline and data (tests/test_layering.py).
 """
-from minidist.parallel.ddp import DistributedDataParallel
-from minidist.parallel.ddp_check import verify_parameter_sync
-from minidist.parallel.ddp_naive import DataParallelNaive, found_inf_reduce
-from minidist.parallel.sampler import DistributedSampler
-from minidist.parallel.zero import Zero1, Zero2
-from minidist.parallel.zero3 import Zero3
-from minidist.parallel.context import (RingAttention, plan_work, ring_attention, shard_sequence,
-                                       unshard_sequence)
-from minidist.parallel.tensor import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention,
-                                      RowParallelLinear, SequenceParallelLayerNorm,
-                                      shard_state_dict)
-from minidist.parallel.tensor_vocab import (VocabParallelEmbedding, vocab_parallel_cross_entropy,
-                                            vocab_range)
-from minidist.parallel.tp_comm import (copy_to_tp, gather_from_sp, gather_from_tp,
-                                       reduce_from_tp, reduce_scatter_to_sp, split_to_tp)
-from minidist.parallel.tp_gpt import ParallelBlock, TensorParallelGPT
-from minidist.parallel.pipeline import PipelineStats, measured_bubble, run_pipeline, split_layers
-from minidist.parallel.pipeline_gpt import (GPTPiece, pieces_of_rank, pipeline_parameters,
-                                            split_gpt, sync_tied_gradients)
-from minidist.parallel.pipeline_schedule import (Op, gpipe, interleaved, make_schedule,
-                                                 one_f_one_b, render_timeline, simulate)
+from minidist.parallel.context import (RingAttention, plan_work, ring_attention,
+                                       shard_sequence, unshard_sequence)
+from minidist.parallel.data import (DataParallelNaive, DistributedDataParallel,
+                                    DistributedSampler, found_inf_reduce, verify_parameter_sync)
+from minidist.parallel.pipeline import (GPTPiece, Op, PipelineStats, gpipe, interleaved,
+                                        make_schedule, measured_bubble, one_f_one_b,
+                                        pieces_of_rank, pipeline_parameters, render_timeline,
+                                        run_pipeline, simulate, split_gpt, split_layers,
+                                        sync_tied_gradients)
+from minidist.parallel.tensor import (ColumnParallelLinear, ParallelBlock, ParallelMLP,
+                                      ParallelSelfAttention, RowParallelLinear,
+                                      SequenceParallelLayerNorm, TensorParallelGPT,
+                                      VocabParallelEmbedding, copy_to_tp, gather_from_sp,
+                                      gather_from_tp, reduce_from_tp, reduce_scatter_to_sp,
+                                      shard_state_dict, split_to_tp, vocab_parallel_cross_entropy,
+                                      vocab_range)
 from minidist.parallel.three_d import ThreeDParallelGPT
+from minidist.parallel.zero import Zero1, Zero2, Zero3
 
 __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_sync",
            "DistributedSampler", "Zero1", "Zero2", "Zero3", "found_inf_reduce",

@@ -10,7 +10,7 @@ One training step on every rank:
 
     1. its data-parallel shard of the batch: rows [d B/dp, (d+1) B/dp), cut into
        m micro-batches
-    2. the pipeline schedule over its pp group (pipeline.py), each piece a part of
+    2. the pipeline schedule over its pp group (pipeline/executor.py), each piece a part of
        the TensorParallelGPT whose layers communicate in its tp group
     3. the tied embedding's two gradient halves added across first and last stage
     4. gradients averaged over its dp group (``DataParallelNaive.sync_gradients``:
@@ -32,13 +32,13 @@ import minidist.distributed as dist
 from minidist.comm import DeviceMesh
 from minidist.nn.gpt import GPTConfig
 from minidist.nn.module import ModuleList
-from minidist.parallel.ddp_naive import DataParallelNaive
-from minidist.parallel.pipeline import PipelineStats, run_pipeline
-from minidist.parallel.pipeline_gpt import (pieces_of_rank, pipeline_parameters, split_gpt,
+from minidist.parallel.data.naive import DataParallelNaive
+from minidist.parallel.pipeline.executor import PipelineStats, run_pipeline
+from minidist.parallel.pipeline.gpt import (pieces_of_rank, pipeline_parameters, split_gpt,
                                             sync_tied_gradients)
-from minidist.parallel.pipeline_schedule import make_schedule
-from minidist.parallel.tensor import shard_state_dict
-from minidist.parallel.tp_gpt import TensorParallelGPT
+from minidist.parallel.pipeline.schedule import make_schedule
+from minidist.parallel.tensor.layers import shard_state_dict
+from minidist.parallel.tensor.gpt import TensorParallelGPT
 
 
 class ThreeDParallelGPT:

@@ -23,7 +23,7 @@ from minidist import backend
 from minidist.attention import flash_attention
 from minidist.autograd import Tensor, concat, split, stack
 from minidist.backend import xp
-from minidist.comm.launch import launch
+from minidist.comm.launch.world import launch
 from minidist.nn import GPT, GPTConfig
 from minidist.nn import functional as F
 from minidist.optim import AdamW

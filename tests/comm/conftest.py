@@ -14,7 +14,8 @@ import os
 
 import pytest
 
-from minidist.comm import World, shm
+from minidist.comm import World
+from minidist.comm.transport import shm
 
 # Small slots so that messages of a few thousand elements are cut into pieces
 # and pipelined through the channel, as large ones are in real runs.

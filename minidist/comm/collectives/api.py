@@ -1,0 +1,274 @@
+"""The collectives, shaped like torch.distributed and built only from send/recv.
+
+Each public function (1) resolves the group (``None`` = the world), (2) checks
+that every rank made the same call (check.py; a small all-reduce does it in its
+own messages, small.py), (3) runs its algorithm on the
+group's point-to-point calls, counting the bytes it moved (``group.stats.last``),
+and (4) runs now, or in the background when ``async_op=True`` (work.py).
+
+Arrays are arrays of the active backend. In-place where torch's are in place:
+``all_reduce(x)`` leaves the result in ``x``; ``broadcast(x, src)`` overwrites
+``x`` on every rank but ``src``. ``src`` / ``dst`` are global ranks, as in torch.
+
+    collective       algorithm            bytes sent per rank (M = array bytes)
+    broadcast        binomial tree        <= ceil(log2 N) * M (the root)
+    reduce           binomial tree        M (every rank but the root)
+    all_reduce       ring/tree/rd/naive/  ring: 2(N-1)/N * M; allgather: (N-1) * M
+                     allgather
+    all_gather       ring                 (N-1) * M   (M = one rank's part)
+    reduce_scatter   ring                 (N-1)/N * M (M = the whole input)
+    gather, scatter  direct (linear)      the root receives / sends (N-1) * M
+    all_to_all       pairwise exchange    (N-1)/N * M
+    barrier          dissemination        ceil(log2 N) empty messages
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from minidist.backend import xp
+from minidist.comm.collectives import work
+from minidist.comm.collectives.all_reduce import all_reduce_flat, choose
+from minidist.comm.collectives.check import describe, verify_same_call
+from minidist.comm.group import ProcessGroup, resolve
+from minidist.comm.transport.reduce_op import ReduceOp, finish
+from minidist.comm.collectives.ring import chunk_bounds, ring_all_gather, ring_reduce_scatter
+from minidist.comm.collectives.small import allgather_all_reduce, plan_for
+from minidist.comm.collectives.tree import binomial_broadcast, binomial_reduce
+
+
+def _run(group: ProcessGroup | None, name: str, fields: dict,
+         body: Callable[[ProcessGroup, int], None], async_op: bool, checks_itself: bool = False):
+    g = group if isinstance(group, ProcessGroup) else resolve(group)
+    tag = g.next_collective_tag()  # taken now, in issue order, even if run later
+
+    def job() -> None:
+        start = time.perf_counter()  # the same-call check is part of the collective's time
+        if g.check and g.size > 1 and not checks_itself:
+            verify_same_call(g, describe(name, **fields), tag)
+        before = g.stats.snapshot()
+        body(g, tag)
+        g.stats.record(name, before, fields, time.perf_counter() - start)
+
+    return work.submit(job, async_op)
+
+
+def _nothing() -> None:
+    pass
+
+
+def _flat(arr: Any) -> tuple[Any, Callable[[], None]]:
+    """A 1-D contiguous view of ``arr`` to work in, and how to write it back."""
+    if arr.flags.c_contiguous:
+        return arr.reshape(-1), _nothing
+    staging = xp.ascontiguousarray(arr).reshape(-1)
+
+    def write_back() -> None:
+        arr[...] = staging.reshape(arr.shape)
+    return staging, write_back
+
+
+_dtype_names: dict = {}
+
+
+def _sig(arr: Any) -> dict:
+    dtype = arr.dtype
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = dtype.name  # slow in NumPy: computed once per dtype
+    return {"dtype": name, "shape": arr.shape}
+
+
+def _same_as(arrays: list, ref: Any, what: str, n: int) -> None:
+    if len(arrays) != n:
+        raise ValueError(f"{what} must hold {n} arrays (one per rank), got {len(arrays)}")
+    for a in arrays:
+        if a.shape != ref.shape or a.dtype != ref.dtype:
+            raise ValueError(f"every array in {what} must have shape {tuple(ref.shape)} and "
+                             f"dtype {ref.dtype}, got {tuple(a.shape)} {a.dtype}")
+
+
+def broadcast(tensor: Any, src: int, group: ProcessGroup | None = None,
+              async_op: bool = False):
+    """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank (binomial tree)."""
+    def body(g, tag):
+        flat, write_back = _flat(tensor)
+        binomial_broadcast(g, flat, g.group_rank(src), tag)
+        write_back()
+    return _run(group, "broadcast", dict(src=src, **_sig(tensor)), body, async_op)
+
+
+def reduce(tensor: Any, dst: int, op: ReduceOp = ReduceOp.SUM,
+           group: ProcessGroup | None = None, async_op: bool = False):
+    """Reduce ``tensor`` of all ranks into ``tensor`` of rank ``dst`` (binomial tree).
+    The arrays of the other ranks are left unchanged."""
+    def body(g, tag):
+        root = g.group_rank(dst)
+        flat, write_back = _flat(tensor)
+        if g.rank == root:
+            binomial_reduce(g, flat, op, root, tag)
+            finish(op, flat, g.size)
+            write_back()
+        else:
+            binomial_reduce(g, flat.copy(), op, root, tag)
+    return _run(group, "reduce", dict(dst=dst, op=op.name, **_sig(tensor)), body, async_op)
+
+
+def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | None = None,
+               async_op: bool = False, algorithm: str = "auto"):
+    """Reduce ``tensor`` across the group in place. Afterwards ``tensor`` is bitwise
+    identical in all processes. ``algorithm``: auto, ring, tree, recursive_doubling,
+    naive, allgather (all_reduce.py)."""
+    g = resolve(group)
+    alg = choose(algorithm, tensor.nbytes, g.size)
+    if alg == "allgather" and g.size > 1:
+        # The same-call check travels in the same messages as the data (small.py).
+        plan = plan_for(g, tensor, op)
+
+        def gather_body(g, tag):
+            flat, write_back = _flat(tensor)
+            allgather_all_reduce(g, flat, plan, tag)
+            write_back()
+        return _run(g, "all_reduce", plan.fields, gather_body, async_op, checks_itself=True)
+
+    def body(g, tag):
+        flat, write_back = _flat(tensor)
+        all_reduce_flat(g, flat, op, alg, tag)
+        write_back()
+    return _run(g, "all_reduce", dict(op=op.name, algorithm=alg, **_sig(tensor)), body, async_op)
+
+
+def all_gather_into_tensor(output: Any, input: Any, group: ProcessGroup | None = None,
+                           async_op: bool = False):
+    """``output`` (N times the size of ``input``) gets every rank's ``input``, in rank order."""
+    g = resolve(group)
+    if output.size != g.size * input.size or output.dtype != input.dtype:
+        raise ValueError(f"all_gather_into_tensor: output must hold {g.size} x {input.size} "
+                         f"elements of {input.dtype}, got {output.size} of {output.dtype}")
+
+    def body(g, tag):
+        flat, write_back = _flat(output)
+        bounds = chunk_bounds(flat.size, g.size)
+        lo, hi = bounds[g.rank]
+        flat[lo:hi] = input.reshape(-1)
+        ring_all_gather(g, flat, bounds, tag)
+        write_back()
+    return _run(g, "all_gather", _sig(input), body, async_op)
+
+
+def all_gather(tensor_list: list, tensor: Any, group: ProcessGroup | None = None,
+               async_op: bool = False):
+    """``tensor_list[i]`` gets rank i's ``tensor`` on every rank (ring)."""
+    g = resolve(group)
+    _same_as(tensor_list, tensor, "tensor_list", g.size)
+
+    def body(g, tag):
+        flat = xp.empty(g.size * tensor.size, dtype=tensor.dtype)
+        bounds = chunk_bounds(flat.size, g.size)
+        lo, hi = bounds[g.rank]
+        flat[lo:hi] = tensor.reshape(-1)
+        ring_all_gather(g, flat, bounds, tag)
+        for out, (lo, hi) in zip(tensor_list, bounds):
+            out[...] = flat[lo:hi].reshape(out.shape)
+    return _run(g, "all_gather", _sig(tensor), body, async_op)
+
+
+def reduce_scatter_tensor(output: Any, input: Any, op: ReduceOp = ReduceOp.SUM,
+                          group: ProcessGroup | None = None, async_op: bool = False):
+    """Reduce ``input`` (N times the size of ``output``) across ranks; rank r keeps
+    part r of the result in ``output`` (ring). ``input`` is not modified."""
+    g = resolve(group)
+    if input.size != g.size * output.size or output.dtype != input.dtype:
+        raise ValueError(f"reduce_scatter_tensor: input must hold {g.size} x {output.size} "
+                         f"elements of {output.dtype}, got {input.size} of {input.dtype}")
+
+    def body(g, tag):
+        work_buf = input.reshape(-1).copy()
+        bounds = chunk_bounds(work_buf.size, g.size)
+        ring_reduce_scatter(g, work_buf, bounds, op, tag)
+        lo, hi = bounds[g.rank]
+        mine = work_buf[lo:hi]
+        finish(op, mine, g.size)
+        output[...] = mine.reshape(output.shape)
+    return _run(g, "reduce_scatter", dict(op=op.name, **_sig(input)), body, async_op)
+
+
+def reduce_scatter(output: Any, input_list: list, op: ReduceOp = ReduceOp.SUM,
+                   group: ProcessGroup | None = None, async_op: bool = False):
+    """Rank r gets op over all ranks of ``input_list[r]``, in ``output`` (ring)."""
+    g = resolve(group)
+    _same_as(input_list, output, "input_list", g.size)
+    stacked = xp.concatenate([a.reshape(-1) for a in input_list])
+    return reduce_scatter_tensor(output, stacked, op, g, async_op)
+
+
+def gather(tensor: Any, gather_list: list | None = None, dst: int = 0,
+           group: ProcessGroup | None = None, async_op: bool = False):
+    """Rank ``dst`` gets every rank's ``tensor`` in ``gather_list`` (direct sends)."""
+    g = resolve(group)
+    root = g.group_rank(dst)
+    if g.rank == root:
+        _same_as(gather_list or [], tensor, "gather_list", g.size)
+
+    def body(g, tag):
+        if g.rank != root:
+            g.wait([g.isend(tensor, root, tag)], "gather")
+            return
+        gather_list[root][...] = tensor
+        g.wait([g.irecv(gather_list[i], i, tag) for i in range(g.size) if i != root], "gather")
+    return _run(g, "gather", dict(dst=dst, **_sig(tensor)), body, async_op)
+
+
+def scatter(tensor: Any, scatter_list: list | None = None, src: int = 0,
+            group: ProcessGroup | None = None, async_op: bool = False):
+    """Rank r gets ``scatter_list[r]`` of rank ``src`` in ``tensor`` (direct sends)."""
+    g = resolve(group)
+    root = g.group_rank(src)
+    if g.rank == root:
+        _same_as(scatter_list or [], tensor, "scatter_list", g.size)
+
+    def body(g, tag):
+        if g.rank != root:
+            g.wait([g.irecv(tensor, root, tag)], "scatter")
+            return
+        g.wait([g.isend(scatter_list[i], i, tag) for i in range(g.size) if i != root], "scatter")
+        tensor[...] = scatter_list[root]
+    return _run(g, "scatter", dict(src=src, **_sig(tensor)), body, async_op)
+
+
+def all_to_all(output_list: list, input_list: list, group: ProcessGroup | None = None,
+               async_op: bool = False):
+    """Rank r sends ``input_list[j]`` to rank j, which receives it in ``output_list[r]``.
+
+    Pairwise exchange: in step s rank r sends to r+s and receives from r-s, so
+    every pair meets exactly once and no rank is flooded by all others at once.
+    Parts may differ in size between pairs; the dtype must be the same.
+    """
+    g = resolve(group)
+    for what, lst in (("input_list", input_list), ("output_list", output_list)):
+        if len(lst) != g.size:
+            raise ValueError(f"all_to_all: {what} must hold {g.size} arrays, got {len(lst)}")
+
+    def body(g, tag):
+        n, r = g.size, g.rank
+        output_list[r][...] = input_list[r]
+        for s in range(1, n):
+            g.sendrecv(input_list[(r + s) % n], (r + s) % n,
+                       output_list[(r - s) % n], (r - s) % n, tag, what=f"all_to_all step {s}")
+    return _run(g, "all_to_all", dict(dtype=input_list[0].dtype.name), body, async_op)
+
+
+def barrier(group: ProcessGroup | None = None, async_op: bool = False):
+    """Return only once every rank of the group has entered the barrier.
+
+    Dissemination: in round k rank r signals r + 2**k and waits for r - 2**k;
+    after ceil(log2 N) rounds each rank has heard, directly or not, from all.
+    """
+    def body(g, tag):
+        n, r = g.size, g.rank
+        empty, sink = xp.empty(0, dtype="uint8"), xp.empty(0, dtype="uint8")
+        d = 1
+        while d < n:
+            g.sendrecv(empty, (r + d) % n, sink, (r - d) % n, tag, what="barrier")
+            d *= 2
+    return _run(group, "barrier", {}, body, async_op)

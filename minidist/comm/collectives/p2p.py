@@ -1,0 +1,62 @@
+"""Point-to-point calls of the facade: send, recv, isend, irecv, recv_reduce.
+
+``dst`` / ``src`` are global ranks (as in torch.distributed); ``tag`` tells
+apart messages between the same pair. Sends and receives between a pair with
+the same tag are matched in order. A receive that sees no progress for the
+group's timeout raises ``CommTimeoutError`` naming the peer and the tag.
+
+A blocking ``send`` of a message larger than the channel waits for the peer to
+receive it (as MPI's ``Send`` may): two ranks that both ``send`` before they
+``recv`` deadlock on large messages. Post one side with ``isend`` / ``irecv``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from minidist.comm.group import USER_TAG_LIMIT, ProcessGroup, resolve
+from minidist.comm.transport.reduce_op import ReduceOp
+from minidist.comm.transport.base import Handle
+
+
+def _check_tag(tag: int) -> int:
+    if not 0 <= tag < USER_TAG_LIMIT:
+        raise ValueError(f"tag must be in [0, {USER_TAG_LIMIT}), got {tag}")
+    return tag
+
+
+def isend(tensor: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> Handle:
+    """Start sending ``tensor`` to rank ``dst``; do not modify it until ``wait()``."""
+    g = resolve(group)
+    return g.isend(tensor, g.group_rank(dst), _check_tag(tag))
+
+
+def irecv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0,
+          op: ReduceOp | None = None) -> Handle:
+    """Start receiving into ``tensor`` from rank ``src`` (reduce into it with ``op``)."""
+    g = resolve(group)
+    return g.irecv(tensor, g.group_rank(src), _check_tag(tag), op)
+
+
+def send(tensor: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> None:
+    g = resolve(group)
+    h = isend(tensor, dst, g, tag)
+    g.wait([h], f"send to rank {dst}")
+
+
+def recv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0) -> int:
+    """Receive into ``tensor`` (same shape and dtype as sent). Returns ``src``."""
+    g = resolve(group)
+    g.wait([irecv(tensor, src, g, tag)], f"recv from rank {src}")
+    return src
+
+
+def recv_reduce(tensor: Any, src: int, op: ReduceOp = ReduceOp.SUM,
+                group: ProcessGroup | None = None, tag: int = 0) -> int:
+    """Receive an array from ``src`` and fold it into ``tensor``: tensor = op(tensor, incoming).
+
+    On the local transport the incoming bytes are reduced straight out of shared
+    memory, without a temporary copy: the step ring algorithms are made of.
+    """
+    g = resolve(group)
+    g.wait([irecv(tensor, src, g, tag, op)], f"recv_reduce from rank {src}")
+    return src

@@ -1,0 +1,117 @@
+"""Small all-reduce: gather every rank's array and reduce locally, in the same
+exchange as the same-call check.
+
+For a few kilobytes an all-reduce costs its rounds of messages (the alpha
+term), not its bytes. The call check (check.py) already is an all-gather:
+in ceil(log2 N) rounds of the Bruck pattern every rank collects one block from
+every rank. Let each block carry, after the record describing the call, the
+rank's array, and the check and the all-reduce are one exchange:
+
+    block of rank q = [ record of q's call (128 B) | x_q (M bytes) ]
+
+    round k, d = 2**k:  send rows 0..count-1 of my table to rank r - d,
+                        receive count rows from rank r + d into rows d, d+1, ...
+    then:  every record equals mine  ->  all ranks made the same call
+           x = op(x_0, x_1, ..., x_{N-1}), folded in rank order
+
+    T_allgather = ceil(log2 N) * alpha + (N-1) * M / beta,   (N-1) * M bytes sent
+
+Every rank folds the same N arrays in the same order, so all get the same bits
+(the bits of the one-process reference, which folds left to right, too).
+Against recursive doubling after a separate check this halves the rounds (and
+needs no extra fold/unfold steps when N is not a power of two), but sends
+(N-1) M bytes instead of log2(N) M, so ``auto`` uses it for small arrays only
+(all_reduce.py). With the check off (``init_process_group(check=False)``) the
+blocks are the arrays alone, and a block of another size raises
+MessageMismatchError where it arrives.
+
+A call should cost little more than its messages, so everything that depends
+only on (group, shape, dtype, op) is worked out once and kept in a plan: the
+table, the views of its rows in rank order, the record, the fields of the
+call for the stats. A call copies its array in, exchanges, compares, folds.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from minidist import backend
+from minidist.comm.collectives.check import (bruck_rounds, describe, encode, gather_rows, host_table,
+                                 raise_mismatch)
+from minidist.comm.transport.reduce_op import ReduceOp, combine_fn, finish
+from minidist.comm.transport.base import host_view
+
+# Plans kept per group: a training loop all-reduces a handful of shapes. Only
+# plans whose table is small are kept (an explicit algorithm="allgather" on big
+# arrays makes its plan afresh), so the cache stays under 32 x 64 KiB.
+MAX_PLANS = 32
+MAX_KEPT_TABLE_BYTES = 64 * 1024
+
+
+class SmallPlan:
+    """What a small all-reduce of one (shape, dtype, op) on one group needs."""
+
+    def __init__(self, group, shape: tuple, dtype: Any, op: ReduceOp):
+        n, r = group.size, group.rank
+        # The call, as the stats record it and the check compares it.
+        self.fields = dict(op=op.name, algorithm="allgather", dtype=dtype.name, shape=shape)
+        self.line = describe("all_reduce", **self.fields)
+        self.record = encode(self.line) if group.check else b""
+        count = 1
+        for s in shape:
+            count *= s
+        self.payload_bytes = count * dtype.itemsize   # M
+        head = len(self.record)
+        # Row i: the block of rank r + i (mod N): [record | array bytes].
+        self.table = host_table(n, head + self.payload_bytes)
+        self.table[0, :head] = host_view(self.record)
+        self.rounds = bruck_rounds(group, self.table)
+        self.records = self.table[:, :head]           # (N, 128): every rank's record
+        self.expected = self.records[0].tobytes() * n  # what they hold if all agree
+        arrays = self.table[:, head:].view(dtype)     # (N, count): row i = x of rank r + i
+        self.mine = arrays[0]
+        self.by_rank = [arrays[(q - r) % n] for q in range(n)]  # x_0, x_1, ..., x_{N-1}
+        # On the CPU backends from_host gives a view: made once here. On CuPy it
+        # copies to the device, so it must happen on every call.
+        self.on_host = backend.get_backend() != "cupy"
+        if self.on_host:
+            self.by_rank = [backend.from_host(x) for x in self.by_rank]
+        self.combine = combine_fn(op)
+        self.op = op
+        self.messages = len(self.rounds)              # ceil(log2 N)
+        self.bytes_moved = (n - 1) * self.payload_bytes  # sent, and received, per rank
+
+
+def plan_for(group, tensor: Any, op: ReduceOp) -> SmallPlan:
+    """The plan for an all-reduce of ``tensor`` with ``op`` on ``group``, made on first use."""
+    key = (tensor.shape, tensor.dtype, op)
+    plan = group.small_plans.get(key)
+    if plan is None:
+        plan = SmallPlan(group, tensor.shape, tensor.dtype, op)
+        if plan.table.nbytes <= MAX_KEPT_TABLE_BYTES:
+            if len(group.small_plans) >= MAX_PLANS:
+                group.small_plans.clear()
+            group.small_plans[key] = plan
+    return plan
+
+
+def allgather_all_reduce(group, flat: Any, plan: SmallPlan, tag: int) -> None:
+    """Reduce the 1-D contiguous ``flat`` in place: gather every rank's copy with
+    the call check, then fold them in rank order (formula in the module docstring)."""
+    plan.mine[...] = backend.to_host(flat)        # our block's array part
+    if plan.record:
+        whole = gather_rows(group, plan.rounds, tag, "small all-reduce")
+        if not whole or plan.records.tobytes() != plan.expected:
+            raise_mismatch(group, plan.line, tag)  # raises on every rank
+    else:  # the check is off: a block of another size is an error where it arrives
+        gather_rows(group, plan.rounds, tag, "small all-reduce", strict=True)
+    stats = group.stats
+    stats.bytes_sent += plan.bytes_moved
+    stats.bytes_recv += plan.bytes_moved
+    stats.msgs_sent += plan.messages
+    stats.msgs_recv += plan.messages
+    xs = plan.by_rank if plan.on_host else [backend.from_host(x) for x in plan.by_rank]
+    fold = plan.combine
+    fold(xs[0], xs[1], out=flat)
+    for x in xs[2:]:
+        fold(flat, x, out=flat)
+    finish(plan.op, flat, group.size)

@@ -1,0 +1,13 @@
+"""Starting a world of local processes, running functions on it, and failing loudly.
+
+Files:
+
+- world.py  ``World`` and ``launch``: spawn N ranks, attach them to one shared-memory
+            segment, run functions, tear everything down when one rank fails
+
+``minidist run -n N script.py`` (minidist/cli.py) starts a script this way, as torchrun
+does. Docs: docs/collectives.md. Tests: tests/comm/launch/.
+"""
+from minidist.comm.launch.world import World, launch
+
+__all__ = ["World", "launch"]

@@ -1,0 +1,284 @@
+"""Start a world of processes, run functions on it, and bring it down loudly.
+
+    results = minidist.launch(fn, 4, x)     # fn(x) on 4 ranks -> [r0, r1, r2, r3]
+
+    with World(4) as world:                 # keep the processes between calls
+        world.run(fn_a)
+        world.run(fn_b, 1, 2)
+
+How a world lives and dies:
+
+- The parent creates the shared-memory segment, then starts the ranks with the
+  ``spawn`` method (a fresh interpreter; nothing is inherited through fork, as
+  CUDA requires). Each rank attaches the segment by name and joins the group.
+- ``run`` sends the function (pickled with dill, so closures work) to every
+  rank over a pipe and collects the return values.
+- If a rank raises, it marks the world as aborted in shared memory, so ranks
+  blocked on it stop at once with ``WorldAbortedError``. The parent waits a
+  moment for the others to report, terminates the rest, removes the segment
+  and raises ``RankFailedError`` with the failing rank and its traceback.
+- A rank that dies without a word (killed, ``os._exit``) is seen through its
+  process sentinel and treated the same way.
+- Ctrl-C in the parent stops every rank. A rank whose parent disappears
+  removes the segment and exits (a watchdog thread checks every 0.2 s).
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+import dill
+import multiprocess
+from multiprocess.connection import wait as wait_any
+
+from minidist import backend
+from minidist.comm.transport import shm
+from minidist.comm.errors import RankFailedError, WorldAbortedError
+from minidist.comm.transport.link import link_bytes_per_s
+from minidist.comm.transport.base import cores_available
+
+GRACE_S = 1.0  # after a failure, how long the other ranks get to report before being killed
+
+
+class World:
+    """``world_size`` processes with the process group initialised, kept alive."""
+
+    def __init__(self, world_size: int, *, timeout: float = 60.0, nslots: int = 4,
+                 slot_bytes: int | None = None, check: bool = True, init_group: bool = True,
+                 run_timeout: float | None = None, start_timeout: float = 120.0,
+                 link_gbps: float | None = None):
+        """``timeout``: seconds a send or receive may wait without progress;
+        ``nslots`` x ``slot_bytes``: the ring of each pair's channel (1 MiB slots
+        up to 8 ranks, 256 KiB beyond, as there are N^2 channels); ``check``:
+        verify that ranks make the same collective calls; ``init_group``: call
+        init_process_group in each rank (``minidist run`` leaves it to the
+        script); ``run_timeout``: limit on one ``run`` (None: none);
+        ``link_gbps``: emulate a link of that many GB/s between every pair of
+        ranks (link.py; None: ``MINIDIST_LINK_GBPS`` if set, else none)."""
+        if world_size < 1:
+            raise ValueError(f"world_size must be at least 1, got {world_size}")
+        if slot_bytes is None:
+            slot_bytes = 1 << 20 if world_size <= 8 else 1 << 18
+        self.world_size = world_size
+        self.run_timeout = run_timeout  # limit on one run() (None: rely on comm timeouts)
+        self.closed = False
+        self._segment = shm.create(world_size, nslots, slot_bytes,
+                                   link_bytes_per_s(link_gbps))
+        self.segment_name = self._segment.name
+        atexit.register(self.close)
+        # The ranks use this process's backend, also when it was chosen with
+        # set_backend() rather than MINIDIST_BACKEND (which they would inherit).
+        options = dict(timeout=timeout, check=check, init_group=init_group,
+                       backend=backend.get_backend())
+        ctx = multiprocess.get_context("spawn")
+        self._conns, self._procs = [], []
+        try:
+            with _threads_per_rank(world_size):
+                self._start(ctx, world_size, options)
+            self._collect(start_timeout, "starting")
+        except BaseException:
+            self.close(force=True)
+            raise
+
+    def _start(self, ctx, world_size: int, options: dict) -> None:
+        for rank in range(world_size):
+            parent_end, child_end = ctx.Pipe()
+            p = ctx.Process(target=_rank_main, name=f"minidist-rank{rank}", daemon=True,
+                            args=(rank, world_size, self.segment_name, child_end, options))
+            p.start()
+            child_end.close()
+            self._conns.append(parent_end)
+            self._procs.append(p)
+
+    def __enter__(self) -> "World":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def run(self, fn: Callable, *args: Any, **kwargs: Any) -> list:
+        """Call ``fn(*args, **kwargs)`` on every rank; return the per-rank results."""
+        if self.closed:
+            raise RuntimeError("this world is closed (a rank failed, or close() was called)")
+        payload = dill.dumps((fn, args, kwargs), recurse=True)
+        try:
+            for conn in self._conns:
+                conn.send_bytes(payload)
+            return self._collect(self.run_timeout, getattr(fn, "__name__", "fn"))
+        except BaseException:
+            self.close(force=True)
+            raise
+
+    def _collect(self, timeout: float | None, what: str) -> list:
+        """Wait for one reply per rank; on any failure, stop the world and raise."""
+        n = self.world_size
+        results: list = [None] * n
+        failures: dict[int, tuple[str, str, bool]] = {}  # rank -> (type, traceback, aborted)
+        pending = set(range(n))
+        start = time.monotonic()
+        failed_at = None
+        while pending:
+            limit = None if timeout is None else start + timeout - time.monotonic()
+            if failed_at is not None:
+                grace = failed_at + GRACE_S - time.monotonic()
+                limit = grace if limit is None else min(limit, grace)
+            if limit is not None and limit <= 0:
+                break
+            ready = wait_any([self._conns[r] for r in pending] +
+                             [self._procs[r].sentinel for r in pending], limit)
+            for r in list(pending):
+                conn, proc = self._conns[r], self._procs[r]
+                if conn not in ready and proc.sentinel not in ready:
+                    continue
+                try:
+                    reply = conn.recv() if conn.poll() else None
+                except (EOFError, OSError):
+                    reply = None
+                if reply is None:
+                    proc.join(0.5)
+                    failures[r] = ("ProcessExited", f"rank {r} exited with code "
+                                   f"{proc.exitcode} while {what}\n", False)
+                elif reply[0] == "ok":
+                    results[r] = reply[1]
+                else:
+                    failures[r] = (reply[1], reply[2], reply[3])
+                pending.discard(r)
+            if failures and failed_at is None:
+                failed_at = time.monotonic()
+                shm.set_abort(self._segment, -1, f"rank {min(failures)} failed")
+        if pending and not failures:
+            for r in pending:
+                failures[r] = ("TimeoutError", f"rank {r} did not finish {what} within "
+                               f"{timeout} s\n", False)
+        if failures:
+            self.close(force=True)
+            first = min((r for r in failures if not failures[r][2]), default=min(failures))
+            raise RankFailedError(first, failures[first][0], failures[first][1],
+                                  {r: f[:2] for r, f in sorted(failures.items())})
+        return results
+
+    def close(self, force: bool = False) -> None:
+        """Stop every rank and remove the segment. Ranks are asked to exit and
+        given 2 s, then terminated; with ``force`` (after a failure) at once."""
+        if self.closed:
+            return
+        self.closed = True
+        atexit.unregister(self.close)
+        if not force:
+            for conn in self._conns:
+                try:
+                    conn.send_bytes(b"")  # "exit" to a rank waiting for work
+                except (OSError, ValueError):
+                    pass
+            deadline = time.monotonic() + 2.0
+            for p in self._procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+        for p in self._procs:
+            if p.is_alive():
+                p.terminate()
+        for p in self._procs:
+            p.join(1.0)
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+        for conn in self._conns:
+            conn.close()
+        name = self.segment_name
+        shm.close(self._segment)
+        shm.unlink(name)
+
+
+BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+@contextlib.contextmanager
+def _threads_per_rank(world_size: int):
+    """Start the ranks with cores // N BLAS threads each (at least 1), as
+    torchrun does, unless the user set the variable. Otherwise each of N ranks
+    starts a BLAS thread per core, N threads share every core, and since
+    OpenBLAS's threads spin while they wait, a 512 x 512 matmul that takes 0.1
+    ms alone takes tens of milliseconds."""
+    threads = str(max(1, cores_available() // world_size))
+    added = [var for var in BLAS_THREAD_VARS if var not in os.environ]
+    for var in added:
+        os.environ[var] = threads   # read by the spawned interpreters' BLAS at start
+    try:
+        yield
+    finally:
+        for var in added:
+            os.environ.pop(var, None)
+
+
+def launch(fn: Callable, world_size: int, *args: Any, **kwargs: Any) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` new processes, each with the
+    process group initialised, and return the list of their return values.
+
+    Like ``torch.multiprocessing.spawn``, but returning results. Call it under
+    ``if __name__ == "__main__":`` in a script: spawned processes import it.
+    Raises ``RankFailedError`` (rank, remote traceback) if any rank fails.
+    """
+    with World(world_size) as world:
+        return world.run(fn, *args, **kwargs)
+
+
+# --------------------------------------------------------------------------
+# Inside a rank.
+# --------------------------------------------------------------------------
+
+def _rank_main(rank: int, world_size: int, segment_name: str, conn, options: dict) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MINIDIST_SHM=segment_name)
+    segment = shm.attach(segment_name)
+    _watch_parent(segment_name)
+    backend.set_backend(options["backend"])
+    backend.use_device(rank)  # CuPy: GPU rank mod G; with fewer GPUs than ranks, shared
+    from minidist.comm import group
+    try:
+        if options["init_group"]:
+            group.init_process_group("shm", timeout=options["timeout"], check=options["check"])
+        conn.send(("ok", rank))
+        while True:
+            try:
+                payload = conn.recv_bytes()
+            except (EOFError, OSError):
+                break
+            if not payload:
+                break
+            try:
+                fn, args, kwargs = dill.loads(payload)
+                reply = ("ok", fn(*args, **kwargs))
+            except BaseException as e:
+                aborted = isinstance(e, WorldAbortedError)
+                if not aborted:
+                    shm.set_abort(segment, rank, f"{type(e).__name__}: {e}"[:500])
+                reply = ("error", type(e).__name__, traceback.format_exc(), aborted)
+            try:
+                conn.send(reply)
+            except Exception as e:  # the result could not be pickled
+                conn.send(("error", type(e).__name__,
+                           f"rank {rank}: could not send the result back: {e!r}\n", False))
+            if reply[0] == "error":
+                break  # a world that failed is not reused
+    except KeyboardInterrupt:
+        pass
+    finally:
+        group.destroy_process_group()
+        shm.close(segment)
+
+
+def _watch_parent(segment_name: str) -> None:
+    """Exit (removing the segment) if the parent process goes away."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.2)
+            if os.getppid() != parent:
+                shm.unlink(segment_name)
+                os._exit(1)
+    threading.Thread(target=watch, name="minidist-watchdog", daemon=True).start()

@@ -1,0 +1,18 @@
+"""Moving bytes between ranks: the point-to-point layer every collective is written on.
+
+    h = t.isend(arr, dst, tag, ctx);  h = t.irecv(arr, src, tag, ctx, op=None);  t.wait_all(...)
+
+Files, in reading order:
+
+- base.py       the ``Transport`` interface (isend, irecv, receive-and-reduce, wait_all)
+- reduce_op.py  ``ReduceOp`` (SUM, AVG, MAX, MIN, PROD): what a receive-and-reduce applies
+- shm.py        the shared-memory segment of a local world and its layout
+- doorbell.py   futex doorbells: how a waiting rank sleeps until a peer has news
+- pending.py    pending sends and receives of the local transport, where a piece lands
+- local.py      ``LocalTransport``: messages through shared memory, pipelined in slots
+- short_way.py  the local transport's fast paths for ``exchange`` and ``sendrecv``
+- link.py       an emulated link: bytes that take M / beta on the wire while the CPU is free
+- mpi.py        ``MPITransport``: the same interface on mpi4py, across machines
+
+Docs: docs/collectives.md. Tests: tests/comm/transport/ and tests/comm/collectives/test_p2p.py.
+"""

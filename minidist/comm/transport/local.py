@@ -1,0 +1,321 @@
+"""The local transport: point-to-point messages through shared memory.
+
+Every ordered pair of ranks (src, dst) owns a channel in the world's segment
+(layout in shm.py): a ring of ``nslots`` slots of ``slot_bytes`` each. A message
+is cut into pieces of at most ``slot_bytes``; each piece carries a small header
+(tag, message size, offset, piece size, dtype), so a message larger than a
+slot streams through the ring while the receiver drains it: sending and
+receiving are pipelined.
+
+Array bytes never go through pickle: the sender copies them into the slot, the
+receiver copies them out (``recv``) or adds them straight from the slot into
+its own buffer (``irecv(..., op=SUM)``, the fused receive-and-reduce that the
+ring all-reduce is made of: one read of the slot, no temporary). The pending
+operations and how a piece lands in the receiver's array are in pending.py.
+
+Nothing blocks: ``isend`` / ``irecv`` post an operation, and ``wait_all`` runs
+the progress loop, which pushes pieces of every pending send while there are
+free slots and pulls pieces of every pending receive. So a rank may post a
+send to its right neighbour and a receive from its left one and wait for both,
+whatever the message size, without deadlock. A message that arrives before its
+receive is posted is kept in a side buffer (the "unexpected" queue), but only
+when a receive with another tag is waiting behind it on the same channel.
+
+``exchange`` (one step of the same-call check) and ``sendrecv`` (one step of
+a ring) take a short way when nothing else is under way with their peers:
+short_way.py.
+
+Waiting: when a pass moves nothing, the rank keeps polling for up to
+``SPIN_S`` seconds (the background thread of work.py does not poll at all),
+yielding the CPU between polls (``sched_yield`` costs
+little when nobody else wants the core, and lets a peer that shares our core
+run, with more ranks than cores or other load on the machine). Then it sleeps
+on its doorbell until a peer rings it (doorbell.py); peers ring after every
+piece they publish and every slot they free. A wake-up costs from a few to
+tens of microseconds (more in a VM), so sleeping is kept for long waits: a
+peer that is computing, not communicating.
+
+With an emulated link (link.py, off by default) each piece is stamped with
+the time it lands; a receiver leaves it in its slot until then, and a rank
+that waits only for pieces on the wire sleeps until the first one lands.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from minidist.comm.transport import shm
+from minidist.comm.transport.doorbell import Doorbells
+from minidist.comm.errors import CommTimeoutError, WorldAbortedError
+from minidist.comm.transport.link import EmulatedLink
+from minidist.comm.transport.reduce_op import ReduceOp
+from minidist.comm.transport.pending import SMALL_COPY, TAG_BITS, Channel, Recv, Send, Unexpected
+from minidist.comm.transport.short_way import ShortWays
+from minidist.comm.transport.base import (Handle, Transport, cores_available, dtype_code,
+                                     host_bytes, host_view, in_background_thread, sched_yield)
+
+SPIN_S = 0.002  # how long a rank polls before it sleeps on its doorbell (transport.spin_s)
+
+
+class LocalTransport(ShortWays, Transport):
+    """Point-to-point between the processes of one machine, through shared memory."""
+
+    name = "shm"
+
+    def __init__(self, segment_name: str, rank: int, timeout: float = 60.0):
+        self.segment_name = segment_name
+        self._seg = shm.attach(segment_name)
+        self.world_size, self.nslots, self.slot_bytes, link_bps = shm.read_header(self._seg)
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside a world of {self.world_size}")
+        self.rank, self.timeout = rank, timeout
+        self.spin_s = SPIN_S  # polling before sleeping on the doorbell (see above)
+        # More ranks than cores: yield at once when a poll finds nothing.
+        oversubscribed = self.world_size > cores_available()
+        self.free_polls = 1 if oversubscribed else 32
+        # The short way (exchange) waits for a reply that is microseconds away:
+        # with a core per rank it busy-polls longer before yielding, as MPICH
+        # does, because a yield may hand the core to another process of the
+        # machine for a whole time slice (milliseconds) where the reply needed 3 us.
+        self.short_polls = 1 if oversubscribed else 1000
+        self._words = self._seg.buf.cast("q")
+        self._bells = Doorbells(self._seg.buf, shm.BELLS_OFFSET, self.world_size)
+        data = host_view(self._seg.buf)
+        n, k, s = self.world_size, self.nslots, self.slot_bytes
+        buf = self._seg.buf
+        self._out = [Channel(buf, data, shm.channel_offset(rank, d, n, k, s), k, s)
+                     for d in range(n)]
+        self._in = [Channel(buf, data, shm.channel_offset(src, rank, n, k, s), k, s)
+                    for src in range(n)]
+        self._sends: dict[int, deque] = {}       # dst -> sends in order
+        self._posted: dict[int, list] = {}       # src -> receives not yet matched
+        self._current: dict[int, Any] = {}       # src -> receive that is taking pieces now
+        self._unexpected: dict[int, list] = {}   # src -> messages stashed early
+        # An emulated link (link.py): pieces take time on the wire, the CPU is free.
+        self._link = EmulatedLink(link_bps, self.world_size) if link_bps else None
+        self._lock = threading.RLock()
+        self._posts = 0  # receives posted so far (see exchange)
+        self._next_ctx = 1
+
+    # -- posting -------------------------------------------------------------
+    def isend(self, arr: Any, dst: int, tag: int, ctx: int = 0) -> Handle:
+        op = Send(self, dst, (ctx << TAG_BITS) | tag, host_bytes(arr), dtype_code(arr.dtype))
+        with self._lock:
+            queue = self._sends.setdefault(dst, deque())
+            queue.append(op)
+            if len(queue) == 1:  # nothing ahead of it: send eagerly what fits now
+                while not op.done and self._push(dst, op):
+                    pass
+                if op.done:
+                    queue.popleft()
+                    del self._sends[dst]
+        return op
+
+    def irecv(self, arr: Any, src: int, tag: int, ctx: int = 0,
+              op: ReduceOp | None = None) -> Handle:
+        return self._post_recv(Recv(self, src, (ctx << TAG_BITS) | tag, arr, op))
+
+    def _post_recv(self, r):
+        """Match ``r`` with a message stashed early, or queue it and pull what is there."""
+        with self._lock:
+            self._posts += 1  # tells a short-way exchange polling src to step aside
+            src = r.src
+            for i, early in enumerate(self._unexpected.get(src, ())):
+                if early.tag == r.tag and early.claimed_by is None:
+                    r.check(early.total, early.code)
+                    if early.got == early.total:  # complete: deliver now
+                        del self._unexpected[src][i]
+                        r.accept(early.buf, 0)
+                        r.complete()
+                    else:                          # still arriving: deliver when done
+                        early.claimed_by = r
+                    return r
+            self._posted.setdefault(src, []).append(r)
+            while self._pull(src):
+                pass
+        return r
+
+    # -- progress ------------------------------------------------------------
+    def _push(self, dst: int, op: Send) -> bool:
+        """Write the next piece of ``op`` into a free slot; False if none is free."""
+        n = min(self.slot_bytes, op.total - op.sent)
+        if not self._write_piece(dst, op.tag, op.total, op.sent,
+                                 op.data[op.sent:op.sent + n], op.code):
+            return False
+        op.sent += n
+        if op.sent >= op.total:
+            op.done = True
+        return True
+
+    def _write_piece(self, dst: int, tag: int, total: int, offset: int, piece: Any,
+                     code: int) -> bool:
+        """Copy one piece and its header into the next slot of the channel to
+        ``dst``, then publish it; False if every slot is still full."""
+        ch, w = self._out[dst], self._words
+        if ch.count - w[ch.tail_i] >= self.nslots:
+            return False
+        k = ch.count % self.nslots
+        n = piece.size
+        if n > SMALL_COPY:
+            ch.payload[k][:n] = piece
+        elif n:
+            ch.raw[k][:n] = piece
+        h = ch.hdr_i[k]
+        w[h], w[h + 1], w[h + 2], w[h + 3], w[h + 4] = tag, total, offset, n, code
+        w[h + 5] = self._link.stamp(dst, n) if self._link is not None else 0  # arrival
+        ch.count += 1
+        w[ch.head_i] = ch.count  # publish: the piece is complete
+        self._bells.ring(dst)
+        return True
+
+    def _pull(self, src: int) -> bool:
+        """Consume the next piece from ``src`` if it has a destination."""
+        ch, w = self._in[src], self._words
+        if w[ch.head_i] == ch.count:
+            return False
+        h = ch.hdr_i[ch.count % self.nslots]
+        if self._link is not None and not self._link.arrived(w[h + 5]):
+            return False  # still on the (emulated) wire
+        target = self._current.get(src)
+        if target is None:
+            target = self._match(src, w[h], w[h + 1], w[h + 4])
+            if target is None:
+                return False  # nobody is receiving from src: leave it in the channel
+            self._current[src] = target
+        n = w[h + 3]
+        target.accept(ch.payload[ch.count % self.nslots][:n], w[h + 2])
+        self._release(src, ch)
+        if target.got >= target.total:
+            del self._current[src]
+            self._complete(src, target)
+        return True
+
+    def _release(self, src: int, ch: Channel) -> None:
+        """The piece at the channel's tail has been taken: free its slot for
+        ``src`` and ring its bell (it may be waiting to write)."""
+        ch.count += 1
+        self._words[ch.tail_i] = ch.count
+        self._bells.ring(src)
+
+    def _match(self, src: int, tag: int, total: int, code: int):
+        posted = self._posted.get(src)
+        if not posted:
+            return None
+        for i, r in enumerate(posted):
+            if r.tag == tag:
+                del posted[i]
+                if not posted:
+                    del self._posted[src]
+                r.check(total, code)
+                return r
+        # A receive for another tag is waiting behind this message: stash it.
+        early = Unexpected(tag, total, code)
+        self._unexpected.setdefault(src, []).append(early)
+        return early
+
+    def _complete(self, src: int, target) -> None:
+        if isinstance(target, Recv):
+            target.complete()
+        elif target.claimed_by is not None:
+            self._unexpected[src].remove(target)
+            target.claimed_by.accept(target.buf, 0)
+            target.claimed_by.complete()
+
+    def _progress(self) -> bool:
+        moved = False
+        for dst in list(self._sends):
+            queue = self._sends[dst]
+            while queue and self._push(dst, queue[0]):
+                moved = True
+                if queue[0].done:
+                    queue.popleft()
+            if not queue:
+                del self._sends[dst]
+        for src in list(self._posted) + list(self._current):
+            while self._pull(src):
+                moved = True
+        return moved
+
+    def wait_all(self, handles: list, timeout: float | None = None, what: str = "",
+                 abortable: bool = True) -> None:
+        timeout = self.timeout if timeout is None else timeout
+        spin_s = 0.0 if in_background_thread() else self.spin_s
+        polls, idle_since = 0, None
+        while True:
+            with self._lock:
+                moved = self._progress()
+            if all(h.done for h in handles):
+                return
+            if moved:
+                polls, idle_since = 0, None
+                continue
+            if self._link is not None and self._link.sleep_until_next():
+                if abortable:   # slept while a piece was on the (emulated) wire
+                    self._check_abort()
+                continue
+            polls += 1
+            if polls >= self.free_polls:
+                sched_yield()
+            if polls % 32 and spin_s:
+                continue  # look at the clock only now and then
+            now = time.monotonic()
+            if idle_since is None:
+                idle_since = now
+            if now - idle_since < spin_s:
+                continue
+            if abortable:
+                self._check_abort()
+            if now - idle_since > timeout:
+                raise self._timeout_error(handles, timeout, what)
+            self._sleep(handles)
+
+    def _sleep(self, handles: list) -> None:
+        """Sleep on our doorbell until a peer rings (at most 50 ms)."""
+        bells, me = self._bells, self.rank
+        seen = bells.value(me)
+        with self._lock:
+            bells.sleepers(me, +1)
+        try:
+            with self._lock:  # look once more, now that peers know we may sleep
+                moved = self._progress()
+            if not moved and not all(h.done for h in handles):
+                bells.wait(me, seen, 0.05)
+        finally:
+            with self._lock:
+                bells.sleepers(me, -1)
+
+    def _check_abort(self) -> None:
+        if self._words[shm.W_ABORT]:
+            failed, msg = shm.abort_reason(self._seg)
+            who = "the launcher" if failed < 0 else f"rank {failed}"
+            raise WorldAbortedError(f"rank {self.rank}: stopping because {who} failed: {msg}")
+
+    def _timeout_error(self, handles, timeout, what) -> CommTimeoutError:
+        pending = [h.describe() for h in handles if not h.done]
+        where = f" in {what}" if what else ""
+        return CommTimeoutError(
+            f"rank {self.rank}: waited {timeout:g} s{where} without progress on: "
+            + "; ".join(pending))
+
+    # -- groups and shutdown -------------------------------------------------
+    def new_context(self, ranks: list[int]) -> int:
+        ctx = self._next_ctx
+        self._next_ctx += 1
+        return ctx
+
+    def abort(self, message: str) -> None:
+        if self._seg is not None:
+            shm.set_abort(self._seg, self.rank, message)
+
+    def close(self) -> None:
+        if self._seg is None:
+            return
+        for ch in self._out + self._in:
+            ch.release()
+        self._out = self._in = []
+        self._words.release()
+        self._bells.close()
+        seg, self._seg = self._seg, None
+        shm.close(seg)

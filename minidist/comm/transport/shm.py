@@ -1,0 +1,161 @@
+"""The shared-memory segment of a local world, and its layout.
+
+One segment per world, created by the parent that starts the world and
+unlinked by it when the world ends (children unlink it too if the parent
+vanished). Its name starts with ``minidist_`` so that a leftover in /dev/shm is
+easy to spot (``leftover_segments()``).
+
+Layout (all offsets multiples of 64 bytes, one cache line)::
+
+    world header (1024 B): magic, world_size, nslots, slot_bytes, abort word,
+                           abort message, the emulated link's bytes/s (link.py)
+    doorbells (64 B per rank, doorbell.py), padded to a multiple of 4096 B
+    channel[src * N + dst] for every ordered pair, each:
+        head   (64 B)  pieces written by src       (only src writes it)
+        tail   (64 B)  pieces consumed by dst      (only dst writes it)
+        nslots x (slot header 64 B + payload slot_bytes)
+
+A channel is a single-producer single-consumer ring: src may write piece
+``head`` into slot ``head % nslots`` while ``head - tail < nslots``; dst may read
+slot ``tail % nslots`` while ``tail < head``. Each counter has one writer, so no
+lock is needed. On x86 stores become visible in program order, so the payload
+and slot header written before ``head`` is bumped are complete when the reader
+sees the new ``head``.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import secrets
+
+from multiprocess import shared_memory
+
+from minidist.comm.transport.doorbell import BYTES_PER_RANK, Doorbells
+
+PREFIX = "minidist_"
+HEADER_BYTES = 1024
+BELLS_OFFSET = HEADER_BYTES
+SLOT_HEADER_BYTES = 64
+CHANNEL_HEADER_BYTES = 128
+MAGIC = 0x6D696E6964697374  # "minidist"
+
+# Word indices (int64) in the world header.
+W_MAGIC, W_WORLD, W_NSLOTS, W_SLOT_BYTES, W_ABORT, W_ABORT_LEN, W_LINK = range(7)
+ABORT_MSG_OFFSET = 64
+ABORT_MSG_MAX = HEADER_BYTES - ABORT_MSG_OFFSET
+
+_counter = itertools.count()
+
+
+def channel_bytes(nslots: int, slot_bytes: int) -> int:
+    return CHANNEL_HEADER_BYTES + nslots * (SLOT_HEADER_BYTES + slot_bytes)
+
+
+def channels_offset(world_size: int) -> int:
+    """Where the channels start: after the header and the doorbells, page aligned."""
+    return -(-(BELLS_OFFSET + world_size * BYTES_PER_RANK) // 4096) * 4096
+
+
+def channel_offset(src: int, dst: int, world_size: int, nslots: int, slot_bytes: int) -> int:
+    return channels_offset(world_size) + (src * world_size + dst) * channel_bytes(nslots, slot_bytes)
+
+
+def segment_bytes(world_size: int, nslots: int, slot_bytes: int) -> int:
+    return channels_offset(world_size) + world_size * world_size * channel_bytes(nslots, slot_bytes)
+
+
+def create(world_size: int, nslots: int, slot_bytes: int,
+           link_bytes_per_s: int = 0) -> shared_memory.SharedMemory:
+    """Create a zeroed segment for a world and write its header
+    (``link_bytes_per_s``: the emulated link of link.py, 0 for none)."""
+    if slot_bytes % 64 or slot_bytes <= 0:
+        raise ValueError(f"slot_bytes must be a positive multiple of 64, got {slot_bytes}")
+    if nslots < 1:
+        raise ValueError(f"nslots must be at least 1, got {nslots}")
+    name = f"{PREFIX}{os.getpid()}_{next(_counter)}_{secrets.token_hex(4)}"
+    seg = shared_memory.SharedMemory(name=name, create=True,
+                                     size=segment_bytes(world_size, nslots, slot_bytes))
+    words = seg.buf[:HEADER_BYTES].cast("q")
+    words[W_WORLD] = world_size
+    words[W_NSLOTS] = nslots
+    words[W_SLOT_BYTES] = slot_bytes
+    words[W_LINK] = link_bytes_per_s
+    words[W_MAGIC] = MAGIC
+    words.release()
+    return seg
+
+
+def attach(name: str) -> shared_memory.SharedMemory:
+    """Open an existing world segment by name (from a child process)."""
+    seg = shared_memory.SharedMemory(name=name, create=False)
+    words = seg.buf[:HEADER_BYTES].cast("q")
+    ok = words[W_MAGIC] == MAGIC
+    words.release()
+    if not ok:
+        seg.close()
+        raise ValueError(f"shared-memory segment {name!r} is not a minidist world")
+    return seg
+
+
+def read_header(seg: shared_memory.SharedMemory) -> tuple[int, int, int, int]:
+    """(world_size, nslots, slot_bytes, link bytes per second) of a segment."""
+    words = seg.buf[:HEADER_BYTES].cast("q")
+    out = (words[W_WORLD], words[W_NSLOTS], words[W_SLOT_BYTES], words[W_LINK])
+    words.release()
+    return out
+
+
+def set_abort(seg: shared_memory.SharedMemory, rank: int, message: str) -> None:
+    """Tell every rank of the world to stop: rank ``rank`` failed (or -1: the parent).
+    Sleeping ranks are woken so that they see it at once."""
+    words = seg.buf[:HEADER_BYTES].cast("q")
+    if words[W_ABORT] == 0:
+        data = message.encode("utf-8", "replace")[:ABORT_MSG_MAX]
+        seg.buf[ABORT_MSG_OFFSET:ABORT_MSG_OFFSET + len(data)] = data
+        words[W_ABORT_LEN] = len(data)
+        words[W_ABORT] = rank + 2  # 0 means "no abort"; -1 (the parent) becomes 1
+    world_size = words[W_WORLD]
+    words.release()
+    bells = Doorbells(seg.buf, BELLS_OFFSET, world_size)
+    bells.ring_all()
+    bells.close()
+
+
+def abort_reason(seg: shared_memory.SharedMemory) -> tuple[int, str] | None:
+    """(failed rank, message) if the world was aborted, else None."""
+    words = seg.buf[:HEADER_BYTES].cast("q")
+    flag, length = words[W_ABORT], words[W_ABORT_LEN]
+    words.release()
+    if flag == 0:
+        return None
+    msg = bytes(seg.buf[ABORT_MSG_OFFSET:ABORT_MSG_OFFSET + length]).decode("utf-8", "replace")
+    return flag - 2, msg
+
+
+def close(seg: shared_memory.SharedMemory) -> None:
+    """Unmap a segment; tolerate views that are still alive (the OS unmaps at exit)."""
+    try:
+        seg.close()
+    except BufferError:
+        pass
+
+
+def unlink(name: str) -> None:
+    """Remove a segment's name from /dev/shm; no error if it is already gone."""
+    try:
+        seg = shared_memory.SharedMemory(name=name, create=False)
+    except FileNotFoundError:
+        return
+    try:
+        seg.unlink()
+    except FileNotFoundError:
+        pass
+    close(seg)
+
+
+def leftover_segments() -> list[str]:
+    """Names of minidist segments present in /dev/shm (should be empty between worlds)."""
+    try:
+        return sorted(n for n in os.listdir("/dev/shm") if n.startswith(PREFIX))
+    except FileNotFoundError:
+        return []

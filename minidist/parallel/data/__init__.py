@@ -1,0 +1,24 @@
+"""Data parallelism: every rank holds the whole model and reads its own slice of the batch.
+
+After backward each gradient is averaged over the N ranks, so every replica takes the
+same step as one process would on the whole batch:
+
+    g = (1/N) * sum_r g_r          ring all-reduce: T = 2(N-1)/N * M/B + 2(N-1) * alpha
+
+Files, in reading order:
+
+- naive.py       ``DataParallelNaive``: one all-reduce per parameter after backward (the oracle)
+- buckets.py     gradients packed into flat buckets of ~25 MB, filled in reverse order
+- ddp.py         ``DistributedDataParallel``: bucketed all-reduce overlapped with backward, no_sync
+- sync_check.py  ``verify_parameter_sync``: are the replicas still bitwise equal?
+- sampler.py     ``DistributedSampler``: which samples each rank reads, ``set_epoch``
+
+Docs: docs/ddp.md. Demo: demos/04_ddp.py. Tests: tests/parallel/data/. Bench: bench/bench_ddp.py.
+"""
+from minidist.parallel.data.ddp import DistributedDataParallel
+from minidist.parallel.data.naive import DataParallelNaive, found_inf_reduce
+from minidist.parallel.data.sampler import DistributedSampler
+from minidist.parallel.data.sync_check import verify_parameter_sync
+
+__all__ = ["DataParallelNaive", "DistributedDataParallel", "DistributedSampler",
+           "found_inf_reduce", "verify_parameter_sync"]

@@ -1,0 +1,172 @@
+"""DistributedDataParallel: bucketed gradient all-reduce that overlaps backward.
+
+The same math as ``DataParallelNaive`` (naive.py), g = (1/N) sum_r g_r, with
+the two things that make it fast:
+
+1. **Buckets** (buckets.py): gradients are copied into a few flat buffers of
+   about ``bucket_cap_mb`` each, and one all-reduce moves a whole bucket, so the
+   per-message latency alpha is paid once per bucket, not once per parameter.
+2. **Overlap**: each parameter's post-accumulate-grad hook fires as soon as
+   backward has finished its gradient. When the last gradient of a bucket
+   arrives, the bucket's all-reduce starts asynchronously (``async_op=True``, a
+   background thread moves it) while backward goes on computing the earlier
+   layers. When the last bucket has started, the hook waits for all of them and
+   points each ``p.grad`` at its averaged slice of the bucket.
+
+    step time ~ compute + max(0, comm - overlappable compute)  (overlap=True)
+    step time ~ compute + comm                                 (overlap=False)
+
+``no_sync()`` skips the communication: gradients accumulate locally in
+``p.grad`` over several micro-batches, and the first backward outside the
+context all-reduces the accumulated sum once (one all-reduce per bucket per
+accumulation cycle).
+
+Every parameter must receive a gradient in every synchronised backward (as
+torch's default ``find_unused_parameters=False``); otherwise its bucket never
+fills, and the next forward raises naming the parameters that got none.
+Parameters are broadcast from rank 0 at construction. ``check_parameters_in_sync``
+verifies, sending O(1) numbers per parameter, that all ranks hold the same bits
+(sync_check.py). The demo is demos/04_ddp.py; bench/bench_ddp.py measures the
+overlap.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Iterator
+
+import minidist.distributed as dist
+from minidist.nn.module import Module
+from minidist.optim.optimizer import optimizer_bytes
+from minidist.parallel.data.buckets import DEFAULT_BUCKET_CAP_MB, Bucket, assign_buckets
+from minidist.parallel.data.sync_check import verify_parameter_sync
+from minidist.parallel.data.naive import broadcast_parameters
+
+
+class DistributedDataParallel(Module):
+    """Wrap ``module`` for data-parallel training (see the module docstring).
+
+    ``bucket_cap_mb``: bucket size in MB (1e6 bytes, as torch); ``overlap``: start
+    each bucket's all-reduce during backward (True) or all of them after it (False,
+    for comparison); ``broadcast_buffers`` is not needed (minidist modules hold
+    parameters only).
+    """
+
+    def __init__(self, module: Module, group: Any = None,
+                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, overlap: bool = True):
+        super().__init__()
+        self.module = module
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.overlap = overlap
+        self.require_sync = True
+        broadcast_parameters(module, group)
+        params = [p for p in module.parameters() if p.requires_grad]
+        self.buckets: list[Bucket] = assign_buckets(params, bucket_cap_mb * 1e6)
+        self._slot: dict[int, tuple[Bucket, int]] = {}
+        for b in self.buckets:
+            for i, p in enumerate(b.params):
+                self._slot[id(p)] = (b, i)
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+        self._names = {id(p): n for n, p in module.named_parameters()}
+        self._launched: list[Bucket] = []
+        self._t0 = time.perf_counter()
+        self.timeline: list[dict] = []   # per bucket of the last synchronised backward
+
+    # -- forward ----------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._check_no_pending_reduction()
+        out = self.module(*args, **kwargs)
+        self._t0 = time.perf_counter()   # the timeline counts from the end of forward
+        return out
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally; the next backward outside syncs them all."""
+        previous = self.require_sync
+        self.require_sync = False
+        try:
+            yield
+        finally:
+            self.require_sync = previous
+
+    # -- backward: the hooks --------------------------------------------------
+    def _grad_ready(self, p: Any) -> None:
+        """Runs inside backward, once ``p.grad`` is final for this backward."""
+        if not self.require_sync:
+            return
+        bucket, position = self._slot[id(p)]
+        bucket.add(position, p.grad)
+        if not bucket.is_full():
+            return
+        if self.overlap:
+            bucket.mark_launched(dist.all_reduce(bucket.flat, group=self.group, async_op=True))
+        else:
+            bucket.launched_at = time.perf_counter()
+        self._launched.append(bucket)
+        if len(self._launched) == len(self.buckets):
+            self._finish()
+
+    def _finish(self) -> None:
+        """After the last bucket started: wait, average, and hand out p.grad views."""
+        backward_end = time.perf_counter()
+        done_early = {b.index: b.work is not None and b.work.is_completed()
+                      for b in self._launched}
+        self.timeline = []
+        for b in self._launched:
+            if b.work is not None:
+                b.work.wait()
+            else:                                            # overlap=False: now, in order
+                dist.all_reduce(b.flat, group=self.group)
+            b.flat /= self.world_size                        # sum -> mean over ranks
+            for p, view in zip(b.params, b.views):
+                p.grad = view                                # the bucket is the gradient
+            self.timeline.append(dict(bucket=b.index, params=len(b.params), bytes=b.nbytes,
+                                      ready_ms=1e3 * (b.launched_at - self._t0),
+                                      done_before_backward_end=done_early[b.index],
+                                      waited_until_ms=1e3 * (time.perf_counter() - self._t0)))
+        self.timeline.append(dict(backward_end_ms=1e3 * (backward_end - self._t0)))
+        for b in self.buckets:
+            b.reset()
+        self._launched = []
+
+    def _check_no_pending_reduction(self) -> None:
+        pending = [b for b in self.buckets if b.ready]
+        if not pending:
+            return
+        missing = [self._names.get(id(p), "?") for b in self.buckets for p in b.params
+                   if id(p) not in b.ready]
+        for b in self.buckets:
+            if b.work is not None:
+                b.work.wait()             # do not leave a collective half-way
+            b.reset()
+        self._launched = []
+        raise RuntimeError("DistributedDataParallel: the previous backward did not finish "
+                           "reducing gradients, because these parameters received no "
+                           f"gradient: {missing}. Every parameter must take part in the "
+                           "loss on every rank (unused parameters are not supported).")
+
+    # -- checks and accounting ---------------------------------------------------
+    def check_parameters_in_sync(self) -> None:
+        """Raise ``RuntimeError`` naming every parameter whose bits differ across ranks."""
+        named = list(self.module.named_parameters())
+        diverged = verify_parameter_sync(named, self.group)
+        if diverged:
+            raise RuntimeError(f"parameters differ across ranks: {diverged}")
+
+    def memory_report(self, optimizer: Any = None, weight_bytes: float | None = None) -> dict:
+        """Bytes this rank holds for parameters, gradients (the buckets) and the optimizer.
+
+        ``weight_bytes``: bytes per element to count weights and gradients at (2 for an
+        emulated fp16/bf16 model whose values sit in float32 arrays); default their
+        itemsize. Optimizer bytes are its state arrays plus any parameter arrays it
+        owns that are not the model's (a float32 master copy). DDP keeps everything on
+        every rank: 16 bytes per parameter for Adam in either precision.
+        """
+        params = list(self.module.parameters())
+        width = (lambda a: weight_bytes) if weight_bytes else (lambda a: a.itemsize)
+        report = dict(params=sum(p.data.size * width(p.data) for p in params),
+                      grads=sum(b.flat.size * width(b.flat) for b in self.buckets),
+                      optimizer=optimizer_bytes(optimizer, params) if optimizer else 0)
+        report["total"] = report["params"] + report["grads"] + report["optimizer"]
+        return report

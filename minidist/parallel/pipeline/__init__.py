@@ -1,0 +1,28 @@
+"""Pipeline parallelism: the layers cut into p stages, the batch into m micro-batches.
+
+Each stage runs forward and backward of every micro-batch in the order its schedule
+says, passing activations forward and gradients back by send/recv. While the pipe
+fills and drains, stages wait: the bubble, idle time over ideal compute time,
+
+    GPipe, 1F1B   (p - 1) / m          interleaved (v chunks per rank)   (p - 1) / (v m)
+
+Files, in reading order:
+
+- schedule.py  schedules as plain data (GPipe, 1F1B, interleaved), a simulator and
+               ASCII timelines
+- executor.py  ``run_pipeline``: a schedule run in real processes, the measured bubble
+- gpt.py       the small GPT cut into pipeline pieces, tied embeddings kept in sync
+
+Docs: docs/pipeline.md. Demo: demos/07_pipeline.py. Tests: tests/parallel/pipeline/.
+"""
+from minidist.parallel.pipeline.executor import (PipelineStats, measured_bubble, run_pipeline,
+                                                 split_layers)
+from minidist.parallel.pipeline.gpt import (GPTPiece, pieces_of_rank, pipeline_parameters,
+                                            split_gpt, sync_tied_gradients)
+from minidist.parallel.pipeline.schedule import (Op, gpipe, interleaved, make_schedule,
+                                                 one_f_one_b, render_timeline, simulate)
+
+__all__ = ["Op", "gpipe", "one_f_one_b", "interleaved", "make_schedule", "simulate",
+           "render_timeline", "run_pipeline", "PipelineStats", "measured_bubble", "split_layers",
+           "GPTPiece", "split_gpt", "pieces_of_rank", "pipeline_parameters",
+           "sync_tied_gradients"]

@@ -1,0 +1,110 @@
+"""A GPT cut into pipeline pieces: embeddings + first blocks, ..., last blocks + head.
+
+    piece 0       x = wte[idx] + wpe[pos];  blocks of range 0
+    piece k       blocks of range k                           (B, T, C) in and out
+    piece P-1     blocks of range P-1;  loss = CE(ln_f(x) W_head^T, targets)
+
+P = p v pieces (stages x virtual stages), the blocks balanced by ``split_layers``.
+Works on the dense ``nn.GPT`` and on ``TensorParallelGPT`` (whose ``embed`` and
+``head`` communicate inside the tensor-parallel group: 3D parallelism).
+
+A piece is a view on the model: it registers only the modules it uses, so
+``piece.parameters()`` is what that rank trains. With tied embeddings
+(``tie_weights``) the first and the last piece share W = wte = lm_head; when they
+live on different ranks each holds its copy and gets half of the gradient
+(the embedding's and the head's part), so ``sync_tied_gradients`` adds the two
+(Megatron's embedding group), keeping the copies equal after every step.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import minidist.distributed as dist
+from minidist.autograd.tensor import Tensor
+from minidist.backend import xp
+from minidist.nn import functional as F
+from minidist.nn.module import Module, ModuleList
+from minidist.parallel.pipeline.executor import split_layers
+
+_TIED_TAG = (1 << 20) - 1
+
+
+class GPTPiece(Module):
+    """Blocks ``layers`` of ``model``; with the embeddings if first, the head if last."""
+
+    def __init__(self, model: Module, layers: range, first: bool, last: bool):
+        super().__init__()
+        object.__setattr__(self, "model", model)      # not registered: only the parts below
+        self.first, self.last, self.layers = first, last, layers
+        if first:
+            self.wte, self.wpe = model.wte, model.wpe
+        self.blocks = ModuleList([model.blocks[i] for i in layers])
+        if last:
+            self.ln_f, self.lm_head = model.ln_f, model.lm_head
+
+    def forward(self, x: Any, targets: Any = None) -> Tensor:
+        if self.first:
+            x = self._embed(x)                                         # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        if self.last:
+            return self._loss(x, targets)                              # scalar
+        return x
+
+    def _embed(self, idx: Any) -> Tensor:
+        if hasattr(self.model, "embed"):                               # TensorParallelGPT
+            return self.model.embed(idx)
+        pos = xp.arange(idx.shape[1])
+        return self.model.drop(self.model.wte(idx) + self.model.wpe(pos))
+
+    def _loss(self, x: Tensor, targets: Any) -> Tensor:
+        if hasattr(self.model, "head"):                                # TensorParallelGPT
+            return self.model.head(x, targets)[1]
+        logits = self.model.lm_head(self.model.ln_f(x))                # (B, T, vocab)
+        return F.cross_entropy(logits, targets)
+
+
+def split_gpt(model: Module, stages: int, virtual: int = 1) -> list[GPTPiece]:
+    """All p v pieces of ``model``, in model order (piece k = chunk k // p of rank k % p)."""
+    n = stages * virtual
+    ranges = split_layers(len(model.blocks), n)
+    return [GPTPiece(model, ranges[k], k == 0, k == n - 1) for k in range(n)]
+
+
+def pieces_of_rank(pieces: Sequence[GPTPiece], rank: int, stages: int) -> list[GPTPiece]:
+    """The chunks of pipeline rank ``rank``: pieces rank, rank + p, rank + 2p, ..."""
+    return list(pieces[rank::stages])
+
+
+def pipeline_parameters(chunks: Sequence[Module]) -> list:
+    """The parameters of a rank's chunks, each once (a tied matrix appears in two)."""
+    seen, params = set(), []
+    for chunk in chunks:
+        for param in chunk.parameters():
+            if id(param) not in seen:
+                seen.add(id(param))
+                params.append(param)
+    return params
+
+
+def sync_tied_gradients(model: Module, chunks: Sequence[GPTPiece], group: Any = None) -> None:
+    """Add the tied embedding's two gradient halves across the first and last stage.
+
+    Only when the model ties wte and lm_head and the two pieces are on different
+    ranks of the pipeline ``group``; the sum a + b on one side and b + a on the
+    other is the same float, so the copies stay bitwise equal."""
+    p = dist.get_world_size(group)
+    if not model.config.tie_weights or p == 1:
+        return
+    has_first = any(c.first for c in chunks)
+    has_last = any(c.last for c in chunks)
+    if not (has_first or has_last):
+        return
+    peer = p - 1 if has_first else 0
+    peer = peer if group is None else group.ranks[peer]
+    weight = model.wte.weight
+    theirs = xp.empty_like(weight.grad)
+    send = dist.isend(xp.ascontiguousarray(weight.grad), peer, group, _TIED_TAG)
+    dist.recv(theirs, peer, group, _TIED_TAG)
+    send.wait()
+    weight.grad = weight.grad + theirs

@@ -1,0 +1,34 @@
+"""Tensor parallelism (Megatron-LM, Shoeybi et al., 2019): each weight matrix split over t ranks.
+
+An MLP Y = GeLU(X A) B splits A by columns and B by rows, so each rank computes its
+slice with no communication in between, and one all-reduce (g) sums the partial
+outputs; its conjugate f copies X forward and sums the gradient backward:
+
+    one all-reduce per MLP and per attention block, forward and backward each
+
+Files, in reading order:
+
+- mappings.py  Megatron's f and g (and the gathers and splits, sequence parallel's
+               reduce-scatter / all-gather) as autograd ops
+- layers.py    ``ColumnParallelLinear``, ``RowParallelLinear``, ``ParallelMLP``,
+               ``ParallelSelfAttention``, ``SequenceParallelLayerNorm``
+- vocab.py     ``VocabParallelEmbedding`` and ``vocab_parallel_cross_entropy``
+- gpt.py       ``TensorParallelGPT``: the small GPT with every block split
+
+Docs: docs/tensor_parallel.md. Demo: demos/06_tensor_parallel.py.
+Tests: tests/parallel/tensor/.
+"""
+from minidist.parallel.tensor.gpt import ParallelBlock, TensorParallelGPT
+from minidist.parallel.tensor.layers import (ColumnParallelLinear, ParallelMLP,
+                                             ParallelSelfAttention, RowParallelLinear,
+                                             SequenceParallelLayerNorm, shard_state_dict)
+from minidist.parallel.tensor.mappings import (copy_to_tp, gather_from_sp, gather_from_tp,
+                                               reduce_from_tp, reduce_scatter_to_sp, split_to_tp)
+from minidist.parallel.tensor.vocab import (VocabParallelEmbedding,
+                                            vocab_parallel_cross_entropy, vocab_range)
+
+__all__ = ["copy_to_tp", "reduce_from_tp", "gather_from_tp", "split_to_tp", "gather_from_sp",
+           "reduce_scatter_to_sp", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",
+           "ParallelSelfAttention", "SequenceParallelLayerNorm", "shard_state_dict",
+           "VocabParallelEmbedding", "vocab_parallel_cross_entropy", "vocab_range",
+           "ParallelBlock", "TensorParallelGPT"]

@@ -1,0 +1,222 @@
+"""ZeRO stage 3: weights sharded too; each layer is gathered just in time.
+
+Every *unit* (by default each module that owns parameters directly: a Linear, a
+LayerNorm, an Embedding) keeps only its flat shard of S = ceil(P_unit/N)
+elements; its parameters' ``.data`` are empty between uses. Around each unit:
+
+    forward:   all_gather(shards) -> full weights; y = unit(x); free the weights
+    backward:  all_gather(shards) again; recompute y = unit(x) with the graph on;
+               backpropagate dL/dy; reduce_scatter(full grads) -> my grad shard;
+               free the weights and the full gradients
+
+Bytes per parameter per rank with Adam: 16/N (either precision), plus one or two
+units' full weights while they are in use. Communication per step is 1.5x DDP's:
+two all-gathers and one reduce-scatter of (N-1)/N * M each.
+
+Why the recompute: autograd ops keep the arrays they saved for backward, so a
+gathered weight saved by the unit's forward graph could not be freed until
+backward. PyTorch's FSDP frees the storage under the saved tensor and refills it
+in place; NumPy cannot resize memory under its views. So the unit's forward runs
+without a graph (keeping only its input), and backward rebuilds the graph of
+that one unit from the regathered weights. The values are the same bits: the
+same operations on the same inputs (and the same random draws, replayed).
+
+``prefetch=True`` starts the all-gather of the next unit (in the order the first
+forward ran them; the previous one in backward) asynchronously, so it overlaps
+the current unit's compute.
+
+The unit's shard is a leaf tensor that is an *input* of the unit's autograd node,
+so backward delivers the reduce-scattered gradient to ``shard.grad`` through the
+ordinary engine (accumulating over micro-batches) and the optimizer, built on the
+shards, never sees a full parameter. A unit's forward takes one input.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import minidist.distributed as dist
+from minidist import backend
+from minidist.autograd.engine import backward as run_backward
+from minidist.autograd.function import Function
+from minidist.autograd.grad_mode import enable_grad, no_grad
+from minidist.autograd.tensor import Tensor
+from minidist.backend import xp
+from minidist.nn.module import Module
+from minidist.parallel.data.naive import broadcast_parameters
+from minidist.parallel.zero.shard import FlatLayout
+from minidist.parallel.zero.zero12 import ZeroBase
+from minidist.optim.optimizer import optimizer_bytes
+from minidist.parallel.zero.memory import report
+
+
+class Unit:
+    """One module whose parameters are gathered and freed together."""
+
+    def __init__(self, index: int, module: Module, layout: FlatLayout, shard: Tensor,
+                 forward: Callable):
+        self.index, self.module, self.layout, self.shard = index, module, layout, shard
+        self.forward = forward                  # the module's own forward
+        self.prefetched: Any = None             # (work, flat) of an async gather
+
+    def empty(self) -> None:
+        for p in self.layout.params:
+            p.data = xp.empty(0, dtype=self.layout.dtype)   # freed: nothing held
+
+
+class _GatheredUnit(Function):
+    """y = unit(x) with the unit's weights present only inside forward and backward."""
+
+    @staticmethod
+    def forward(ctx, x, shard, engine=None, unit=None):
+        ctx.engine, ctx.unit = engine, unit
+        ctx.save_for_backward(x)
+        ctx.rng_state = backend.default_generator().get_state()
+        engine._materialize(unit, direction=+1)
+        try:
+            with no_grad():
+                out = unit.forward(Tensor(x))
+        finally:
+            unit.empty()
+        return out.data
+
+    @staticmethod
+    def backward(ctx, grad):
+        engine, unit = ctx.engine, ctx.unit
+        (x,) = ctx.saved
+        engine._materialize(unit, direction=-1)
+        gen = backend.default_generator()
+        state_now = gen.get_state()
+        gen.set_state(ctx.rng_state)                    # replay the forward's draws
+        x_in = Tensor(x, requires_grad=ctx.needs_input_grad[0])
+        try:
+            for p in unit.layout.params:
+                p.grad = None
+            with enable_grad():
+                out = unit.forward(x_in)
+            gen.set_state(state_now)
+            run_backward(out, grad)
+            grads = engine._round_grads(unit)
+        finally:
+            for p in unit.layout.params:
+                p.grad = None
+            unit.empty()
+        full = unit.layout.flatten(grads)                                        # (N*S,)
+        mine = xp.empty(unit.layout.shard_size, dtype=unit.layout.dtype)         # (S,)
+        dist.reduce_scatter_tensor(mine, full, group=engine.group)
+        mine /= engine.world_size                                                # mean
+        return (x_in.grad if ctx.needs_input_grad[0] else None), mine
+
+
+class Zero3(ZeroBase):
+    """ZeRO stage 3 (see the module docstring). ``units``: the modules to gather as
+    one piece (default: every module that owns parameters directly); they must not
+    be nested, must cover every parameter and must not share one."""
+
+    stage = 3
+
+    def __init__(self, module: Module, optimizer_class: type, *, group: Any = None,
+                 units: list[Module] | None = None, prefetch: bool = False,
+                 max_grad_norm: float | None = None, precision: str | None = None,
+                 **optimizer_kwargs: Any):
+        super().__init__(module, optimizer_class, group=group, max_grad_norm=max_grad_norm,
+                         precision=precision, **optimizer_kwargs)
+        broadcast_parameters(module, group)
+        if units is None:
+            units = [m for m in module.modules() if m._parameters
+                     and any(p is not None for p in m._parameters.values())]
+        self.prefetch = prefetch
+        self.units: list[Unit] = []
+        self._order: list[Unit] = []            # units in the order forward ran them
+        owner: dict[int, int] = {}
+        for i, m in enumerate(units):
+            ps = [p for p in m.parameters() if p.requires_grad]
+            for p in ps:
+                if id(p) in owner:
+                    raise ValueError(f"parameter {self._names.get(id(p), '?')} belongs to "
+                                     f"units {owner[id(p)]} and {i}: units must be disjoint "
+                                     "(wrap a module that holds both uses)")
+                owner[id(p)] = i
+            layout = FlatLayout(ps, self.world_size, self.rank)
+            master = layout.my_shard(layout.flatten([p.data for p in ps])).copy()   # (S,)
+            unit = Unit(i, m, layout, Tensor(master, requires_grad=True), m.forward)
+            unit.empty()
+            object.__setattr__(m, "forward", self._wrapped(unit))
+            self.units.append(unit)
+            self.layouts.append(layout)
+            self.shards.append(unit.shard)
+        left = [n for n, p in module.named_parameters() if p.requires_grad and id(p) not in owner]
+        if left:
+            raise ValueError(f"parameters outside every unit: {left}")
+        self._make_optimizer()
+
+    def _wrapped(self, unit: Unit) -> Callable:
+        def forward(x: Any) -> Tensor:
+            return _GatheredUnit.apply(x, unit.shard, engine=self, unit=unit)
+        return forward
+
+    # -- gathering ---------------------------------------------------------------
+    def _start_gather(self, unit: Unit, async_op: bool) -> tuple[Any, Any]:
+        flat = xp.empty(unit.layout.padded, dtype=unit.layout.dtype)             # (N*S,)
+        own = self._round(unit.shard.data)
+        work = dist.all_gather_into_tensor(flat, own, group=self.group, async_op=async_op)
+        return work, flat
+
+    def _materialize(self, unit: Unit, direction: int) -> None:
+        """Full weights of ``unit`` into its parameters; prefetch the next unit."""
+        if unit.prefetched is not None:
+            work, flat = unit.prefetched
+            unit.prefetched = None
+            work.wait()
+        else:
+            _, flat = self._start_gather(unit, async_op=False)
+        for p, view in zip(unit.layout.params, unit.layout.views(flat)):
+            p.data = view
+        if direction > 0 and unit not in self._order:
+            self._order.append(unit)
+        if self.prefetch and unit in self._order:
+            k = self._order.index(unit) + direction
+            if 0 <= k < len(self._order) and self._order[k].prefetched is None:
+                nxt = self._order[k]
+                nxt.prefetched = self._start_gather(nxt, async_op=True)
+
+    def _drop_prefetched(self) -> None:
+        """Gathers started for units that did not run (stale once the shards change)."""
+        for unit in self.units:
+            if unit.prefetched is not None:
+                unit.prefetched[0].wait()
+                unit.prefetched = None
+
+    def _round_grads(self, unit: Unit) -> list[Any]:
+        return [None if p.grad is None else self._round(p.grad) for p in unit.layout.params]
+
+    # -- the step: shards already hold their gradients ----------------------------
+    def _reduce_gradients(self) -> None:
+        self._drop_prefetched()
+
+    def _gather_parameters(self) -> None:
+        pass                                      # gathered on demand, unit by unit
+
+    def after_load(self) -> None:
+        self._drop_prefetched()
+
+    def full_state_dict(self) -> dict:
+        """Every parameter in full (gathers each unit; for saving or comparing)."""
+        out = {}
+        for unit in self.units:
+            _, flat = self._start_gather(unit, async_op=False)
+            for p, view in zip(unit.layout.params, unit.layout.views(flat)):
+                out[self._names.get(id(p), "?")] = view.copy()
+        return out
+
+    def memory_report(self) -> dict:
+        params = sum(s.data.size * self._width(s.data) for s in self.shards)
+        grads = sum(s.grad.size * self._width(s.grad) for s in self.shards
+                    if s.grad is not None)
+        model = self.shards if self.precision is None else []
+        opt = optimizer_bytes(self.optimizer, model)
+        if self.precision is not None:
+            # the shards are the float32 master; the low-precision copy is never kept
+            params = sum(s.data.size * 2 for s in self.shards)
+            opt = optimizer_bytes(self.optimizer, self.shards) + sum(s.data.nbytes
+                                                                   for s in self.shards)
+        return report(params, grads, opt)

@@ -1,0 +1,231 @@
+"""Failures are loud and fast, and nothing outlives a world.
+
+Each test starts its own world (a failed world is torn down), makes a rank
+fail in some way, and checks: the right error reaches the parent within 5 s,
+naming the rank (and carrying its traceback); no process of the world is
+still alive; its shared-memory segment is gone from /dev/shm.
+"""
+import os
+import time
+
+import numpy as np
+import pytest
+
+import minidist
+from minidist.comm import RankFailedError, World
+from minidist.comm.transport import shm
+
+from ..conftest import alive, my_segments
+
+LIMIT_S = 5.0
+
+
+def _fail_and_check(world, fn, *args):
+    pids, segment = [p.pid for p in world._procs], world.segment_name
+    start = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        world.run(fn, *args)
+    elapsed = time.monotonic() - start
+    assert elapsed < LIMIT_S, f"took {elapsed:.1f} s to report the failure"
+    assert not [p for p in pids if alive(p)], "a rank outlived its world"
+    assert segment not in shm.leftover_segments()
+    return info.value
+
+
+def test_launch_returns_every_ranks_result():
+    def fn(base):
+        import minidist.distributed as dist
+        return base + dist.get_rank() * 10 + dist.get_world_size()
+    before = set(my_segments())
+    assert minidist.launch(fn, 3, 1) == [4, 14, 24]
+    assert set(my_segments()) == before
+
+
+def _raise_at_random_point(seed):
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    rng = np.random.default_rng(seed)
+    culprit, when = int(rng.integers(4)), int(rng.integers(20))
+    x = xp.ones(1000)
+    for step in range(20):
+        if dist.get_rank() == culprit and step == when:
+            raise ValueError(f"rank {culprit} fails at step {step}")
+        dist.all_reduce(x, algorithm="ring")
+    return culprit
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_rank_raising_at_a_random_point_stops_the_world(seed):
+    culprit = int(np.random.default_rng(seed).integers(4))
+    with World(4, timeout=30.0, slot_bytes=4096) as world:
+        err = _fail_and_check(world, _raise_at_random_point, seed)
+    assert err.rank == culprit and err.exc_type == "ValueError"
+    assert f"rank {culprit} fails at step" in err.remote_traceback
+    assert "Traceback" in err.remote_traceback
+
+
+def _exit_abruptly():
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    if dist.get_rank() == 2:
+        os._exit(3)
+    dist.all_reduce(xp.ones(10))
+
+
+def test_a_rank_exiting_stops_the_world():
+    with World(3, timeout=30.0) as world:
+        err = _fail_and_check(world, _exit_abruptly)
+    assert err.rank == 2 and "exited with code 3" in err.remote_traceback
+
+
+def _missing_send():
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    if dist.get_rank() == 0:
+        dist.recv(xp.zeros(3), src=1, tag=7)  # rank 1 never sends
+
+
+def test_a_missing_send_times_out_naming_peer_and_tag():
+    with World(2, timeout=1.0) as world:
+        err = _fail_and_check(world, _missing_send)
+    assert err.rank == 0 and err.exc_type == "CommTimeoutError"
+    assert "recv from rank 1 (tag 7" in err.remote_traceback
+
+
+def _shape_mismatch():
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    n = 5 if dist.get_rank() == 1 else 4
+    dist.all_reduce(xp.ones((3, n)))
+
+
+def test_a_shape_mismatch_is_an_error_on_every_rank():
+    with World(4, timeout=30.0) as world:
+        err = _fail_and_check(world, _shape_mismatch)
+    assert set(err.failures) == {0, 1, 2, 3}
+    assert {t for t, _ in err.failures.values()} == {"CollectiveMismatchError"}
+    assert "(they differ in shape)" in err.remote_traceback
+    assert "rank 1: all_reduce op=SUM algorithm=allgather dtype=float64 shape=(3,5)" \
+        in err.remote_traceback
+
+
+def _different_collectives():
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    if dist.get_rank() == 0:
+        dist.broadcast(xp.ones(4), src=0)
+    else:
+        dist.reduce(xp.ones(4), dst=0)
+
+
+def test_different_collectives_are_an_error_on_every_rank():
+    with World(3, timeout=30.0) as world:
+        err = _fail_and_check(world, _different_collectives)
+    assert {t for t, _ in err.failures.values()} == {"CollectiveMismatchError"}
+    assert "differ in collective" in err.remote_traceback
+
+
+def _rss_growth(n_calls, seed):
+    import minidist.distributed as dist
+    from minidist import backend
+    rng = np.random.default_rng(seed)  # same sizes on every rank
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def burst(k):
+        for _ in range(k):
+            n = int(rng.integers(0, 20000))
+            x = backend.from_host(np.ones(n, dtype=np.float32))
+            alg = ["ring", "tree", "naive", "recursive_doubling", "allgather"][int(rng.integers(5))]
+            dist.all_reduce(x, algorithm=alg)
+    burst(200)  # warm up: allocator pools, caches
+    before = rss()
+    burst(n_calls)
+    return rss() - before
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc")
+def test_a_thousand_collectives_do_not_grow_memory(worlds):
+    growth = worlds.get(2, slot_bytes=1 << 16).run(_rss_growth, 1000, 0)
+    assert max(growth) < 4 * 2**20, f"resident memory grew by {growth} bytes"
+
+
+def test_no_segment_is_left_after_a_clean_world():
+    with World(2) as world:
+        name = world.segment_name
+        assert name in shm.leftover_segments()
+        world.run(lambda: None)
+    assert name not in shm.leftover_segments()
+
+
+def test_ranks_and_segment_go_when_the_parent_is_killed(tmp_path):
+    """Even a parent killed with SIGKILL leaves nothing: the ranks notice and clean up."""
+    import signal
+    import subprocess
+    import sys
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import time\n"
+        "from minidist.comm import World\n"
+        "if __name__ == '__main__':\n"
+        "    w = World(2)\n"
+        "    print(w.segment_name, *[p.pid for p in w._procs], flush=True)\n"
+        "    time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    segment, *pids = proc.stdout.readline().split()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + LIMIT_S
+    while time.monotonic() < deadline and (any(alive(int(p)) for p in pids)
+                                           or segment in shm.leftover_segments()):
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(int(p))], "a rank outlived its killed parent"
+    assert segment not in shm.leftover_segments()
+
+
+def _blas_threads():
+    return os.environ.get("OMP_NUM_THREADS"), os.environ.get("OPENBLAS_NUM_THREADS")
+
+
+def test_ranks_get_a_share_of_the_cores_for_blas_unless_the_user_chose(monkeypatch):
+    from minidist.comm.transport.base import cores_available
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    n = 3
+    share = str(max(1, cores_available() // n))
+    assert minidist.launch(_blas_threads, n) == [(share, share)] * n
+    assert "OMP_NUM_THREADS" not in os.environ  # the parent's environment is restored
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    assert minidist.launch(_blas_threads, 2) == [("7", str(max(1, cores_available() // 2)))] * 2
+
+
+def _backend_name():
+    from minidist import backend
+    return backend.get_backend()
+
+
+def test_ranks_use_the_backend_chosen_with_set_backend_not_only_the_environment():
+    from minidist import backend
+    before = backend.get_backend()
+    other = "numpy" if before == "guard" else "guard"  # not what MINIDIST_BACKEND says
+    backend.set_backend(other)
+    try:
+        assert minidist.launch(_backend_name, 2) == [other, other]
+    finally:
+        backend.set_backend(before)
+
+
+
+def _launched():
+    import minidist.distributed as dist
+    return dist.launched()
+
+
+def test_a_rank_knows_it_was_launched_and_a_plain_process_does_not(monkeypatch):
+    import minidist.distributed as dist
+    for var in ("MINIDIST_SHM", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert not dist.launched()
+    assert minidist.launch(_launched, 2) == [True, True]
