@@ -93,11 +93,11 @@ class ProcessGroup:
         self.ranks = list(ranks)              # group rank i is global rank ranks[i]
         self.ctx = ctx
         self.timeout = timeout
-        self.check = check                    # verify collective calls match (check.py)
+        self.check = check                    # verify collective calls match (collectives/check.py)
         self.rank = self.ranks.index(transport.rank)
         self.size = len(self.ranks)
         self.stats = CommStats()
-        self.small_plans: dict = {}           # (shape, dtype, op) -> plan of small.py
+        self.small_plans: dict = {}           # (shape, dtype, op) -> plan of collectives/small.py
         self._calls = 0
 
     def __repr__(self) -> str:
@@ -150,7 +150,7 @@ class ProcessGroup:
     def exchange(self, data: Any, dst: int, inbox: Any, src: int, tag: int, what: str = "",
                  abortable: bool = True) -> bool:
         """Send host bytes to ``dst`` while receiving host bytes from ``src``: one
-        step of the call check (check.py). False if the incoming message had
+        step of the call check (collectives/check.py). False if the incoming message had
         another size than ``inbox`` (then dropped). Not counted in ``stats``:
         the caller counts what it carried besides the check."""
         return self.transport.exchange(data, self.ranks[dst], inbox, self.ranks[src], tag,

@@ -16,7 +16,7 @@ Three questions to ask a run whose numbers look wrong:
 
 All three cost O(1) data per rank per step (one number each), so they can run
 every step of a real job. ``Diagnostics`` keeps the rows and prints the tables
-at the end (demo: ``demos/12_diagnostics.py``).
+at the end (demo: ``demos/13_diagnostics.py``).
 """
 from __future__ import annotations
 

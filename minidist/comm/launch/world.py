@@ -59,7 +59,7 @@ class World:
         init_process_group in each rank (``minidist run`` leaves it to the
         script); ``run_timeout``: limit on one ``run`` (None: none);
         ``link_gbps``: emulate a link of that many GB/s between every pair of
-        ranks (link.py; None: ``MINIDIST_LINK_GBPS`` if set, else none)."""
+        ranks (transport/link.py; None: ``MINIDIST_LINK_GBPS`` if set, else none)."""
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         if slot_bytes is None:

@@ -12,7 +12,7 @@ A transport moves the bytes of an array from one rank to another::
 matched by receives in another. Within a context, messages between a pair of
 ranks with the same tag arrive in the order they were sent (as in MPI).
 
-``exchange`` is the step of the call check (check.py): send a block of host
+``exchange`` is the step of the call check (collectives/check.py): send a block of host
 bytes and receive one, where the incoming message may have another size than
 expected (the ranks called different collectives): then it is dropped and
 ``exchange`` returns False instead of raising.
@@ -210,7 +210,7 @@ sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 def in_background_thread() -> bool:
     """Is this a thread other than the main one: the thread that runs
-    asynchronous collectives (work.py), or one of the user's? Such a thread
+    asynchronous collectives (collectives/work.py), or one of the user's? Such a thread
     does not spin while it waits: the main thread is computing on the same
     core and needs the GIL, so it sleeps at once."""
     return threading.current_thread() is not threading.main_thread()

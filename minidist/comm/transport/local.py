@@ -26,7 +26,7 @@ a ring) take a short way when nothing else is under way with their peers:
 short_way.py.
 
 Waiting: when a pass moves nothing, the rank keeps polling for up to
-``SPIN_S`` seconds (the background thread of work.py does not poll at all),
+``SPIN_S`` seconds (the background thread of collectives/work.py does not poll at all),
 yielding the CPU between polls (``sched_yield`` costs
 little when nobody else wants the core, and lets a peer that shares our core
 run, with more ranks than cores or other load on the machine). Then it sleeps

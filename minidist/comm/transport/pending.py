@@ -5,7 +5,7 @@ A ``Send`` holds the host bytes of the array being sent and how far it got; a
 arrives at its offset, or folds it in with the reduction op (``accept``): on
 the CPU backends the piece is read straight from shared memory, without a
 temporary. A ``BytesRecv`` receives raw host bytes for the call check's
-exchange (check.py), where a message of another size is a finding, not an
+exchange (collectives/check.py), where a message of another size is a finding, not an
 error: it is drained and dropped, and ``mismatch`` is set. An ``Unexpected``
 message arrived before its receive was posted and waits in a private buffer. A ``Channel`` knows where one direction of one pair
 of ranks lives in the segment (shm.py).

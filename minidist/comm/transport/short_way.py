@@ -14,7 +14,7 @@ channel and take the peer's pieces straight out of the incoming one, in one
 loop, checking only that the first incoming piece carries our tag. The bytes
 and the headers in shared memory are exactly those of the general way, so the
 peer may take either way. Anything unusual (another message first, a wait
-longer than ``spin_s``, the background thread of work.py, an emulated link)
+longer than ``spin_s``, the background thread of collectives/work.py, an emulated link)
 hands what is left to the general way, which handles every case.
 """
 from __future__ import annotations
