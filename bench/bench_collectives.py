@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from minidist.calc.comm import BUS_FACTORS, bus_bandwidth
+
 SIZES = [1 << k for k in range(10, 29, 2)]  # 1 KiB, 4 KiB, ..., 256 MiB
 LATENCY_SIZE = 1 << 10
 
@@ -163,7 +165,7 @@ def memcpy_ceiling(sizes: list[int]) -> dict:
 # -- the table ---------------------------------------------------------------------------
 
 def table(n: int, sizes: list[int], best: dict) -> str:
-    factor = 2 * (n - 1) / n
+    factor = BUS_FACTORS["all_reduce"](n)
     head = (f"{'size':>8} | {'minidist ring':^26} | {'minidist naive':^26} | "
             f"{'MPICH Allreduce':^26} | {'memcpy':>7} | {'ring/MPICH':>10}")
     sub = (f"{'':>8} | " + " | ".join([f"{'time':>9} {'algbw':>7} {'busbw':>8}"] * 3)
@@ -183,9 +185,9 @@ def table(n: int, sizes: list[int], best: dict) -> str:
                 cells.append(f"{'-':>9} {'-':>7} {'-':>8}")
                 continue
             algbw = size / t / 1e9
-            busbws[key] = algbw * factor
+            busbws[key] = bus_bandwidth(size, n, t, "all_reduce") / 1e9
             shown = f"{t * 1e6:.1f}us" if t < 1e-2 else f"{t * 1e3:.2f}ms"
-            cells.append(f"{shown:>9} {algbw:7.2f} {algbw * factor:8.2f}")
+            cells.append(f"{shown:>9} {algbw:7.2f} {busbws[key]:8.2f}")
         mc = best.get(f"memcpy:{size}")
         ratio = busbws["ring"] / busbws["mpi"] if "mpi" in busbws and "ring" in busbws else None
         lines.append(f"{human(size):>8} | " + " | ".join(cells)

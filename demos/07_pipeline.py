@@ -8,9 +8,9 @@ For each schedule the demo prints
 - the same schedule run in p processes, each op padded to a fixed cost
   (forward t_f, backward 2 t_f: equal-cost stages), drawn from the measured times,
 - the measured bubble beside the formula (minidist.calc.pipeline):
-      GPipe (p-1)/(m+p-1),   1F1B (p-1)/m,   interleaved (p-1)/(m v)
-  (GPipe's as idle / total time, the others as idle / useful time, as the
-  source documents count them), and the peak number of micro-batches whose
+      GPipe (p-1)/m,   1F1B (p-1)/m,   interleaved (p-1)/(m v)
+  (idle time / useful time for all three: GPipe and 1F1B idle alike), and the
+  peak number of micro-batches whose
   activations a stage held (GPipe m, 1F1B p - stage),
 - that a GPT cut into pieces gets the single-process gradients under every schedule.
 
@@ -121,8 +121,7 @@ def main() -> int:
             measured[name] = timelines
             good = formula - 0.02 <= got <= formula + MARGIN
             ok &= good
-            kind = "idle/total" if name == "gpipe" else "idle/useful"
-            print(f"bubble ({kind}): measured {got:.3f}, formula {formula:.3f}  "
+            print(f"bubble (idle/useful): measured {got:.3f}, formula {formula:.3f}  "
                   f"{'ok' if good else 'OFF'}")
             peaks = [k for _, k in results]
             if name != "interleaved":

@@ -104,3 +104,15 @@ def test_timer_measures_elapsed_time():
     with backend.Timer() as t:
         sum(range(10000))
     assert t.seconds > 0
+
+
+def test_matmul_flop_counter_counts_2mnk_per_product_and_restores_xp():
+    from minidist.backend import MatmulFlopCounter, xp
+    a = xp.ones((3, 4, 5))
+    b = xp.ones((5, 6))
+    with MatmulFlopCounter() as counter:
+        xp.matmul(a, b)
+        xp.matmul(b.T, b)
+    assert counter.flops == 2 * 3 * 4 * 6 * 5 + 2 * 6 * 6 * 5 and counter.calls == 2
+    xp.matmul(a, b)
+    assert counter.flops == 2 * 3 * 4 * 6 * 5 + 2 * 6 * 6 * 5

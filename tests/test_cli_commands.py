@@ -67,3 +67,80 @@ def test_bench_gpu_without_a_gpu_says_so_in_one_line_and_exits_2(capfd):
     assert main(["bench", "bench_gpu"]) == 2
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and err.startswith("bench_gpu: needs CuPy")
+
+
+BAD_VALUES = [
+    ["zero", "--params", "-5", "--gpus", "4"],
+    ["zero", "--params", "7e9", "--gpus", "0"],
+    ["zero", "--params", "7e9", "--gpus", "4", "--stage", "4"],
+    ["zero", "--params", "7e9", "--gpus", "4", "--precision", "fp8"],
+    ["zero", "--params", "nan", "--gpus", "4"],
+    ["bubble", "--stages", "0", "--microbatches", "4"],
+    ["bubble", "--stages", "4", "--microbatches", "4", "--schedule", "zb"],
+    ["allreduce", "--bytes", "1e6", "--gpus", "4", "--bandwidth", "0"],
+    ["allreduce", "--bytes", "1e6", "--gpus", "4.5", "--bandwidth", "1e9"],
+    ["activations", "--batch", "1", "--seq", "8", "--hidden", "8", "--heads", "0"],
+    ["activations", "--batch", "1", "--seq", "8", "--hidden", "8", "--heads", "2",
+     "--recompute", "some"],
+    ["tp", "--hidden", "100", "--seq", "4", "--batch", "1", "--tp", "3"],
+    ["flops", "--batch", "4"],
+    ["flops", "--params", "7e9", "--tokens", "1e12", "--mfu", "1.5"],
+    ["mfu", "--batch", "1", "--seq", "8", "--layers", "1", "--hidden", "8", "--vocab", "8",
+     "--step-seconds", "0", "--gpus", "1", "--peak-tflops", "1"],
+    ["params", "--layers", "-1", "--hidden", "8", "--vocab", "8", "--seq", "8"],
+    ["batch", "--target", "0", "--micro", "1", "--dp", "1"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD_VALUES, ids=lambda argv: " ".join(argv))
+def test_calc_answers_a_bad_value_with_a_usage_error_and_status_2(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["calc", *argv])
+    assert exit_.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    error_lines = [line for line in captured.err.splitlines() if "error:" in line]
+    assert len(error_lines) == 1 and "Traceback" not in captured.err
+    assert error_lines[0].startswith(f"minidist calc {argv[0]}: error:")
+
+
+@pytest.mark.parametrize("topic", sorted(TOPICS))
+def test_every_calc_topic_help_names_its_source_in_plain_words(topic, capsys):
+    with pytest.raises(SystemExit):
+        main(["calc", topic, "--help"])
+    out = capsys.readouterr().out
+    assert "source: " in out and "``" not in out
+
+
+def test_calc_bubble_shows_gpipe_and_1f1b_idle_alike_in_both_conventions(capsys):
+    assert main(["calc", "bubble", "--stages", "4", "--microbatches", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "idle / useful" in out and "idle / whole step" in out
+    rows = {line.split()[0]: line.split()[1:3] for line in out.splitlines()
+            if line.strip().startswith(("gpipe", "1f1b"))}
+    assert rows["gpipe"] == rows["1f1b"] == ["37.50%", "27.27%"]
+
+
+def test_calc_activations_params_flops_reproduce_gpt3(capsys):
+    gpt3 = ["--seq", "2048", "--hidden", "12288"]
+    main(["calc", "activations", "--batch", "1", "--heads", "96", "--layers", "96", *gpt3])
+    assert "all 96 layers: 275.41 GB" in capsys.readouterr().out
+    main(["calc", "activations", "--batch", "1", "--heads", "96", "--layers", "96", *gpt3,
+          "--tp", "8", "--sp", "--recompute", "selective"])
+    assert "all 96 layers: 10.27 GB" in capsys.readouterr().out
+    main(["calc", "params", "--layers", "96", "--vocab", "51200", *gpt3])
+    assert "174,615,822,336" in capsys.readouterr().out
+    main(["calc", "flops", "--batch", "1536", "--layers", "96", "--vocab", "51200", *gpt3,
+          "--recompute"])
+    assert "4.5110e+18" in capsys.readouterr().out
+
+
+def test_calc_mfu_and_hfu_differ_by_the_recomputed_forward(capsys):
+    argv = ["calc", "mfu", "--batch", "1536", "--seq", "2048", "--layers", "96", "--hidden",
+            "12288", "--vocab", "51200", "--step-seconds", "33", "--gpus", "1024",
+            "--peak-tflops", "312"]
+    main(argv + ["--recompute"])
+    u = calc.flops_utilization(1536, 2048, 96, 12288, 51200, 33, 1024, 312e12, True)
+    out = capsys.readouterr().out
+    assert f"MFU (model FLOPs, no recomputation): {100 * u.mfu:.2f}%" in out
+    assert f"{100 * u.hfu:.2f}%" in out and u.hfu > u.mfu

@@ -25,7 +25,8 @@ The three backends
 Helpers that are not portable between NumPy and CuPy live here too:
 ``to_host`` / ``from_host``, a seeded ``Generator`` that draws the same numbers
 on every backend, ``scatter_add``, ``bits`` / ``from_bits``, ``synchronize``,
-``use_device`` / ``current_device`` / ``device_name``, ``Timer`` and ``MemoryTracker``.
+``use_device`` / ``current_device`` / ``device_name``, ``Timer``, ``MemoryTracker`` and
+``MatmulFlopCounter``.
 """
 from __future__ import annotations
 
@@ -280,6 +281,37 @@ class MemoryTracker:
             self.peak = tracemalloc.get_traced_memory()[1] - self._base
             if not self._was_tracing:
                 tracemalloc.stop()
+
+
+class MatmulFlopCounter:
+    """FLOPs of every ``xp.matmul`` run inside a ``with`` block (2 per multiply-add).
+
+    A product of (..., M, K) and (..., K, N) costs 2 M N K per matrix of the
+    (broadcast) batch: 2 x output elements x K. The counter puts a counting
+    ``matmul`` into ``xp`` for the block and takes it out again; minidist's
+    autograd ops and attention kernels multiply through ``xp.matmul``, so the
+    count is every product a forward and backward ran, recomputations included.
+    """
+
+    def __enter__(self) -> "MatmulFlopCounter":
+        self.flops = 0
+        self.calls = 0
+        self._before = xp.__dict__.get("matmul")
+        plain = getattr(_state["module"], "matmul")
+
+        def counting_matmul(a: Any, b: Any, *args: Any, **kwargs: Any) -> Any:
+            out = plain(a, b, *args, **kwargs)
+            self.flops += 2 * out.size * a.shape[-1]
+            self.calls += 1
+            return out
+        xp.__dict__["matmul"] = counting_matmul
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._before is None:
+            xp.__dict__.pop("matmul", None)
+        else:
+            xp.__dict__["matmul"] = self._before
 
 
 def _cupy_peak_hook():

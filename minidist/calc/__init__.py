@@ -7,7 +7,9 @@ One module per topic; every docstring gives the formula and the worked number
 it reproduces. See docs/cost_models.md.
 
     comm       ring / tree / naive all-reduce, all-gather, hierarchical, busbw, overlap
-    memory     bytes per parameter, DDP and ZeRO 1/2/3, activations, checkpoints
+    memory     bytes per parameter, DDP and ZeRO 1/2/3, layer inputs, checkpoints
+    activations  per layer (Korthikanti et al. 2022): TP, SP, selective / full recompute, flash
+    gpt        parameters and FLOPs per iteration (Narayanan et al. 2021), MFU and HFU
     pipeline   bubble (GPipe, 1F1B, interleaved), in-flight activations, p2p volume
     tensor     shard shapes, TP all-reduce volume and overhead, 3D degrees
     compute    6PD, MFU, time, GPU-hours, PF-days, dollars, electricity, roofline
@@ -15,6 +17,9 @@ it reproduces. See docs/cost_models.md.
     precision  format ranges, dynamic loss scaling
 """
 from minidist.calc import units
+from minidist.calc.activations import (activation_memory_per_layer,
+                                       activation_memory_per_layer_terms,
+                                       minidist_layer_activation_bytes)
 from minidist.calc.comm import (AllReduceCost, HierarchicalCost, algorithm_bandwidth,
                                 all_gather_bytes, all_gather_time, all_reduce_cost,
                                 bandwidth_utilization, bus_bandwidth, comm_compute_ratio,
@@ -30,9 +35,13 @@ from minidist.calc.compute import (achieved_flops, amdahl_speedup, arithmetic_in
                                    matmul_intensity, mfu, on_demand_cost, petaflop_days,
                                    ridge_point, scaling_efficiency, spot_cost,
                                    training_flops, training_seconds)
+from minidist.calc.gpt import (Utilization, flops_utilization, gpt_layer_params, gpt_params,
+                              mfu_from_throughput, palm_model_flops_per_token,
+                              training_flops_per_iteration)
 from minidist.calc.memory import (STATE_BYTES, activation_memory, checkpoint_bytes,
                                   checkpoint_peak_fraction, checkpoint_stored_fraction,
                                   checkpoint_write_seconds, ddp_memory_per_gpu,
+                                  layer_inputs_memory,
                                   model_state_bytes_per_param, recompute_overhead,
                                   sqrt_checkpoint_interval, zero_memory_per_gpu)
 from minidist.calc.pipeline import (bubble_fraction, idle_fraction, layers_per_stage,

@@ -179,14 +179,35 @@ def algorithm_bandwidth(size_bytes: float, seconds: float) -> float:
     return size_bytes / seconds
 
 
-def bus_bandwidth(size_bytes: float, ranks: int, seconds: float) -> float:
-    """busbw of a measured all-reduce: algbw * 2(N-1)/N (bytes/s, nccl-tests).
+# nccl-tests' bus-bandwidth factors (its doc/PERFORMANCE.md): what each rank's
+# links must carry per byte of the collective's size M, so that busbw can be held
+# against a link's peak whatever the collective
+BUS_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,       # M = the gathered tensor
+    "reduce_scatter": lambda n: (n - 1) / n,   # M = the tensor before scattering
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+}
 
-    The rate at which each link moved the ring's 2(N-1)/N * M bytes, so it can
-    be compared with the link's peak. Workbook 0.3: 4 GB on 8 GPUs in 30 ms ->
-    7 GB / 0.030 s = 233 GB/s, 77.8% of 300 GB/s.
+
+def bus_bandwidth(size_bytes: float, ranks: int, seconds: float,
+                  collective: str = "all_reduce") -> float:
+    """busbw of a measured collective: algbw x factor (bytes/s, nccl-tests' convention).
+
+    algbw = M / t; the factor is 2(N-1)/N for all-reduce, (N-1)/N for all-gather,
+    reduce-scatter and all-to-all, 1 for broadcast and reduce (``BUS_FACTORS``).
+    For all-reduce it is the rate at which each link moved the ring's 2(N-1)/N * M
+    bytes. Workbook 0.3: 4 GB on 8 GPUs in 30 ms -> 7 GB / 0.030 s = 233 GB/s,
+    77.8% of 300 GB/s.
     """
-    return ring_all_reduce_bytes(size_bytes, ranks) / seconds
+    _check_ranks(ranks)
+    if collective not in BUS_FACTORS:
+        raise ValueError(f"unknown collective {collective!r}: one of {sorted(BUS_FACTORS)}")
+    if seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    return algorithm_bandwidth(size_bytes, seconds) * BUS_FACTORS[collective](ranks)
 
 
 def bandwidth_utilization(size_bytes: float, ranks: int, seconds: float,

@@ -2,19 +2,23 @@
 
     minidist calc zero --params 7e9 --gpus 64 --stage 2
     minidist calc allreduce --bytes 100e6 --gpus 8 --bandwidth 50e9 --latency 10e-6
-    minidist calc bubble --stages 4 --microbatches 12 --schedule gpipe
+    minidist calc bubble --stages 4 --microbatches 12
+    minidist calc activations --batch 1 --seq 2048 --hidden 12288 --heads 96 --layers 96
 
-Each topic is one entry of ``TOPICS``: its flags, the formula it prints in
-``--help``, and a function from the parsed flags to the lines it prints. The
-arithmetic itself lives in the other files of ``minidist.calc``.
+Each topic is one entry of ``TOPICS``: its flags (each with the check its value
+must pass, see cli_args), the formula and source shown by --help, and a function
+from the parsed flags to the lines it prints. The arithmetic itself lives in
+the other files of ``minidist.calc``.
 """
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field
 from typing import Callable
 
-from minidist.calc import comm, compute, memory, pipeline, recipes, tensor
+from minidist.calc import (activations, comm, compute, gpt, memory, pipeline, recipes,
+                           tensor)
+from minidist.calc.cli_args import (Topic, add_topic_parser, fraction, non_negative,
+                                    non_negative_int, positive, positive_int)
 
 
 def _gb(n: float) -> str:
@@ -23,14 +27,6 @@ def _gb(n: float) -> str:
 
 def _ms(s: float) -> str:
     return f"{s * 1e3:,.3f} ms"
-
-
-@dataclass
-class Topic:
-    help: str                                   # one line, in `minidist calc --help`
-    formula: str                                # shown by `minidist calc TOPIC --help`
-    flags: list = field(default_factory=list)   # (flag, type, default, help); default None = required
-    run: Callable[[argparse.Namespace], list[str]] = None
 
 
 def _allreduce(a):
@@ -53,31 +49,82 @@ def _zero(a):
 
 
 def _bubble(a):
-    f = pipeline.bubble_fraction(a.stages, a.microbatches, a.schedule, a.virtual_stages)
-    peak = pipeline.peak_inflight_microbatches(a.stages, a.microbatches,
-                                               "gpipe" if a.schedule == "gpipe" else "1f1b")
-    return [f"bubble fraction ({a.schedule}): {f:.4f} = {100 * f:.2f}%",
-            f"peak in-flight micro-batches on stage 0: {peak}"]
-
-
-def _flops(a):
-    c = compute.training_flops(a.params, a.tokens)
-    rows = [f"training FLOPs C = 6PD = {c:.3e} ({compute.petaflop_days(c):,.1f} petaFLOP-days)"]
-    if a.gpus and a.peak_tflops and a.mfu:
-        secs = compute.training_seconds(c, a.gpus, a.peak_tflops * 1e12, a.mfu)
-        hours = compute.gpu_hours(c, a.peak_tflops * 1e12, a.mfu)
-        rows.append(f"wall clock on {a.gpus} GPUs: {secs / 86400:,.1f} days; {hours:,.0f} GPU-hours")
-        if a.price:
-            rows.append(f"on-demand cost: ${compute.on_demand_cost(hours, a.price):,.0f}")
+    chosen = [a.schedule] if a.schedule else ["gpipe", "1f1b"]
+    if not a.schedule and a.virtual_stages > 1:
+        chosen.append("interleaved")
+    rows = ["schedule      idle / useful compute   idle / whole step"]
+    for name in chosen:
+        v = a.virtual_stages if name == "interleaved" else 1
+        bubble = pipeline.bubble_fraction(a.stages, a.microbatches, name, v)
+        idle = pipeline.idle_fraction(a.stages, a.microbatches, name, v)
+        rows.append(f"{name:<12}  {100 * bubble:20.2f}%  {100 * idle:17.2f}%")
+    rows.append("GPipe and 1F1B idle for the same time; 1F1B holds fewer micro-batches:")
+    for name in ("gpipe", "1f1b"):
+        peak = pipeline.peak_inflight_microbatches(a.stages, a.microbatches, name)
+        rows.append(f"  peak in-flight micro-batches on stage 0 ({name}): {peak}")
     return rows
 
 
+def _flops(a):
+    rows = []
+    shape = (a.batch, a.seq, a.layers, a.hidden, a.vocab)
+    if all(shape):
+        with_ = gpt.training_flops_per_iteration(*shape, recompute=True)
+        without = gpt.training_flops_per_iteration(*shape, recompute=False)
+        chosen = with_ if a.recompute else without
+        rows += [f"per iteration, with full recomputation: {with_:.4e} FLOPs",
+                 f"per iteration, without recomputation:   {without:.4e} FLOPs",
+                 f"this run ({'recomputes' if a.recompute else 'no recomputation'}): "
+                 f"{chosen / (a.batch * a.seq):.4e} FLOPs per token"]
+    elif any(shape):
+        raise ValueError("FLOPs per iteration need all of --batch --seq --layers --hidden --vocab")
+    if a.params and a.tokens:
+        c = compute.training_flops(a.params, a.tokens)
+        rows.append(f"training FLOPs C = 6PD = {c:.3e} ({compute.petaflop_days(c):,.1f} "
+                    "petaFLOP-days)")
+        if a.gpus and a.peak_tflops and a.mfu:
+            secs = compute.training_seconds(c, a.gpus, a.peak_tflops * 1e12, a.mfu)
+            hours = compute.gpu_hours(c, a.peak_tflops * 1e12, a.mfu)
+            rows.append(f"wall clock on {a.gpus} GPUs: {secs / 86400:,.1f} days; "
+                        f"{hours:,.0f} GPU-hours")
+            if a.price:
+                rows.append(f"on-demand cost: ${compute.on_demand_cost(hours, a.price):,.0f}")
+    elif a.params or a.tokens:
+        raise ValueError("C = 6PD needs both --params and --tokens")
+    if not rows:
+        raise ValueError("give --params and --tokens (C = 6PD), or --batch --seq --layers "
+                         "--hidden --vocab (FLOPs per iteration)")
+    return rows
+
+
+def _params(a):
+    layer = gpt.gpt_layer_params(a.hidden)
+    total = gpt.gpt_params(a.layers, a.hidden, a.vocab, a.seq)
+    return [f"per layer: 12h^2 + 13h = {layer:,}",
+            f"embeddings: (V + s) h = {(a.vocab + a.seq) * a.hidden:,}",
+            f"total P = {total:,} ({total / 1e9:,.2f} billion)"]
+
+
+def _mfu(a):
+    u = gpt.flops_utilization(a.batch, a.seq, a.layers, a.hidden, a.vocab, a.step_seconds,
+                              a.gpus, a.peak_tflops * 1e12, a.recompute)
+    tokens = a.batch * a.seq / a.step_seconds
+    ran = ", recomputation included" if a.recompute else ""
+    return [f"throughput: {tokens:,.0f} tokens/s",
+            f"MFU (model FLOPs, no recomputation): {100 * u.mfu:.2f}%",
+            f"HFU (FLOPs the hardware ran{ran}): {100 * u.hfu:.2f}%"]
+
+
 def _activations(a):
-    full = memory.activation_memory(a.batch, a.seq, a.hidden, a.layers, a.bytes_per_element)
-    interval = a.interval or memory.sqrt_checkpoint_interval(a.layers)
-    frac = memory.checkpoint_peak_fraction(a.layers, interval)
-    return [f"activations without checkpointing: {_gb(full)}",
-            f"with a checkpoint every {interval} layers: {_gb(full * frac)} ({100 * frac:.1f}%)"]
+    per_layer = activations.activation_memory_per_layer(
+        a.seq, a.batch, a.hidden, a.heads, tp=a.tp, sequence_parallel=a.sp,
+        recompute=a.recompute, flash=a.flash, bytes_per_element=a.bytes_per_element)
+    setting = (f"tp={a.tp}{', sequence parallel' if a.sp else ''}, recompute={a.recompute}"
+               f"{', flash attention' if a.flash else ''}")
+    inputs = memory.layer_inputs_memory(a.batch, a.seq, a.hidden, a.layers, a.bytes_per_element)
+    return [f"per layer ({setting}): {per_layer / 1e9:,.4f} GB",
+            f"all {a.layers} layers: {_gb(a.layers * per_layer)}",
+            f"the two sublayer inputs alone (the workbook's count): {_gb(inputs)}"]
 
 
 def _checkpoint(a):
@@ -125,72 +172,122 @@ def _batch(a):
             f"effective batch: {recipes.effective_batch(a.micro, k, a.dp)}"]
 
 
+PRECISIONS = ("mixed", "fp32")
+
 TOPICS: dict[str, Topic] = {
     "allreduce": Topic(
         "time and bytes of ring / tree / naive all-reduce",
         "T_ring = 2(N-1) alpha + 2(N-1)/N * M/beta;  T_tree = 2 ceil(log2 N) (alpha + M/beta);"
         "  T_naive = 2(N-1) (alpha + M/beta)",
-        [("--bytes", float, None, "message size M in bytes"), ("--gpus", int, None, "ranks N"),
-         ("--bandwidth", float, None, "beta in bytes/s"), ("--latency", float, 0.0, "alpha in s")],
+        "the alpha-beta model; workbook chapter 0 (ring 0.2, tree 0.4)",
+        [("--bytes", positive, None, "message size M in bytes"),
+         ("--gpus", positive_int, None, "ranks N"),
+         ("--bandwidth", positive, None, "beta in bytes/s"),
+         ("--latency", non_negative, 0.0, "alpha in s")],
         _allreduce),
     "zero": Topic(
         "model-state memory per GPU for DDP and ZeRO stages",
         "mixed-precision Adam: DDP 16, ZeRO-1 4 + 12/N, ZeRO-2 2 + 14/N, ZeRO-3 16/N bytes/param",
-        [("--params", float, None, "parameters P"), ("--gpus", int, None, "data-parallel ranks N"),
-         ("--stage", int, "", "0..3 (default: all)"), ("--precision", str, "mixed", "mixed | fp32")],
+        "Rajbhandari et al. 2020 (ZeRO), figure 1; workbook chapter 1",
+        [("--params", positive, None, "parameters P"),
+         ("--gpus", positive_int, None, "data-parallel ranks N"),
+         ("--stage", (0, 1, 2, 3), "", "0 (DDP), 1, 2 or 3 (default: all)"),
+         ("--precision", PRECISIONS, "mixed", "mixed | fp32")],
         _zero),
     "bubble": Topic(
-        "pipeline bubble fraction and in-flight micro-batches",
-        "GPipe (p-1)/(m+p-1);  1F1B (p-1)/m;  interleaved (p-1)/(m v)",
-        [("--stages", int, None, "p"), ("--microbatches", int, None, "m"),
-         ("--schedule", str, "1f1b", "gpipe | 1f1b | interleaved"),
-         ("--virtual-stages", int, 1, "v (interleaved)")],
+        "pipeline bubble, as idle / useful compute and as idle / whole step",
+        "idle / useful: GPipe and 1F1B (p-1)/m, interleaved (p-1)/(m v);"
+        "  idle / whole step: x / (1 + x) of it, (p-1)/(m v + p-1)",
+        "Narayanan et al. 2021, section 2.2; workbook chapter 5",
+        [("--stages", positive_int, None, "p"), ("--microbatches", positive_int, None, "m"),
+         ("--schedule", pipeline.SCHEDULES, "", "gpipe | 1f1b | interleaved (default: all)"),
+         ("--virtual-stages", positive_int, 1, "v (interleaved)")],
         _bubble),
     "flops": Topic(
-        "training compute, time and cost",
-        "C = 6 P D;  time = C / (gpus * peak * MFU);  GPU-hours = C / (peak * MFU) / 3600",
-        [("--params", float, None, "P"), ("--tokens", float, None, "D"), ("--gpus", int, 0, ""),
-         ("--peak-tflops", float, 0.0, "per GPU"), ("--mfu", float, 0.0, "0..1"),
-         ("--price", float, 0.0, "$ per GPU-hour")],
+        "training FLOPs per iteration or for a whole run, time and cost",
+        "per iteration 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) with full recomputation,"
+        " 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) without;  whole run C = 6 P D;"
+        "  time = C / (gpus * peak * MFU)",
+        "Narayanan et al. 2021, equation 3; Kaplan et al. 2020 for 6PD",
+        [("--batch", positive_int, "", "B, sequences per iteration"),
+         ("--seq", positive_int, "", "s"), ("--layers", positive_int, "", "l"),
+         ("--hidden", positive_int, "", "h"), ("--vocab", positive_int, "", "V"),
+         ("--recompute", bool, None, "the run recomputes activations in backward"),
+         ("--params", positive, "", "P"), ("--tokens", positive, "", "D"),
+         ("--gpus", non_negative_int, 0, ""), ("--peak-tflops", non_negative, 0.0, "per GPU"),
+         ("--mfu", fraction, 0.0, "0..1"), ("--price", non_negative, 0.0, "$ per GPU-hour")],
         _flops),
+    "params": Topic(
+        "parameters of a GPT, biases, LayerNorms and embeddings included",
+        "P = 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)) = l (12h^2 + 13h) + (V + s) h",
+        "Narayanan et al. 2021, equation 2",
+        [("--layers", positive_int, None, "l"), ("--hidden", positive_int, None, "h"),
+         ("--vocab", positive_int, None, "V"), ("--seq", positive_int, None, "s")],
+        _params),
+    "mfu": Topic(
+        "model and hardware FLOPs utilization of a measured step",
+        "MFU = model FLOPs (no recomputation) / (step time * gpus * peak);"
+        "  HFU = the FLOPs that ran (recomputation included) / the same",
+        "Chowdhery et al. 2022 (PaLM), appendix B, with Narayanan et al. 2021 equation 3",
+        [("--batch", positive_int, None, "B, sequences per step"),
+         ("--seq", positive_int, None, "s"), ("--layers", positive_int, None, "l"),
+         ("--hidden", positive_int, None, "h"), ("--vocab", positive_int, None, "V"),
+         ("--step-seconds", positive, None, "measured time of one step"),
+         ("--gpus", positive_int, None, ""), ("--peak-tflops", positive, None, "per GPU"),
+         ("--recompute", bool, None, "the run recomputes activations in backward")],
+        _mfu),
     "activations": Topic(
-        "activation memory with and without checkpointing",
-        "tensors_per_layer * b * s * d * bytes per layer, times L; checkpointing every k ~ sqrt(L)",
-        [("--batch", int, None, "b"), ("--seq", int, None, "s"), ("--hidden", int, None, "d"),
-         ("--layers", int, None, "L"), ("--bytes-per-element", float, 2.0, "2 fp16, 1 fp8"),
-         ("--interval", int, 0, "checkpoint interval k (default sqrt(L))")],
+        "activation memory per transformer layer",
+        "s b h (34 + 5 a s / h) bytes per layer without parallelism;"
+        " tensor parallel s b h (10 + 24/t + 5as/(ht)); with sequence parallel s b h (34/t + 5as/(ht));"
+        " selective recomputation or flash attention drop the 5as/h term; full recomputation 2 s b h",
+        "Korthikanti et al. 2022, equation 1 and table 2 (2-byte activations, 1-byte masks)",
+        [("--batch", positive_int, None, "b"), ("--seq", positive_int, None, "s"),
+         ("--hidden", positive_int, None, "h"), ("--heads", positive_int, None, "a"),
+         ("--layers", positive_int, 1, "L"), ("--tp", positive_int, 1, "tensor-parallel size t"),
+         ("--sp", bool, None, "sequence parallelism (splits the rest along s)"),
+         ("--recompute", activations.RECOMPUTE, "none", "none | selective | full"),
+         ("--flash", bool, None, "flash attention (keeps no attention scores)"),
+         ("--bytes-per-element", positive, 2.0, "2 fp16/bf16, 1 fp8")],
         _activations),
     "checkpoint": Topic(
         "checkpoint size, write time and Young's interval",
         "size = bytes/param * P;  t = size / (bandwidth * writers);  tau = sqrt(2 C F)",
-        [("--params", float, None, "P"), ("--precision", str, "mixed", "mixed | fp32"),
-         ("--write-bw", float, 0.0, "bytes/s per writer"), ("--writers", int, 1, ""),
-         ("--mtbf-hours", float, 0.0, "mean time between failures F")],
+        "Young 1974 for the interval; workbook chapter 7",
+        [("--params", positive, None, "P"), ("--precision", PRECISIONS, "mixed", "mixed | fp32"),
+         ("--write-bw", non_negative, 0.0, "bytes/s per writer"),
+         ("--writers", positive_int, 1, ""),
+         ("--mtbf-hours", non_negative, 0.0, "mean time between failures F")],
         _checkpoint),
     "tp": Topic(
         "tensor-parallel shard shapes and all-reduce volume",
         "column W1 [d, 4d/t], row W2 [4d/t, d]; each all-reduce of [b*s, d] sends 2(t-1)/t * b*s*d*bytes",
-        [("--hidden", int, None, "d"), ("--seq", int, None, "s"), ("--batch", int, None, "b"),
-         ("--tp", int, None, "t")],
+        "Shoeybi et al. 2019 (Megatron-LM), section 3; workbook chapter 6",
+        [("--hidden", positive_int, None, "d"), ("--seq", positive_int, None, "s"),
+         ("--batch", positive_int, None, "b"), ("--tp", positive_int, None, "t")],
         _tp),
     "lr": Topic(
         "learning-rate scaling rules and warmup",
         "linear: lr * B_new/B_base;  sqrt: lr * sqrt(B_new/B_base);  warmup = (B_new/B_base) * 1000",
-        [("--base-lr", float, None, ""), ("--base-batch", int, None, ""),
-         ("--new-batch", int, None, "")],
+        "Goyal et al. 2017 (linear rule), Krizhevsky 2014 (square-root rule); workbook chapter 3",
+        [("--base-lr", positive, None, ""), ("--base-batch", positive_int, None, ""),
+         ("--new-batch", positive_int, None, "")],
         _lr),
     "roofline": Topic(
         "ridge point and whether a matmul is compute- or memory-bound",
         "ridge = peak FLOP/s / bandwidth;  matmul intensity = 2MNK / (bytes (MK + KN + MN))",
-        [("--peak-tflops", float, None, ""), ("--bandwidth", float, None, "bytes/s"),
-         ("--m", int, 0, ""), ("--n", int, 0, ""), ("--k", int, 0, ""),
-         ("--bytes-per-element", float, 2.0, "")],
+        "Williams et al. 2009 (roofline); chapter 26 exercise 26.9",
+        [("--peak-tflops", positive, None, ""), ("--bandwidth", positive, None, "bytes/s"),
+         ("--m", non_negative_int, 0, ""), ("--n", non_negative_int, 0, ""),
+         ("--k", non_negative_int, 0, ""), ("--bytes-per-element", positive, 2.0, "")],
         _roofline),
     "batch": Topic(
         "gradient accumulation steps for a target batch",
         "B_eff = micro_batch * accumulation_steps * DP",
-        [("--target", int, None, "target global batch"), ("--micro", int, None, "per-GPU micro-batch"),
-         ("--dp", int, None, "data-parallel ranks")],
+        "workbook chapter 2",
+        [("--target", positive_int, None, "target global batch"),
+         ("--micro", positive_int, None, "per-GPU micro-batch"),
+         ("--dp", positive_int, None, "data-parallel ranks")],
         _batch),
 }
 
@@ -198,21 +295,16 @@ TOPICS: dict[str, Topic] = {
 def add_calc_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     """Wire ``minidist calc`` into the command line; returns its runner."""
     topics = parser.add_subparsers(dest="topic", required=True, metavar="TOPIC")
-    for name, topic in TOPICS.items():
-        p = topics.add_parser(name, help=topic.help, description=f"{topic.help}.\n\nformula: "
-                              f"{topic.formula}", formatter_class=argparse.RawDescriptionHelpFormatter)
-        for flag, kind, default, text in topic.flags:
-            if default is None:
-                p.add_argument(flag, type=kind, required=True, help=text)
-            elif default == "":
-                p.add_argument(flag, type=kind, default=None, help=text)
-            else:
-                p.add_argument(flag, type=kind, default=default, help=f"{text} (default {default})")
+    parsers = {name: add_topic_parser(topics, name, topic) for name, topic in TOPICS.items()}
 
     def run(ns: argparse.Namespace) -> int:
         topic = TOPICS[ns.topic]
+        try:
+            lines = topic.run(ns)
+        except ValueError as e:   # a combination the flag checks cannot see: a usage error
+            parsers[ns.topic].error(str(e))
         print(f"{ns.topic}: {topic.formula}")
-        for line in topic.run(ns):
+        for line in lines:
             print("  " + line)
         return 0
     return run

@@ -1,4 +1,4 @@
-"""Memory cost models: model states per GPU (DDP, ZeRO), activations, checkpoints.
+"""Memory cost models: model states per GPU (DDP, ZeRO), layer inputs, checkpoints.
 
 Model states are counted in bytes per parameter (workbook ch. 1, worked
 solutions "16 bytes/param", quiz Q7 and Q16), split into three parts that ZeRO
@@ -90,16 +90,24 @@ def checkpoint_write_seconds(size_bytes: float, bandwidth: float, writers: int =
     return size_bytes / (bandwidth * writers)
 
 
-def activation_memory(batch: int, seq_len: int, hidden: int, layers: int,
-                      bytes_per_element: float = 2.0, tensors_per_layer: float = 2.0) -> float:
-    """Bytes of activations kept for the backward pass, with the workbook's count.
+def layer_inputs_memory(batch: int, seq_len: int, hidden: int, layers: int,
+                        bytes_per_element: float = 2.0, tensors_per_layer: float = 2.0) -> float:
+    """Bytes of the sublayer inputs (the workbook's activation count), for L layers.
 
     layers x tensors_per_layer x b x s x d elements x bytes per element, where
     the workbook keeps 2 tensors of shape (b, s, d) per layer: the inputs to the
     attention and to the FFN (ex. 8.5). FP16/BF16: 2 bytes, FP8: 1 byte.
     Workbook 8.5: 80 x 2 x 4 x 4096 x 8192 = 21,474,836,480 elements = 42.95 GB in FP16.
+
+    This is what a run keeps when it recomputes each sublayer in backward, not
+    what a layer keeps without recomputation: that is
+    ``calc.activation_memory_per_layer`` (Korthikanti et al. 2022), 34 + 5as/h
+    bytes per s b h instead of 4 here; for GPT-3 28x more, mostly attention scores.
     """
     return layers * tensors_per_layer * batch * seq_len * hidden * bytes_per_element
+
+
+activation_memory = layer_inputs_memory   # the earlier name of the same count
 
 
 def sqrt_checkpoint_interval(layers: int) -> int:

@@ -4,15 +4,24 @@ Notation (workbook ch. 5): p pipeline stages, m micro-batches per step, v virtua
 stages (model chunks) per GPU for the interleaved schedule. The source documents
 use N for p and M for m in chapter 26 and the quiz.
 
-    GPipe        bubble = (p-1) / (m + p-1)     idle time / total time
-    1F1B         bubble = (p-1) / m             idle time / useful time
-    interleaved  bubble = (p-1) / (m v)         idle time / useful time
+With equal stages, every schedule leaves each stage idle for p-1 fill/drain
+slots (v times shorter slots when interleaved). One quantity, two denominators,
+each function keeping one for every schedule:
 
-All three schedules leave the same p-1 idle slots per stage (v times shorter
-slots when interleaved); the source documents divide GPipe's by the total time
-and 1F1B's by the useful time (as Narayanan et al., 2021 do), which is why the
-1F1B figure can exceed 100% (workbook 9.6: 375%). ``idle_fraction`` gives
-every schedule's share of the step's wall-clock time.
+                 bubble_fraction            idle_fraction
+                 idle / ideal compute       idle / total step time
+    GPipe        (p-1) / m                  (p-1) / (m + p-1)
+    1F1B         (p-1) / m                  (p-1) / (m + p-1)
+    interleaved  (p-1) / (m v)              (p-1) / (m v + p-1)
+
+``bubble_fraction`` is Narayanan et al. 2021's bubble time fraction (section
+2.2: t_pb / t_id = (p-1)/m for GPipe and 1F1B, (p-1)/(v m) interleaved); it
+can exceed 100% (workbook 9.6: 375%). ``idle_fraction`` is the share of the
+step's wall clock a stage idles, x / (1 + x) of the first. GPipe and 1F1B idle
+for exactly the same time; 1F1B's gain is memory (p micro-batches in flight
+instead of m). Some source documents quote GPipe's bubble as idle / total,
+(p-1)/(m+p-1) (worked solutions: p = m = 8 -> 47%): that is ``idle_fraction``.
+Zero-bubble schedules (B/W split) add their own rows here when they exist.
 """
 from __future__ import annotations
 
@@ -27,40 +36,46 @@ def _check(stages: int, microbatches: int, virtual_stages: int) -> None:
                          f"{stages}, {microbatches}, {virtual_stages}")
 
 
-def bubble_fraction(stages: int, microbatches: int, schedule: str = "1f1b",
-                    virtual_stages: int = 1) -> float:
-    """Pipeline bubble as the source documents count it (see the module docstring).
-
-    gpipe: (p-1)/(m+p-1) (worked solutions: p = 8, m = 8 -> 47%; quiz Q5:
-    4 stages, 16 micro-batches -> 16%); 1f1b: (p-1)/m (workbook 5.1: 3/12 = 25%);
-    interleaved: (p-1)/(m v) (workbook 5.3: 3/48 = 6.25%).
-    """
+def _idle_over_ideal(stages: int, microbatches: int, schedule: str,
+                     virtual_stages: int) -> Fraction:
+    """The bubble of one schedule as an exact fraction: idle slots / ideal slots."""
     _check(stages, microbatches, virtual_stages)
-    if schedule == "gpipe":
-        return (stages - 1) / (microbatches + stages - 1)
-    if schedule == "1f1b":
-        return (stages - 1) / microbatches
+    if schedule in ("gpipe", "1f1b"):
+        return Fraction(stages - 1, microbatches)
     if schedule == "interleaved":
-        return (stages - 1) / (microbatches * virtual_stages)
+        return Fraction(stages - 1, microbatches * virtual_stages)
+    # zero-bubble schedules (zb_h1, zb_h2, zb_v) belong here, with their idle slots
     raise ValueError(f"unknown schedule {schedule!r}: one of {SCHEDULES}")
 
 
-def idle_fraction(stages: int, microbatches: int, virtual_stages: int = 1) -> float:
-    """Share of the step's wall-clock time a stage is idle, for any of the schedules.
+def bubble_fraction(stages: int, microbatches: int, schedule: str = "1f1b",
+                    virtual_stages: int = 1) -> float:
+    """Pipeline bubble as idle time over ideal compute time, for every schedule.
 
-    (p-1) / (m v + p-1): the p-1 fill/drain slots (each 1/v of a stage's work
-    per micro-batch) over all slots. Equals GPipe's bubble_fraction for v = 1,
-    and r / (1 + r) for 1F1B's r = (p-1)/m: workbook 9.6's 375% is 79% idle.
+    gpipe and 1f1b: (p-1)/m (workbook 5.1: 3/12 = 25%); interleaved: (p-1)/(m v)
+    (workbook 5.3: 3/48 = 6.25%). Narayanan et al. 2021, section 2.2. For the
+    share of the step's wall clock, see ``idle_fraction``.
     """
-    _check(stages, microbatches, virtual_stages)
-    return (stages - 1) / (microbatches * virtual_stages + stages - 1)
+    return float(_idle_over_ideal(stages, microbatches, schedule, virtual_stages))
+
+
+def idle_fraction(stages: int, microbatches: int, schedule: str = "1f1b",
+                  virtual_stages: int = 1) -> float:
+    """Share of the step's wall-clock time a stage is idle: idle / (idle + ideal).
+
+    (p-1) / (m v + p-1), v = 1 unless interleaved: bubble_fraction x turned
+    into x / (1 + x). Worked solutions: GPipe, p = m = 8 -> 47%; quiz Q5:
+    4 stages, 16 micro-batches -> 16%; workbook 9.6's 375% bubble is 79% idle.
+    """
+    x = _idle_over_ideal(stages, microbatches, schedule, virtual_stages)
+    return float(x / (1 + x))
 
 
 def min_microbatches(stages: int, max_bubble: float, schedule: str = "1f1b",
                      virtual_stages: int = 1) -> int:
-    """Smallest m whose bubble_fraction is strictly below max_bubble.
+    """Smallest m whose bubble_fraction (idle / ideal) is strictly below max_bubble.
 
-    1F1B: (p-1)/(m v) < b  <=>  m > (p-1)/(b v). Workbook 5.6: p = 8, 5% -> 141.
+    (p-1)/(m v) < b  <=>  m > (p-1)/(b v). Workbook 5.6: p = 8, 5% -> 141.
     The target is turned into an exact fraction first (0.05 -> 1/20): in binary
     0.05 is a hair above 1/20, which would let 7/140 = 5% count as "below 5%".
     """
@@ -70,17 +85,9 @@ def min_microbatches(stages: int, max_bubble: float, schedule: str = "1f1b",
     m = 1
     # bubble_fraction decreases in m, so walk up (a few thousand steps at most
     # for any sensible target; exact Fractions avoid a rounding at the boundary)
-    while True:
-        if schedule == "gpipe":
-            bubble = Fraction(stages - 1, m + stages - 1)
-        elif schedule in ("1f1b", "interleaved"):
-            v = virtual_stages if schedule == "interleaved" else 1
-            bubble = Fraction(stages - 1, m * v)
-        else:
-            raise ValueError(f"unknown schedule {schedule!r}: one of {SCHEDULES}")
-        if bubble < target:
-            return m
+    while _idle_over_ideal(stages, m, schedule, virtual_stages) >= target:
         m += 1
+    return m
 
 
 def warmup_forwards(stages: int, stage: int = 0) -> int:

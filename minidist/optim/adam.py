@@ -12,6 +12,11 @@ rate eta, weight decay lambda (PyTorch's conventions exactly):
     v_hat = v_t / (1 - beta2^t)                          start at 0, not at E[g])
     w_t = w_{t-1} - eta * m_hat / (sqrt(v_hat) + eps)
 
+    AMSGrad (amsgrad=True; Reddi et al., "On the Convergence of Adam and Beyond",
+    2018, as torch.optim does it): keep v_max_t = max(v_max_{t-1}, v_t) and divide
+    by sqrt(v_max_t / (1 - beta2^t)) + eps instead, so the step size never grows
+    back after a large gradient has passed.
+
 Loshchilov & Hutter, "Decoupled Weight Decay Regularization" (2019) explain
 the difference: under Adam's L2 form a parameter with large gradients is
 divided by a large sqrt(v_hat) and so decays less; AdamW decays every
@@ -26,11 +31,13 @@ from minidist.optim.optimizer import Optimizer, check_non_negative
 
 
 def adam_direction(grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int, *, beta1: float,
-                   beta2: float, eps: float, out: Any) -> Any:
+                   beta2: float, eps: float, out: Any, max_exp_avg_sq: Any = None) -> Any:
     """Advance the moments in place and write ``m_hat / (sqrt(v_hat) + eps)`` into ``out``.
 
     ``step`` is t, counting from 1. ``out`` is a scratch array shaped like
     ``grad`` (it may not alias grad or the moments). Shared by Adam, AdamW and LAMB.
+    With ``max_exp_avg_sq`` (AMSGrad) that running maximum of v is updated in
+    place and takes v's place in the denominator.
     """
     # m_t = beta1 * m_{t-1} + (1 - beta1) * g_t   (out is scratch here)
     exp_avg *= beta1
@@ -45,6 +52,9 @@ def adam_direction(grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int, *, beta1
     # results round alike): denominator sqrt(v_t) / sqrt(1 - beta2^t) + eps first.
     bias_correction1 = 1 - beta1 ** step
     bias_correction2 = 1 - beta2 ** step
+    if max_exp_avg_sq is not None:                       # AMSGrad: v_max = max(v_max, v_t)
+        xp.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
+        exp_avg_sq = max_exp_avg_sq
     xp.sqrt(exp_avg_sq, out=out)
     out /= bias_correction2 ** 0.5
     out += eps
@@ -55,24 +65,32 @@ def adam_direction(grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int, *, beta1
 
 def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int, *,
                 lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
-                weight_decay: float = 0.0) -> None:
-    """One Adam step on arrays (L2 weight decay): updates param and moments in place."""
+                weight_decay: float = 0.0, max_exp_avg_sq: Any = None) -> None:
+    """One Adam step on arrays (L2 weight decay): updates param and moments in place.
+
+    Pass ``max_exp_avg_sq`` (zeros at first) for AMSGrad.
+    """
     if weight_decay != 0:
         grad = grad + weight_decay * param               # g_t + lambda * w; p.grad untouched
     direction = adam_direction(grad, exp_avg, exp_avg_sq, step, beta1=beta1, beta2=beta2,
-                               eps=eps, out=xp.empty_like(param))
+                               eps=eps, out=xp.empty_like(param),
+                               max_exp_avg_sq=max_exp_avg_sq)
     direction *= lr
     param -= direction                                   # w_t = w - eta * m_hat / (...)
 
 
 def adamw_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int, *,
                  lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
-                 weight_decay: float = 0.01) -> None:
-    """One AdamW step on arrays (decoupled weight decay): updates param and moments in place."""
+                 weight_decay: float = 0.01, max_exp_avg_sq: Any = None) -> None:
+    """One AdamW step on arrays (decoupled weight decay): updates param and moments in place.
+
+    Pass ``max_exp_avg_sq`` (zeros at first) for AMSGrad.
+    """
     if weight_decay != 0:
         param *= 1 - lr * weight_decay                   # w <- (1 - eta * lambda) * w
     direction = adam_direction(grad, exp_avg, exp_avg_sq, step, beta1=beta1, beta2=beta2,
-                               eps=eps, out=xp.empty_like(param))
+                               eps=eps, out=xp.empty_like(param),
+                               max_exp_avg_sq=max_exp_avg_sq)
     direction *= lr
     param -= direction
 
@@ -88,28 +106,32 @@ def _check_adam_args(lr: float, betas: tuple[float, float], eps: float,
 class Adam(Optimizer):
     """Adam with L2 weight decay; arguments and defaults as ``torch.optim.Adam``.
 
-    State per parameter: ``'step'`` (int t), ``'exp_avg'`` (m), ``'exp_avg_sq'`` (v).
+    State per parameter: ``'step'`` (int t), ``'exp_avg'`` (m), ``'exp_avg_sq'`` (v),
+    and with ``amsgrad=True`` ``'max_exp_avg_sq'`` (the running maximum of v).
     """
 
     _update_fn = staticmethod(adam_update)
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0):
+                 weight_decay: float = 0.0, amsgrad: bool = False):
         _check_adam_args(lr, betas, eps, weight_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay))
+                                      weight_decay=weight_decay, amsgrad=bool(amsgrad)))
 
     def _update(self, p, group, state) -> None:
         if not state:
             state["step"] = 0
             state["exp_avg"] = xp.zeros_like(p.data)
             state["exp_avg_sq"] = xp.zeros_like(p.data)
+            if group.get("amsgrad"):
+                state["max_exp_avg_sq"] = xp.zeros_like(p.data)
         state["step"] += 1
         beta1, beta2 = group["betas"]
+        amsgrad = {"max_exp_avg_sq": state["max_exp_avg_sq"]} if group.get("amsgrad") else {}
         self._update_fn(p.data, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
                         lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                        weight_decay=group["weight_decay"])
+                        weight_decay=group["weight_decay"], **amsgrad)
 
 
 class AdamW(Adam):
@@ -123,5 +145,6 @@ class AdamW(Adam):
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+                 weight_decay: float = 0.01, amsgrad: bool = False):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         amsgrad=amsgrad)

@@ -159,3 +159,23 @@ def test_small_messages_favour_the_tree_large_favour_the_ring():
 def test_unknown_algorithm_is_an_error():
     with pytest.raises(ValueError, match="ring, tree or naive"):
         all_reduce_cost(1.0, 4, 1.0, algorithm="butterfly")
+
+
+@pytest.mark.parametrize("collective,factor", [
+    ("all_reduce", 2 * 7 / 8), ("all_gather", 7 / 8), ("reduce_scatter", 7 / 8),
+    ("all_to_all", 7 / 8), ("broadcast", 1.0), ("reduce", 1.0)])
+def test_bus_bandwidth_uses_nccl_tests_factor_for_every_collective(collective, factor):
+    # 4 GB on 8 ranks in 30 ms: algbw 133.3 GB/s, times the collective's factor
+    got = bus_bandwidth(4 * GB, 8, 30 * MS, collective)
+    assert got == pytest.approx(4 * GB / (30 * MS) * factor)
+
+
+@given(n=st.integers(1, 1024), size=st.floats(1, 1e12), t=st.floats(1e-6, 10))
+def test_all_reduce_busbw_is_twice_all_gather_busbw(n, size, t):
+    assert bus_bandwidth(size, n, t) == pytest.approx(2 * bus_bandwidth(size, n, t, "all_gather"))
+    assert bus_bandwidth(size, n, t) == pytest.approx(ring_all_reduce_bytes(size, n) / t)
+
+
+def test_bus_bandwidth_of_an_unknown_collective_is_an_error():
+    with pytest.raises(ValueError, match="collective"):
+        bus_bandwidth(1e6, 4, 1e-3, "gather_all")

@@ -88,7 +88,7 @@ def test_workbook_ex_9_6_405b_bubble_exceeds_100_percent():
     assert bubble_fraction(16, 4, "1f1b") == pytest.approx(3.75)
     assert bubble_fraction(16, 4, "interleaved", 2) == pytest.approx(1.875)
     # as a share of the step's time: 15 / (4 + 15) of it idle
-    assert idle_fraction(16, 4) == pytest.approx(15 / 19)
+    assert idle_fraction(16, 4, "1f1b") == pytest.approx(15 / 19)
 
 
 def test_workbook_ex_9_2_126_layers_on_16_stages():
@@ -98,20 +98,28 @@ def test_workbook_ex_9_2_126_layers_on_16_stages():
     assert sum(split) == 126
 
 
-def test_quiz_q5_gpipe_4_stages_16_microbatches():
-    assert bubble_fraction(4, 16, "gpipe") == pytest.approx(0.16, abs=0.005)
+def test_quiz_q5_gpipe_4_stages_16_microbatches_idle_16_percent_of_the_step():
+    assert idle_fraction(4, 16, "gpipe") == pytest.approx(0.16, abs=0.005)
+    assert bubble_fraction(4, 16, "gpipe") == pytest.approx(3 / 16)   # idle / ideal
 
 
-def test_solutions_gpipe_bubble_8_stages():
-    assert bubble_fraction(8, 8, "gpipe") == pytest.approx(0.47, abs=0.005)
-    assert bubble_fraction(8, 64, "gpipe") == pytest.approx(0.10, abs=0.005)
+def test_solutions_gpipe_8_stages_idle_47_percent_of_the_step():
+    assert idle_fraction(8, 8, "gpipe") == pytest.approx(0.47, abs=0.005)
+    assert idle_fraction(8, 64, "gpipe") == pytest.approx(0.10, abs=0.005)
 
 
 @given(p=st.integers(1, 64), m=st.integers(1, 512))
-def test_1f1b_and_gpipe_leave_the_same_idle_slots(p, m):
-    ratio = bubble_fraction(p, m, "1f1b")                    # idle / useful
-    assert ratio / (1 + ratio) == pytest.approx(bubble_fraction(p, m, "gpipe"))
-    assert idle_fraction(p, m) == pytest.approx(bubble_fraction(p, m, "gpipe"))
+def test_1f1b_and_gpipe_leave_the_same_idle_time_in_either_convention(p, m):
+    assert bubble_fraction(p, m, "gpipe") == bubble_fraction(p, m, "1f1b") == (p - 1) / m
+    assert idle_fraction(p, m, "gpipe") == idle_fraction(p, m, "1f1b")
+
+
+@given(p=st.integers(1, 64), m=st.integers(1, 512), v=st.integers(1, 8),
+       schedule=st.sampled_from(["gpipe", "1f1b", "interleaved"]))
+def test_idle_over_total_is_x_over_1_plus_x_of_idle_over_ideal(p, m, v, schedule):
+    x = bubble_fraction(p, m, schedule, v)
+    assert idle_fraction(p, m, schedule, v) == pytest.approx(x / (1 + x), rel=1e-12)
+    assert idle_fraction(p, m, schedule, v) < 1
 
 
 @given(p=st.integers(2, 32), v=st.integers(1, 8),

@@ -15,7 +15,8 @@ def adam_settings(draw):
                 betas=(draw(st.sampled_from([0.0, 0.5, 0.9])),
                        draw(st.sampled_from([0.9, 0.99, 0.999]))),
                 eps=draw(st.sampled_from([1e-8, 1e-6, 1e-3])),
-                weight_decay=draw(st.sampled_from([0.0, 1e-2, 0.1])))
+                weight_decay=draw(st.sampled_from([0.0, 1e-2, 0.1])),
+                amsgrad=draw(st.booleans()))
 
 
 @PROPERTY
@@ -39,7 +40,7 @@ def test_adamw_matches_torch_over_steps(shapes, n_steps, seed, dtype, hyper, tor
 def test_adamw_defaults_match_torch(torch):
     ours = AdamW(make_params([np.zeros(2)])).defaults
     theirs = torch.optim.AdamW([torch.zeros(2, requires_grad=True)]).defaults
-    for key in ("lr", "betas", "eps", "weight_decay"):
+    for key in ("lr", "betas", "eps", "weight_decay", "amsgrad"):
         assert ours[key] == theirs[key], key
 
 
@@ -81,3 +82,19 @@ def test_adam_update_leaves_the_gradient_untouched():
 def test_adam_rejects_bad_hyperparameters(cls, bad):
     with pytest.raises(ValueError):
         cls(make_params([np.zeros(2)]), **bad)
+
+
+@pytest.mark.parametrize("cls", ["Adam", "AdamW"])
+def test_amsgrad_keeps_the_step_small_after_a_large_gradient_as_torch_does(cls, torch):
+    # a large gradient, then small ones: plain Adam's v decays and its steps grow
+    # back; AMSGrad divides by the largest v seen, so its steps stay smaller
+    grads = [np.array([10.0])] + [np.array([0.1])] * 30
+    weights = [np.array([1.0])]
+    ours = run_minidist(lambda ps: {"Adam": Adam, "AdamW": AdamW}[cls](ps, lr=0.1, amsgrad=True),
+                        weights, [[g] for g in grads])
+    theirs = run_torch(lambda ps: getattr(torch.optim, cls)(ps, lr=0.1, amsgrad=True),
+                       weights, [[g] for g in grads])
+    assert_weights_close(ours, theirs, "float64")
+    plain = run_minidist(lambda ps: {"Adam": Adam, "AdamW": AdamW}[cls](ps, lr=0.1),
+                         weights, [[g] for g in grads])
+    assert 1.0 - ours[0][0] < 1.0 - plain[0][0]      # moved less far

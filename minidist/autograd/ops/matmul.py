@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from minidist.autograd.function import Function
 from minidist.autograd.ops._util import unbroadcast
+from minidist.backend import xp
+
+# every product goes through xp.matmul (not the @ operator) so that
+# backend.MatmulFlopCounter sees it
 
 
 def _swap_last(x):
@@ -22,13 +26,13 @@ class MatMul(Function):
                              f"shapes {tuple(a.shape)} and {tuple(b.shape)}; "
                              "reshape a vector to (1, n) or (n, 1)")
         ctx.save_for_backward(a, b)
-        return a @ b
+        return xp.matmul(a, b)
 
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved
-        ga = unbroadcast(grad @ _swap_last(b), a.shape) if ctx.needs_input_grad[0] else None
-        gb = unbroadcast(_swap_last(a) @ grad, b.shape) if ctx.needs_input_grad[1] else None
+        ga = unbroadcast(xp.matmul(grad, _swap_last(b)), a.shape) if ctx.needs_input_grad[0] else None
+        gb = unbroadcast(xp.matmul(_swap_last(a), grad), b.shape) if ctx.needs_input_grad[1] else None
         return ga, gb
 
 
@@ -45,7 +49,7 @@ class Linear(Function):
     def forward(ctx, x, weight, bias=None):
         n_in = x.shape[-1]
         x2 = x.reshape(-1, n_in)                    # (N, in)
-        y = x2 @ weight.T                           # (N, out)
+        y = xp.matmul(x2, weight.T)                 # (N, out)
         if bias is not None:
             y += bias
         ctx.save_for_backward(x2, weight)
@@ -56,8 +60,8 @@ class Linear(Function):
     def backward(ctx, grad):
         x2, weight = ctx.saved
         g2 = grad.reshape(-1, weight.shape[0])      # (N, out)
-        gx = (g2 @ weight).reshape(ctx.x_shape) if ctx.needs_input_grad[0] else None
-        gw = g2.T @ x2 if ctx.needs_input_grad[1] else None
+        gx = xp.matmul(g2, weight).reshape(ctx.x_shape) if ctx.needs_input_grad[0] else None
+        gw = xp.matmul(g2.T, x2) if ctx.needs_input_grad[1] else None
         if len(ctx.needs_input_grad) == 2:  # called without a bias
             return gx, gw
         gb = g2.sum(axis=0) if ctx.needs_input_grad[2] else None

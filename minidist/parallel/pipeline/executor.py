@@ -156,9 +156,8 @@ def measured_bubble(timelines: Sequence[Sequence[tuple]], schedule: str) -> floa
     """The bubble as calc.pipeline.bubble_fraction counts it, from measured timelines.
 
     The step runs from the first op's start to the last op's end on any stage;
-    a stage's idle time is that span minus the time it spent in ops. GPipe's
-    bubble is idle / span, 1F1B's and interleaved's idle / busy (as the source
-    documents count them). Averaged over stages.
+    a stage's idle time is that span minus the time it spent in ops. The bubble
+    is idle / busy for every schedule. Averaged over stages.
     """
     t0 = min(t[1] for row in timelines for t in row)
     t1 = max(t[2] for row in timelines for t in row)
@@ -167,5 +166,5 @@ def measured_bubble(timelines: Sequence[Sequence[tuple]], schedule: str) -> floa
     for row in timelines:
         busy = sum(end - start for _, start, end in row)
         idle = span - busy
-        fractions.append(idle / span if schedule == "gpipe" else idle / busy)
+        fractions.append(idle / busy)
     return sum(fractions) / len(fractions)

@@ -17,7 +17,7 @@ the p v pieces, and an op names its chunk.
 Bubble (idle time of a stage; workbook ch. 5, minidist.calc.pipeline), for
 equal-cost stages, t_f + t_b per micro-batch per stage:
 
-    GPipe        idle / total  = (p-1) / (m + p - 1)
+    GPipe        idle / useful = (p-1) / m
     1F1B         idle / useful = (p-1) / m         (same idle time as GPipe)
     interleaved  idle / useful = (p-1) / (m v)
 
