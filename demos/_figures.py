@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 DPI = 100          # small files: the docs show them at about this size
+OP_COLORS = {"F": "tab:blue", "B": "tab:orange", "W": "tab:green"}   # pipeline ops
 
 
 def _pyplot():
@@ -179,7 +180,7 @@ def tensor_parallel(path, dense_params, held, t, traffic, blocks_formula):
 
 
 def pipeline_timelines(path, measured, p):
-    """Demo 07: the measured timeline of each schedule, one row per stage."""
+    """Demos 07 and 17: the measured timeline of each schedule, one row per stage."""
     plt = _pyplot()
     if plt is None:
         return
@@ -189,12 +190,15 @@ def pipeline_timelines(path, measured, p):
         for r, row in enumerate(timelines):
             for op, s, e in row:
                 ax.broken_barh([(s - t0, e - s)], (r - 0.4, 0.8),
-                               color="tab:blue" if op.kind == "F" else "tab:orange")
+                               color=OP_COLORS[op.kind])
         ax.set_title(name, fontsize=10)
         ax.set_ylabel("stage")
         ax.set_yticks(range(p))
         ax.invert_yaxis()
-    ax.set_xlabel("seconds (blue: forward, orange: backward, white: the bubble)")
+    split = any(op.kind == "W" for rows in measured.values() for row in rows for op, _, _ in row)
+    ax.set_xlabel("seconds (blue: forward, orange: backward"
+                  + (" (B: input gradient), green: W (weight gradient)" if split else "")
+                  + ", white: the bubble)")
     _save(plt, fig, path)
 
 

@@ -3,6 +3,7 @@
 - ``Tensor``: data + grad + the op that made it (tensor.py)
 - ``Function``: forward and backward of one op; custom ops subclass it (function.py)
 - the backward pass (engine.py), ``no_grad`` (grad_mode.py)
+- the backward split into input (B) and deferred weight (W) gradients (weight_grad.py)
 - every op (ops/), ``gradcheck`` (gradcheck.py), ``checkpoint`` (activation_checkpoint.py)
 """
 from minidist.autograd.activation_checkpoint import checkpoint
@@ -11,7 +12,9 @@ from minidist.autograd.functional import concat, matmul, split, stack, where
 from minidist.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from minidist.autograd.gradcheck import GradcheckError, gradcheck
 from minidist.autograd.tensor import Tensor, tensor
+from minidist.autograd.weight_grad import WeightGradients, backward_split
 
 __all__ = ["Tensor", "tensor", "Function", "Context", "no_grad", "enable_grad",
            "is_grad_enabled", "set_grad_enabled", "gradcheck", "GradcheckError",
-           "checkpoint", "concat", "stack", "split", "where", "matmul"]
+           "checkpoint", "concat", "stack", "split", "where", "matmul",
+           "backward_split", "WeightGradients"]

@@ -14,6 +14,9 @@
 Unless ``retain_graph=True``, each node drops what it saved as soon as it has
 run, so memory falls as backward proceeds; a second backward through the same
 graph is then an error, as in PyTorch.
+
+``_run`` can also leave the gradients of some leaves (the weights) for later:
+the B/W split of zero-bubble pipelines, built on it in weight_grad.py.
 """
 from __future__ import annotations
 
@@ -59,6 +62,17 @@ def _deliver(leaf: Any, grad: Any) -> None:
 
 def backward(root: Any, grad: Any = None, retain_graph: bool = False) -> None:
     """Accumulate d(root)/d(leaf) * grad into every leaf's ``.grad``."""
+    grad = initial_grad(root, grad)
+    if root._ctx is None:  # backward on a leaf: d(leaf)/d(leaf) = 1
+        _deliver(root, grad)
+        return
+
+    with grad_mode.no_grad():
+        _run(root, grad, retain_graph)
+
+
+def initial_grad(root: Any, grad: Any) -> Any:
+    """The gradient backward starts from, checked: ones for a scalar, else ``grad``."""
     if not root.requires_grad:
         raise RuntimeError("backward() on a tensor that does not require grad "
                            "(was it made under no_grad, or from leaves with "
@@ -75,17 +89,18 @@ def backward(root: Any, grad: Any = None, retain_graph: bool = False) -> None:
                          f"shape {tuple(root.shape)}")
     if grad.dtype != root.dtype:  # as torch: the gradient takes the output's dtype
         grad = grad.astype(root.dtype)
-
-    if root._ctx is None:  # backward on a leaf: d(leaf)/d(leaf) = 1
-        _deliver(root, grad)
-        return
-
-    with grad_mode.no_grad():
-        _run(root, grad, retain_graph)
+    return grad
 
 
-def _run(root: Any, grad: Any, retain_graph: bool) -> None:
+def _run(root: Any, grad: Any, retain_graph: bool, weights: set[int] | None = None) -> list:
+    """The backward pass. With ``weights`` (ids of leaves), gradients for those
+    leaves wait: each node that has one as input is returned, in visiting order,
+    as (node, its output gradients, its weight inputs (None elsewhere), None),
+    unreleased, for weight_grad.py to finish later; a node whose op cannot
+    split (``Function.splits_weight_grad`` False) has run whole and comes as
+    (node, None, its weight inputs, their gradients). Returns [] without."""
     order = _topological_order(root._ctx)
+    deferred: list = []
 
     # how many uses of each leaf remain to be visited
     pending: dict[int, int] = {}
@@ -111,16 +126,20 @@ def _run(root: Any, grad: Any, retain_graph: bool) -> None:
             if node.n_outputs > 1:  # outputs no one used get zero gradient
                 grads_out = [g if g is not None else xp.zeros(shape, dtype)
                              for g, (shape, dtype) in zip(grads_out, node.out_meta)]
-            grads_in = node.fn.backward(node, *grads_out)
-            if not isinstance(grads_in, tuple):
-                grads_in = (grads_in,)
-            if len(grads_in) != len(node.inputs):
-                raise RuntimeError(f"{node.fn.__name__}.backward returned "
-                                   f"{len(grads_in)} gradients for "
-                                   f"{len(node.inputs)} inputs")
+            later = _weight_inputs(node, weights)
+            if later is None:
+                grads_in = call_backward(node, grads_out)
+            elif node.fn.splits_weight_grad:    # the input gradients now, the weights' later
+                now = tuple(not w for w in later)
+                grads_in = call_backward(node, grads_out, asked=now)
+                deferred.append((node, grads_out, _pick(node.inputs, later), None))
+            else:   # one backward for all (it may communicate): keep the weights' part
+                grads_in = call_backward(node, grads_out)
+                deferred.append((node, None, _pick(node.inputs, later),
+                                 _pick(grads_in, later)))
 
         for t, g in zip(node.inputs, grads_in):
-            if t is None:
+            if t is None or (weights is not None and id(t) in weights):
                 continue
             if g is not None and tuple(g.shape) != tuple(t.shape):
                 raise RuntimeError(f"{node.fn.__name__}.backward returned a gradient "
@@ -138,8 +157,50 @@ def _run(root: Any, grad: Any, retain_graph: bool) -> None:
                 prev = slots[t._out_index]
                 slots[t._out_index] = g if prev is None else prev + g
 
-        if not retain_graph:
+        if not retain_graph and not (deferred and deferred[-1][0] is node
+                                     and deferred[-1][3] is None):
             _release(node)
+    return deferred
+
+
+def _weight_inputs(node: Context, weights: set[int] | None) -> tuple | None:
+    """Which of the node's inputs are weights whose gradient waits, or None."""
+    if weights is None:
+        return None
+    mask = tuple(t is not None and id(t) in weights for t in node.inputs)
+    return mask if any(mask) else None
+
+
+def _pick(values: tuple, mask: tuple) -> tuple:
+    return tuple(x if w else None for x, w in zip(values, mask))
+
+
+def call_backward(node: Context, grads_out: Any, asked: tuple | None = None) -> tuple:
+    """``node.fn.backward``: one gradient per input, checked.
+
+    ``asked`` (a flag per input) narrows ``needs_input_grad`` for an op that
+    splits its backward (``Function.splits_weight_grad``) and drops any other
+    gradient (None): each gradient is computed the one way it always is, only
+    at a different time, so the split changes no bit."""
+    needs = node.needs_input_grad
+    if asked is not None and node.fn.splits_weight_grad:
+        narrowed = tuple(n and a for n, a in zip(needs, asked))
+        if not any(narrowed):           # e.g. an embedding's B: nothing to do now
+            return (None,) * len(node.inputs)
+        node.needs_input_grad = narrowed
+    try:
+        grads_in = node.fn.backward(node, *grads_out)
+    finally:
+        node.needs_input_grad = needs
+    if not isinstance(grads_in, tuple):
+        grads_in = (grads_in,)
+    if len(grads_in) != len(node.inputs):
+        raise RuntimeError(f"{node.fn.__name__}.backward returned "
+                           f"{len(grads_in)} gradients for "
+                           f"{len(node.inputs)} inputs")
+    if asked is not None:
+        grads_in = tuple(g if a else None for g, a in zip(grads_in, asked))
+    return grads_in
 
 
 def _release(node: Context) -> None:

@@ -46,6 +46,12 @@ class Context:
 class Function:
     """Base class of every differentiable operation (see the module docstring)."""
 
+    # True where backward computes each input's gradient only if
+    # needs_input_grad asks for it, and has no side effect (no communication):
+    # the engine may then call it twice, for the input gradients first and the
+    # weight gradients later (the B/W split, weight_grad.py).
+    splits_weight_grad = False
+
     @staticmethod
     def forward(ctx: Context, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError

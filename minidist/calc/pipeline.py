@@ -44,8 +44,31 @@ def _idle_over_ideal(stages: int, microbatches: int, schedule: str,
         return Fraction(stages - 1, microbatches)
     if schedule == "interleaved":
         return Fraction(stages - 1, microbatches * virtual_stages)
-    # zero-bubble schedules (zb_h1, zb_h2, zb_v) belong here, with their idle slots
-    raise ValueError(f"unknown schedule {schedule!r}: one of {SCHEDULES}")
+    if schedule in ZERO_BUBBLE:
+        return zero_bubble_fraction(stages, microbatches, schedule)
+    raise ValueError(f"unknown schedule {schedule!r}: one of {SCHEDULES + ZERO_BUBBLE}")
+
+
+ZERO_BUBBLE = ("zb_h1", "zb_h2", "zb_v")
+
+
+def zero_bubble_fraction(stages: int, microbatches: int, schedule: str) -> Fraction:
+    """Bubble (idle / ideal compute) of the zero-bubble schedules, T_F = T_B = T_W.
+
+    Qi et al., ICLR 2024, table 1: ZB-H1 leaves (p-1)(T_F + T_B - T_W) of idle
+    per stage against m (T_F + T_B + T_W) of work: (p-1)/(3m), a third of
+    1F1B's, once m >= p. ZB-H2 (m >= 2p-1) and ZB-V (m >= 2p) leave none:
+    0. Below those m the warm-up cannot be filled and no formula is given.
+    """
+    _check(stages, microbatches, 1)
+    need = {"zb_h1": stages, "zb_h2": 2 * stages - 1, "zb_v": 2 * stages}[schedule]
+    if microbatches < need:
+        raise ValueError(f"the {schedule} bubble formula needs m >= {need} for p = {stages}, "
+                         f"got m = {microbatches} (minidist.parallel.pipeline.simulate "
+                         "gives the bubble for any m)")
+    if schedule == "zb_h1":
+        return Fraction(stages - 1, 3 * microbatches)
+    return Fraction(0)
 
 
 def bubble_fraction(stages: int, microbatches: int, schedule: str = "1f1b",

@@ -12,6 +12,8 @@ from minidist.backend import xp
 
 
 class Add(Function):
+    splits_weight_grad = True     # B/W split: see Function
+
     @staticmethod
     def forward(ctx, a, b):
         ctx.shapes = shape_of(a), shape_of(b)
@@ -26,6 +28,8 @@ class Add(Function):
 
 
 class Sub(Function):
+    splits_weight_grad = True     # B/W split: see Function
+
     @staticmethod
     def forward(ctx, a, b):
         ctx.shapes = shape_of(a), shape_of(b)
@@ -40,6 +44,8 @@ class Sub(Function):
 
 
 class Mul(Function):
+    splits_weight_grad = True     # B/W split: see Function
+
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
@@ -54,6 +60,8 @@ class Mul(Function):
 
 
 class Div(Function):
+    splits_weight_grad = True     # B/W split: see Function
+
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)

@@ -37,6 +37,8 @@ class GetItem(Function):
 class Embedding(Function):
     """out[...] = weight[ids[...]]; dL/dweight[v] = sum of dL/dout where ids == v."""
 
+    splits_weight_grad = True     # B/W split: see Function
+
     @staticmethod
     def forward(ctx, ids, weight):
         # a negative id would silently wrap to a row from the end; refuse it,

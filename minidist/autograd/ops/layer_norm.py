@@ -13,6 +13,8 @@ from minidist.autograd.function import Function
 
 
 class LayerNorm(Function):
+    splits_weight_grad = True     # B/W split: see Function
+
     @staticmethod
     def forward(ctx, x, weight=None, bias=None, eps=1e-5):
         mu = x.mean(axis=-1, keepdims=True)
@@ -30,15 +32,16 @@ class LayerNorm(Function):
     def backward(ctx, grad):
         xhat, rstd, weight = ctx.saved
         c = xhat.shape[-1]
-        gxhat = grad * weight if weight is not None else grad
-        mean_g = gxhat.mean(axis=-1, keepdims=True)
-        mean_gx = (gxhat * xhat).mean(axis=-1, keepdims=True)
-        dx = rstd * (gxhat - mean_g - xhat * mean_gx)
-        dw = db = None
+        dx = dw = db = None
         needs = ctx.needs_input_grad
+        if needs[0]:
+            gxhat = grad * weight if weight is not None else grad
+            mean_g = gxhat.mean(axis=-1, keepdims=True)
+            mean_gx = (gxhat * xhat).mean(axis=-1, keepdims=True)
+            dx = rstd * (gxhat - mean_g - xhat * mean_gx)
         if len(needs) > 1 and needs[1]:
             dw = (grad * xhat).reshape(-1, c).sum(axis=0)
         if len(needs) > 2 and needs[2]:
             db = grad.reshape(-1, c).sum(axis=0)
-        grads = (dx if needs[0] else None, dw, db)
+        grads = (dx, dw, db)
         return grads[:len(needs)]  # one per argument given: LayerNorm.apply(x) has one

@@ -19,6 +19,8 @@ def _swap_last(x):
 
 
 class MatMul(Function):
+    splits_weight_grad = True     # B/W split: see Function
+
     @staticmethod
     def forward(ctx, a, b):
         if a.ndim < 2 or b.ndim < 2:
@@ -44,6 +46,8 @@ class Linear(Function):
         x2: (N, in)   y2 = x2 @ W^T: (N, out)
         dx2 = g2 @ W   dW = g2^T @ x2   db = sum_N g2
     """
+
+    splits_weight_grad = True     # B/W split: see Function
 
     @staticmethod
     def forward(ctx, x, weight, bias=None):

@@ -5,24 +5,30 @@ says, passing activations forward and gradients back by send/recv. While the pip
 fills and drains, stages wait: the bubble, idle time over ideal compute time,
 
     GPipe, 1F1B   (p - 1) / m          interleaved (v chunks per rank)   (p - 1) / (v m)
+    ZB-H1         (p - 1) / (3 m)      ZB-H2, ZB-V   0     (backward split into B and W,
+                                                           T_F = T_B = T_W)
 
 Files, in reading order:
 
-- schedule.py  schedules as plain data (GPipe, 1F1B, interleaved), a simulator and
-               ASCII timelines
+- schedule.py  schedules as plain data (GPipe, 1F1B, interleaved), a simulator that
+               checks them, and ASCII timelines
+- zero_bubble.py  ZB-H1, ZB-H2, ZB-V: B and W as separate ops, W moved into the bubble
 - executor.py  ``run_pipeline``: a schedule run in real processes, the measured bubble
 - gpt.py       the small GPT cut into pipeline pieces, tied embeddings kept in sync
 
-Docs: docs/pipeline.md. Demo: demos/07_pipeline.py. Tests: tests/parallel/pipeline/.
+Docs: docs/pipeline.md. Demos: demos/07_pipeline.py, demos/17_zero_bubble.py. Tests: tests/parallel/pipeline/.
 """
 from minidist.parallel.pipeline.executor import (PipelineStats, measured_bubble, run_pipeline,
                                                  split_layers)
 from minidist.parallel.pipeline.gpt import (GPTPiece, pieces_of_rank, pipeline_parameters,
                                             split_gpt, sync_tied_gradients)
-from minidist.parallel.pipeline.schedule import (Op, gpipe, interleaved, make_schedule,
-                                                 one_f_one_b, render_timeline, simulate)
+from minidist.parallel.pipeline.schedule import (Op, chunks_per_rank, gpipe, interleaved,
+                                                 make_schedule, one_f_one_b, placement,
+                                                 render_timeline, simulate)
+from minidist.parallel.pipeline.zero_bubble import zb_h1, zb_h2, zb_v
 
-__all__ = ["Op", "gpipe", "one_f_one_b", "interleaved", "make_schedule", "simulate",
+__all__ = ["Op", "gpipe", "one_f_one_b", "interleaved", "zb_h1", "zb_h2", "zb_v",
+           "make_schedule", "chunks_per_rank", "placement", "simulate",
            "render_timeline", "run_pipeline", "PipelineStats", "measured_bubble", "split_layers",
            "GPTPiece", "split_gpt", "pieces_of_rank", "pipeline_parameters",
            "sync_tied_gradients"]

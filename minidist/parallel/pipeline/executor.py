@@ -9,6 +9,9 @@ in order, a rank does:
               micro-batch i's loss instead)
     B(i, c)   receive dL/dy from the next piece (unless last) -> backward through
               chunk_c -> send dL/dx to the previous piece (unless first)
+    W(i, c)   (zero-bubble schedules) the weight gradients that B(i, c) left as
+              closures (autograd.backward_split): B computed only dL/dx, the
+              one thing the previous piece waits for
 
 The step's loss is the mean of the m micro-batch losses, so the last piece starts
 each backward from dL/dloss_i = 1/m, and parameter gradients add up over the
@@ -25,7 +28,12 @@ by tag (kind, chunk, micro-batch), so arrival order does not matter.
 Measurement: each op's start and end (``time.perf_counter``, one clock for all
 processes of a machine) are recorded; ``measured_bubble`` turns them into the
 bubble fraction of calc.pipeline, and the largest number of micro-batches whose
-activations a rank held at once is counted (GPipe: m; 1F1B: p - r).
+activations a rank held at once is counted (GPipe: m; 1F1B: p - r), a micro-batch
+being held from its F to its W (to its B when the backward is not split).
+With ``op_costs`` the times are a logical clock instead: each op starts when its
+rank is free and its message has arrived (the sender's end time travels with
+the message) and lasts its cost, so the bubble of a real run comes out the
+same on an idle or a loaded machine.
 """
 from __future__ import annotations
 
@@ -34,12 +42,15 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import minidist.distributed as dist
+from minidist import backend
 from minidist.autograd.tensor import Tensor
+from minidist.autograd.weight_grad import backward_split
 from minidist.backend import xp
 from minidist.nn.module import Module
-from minidist.parallel.pipeline.schedule import Op, virtual_stage
+from minidist.parallel.pipeline.schedule import Op, rank_and_chunk, virtual_stage
 
 _TAG_BASE = 1 << 20   # pipeline tags: base + ((kind P + sending piece) m + micro-batch)
+_KINDS = ("F", "B", "F clock", "B clock")   # activations, gradients, their send times
 
 
 def split_layers(n_layers: int, pieces: int) -> list[range]:
@@ -63,7 +74,8 @@ class PipelineStats:
     """What one rank saw in one step."""
     losses: list = field(default_factory=list)        # micro-batch losses (last piece only)
     timeline: list = field(default_factory=list)      # (Op, start, end), perf_counter seconds
-    peak_inflight: int = 0                            # most activations held at once
+    peak_inflight: int = 0                            # most micro-batch chunks held at once
+    peak_w_bytes: int = 0                             # most bytes W closures held at once
 
 
 def _global(group: Any, group_rank: int) -> int:
@@ -73,75 +85,112 @@ def _global(group: Any, group_rank: int) -> int:
 def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
                  inputs: Sequence | None, targets: Sequence | None, *,
                  activation_shape: tuple, dtype: Any, group: Any = None,
-                 op_seconds: tuple[float, float] | None = None) -> PipelineStats:
+                 op_seconds: tuple | None = None, op_costs: tuple | None = None,
+                 placement: str = "loop") -> PipelineStats:
     """Run this rank's ``ops`` over its ``chunks`` (v modules) for one step.
 
     inputs / targets: the m micro-batches, arrays of the backend (needed by the ranks
     holding the first / last piece; others may pass None). The first piece is called as chunk(ids),
     the last as chunk(x, targets) -> scalar loss, the others as chunk(x) -> y.
     ``activation_shape`` / ``dtype``: of every tensor passed between pieces.
-    ``op_seconds`` = (forward, backward): make every op last at least that long
-    (1/v of it per chunk op), so that measured bubbles compare with formulas
-    for equal-cost stages. Gradients accumulate into the chunks' parameters.
+    ``op_seconds`` = (forward, backward[, weight]): make every op last at least
+    that long (1/v of it per chunk op), so that measured bubbles compare with
+    formulas for equal-cost stages; where the schedule has W ops, W takes
+    ``weight`` of the backward (default half) and B the rest. ``op_costs``, the
+    same shape: record a logical clock instead of seconds (module docstring).
+    ``placement``: "loop", or "v" for zb_v (schedule.placement). Gradients
+    accumulate into the chunks' parameters.
     """
     p, r = dist.get_world_size(group), dist.get_rank(group)
     v, m = len(chunks), microbatches
     n_pieces = p * v
+    split = any(op.kind == "W" for op in ops)
     stats = PipelineStats()
     saved: dict[tuple[int, int], tuple[Tensor | None, Tensor]] = {}   # (mb, chunk) -> (x, y)
+    w_todo: dict[tuple[int, int], Any] = {}   # (mb, chunk) -> its WeightGradients
     sends: list = []          # pending isends; their arrays must live until waited on
+    weights = [list(chunk.parameters()) for chunk in chunks]
+    clock = 0.0               # the logical clock (op_costs)
 
     def tag(kind: str, sender: int, mb: int) -> int:
-        """One tag per message: activations ("F") or gradients ("B"), from piece
-        ``sender``, of micro-batch ``mb``."""
-        return _TAG_BASE + (("F", "B").index(kind) * n_pieces + sender) * m + mb
+        """One tag per message: activations ("F") or gradients ("B") or their
+        send times, from piece ``sender``, of micro-batch ``mb``."""
+        return _TAG_BASE + (_KINDS.index(kind) * n_pieces + sender) * m + mb
 
-    def receive(kind: str, sender: int, mb: int) -> Any:
+    def rank_of(piece: int) -> int:
+        return _global(group, rank_and_chunk(piece, p, placement)[0])
+
+    def receive(kind: str, sender: int, mb: int) -> tuple[Any, float]:
         buf = xp.empty(activation_shape, dtype=dtype)
-        dist.recv(buf, _global(group, sender % p), group, tag(kind, sender, mb))
-        return buf
+        dist.recv(buf, rank_of(sender), group, tag(kind, sender, mb))
+        sent_at = 0.0
+        if op_costs is not None:
+            stamp = xp.empty(1, dtype="float64")
+            dist.recv(stamp, rank_of(sender), group, tag(kind + " clock", sender, mb))
+            sent_at = float(backend.to_host(stamp)[0])
+        return buf, sent_at
 
     def send(arr: Any, kind: str, sender: int, receiver: int, mb: int) -> None:
-        arr = xp.ascontiguousarray(arr)    # piece k lives on rank k mod p
-        sends.append((dist.isend(arr, _global(group, receiver % p), group,
-                                 tag(kind, sender, mb)), arr))
+        arr = xp.ascontiguousarray(arr)
+        sends.append((dist.isend(arr, rank_of(receiver), group, tag(kind, sender, mb)), arr))
+        if op_costs is not None:
+            stamp = backend.from_host([clock], "float64")
+            sends.append((dist.isend(stamp, rank_of(receiver), group,
+                                     tag(kind + " clock", sender, mb)), stamp))
 
-    def pad(kind: str, start: float) -> None:
-        # make the op's compute last a fixed time: equal-cost stages, whatever the load
-        if op_seconds is not None:
-            _sleep_until(start + (op_seconds[0] if kind == "F" else op_seconds[1]) / v)
+    def cost(kind: str, costs: tuple) -> float:
+        f, b = costs[0], costs[1]
+        w = costs[2] if len(costs) > 2 else b / 2
+        return {"F": f, "B": b - w if split else b, "W": w}[kind] / v
 
     for op in ops:
-        s = virtual_stage(r, op.chunk, p)           # this piece's place in the model
+        s = virtual_stage(r, op.chunk, p, placement)    # this piece's place in the model
         first, last = s == 0, s == n_pieces - 1
-        i = op.microbatch
+        i, key = op.microbatch, (op.microbatch, op.chunk)
+        arrived = 0.0
         if op.kind == "F":
-            x = None if first else Tensor(receive("F", s - 1, i), requires_grad=True)
+            x = None
+            if not first:
+                buf, arrived = receive("F", s - 1, i)
+                x = Tensor(buf, requires_grad=True)
             start = time.perf_counter()             # the op runs from its input's arrival
             inp = inputs[i] if first else x
             out = chunks[op.chunk](inp, targets[i]) if last else chunks[op.chunk](inp)
-            saved[(i, op.chunk)] = (x, out)
-            stats.peak_inflight = max(stats.peak_inflight, len(saved))
-            pad("F", start)
-            if last:
-                stats.losses.append(float(out.data))
-            else:
-                send(out.data, "F", s, s + 1, i)
-        else:
-            x, out = saved.pop((i, op.chunk))
+            saved[key] = (x, out)
+            stats.peak_inflight = max(stats.peak_inflight, len(saved) + len(w_todo))
+        elif op.kind == "B":
+            x, out = saved.pop(key)
             if last:
                 grad = xp.full(out.shape, 1.0 / m, dtype=out.dtype)      # d(mean)/d(loss_i)
             else:
-                grad = receive("B", s + 1, i)
+                grad, arrived = receive("B", s + 1, i)
             start = time.perf_counter()
-            out.backward(grad)
-            pad("B", start)
-            if not first:
-                send(x.grad, "B", s, s - 1, i)
-        stats.timeline.append((op, start, time.perf_counter()))
+            if split:       # dL/dx now; the weights' gradients wait for W
+                w_todo[key] = backward_split(out, grad, weights=weights[op.chunk])
+                held = sum(w.held_bytes for w in w_todo.values())
+                stats.peak_w_bytes = max(stats.peak_w_bytes, held)
+            else:
+                out.backward(grad)
+        else:
+            start = time.perf_counter()
+            w_todo.pop(key).run()
+        if op_seconds is not None:   # a fixed op length: equal-cost stages, whatever the load
+            _sleep_until(start + cost(op.kind, op_seconds))
+        end = time.perf_counter()
+        if op_costs is not None:
+            start = max(clock, arrived)
+            end = clock = start + cost(op.kind, op_costs)
+        if op.kind == "F" and last:
+            stats.losses.append(float(out.data))
+        elif op.kind == "F":
+            send(out.data, "F", s, s + 1, i)
+        elif op.kind == "B" and not first:
+            send(x.grad, "B", s, s - 1, i)
+        stats.timeline.append((op, start, end))
     for handle, _ in sends:
         handle.wait()
     return stats
+
 
 
 def _sleep_until(deadline: float) -> None:
@@ -152,19 +201,21 @@ def _sleep_until(deadline: float) -> None:
         pass
 
 
-def measured_bubble(timelines: Sequence[Sequence[tuple]], schedule: str) -> float:
-    """The bubble as calc.pipeline.bubble_fraction counts it, from measured timelines.
+def measured_bubble(timelines: Sequence[Sequence[tuple]]) -> float:
+    """The bubble, idle time over ideal compute time (calc.pipeline's convention),
+    from the (op, start, end) of every op of every stage, measured or simulated.
 
-    The step runs from the first op's start to the last op's end on any stage;
-    a stage's idle time is that span minus the time it spent in ops. The bubble
-    is idle / busy for every schedule. Averaged over stages.
+    A stage's idle time is the time between its first op's start and its last
+    op's end that it spent in no op. The step's bubble is the largest over the
+    stages: with each stage stepping its optimizer once its own last op is done,
+    the next step follows each stage's own span, and the busiest span sets the
+    pace. (For GPipe, 1F1B and interleaved, stage 0 starts first and ends last,
+    so this is the idle time of the whole step; zero-bubble schedules end on
+    later stages later, a parallelogram, and count only their own span.)
     """
-    t0 = min(t[1] for row in timelines for t in row)
-    t1 = max(t[2] for row in timelines for t in row)
-    span = t1 - t0
-    fractions = []
+    worst = 0.0
     for row in timelines:
         busy = sum(end - start for _, start, end in row)
-        idle = span - busy
-        fractions.append(idle / busy)
-    return sum(fractions) / len(fractions)
+        span = max(end for _, _, end in row) - min(start for _, start, _ in row)
+        worst = max(worst, (span - busy) / busy)
+    return worst

@@ -71,8 +71,12 @@ def split_gpt(model: Module, stages: int, virtual: int = 1) -> list[GPTPiece]:
     return [GPTPiece(model, ranges[k], k == 0, k == n - 1) for k in range(n)]
 
 
-def pieces_of_rank(pieces: Sequence[GPTPiece], rank: int, stages: int) -> list[GPTPiece]:
-    """The chunks of pipeline rank ``rank``: pieces rank, rank + p, rank + 2p, ..."""
+def pieces_of_rank(pieces: Sequence[GPTPiece], rank: int, stages: int,
+                   placement: str = "loop") -> list[GPTPiece]:
+    """The chunks of pipeline rank ``rank``: pieces rank, rank + p, rank + 2p, ...;
+    with placement "v" (zb_v), pieces rank and 2p - 1 - rank."""
+    if placement == "v":
+        return [pieces[rank], pieces[2 * stages - 1 - rank]]
     return list(pieces[rank::stages])
 
 
@@ -98,7 +102,7 @@ def sync_tied_gradients(model: Module, chunks: Sequence[GPTPiece], group: Any = 
         return
     has_first = any(c.first for c in chunks)
     has_last = any(c.last for c in chunks)
-    if not (has_first or has_last):
+    if has_first == has_last:   # neither, or both on this rank (zb_v's V): nothing to add
         return
     peer = p - 1 if has_first else 0
     peer = peer if group is None else group.ranks[peer]

@@ -13,29 +13,36 @@ the p v pieces, and an op names its chunk.
     interleaved   1F1B over v chunks per rank (Narayanan et al., 2021): forwards go
                   p micro-batches per chunk at a time; more warm-up, v times
                   shorter fill and drain.
+    zb_h1, zb_h2, zb_v   zero-bubble schedules (zero_bubble.py): the backward
+                  split into B (input gradient) and W (weight gradient), and the
+                  W's moved into the bubble. zb_v places two chunks per rank in a
+                  V (rank r: pieces r and 2p-1-r).
 
-Bubble (idle time of a stage; workbook ch. 5, minidist.calc.pipeline), for
-equal-cost stages, t_f + t_b per micro-batch per stage:
+Bubble (idle time of a stage over its ideal compute time; workbook ch. 5,
+minidist.calc.pipeline), for equal-cost stages, t_f + t_b per micro-batch:
 
-    GPipe        idle / useful = (p-1) / m
-    1F1B         idle / useful = (p-1) / m         (same idle time as GPipe)
-    interleaved  idle / useful = (p-1) / (m v)
+    GPipe, 1F1B  (p-1) / m          (1F1B's gain is memory: p micro-batches, not m)
+    interleaved  (p-1) / (m v)
+    ZB-H1        (p-1) / (3m)       ZB-H2, ZB-V: 0      (t_f = t_b = t_w)
 
 ``simulate`` runs a schedule on an idealised machine (every op takes its cost,
-messages take no time) and returns each op's start and end, or raises if the
-order can deadlock; ``render_timeline`` draws stages x time slots in ASCII.
+messages take no time) and returns each op's start and end; it raises, naming
+the dependency, if an op comes before one it needs on its own stage or if the
+order can deadlock. ``render_timeline`` draws stages x time slots in ASCII.
 The executor (executor.py) runs the same data in real processes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1", "zb_h2", "zb_v")
+SPLIT_BACKWARD = ("zb_h1", "zb_h2", "zb_v")     # schedules whose backward is B + W
 
 
 @dataclass(frozen=True)
 class Op:
-    kind: str           # "F" (forward) or "B" (backward)
+    kind: str           # "F" forward, "B" backward (input gradient only if the
+                        # schedule has W ops), "W" weight gradient
     microbatch: int     # 0 .. m-1
     chunk: int = 0      # model chunk on this rank (interleaved), 0 .. v-1
 
@@ -108,6 +115,11 @@ def interleaved(stages: int, microbatches: int, virtual: int) -> Schedule:
 
 
 def make_schedule(name: str, stages: int, microbatches: int, virtual: int = 1) -> Schedule:
+    """The schedule called ``name``; ``virtual`` is used by "interleaved" only
+    (zb_v always has 2 chunks per rank, see ``chunks_per_rank``)."""
+    from minidist.parallel.pipeline import zero_bubble   # it builds on this module
+    if name in SPLIT_BACKWARD:
+        return getattr(zero_bubble, name)(stages, microbatches)
     if name == "gpipe":
         return gpipe(stages, microbatches)
     if name == "1f1b":
@@ -115,6 +127,19 @@ def make_schedule(name: str, stages: int, microbatches: int, virtual: int = 1) -
     if name == "interleaved":
         return interleaved(stages, microbatches, virtual)
     raise ValueError(f"unknown schedule {name!r}: one of {SCHEDULES}")
+
+
+def chunks_per_rank(name: str, virtual: int = 1) -> int:
+    """Model chunks each rank holds under schedule ``name``."""
+    if name == "zb_v":
+        return 2
+    return virtual if name == "interleaved" else 1
+
+
+def placement(name: str) -> str:
+    """How chunks sit on ranks: "loop" (chunk c of rank r is piece c p + r) or
+    "v" (zb_v: rank r holds pieces r and 2p - 1 - r)."""
+    return "v" if name == "zb_v" else "loop"
 
 
 def _check(stages: int, microbatches: int, virtual: int) -> None:
@@ -125,33 +150,81 @@ def _check(stages: int, microbatches: int, virtual: int) -> None:
 
 # -- where an op's input comes from ------------------------------------------------
 
-def virtual_stage(rank: int, chunk: int, stages: int) -> int:
-    """Position of (rank, chunk) in the model: chunk c of rank r is piece c p + r."""
+def virtual_stage(rank: int, chunk: int, stages: int, placement: str = "loop") -> int:
+    """Position of (rank, chunk) in the model: chunk c of rank r is piece c p + r
+    ("loop"); with "v", chunk 0 is piece r and chunk 1 piece 2p - 1 - r."""
+    if placement == "v":
+        return rank if chunk == 0 else 2 * stages - 1 - rank
     return chunk * stages + rank
 
 
-def dependency(op: Op, rank: int, stages: int, virtual: int) -> tuple[int, Op] | None:
-    """The op (on which rank) whose output this op receives, or None (no message)."""
-    s = virtual_stage(rank, op.chunk, stages)
+def rank_and_chunk(piece: int, stages: int, placement: str = "loop") -> tuple[int, int]:
+    """The inverse of ``virtual_stage``."""
+    if placement == "v":
+        return (piece, 0) if piece < stages else (2 * stages - 1 - piece, 1)
+    return piece % stages, piece // stages
+
+
+def dependency(op: Op, rank: int, stages: int, virtual: int,
+               placement: str = "loop") -> tuple[int, Op] | None:
+    """The op (on which rank) whose output this op receives, or None (no message:
+    the first piece's F, the last piece's B, every W)."""
+    s = virtual_stage(rank, op.chunk, stages, placement)
+    if op.kind == "W":
+        return None                           # only its own B, on this stage
     if op.kind == "F":
         if s == 0:
             return None                       # the first piece reads the micro-batch
-        prev = s - 1
-        return prev % stages, Op("F", op.microbatch, prev // stages)
+        r, c = rank_and_chunk(s - 1, stages, placement)
+        return r, Op("F", op.microbatch, c)
     if s == stages * virtual - 1:
         return None                           # the last piece starts from the loss
-    nxt = s + 1
-    return nxt % stages, Op("B", op.microbatch, nxt // stages)
+    r, c = rank_and_chunk(s + 1, stages, placement)
+    return r, Op("B", op.microbatch, c)
+
+
+def check_local_order(schedule: Schedule) -> None:
+    """Each op once; on every stage F(i) before B(i) before W(i) (same chunk);
+    and, where a schedule has W ops, a W for every B. Raises ValueError naming
+    the first violation."""
+    split = any(op.kind == "W" for ops in schedule for op in ops)
+    for r, ops in enumerate(schedule):
+        seen: set[Op] = set()
+        for op in ops:
+            if op in seen:
+                raise ValueError(f"stage {r} runs {op} twice")
+            need = {"B": "F", "W": "B"}.get(op.kind)
+            if need and Op(need, op.microbatch, op.chunk) not in seen:
+                raise ValueError(f"stage {r}: {op} comes before "
+                                 f"{Op(need, op.microbatch, op.chunk)}, which it needs")
+            seen.add(op)
+        for op in ops:
+            wants = ("B", "W") if split else ("B",)
+            for kind in wants if op.kind == "F" else ():
+                if Op(kind, op.microbatch, op.chunk) not in seen:
+                    raise ValueError(f"stage {r} runs {op} but never "
+                                     f"{Op(kind, op.microbatch, op.chunk)}")
 
 
 # -- the idealised run ---------------------------------------------------------------
 
 def simulate(schedule: Schedule, virtual: int = 1, forward_cost: float = 1.0,
-             backward_cost: float = 1.0) -> list[list[tuple[Op, float, float]]]:
+             backward_cost: float = 1.0, weight_cost: float | None = None,
+             placement: str = "loop") -> list[list[tuple[Op, float, float]]]:
     """(op, start, end) per stage: each op starts once its stage is free and its
-    input has arrived; a chunk's op costs 1/v of a stage's. Raises RuntimeError
-    if no stage can move while ops remain (the order would deadlock)."""
+    input has arrived; a chunk's op costs 1/v of a stage's.
+
+    ``backward_cost`` is a whole backward; in a schedule with W ops, W takes
+    ``weight_cost`` of it (default half) and B the rest, so one call compares
+    1F1B and the zero-bubble schedules on the same work. Raises ValueError if a
+    stage's own order is wrong (``check_local_order``), RuntimeError naming
+    what each stuck stage waits for if no stage can move while ops remain."""
+    check_local_order(schedule)
     p = len(schedule)
+    w_cost = backward_cost / 2 if weight_cost is None else weight_cost
+    split = any(op.kind == "W" for ops in schedule for op in ops)
+    cost = {"F": forward_cost, "B": backward_cost - w_cost if split else backward_cost,
+            "W": w_cost}
     done: dict[tuple[int, Op], float] = {}
     nxt = [0] * p
     free = [0.0] * p
@@ -162,27 +235,33 @@ def simulate(schedule: Schedule, virtual: int = 1, forward_cost: float = 1.0,
         for r in range(p):
             while nxt[r] < len(schedule[r]):
                 op = schedule[r][nxt[r]]
-                dep = dependency(op, r, p, virtual)
+                dep = dependency(op, r, p, virtual, placement)
                 if dep is not None and dep not in done:
                     break
-                cost = (forward_cost if op.kind == "F" else backward_cost) / virtual
                 start = max(free[r], done[dep] if dep is not None else 0.0)
-                free[r] = start + cost
+                free[r] = start + cost[op.kind] / virtual
                 done[(r, op)] = free[r]
                 out[r].append((op, start, free[r]))
                 nxt[r] += 1
                 remaining -= 1
                 moved = True
         if not moved:
-            stuck = {r: str(schedule[r][nxt[r]]) for r in range(p) if nxt[r] < len(schedule[r])}
-            raise RuntimeError(f"schedule deadlocks: each stage waits for an op that "
-                               f"never runs ({stuck})")
+            waits = []
+            for r in range(p):
+                if nxt[r] < len(schedule[r]):
+                    op = schedule[r][nxt[r]]
+                    dep_rank, dep_op = dependency(op, r, p, virtual, placement)
+                    waits.append(f"stage {r}'s {op} waits for {dep_op} of stage {dep_rank}")
+            raise RuntimeError("schedule deadlocks: " + "; ".join(waits) +
+                               ", each of which comes later in its stage's order")
     return out
 
 
 def render_timeline(timings: list[list[tuple[Op, float, float]]], slot: float = 1.0,
                     width: int = 4) -> str:
     """ASCII chart, one row per stage, one cell per ``slot`` of time; idle is '.'.
+
+    A W op (weight gradient) is drawn in lower case, ``w3``, to tell it from B.
 
     Works on ``simulate``'s slots and on measured seconds alike (pass the op
     duration as ``slot``)."""
@@ -198,6 +277,7 @@ def render_timeline(timings: list[list[tuple[Op, float, float]]], slot: float = 
             first = int(round((start - t0) / slot))
             length = max(1, int(round((stop - start) / slot)))
             for i in range(first, min(first + length, n)):
-                cells[i] = str(op)[:width - 1].ljust(width - 1)
+                label = str(op) if op.kind != "W" else str(op).lower()
+                cells[i] = label[:width - 1].ljust(width - 1)
         lines.append(f"stage {r} |" + " ".join(cells) + "|")
     return "\n".join(lines)

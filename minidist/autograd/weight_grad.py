@@ -1,0 +1,122 @@
+"""The backward split in two: B (input gradients) now, W (weight gradients) later.
+
+For a layer y = x W^T the backward is two independent products
+(Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, section 2):
+
+    B:  dL/dx = dL/dy @ W        what the previous pipeline stage waits for
+    W:  dL/dW = dL/dy^T @ x      what only this stage's optimizer step needs
+
+``backward_split(loss, weights=params)`` walks the graph as ``backward`` does,
+but every op that has a weight among its inputs computes only the gradients
+of its other inputs; its weight part is kept as a deferred closure (the op's
+node with what it saved, and the gradient of its output). The returned
+``WeightGradients`` runs them all later, in the order the fused backward would
+have, and adds each weight's contributions in that same order: the gradients
+are equal bit for bit to ``loss.backward()``'s.
+
+What it costs: until W runs, each closure keeps the op's saved activations and
+its output gradient alive (``held_bytes``); a pipeline stage holds a
+micro-batch's activations from its F to its W instead of to its B.
+
+Ops opt in with ``Function.splits_weight_grad`` (Linear, MatMul, Embedding,
+LayerNorm, + - * /). Another op with a weight input (one that communicates in
+its backward, say) runs whole in B, and only its finished weight gradients wait.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from minidist.autograd import grad_mode
+from minidist.autograd.engine import _deliver, _release, _run, call_backward, initial_grad
+from minidist.backend import is_array
+
+
+class WeightGradients:
+    """The W pass of one split backward: call ``run()`` once to fill ``.grad``."""
+
+    def __init__(self, records: list, weights: dict[int, Any], retain_graph: bool):
+        self._records = records       # (node, output grads, weight inputs, done grads)
+        self._weight_data = {id(w.data) for w in weights.values()}
+        self._retain = retain_graph
+        self.done = False
+
+    def __len__(self) -> int:
+        """How many ops left a weight-gradient closure."""
+        return len(self._records)
+
+    def closures(self) -> list[tuple[str, int]]:
+        """(op name, bytes its closure keeps alive) for each deferred op, in order."""
+        return [(record[0].fn.__name__, self._bytes([record])) for record in self._records]
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of arrays kept alive only for W: saved activations and output
+        gradients, each array counted once; the weights themselves not (they
+        live anyway)."""
+        return self._bytes(self._records)
+
+    def _bytes(self, records: list) -> int:
+        seen: dict[int, int] = {}
+        for node, grads_out, _, done in records:
+            held = list(done or ()) + list(grads_out or ())
+            if done is None:
+                held += list(getattr(node, "saved", ()))
+                held += [v for k, v in vars(node).items() if k != "saved" and is_array(v)]
+            for a in held:
+                if is_array(a) and id(a) not in self._weight_data:
+                    seen[id(a)] = a.nbytes
+        return sum(seen.values())
+
+    def run(self) -> None:
+        """Compute every deferred weight gradient and add it into ``weight.grad``."""
+        if self.done:
+            raise RuntimeError("these weight gradients were already computed: "
+                               "each split backward has one W pass")
+        self.done = True
+        pending: dict[int, int] = {}
+        for _, _, leaves, _ in self._records:
+            for t in leaves:
+                if t is not None:
+                    pending[id(t)] = pending.get(id(t), 0) + 1
+        sums: dict[int, Any] = {}
+        with grad_mode.no_grad():
+            for node, grads_out, leaves, done in self._records:
+                if done is None:
+                    grads = call_backward(node, grads_out, asked=tuple(t is not None
+                                                                      for t in leaves))
+                else:
+                    grads = done
+                for t, g in zip(leaves, grads):
+                    if t is None:
+                        continue
+                    if g is not None:       # summed in the fused backward's order
+                        prev = sums.get(id(t))
+                        sums[id(t)] = g if prev is None else prev + g
+                    pending[id(t)] -= 1
+                    if pending[id(t)] == 0 and id(t) in sums:
+                        _deliver(t, sums.pop(id(t)))
+                if done is None and not self._retain:
+                    _release(node)
+        self._records = []
+
+
+def backward_split(root: Any, grad: Any = None, weights: Iterable = (),
+                   retain_graph: bool = False) -> WeightGradients:
+    """B now, W later: input gradients into every other leaf's ``.grad`` at once;
+    ``weights``' gradients when the returned ``WeightGradients.run()`` is called.
+
+    ``weights``: leaf tensors (a module's ``parameters()``). Other leaves (a
+    pipeline stage's input x) get their gradient now, as from ``backward``."""
+    by_id = {id(w): w for w in weights}
+    for w in by_id.values():
+        if w._ctx is not None:
+            raise ValueError("backward_split: weights must be leaf tensors (parameters), "
+                             "not results of an op")
+    grad = initial_grad(root, grad)
+    records: list = []
+    if root._ctx is None:               # a leaf: d(leaf)/d(leaf) = 1, nothing to split
+        _deliver(root, grad)
+    else:
+        with grad_mode.no_grad():
+            records = _run(root, grad, retain_graph, set(by_id))
+    return WeightGradients(records, by_id, retain_graph)
