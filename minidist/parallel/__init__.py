@@ -8,7 +8,8 @@ tolerance); each subpackage's docstring is its map (idea, formula, files in read
 - tensor/    tensor parallelism (Megatron's f and g, column / row layers, vocab-parallel
              embedding and cross-entropy, sequence parallelism, the tensor-parallel GPT)
 - pipeline/  pipeline parallelism (schedules as data, the executor, GPT pieces)
-- context/   context parallelism: ring attention, zigzag sharding
+- context/   context parallelism: ring attention, zigzag sharding, Ulysses (all-to-all)
+- expert/    expert parallelism: MoE experts spread over ranks, tokens moved by all-to-all
 - three_d.py      data x pipeline x tensor parallelism on one device mesh (``ThreeDParallelGPT``)
 - diagnostics.py  what to ask a data-parallel run whose numbers look wrong
 
@@ -31,6 +32,8 @@ from minidist.parallel.tensor import (ColumnParallelLinear, ParallelBlock, Paral
                                       gather_from_tp, reduce_from_tp, reduce_scatter_to_sp,
                                       shard_state_dict, split_to_tp, vocab_parallel_cross_entropy,
                                       vocab_range)
+from minidist.parallel.expert import (ExpertMesh, ExpertParallelMoE, expert_parallel,
+                                      sync_gradients)
 from minidist.parallel.three_d import ThreeDParallelGPT
 from minidist.parallel.zero import Zero1, Zero2, Zero3
 
@@ -47,4 +50,6 @@ __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_syn
            "Op", "gpipe", "one_f_one_b", "interleaved", "make_schedule", "simulate",
            "render_timeline", "run_pipeline", "PipelineStats", "measured_bubble", "split_layers",
            "GPTPiece", "split_gpt", "pieces_of_rank", "pipeline_parameters",
-           "sync_tied_gradients", "ThreeDParallelGPT"]
+           "sync_tied_gradients", "ThreeDParallelGPT",
+           # expert parallelism
+           "ExpertMesh", "ExpertParallelMoE", "expert_parallel", "sync_gradients"]
