@@ -17,7 +17,8 @@ One strategy imports another only where it builds on it: ZeRO on data; 3D on ten
 pipeline and data (tests/test_layering.py).
 """
 from minidist.parallel.context import (RingAttention, plan_work, ring_attention,
-                                       shard_sequence, unshard_sequence)
+                                       shard_sequence, split_sequence, ulysses_attention,
+                                       unshard_sequence)
 from minidist.parallel.data import (DataParallelNaive, DistributedDataParallel,
                                     DistributedSampler, found_inf_reduce, verify_parameter_sync)
 from minidist.parallel.pipeline import (GPTPiece, Op, PipelineStats, gpipe, interleaved,
@@ -40,6 +41,7 @@ from minidist.parallel.zero import Zero1, Zero2, Zero3
 __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_sync",
            "DistributedSampler", "Zero1", "Zero2", "Zero3", "found_inf_reduce",
            "ring_attention", "RingAttention", "shard_sequence", "unshard_sequence", "plan_work",
+           "ulysses_attention", "split_sequence",
            # tensor parallelism
            "copy_to_tp", "reduce_from_tp", "gather_from_tp", "split_to_tp", "gather_from_sp",
            "reduce_scatter_to_sp", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",
