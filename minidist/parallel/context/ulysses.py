@@ -62,30 +62,19 @@ def _heads_to_seq(y: Any, group: Any) -> Any:
     return recv.transpose(1, 0, 2, 3, 4).reshape(B, n * h, s // n, D)
 
 
-class SeqToHeads(Function):
-    """Forward: sequence shards -> head shards. Backward: head shards -> sequence shards."""
+class Regroup(Function):
+    """``to_heads``: sequence shards -> head shards, else the reverse. The two are inverse
+    permutations of the same data, so the backward of one is the forward of the other."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _seq_to_heads(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _heads_to_seq(grad, ctx.group), None
-
-
-class HeadsToSeq(Function):
-    """Forward: head shards -> sequence shards. Backward: sequence shards -> head shards."""
-
-    @staticmethod
-    def forward(ctx, y, group):
-        ctx.group = group
-        return _heads_to_seq(y, group)
+    def forward(ctx, x, to_heads, group):
+        ctx.to_heads, ctx.group = to_heads, group
+        return _seq_to_heads(x, group) if to_heads else _heads_to_seq(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return _seq_to_heads(grad, ctx.group), None
+        back = _heads_to_seq(grad, ctx.group) if ctx.to_heads else _seq_to_heads(grad, ctx.group)
+        return back, None, None
 
 
 def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
@@ -105,9 +94,9 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                          f"attention, or a group size that divides the heads)")
     if impl not in ("naive", "flash"):
         raise ValueError(f"impl must be 'naive' or 'flash', got {impl!r}")
-    qh, kh, vh = (SeqToHeads.apply(t, group) for t in (q, k, v))  # (B, H/N, s, D)
+    qh, kh, vh = (Regroup.apply(t, True, group) for t in (q, k, v))  # (B, H/N, s, D)
     if impl == "flash":
         out = flash_attention(qh, kh, vh, is_causal=is_causal, scale=scale, **blocks)
     else:
         out = naive_attention(qh, kh, vh, is_causal=is_causal, scale=scale)
-    return HeadsToSeq.apply(out, group)                          # (B, H, s/N, D)
+    return Regroup.apply(out, False, group)                         # (B, H, s/N, D)
