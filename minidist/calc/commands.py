@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from minidist.calc import comm, compute, memory, pipeline, recipes, tensor
+from minidist.calc import moe
 
 
 def _gb(n: float) -> str:
@@ -193,6 +194,45 @@ TOPICS: dict[str, Topic] = {
          ("--dp", int, None, "data-parallel ranks")],
         _batch),
 }
+
+
+# -- mixture of experts and sequence parallelism (calc/moe.py) ------------------------
+
+def _moe(a):
+    p = moe.moe_gpt_params(a.layers, a.hidden, a.vocab, a.experts, a.top_k, a.moe_every)
+    b = moe.moe_all_to_all_bytes(a.tokens, a.hidden, a.top_k, a.ep, a.bytes_per_element)
+    return [f"parameters: total {p.total / 1e9:,.3f} B, active per token {p.active / 1e9:,.3f} B "
+            f"({p.moe_layers} MoE layers)",
+            f"all-to-all per MoE layer and rank: {_gb(b.dispatch)} each, forward "
+            f"{_gb(b.forward)}, forward + backward {_gb(b.forward_backward)}"]
+
+
+def _sequence_parallel(a):
+    b = moe.sequence_parallel_bytes(a.seq, a.hidden, a.ranks, a.batch, a.bytes_per_element,
+                                    a.heads)
+    rows = [f"Ulysses: forward {_gb(b.ulysses_forward)}, step {_gb(b.ulysses_step)} per rank",
+            f"ring:    forward {_gb(b.ring_forward)}, step {_gb(b.ring_step)} per rank"]
+    if not b.ulysses_possible:
+        rows.append(f"Ulysses needs the heads ({a.heads}) divisible by N ({a.ranks}): use ring")
+    return rows
+
+
+TOPICS["moe"] = Topic(
+    "MoE total vs active parameters and all-to-all bytes per layer",
+    "total = dense + n_moe (E P_ffn + h E), active = dense + n_moe (k P_ffn + h E); "
+    "all-to-all = S k h B (ep-1)/ep, 4 per step",
+    [("--layers", int, None, "L"), ("--hidden", int, None, "h"), ("--vocab", int, 50257, "V"),
+     ("--experts", int, None, "E"), ("--top-k", int, 2, "k"), ("--moe-every", int, 1, ""),
+     ("--tokens", int, 4096, "tokens per rank S"), ("--ep", int, 1, "expert-parallel ranks"),
+     ("--bytes-per-element", float, 2.0, "")],
+    _moe)
+TOPICS["sequence-parallel"] = Topic(
+    "Ulysses vs ring attention bytes per rank",
+    "Ulysses 4 (N-1)/N M_r, ring 2 (N-1) M_r per forward, M_r = b (s/N) h B",
+    [("--seq", int, None, "s"), ("--hidden", int, None, "h"), ("--ranks", int, None, "N"),
+     ("--batch", int, 1, "b"), ("--heads", int, 0, "H (checks N | H)"),
+     ("--bytes-per-element", float, 2.0, "")],
+    _sequence_parallel)
 
 
 def add_calc_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
