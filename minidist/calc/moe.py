@@ -103,7 +103,8 @@ def sequence_parallel_bytes(seq: int, hidden: int, ranks: int, batch: int = 1,
     """Ulysses vs ring attention, bytes per rank and layer (module docstring).
 
     Backward: Ulysses mirrors its 4 all-to-alls (dO, and dQ dK dV back); ring attention
-    sends K, V round again and their gradient accumulators with them (4 blocks a hop).
+    sends K, V round again (N-1 hops) and their gradient accumulators dK, dV, which take
+    N hops to come back to their owner: (2(N-1) + 2N) M_r.
     s = 32768, h = 4096, N = 8, b = 1, bf16: Ulysses 112 MiB, ring 448 MiB forward."""
     if seq % ranks:
         raise ValueError(f"sequence {seq} does not split over {ranks} ranks")
@@ -112,4 +113,5 @@ def sequence_parallel_bytes(seq: int, hidden: int, ranks: int, batch: int = 1,
     ulysses = 4 * (n - 1) / n * m_rank
     ring = 2 * (n - 1) * m_rank
     possible = heads == 0 or heads % n == 0
-    return SequenceParallelBytes(ulysses, ring, 2 * ulysses, 3 * ring, possible)
+    return SequenceParallelBytes(ulysses, ring, 2 * ulysses,
+                                 ring + (2 * (n - 1) + 2 * n) * m_rank, possible)

@@ -38,22 +38,31 @@ def test_ring_over_ulysses_is_n_over_2():
     assert not moe.sequence_parallel_bytes(64, 8, 8, heads=12).ulysses_possible
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_ulysses_bytes_equal_what_the_collectives_count(n):
+def _attention_bytes(method, n, s, h, heads):
+    """(forward, forward + backward) bytes this rank sent in one attention layer."""
+    import minidist.distributed as dist
+    from minidist.autograd import Tensor
+    from minidist.backend import xp
+    from minidist.parallel import ring_attention, ulysses_attention
+    x = Tensor(xp.ones((1, heads, s // n, h // heads)), requires_grad=True)
+    dist.get_stats().reset()
+    if method == "ulysses":
+        out = ulysses_attention(x, x, x)
+    else:
+        out = ring_attention(x, x, x, layout="contiguous")
+    forward = dist.get_stats().bytes_sent
+    out.backward(xp.ones(out.shape))
+    return forward, dist.get_stats().bytes_sent
+
+
+@pytest.mark.parametrize("method, n", [("ulysses", 2), ("ulysses", 4), ("ring", 2), ("ring", 3)])
+def test_attention_bytes_equal_what_the_collectives_count(method, n):
     from minidist.comm import World
-
-    def fn(s, h, heads):
-        import minidist.distributed as dist
-        from minidist.autograd import Tensor
-        from minidist.backend import xp
-        from minidist.parallel import ulysses_attention
-        x = Tensor(xp.ones((1, heads, s // n, h // heads)), requires_grad=True)
-        dist.get_stats().reset()
-        ulysses_attention(x, x, x)
-        return dist.get_stats().per_collective["all_to_all_single"]["bytes_sent"]
-
-    s, h, heads = 16, 8, 4
+    s, h, heads = 12 * n, 8, 4 if method == "ring" or n != 3 else 3
     with World(n, timeout=20.0, run_timeout=60.0) as w:
-        sent = w.run(fn, s, h, heads)
-    want = moe.sequence_parallel_bytes(s, h, n, bytes_per_element=8).ulysses_forward
-    assert sent == [want] * n
+        sent = w.run(_attention_bytes, method, n, s, h, heads)
+    want = moe.sequence_parallel_bytes(s, h, n, bytes_per_element=8)
+    if method == "ulysses":
+        assert sent == [(want.ulysses_forward, want.ulysses_step)] * n
+    else:
+        assert sent == [(want.ring_forward, want.ring_step)] * n
