@@ -2,6 +2,7 @@
 
     python bench/bench_collectives.py                 # worlds 2 and 4, 1 KiB .. 256 MiB
     python bench/bench_collectives.py --max-size 16M --worlds 2
+    python bench/bench_collectives.py --collective all_to_all   # bench_alltoall.py
 
 For every message size and world size it prints the time of one all-reduce of
 float32 data, its algorithm bandwidth algbw = M / t, and the bus bandwidth
@@ -133,12 +134,13 @@ def mpi_worker(sizes: list[int]) -> None:
         print("RESULT " + json.dumps(out), flush=True)
 
 
-def run_mpi(n: int, sizes: list[int]) -> dict:
+def run_mpi(n: int, sizes: list[int], script: str = __file__) -> dict:
+    """Run ``script --mpi-worker`` under mpiexec; its rank 0 prints the RESULT line."""
     mpiexec = shutil.which("mpiexec")
     if mpiexec is None:
         return {}
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MINIDIST_SHM")}
-    cmd = [mpiexec, "-n", str(n), sys.executable, os.path.abspath(__file__), "--mpi-worker",
+    cmd = [mpiexec, "-n", str(n), sys.executable, os.path.abspath(script), "--mpi-worker",
            "--sizes", ",".join(map(str, sizes))]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     for line in out.stdout.splitlines():
@@ -205,6 +207,13 @@ def table(n: int, sizes: list[int], best: dict) -> str:
 
 
 def main() -> None:
+    if "--collective" in sys.argv:  # all_to_all: bench_alltoall.py, with the other flags
+        i = sys.argv.index("--collective")
+        if sys.argv[i + 1] == "all_to_all":
+            import bench_alltoall
+            bench_alltoall.main(sys.argv[1:i] + sys.argv[i + 2:])
+            return
+        del sys.argv[i:i + 2]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     p.add_argument("--min-size", type=parse_size, default=1 << 10)

@@ -306,3 +306,40 @@ def ring_work(path, work, n, length, causal):
     ax.legend(fontsize=8)
     _save(plt, fig, path)
 
+
+
+def moe_balance(path, runs, factors, dropped, n_expert, k):
+    """Demo 15: tokens per expert under three balancing rules; dropped vs capacity."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    width = 0.8 / len(runs)
+    for i, (name, counts) in enumerate(runs.items()):
+        left.bar(np.arange(n_expert) + i * width, counts, width, label=name)
+    left.set_xticks(np.arange(n_expert) + 0.4 - width / 2, [f"E{e}" for e in range(n_expert)])
+    left.set(ylabel="assignments", title=f"load per expert after training (top-{k})")
+    left.legend(fontsize=7)
+    right.plot(factors, [100 * d for d in dropped], marker="o")
+    right.set(xlabel="capacity factor", ylabel="dropped assignments (%)",
+              title="C = ceil(cf * tokens * k / E)")
+    _save(plt, fig, path)
+
+
+def ulysses_vs_ring(path, rows, n):
+    """Demo 16: bytes per rank and time of Ulysses and ring attention per length."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    s = [r[0] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    left.plot(s, [r[1] / 1024 for r in rows], marker="o", label="Ulysses")
+    left.plot(s, [r[3] / 1024 for r in rows], marker="s", label="ring")
+    left.set(xlabel="sequence length", ylabel="KiB sent per rank",
+             title=f"forward + backward, {n} ranks")
+    right.plot(s, [r[2] * 1e3 for r in rows], marker="o", label="Ulysses")
+    right.plot(s, [r[4] * 1e3 for r in rows], marker="s", label="ring")
+    right.set(xlabel="sequence length", ylabel="ms (slowest rank)", title="time")
+    for ax in (left, right):
+        ax.legend(fontsize=8)
+    _save(plt, fig, path)

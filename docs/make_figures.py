@@ -36,6 +36,8 @@ FIGURES = {
     "10_flash_memory.png": ("10_flash_attention.py", ["--lengths", "256", "512", "1024"], {}),
     "11_ring_attention.png": ("11_ring_attention.py", ["--length", "1024"], {}),
     "12_checkpoints.png": ("12_checkpoints.py", [], {}),
+    "15_moe.png": ("15_moe.py", [], {}),
+    "16_ulysses.png": ("16_ulysses.py", [], {}),
     "17_zero_bubble.png": ("17_zero_bubble.py", [], {}),
 }
 

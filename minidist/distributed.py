@@ -18,6 +18,7 @@ from minidist.comm import (NON_GROUP_MEMBER, CollectiveMismatchError, CommError,
                            new_group,
                            recv, recv_reduce, reduce, reduce_scatter, reduce_scatter_tensor,
                            scatter, send)
+from minidist.comm import all_to_all_single
 from minidist.comm.group import get_stats
 
 
@@ -29,3 +30,4 @@ __all__ = ["init_process_group", "destroy_process_group", "is_initialized", "get
            "launched",
            "get_stats", "CommError", "CommTimeoutError", "CollectiveMismatchError",
            "MessageMismatchError", "RankFailedError", "WorldAbortedError"]
+__all__ += ["all_to_all_single"]

@@ -30,6 +30,8 @@ SMOKE_ARGS = {
     "13_diagnostics.py": ["-n", "2", "--steps", "4", "--bug-step", "2", "--bug-rank", "1"],
     "14_cost_models_observed.py": ["--points", "64,32,4", "128,64,2"],
     "17_zero_bubble.py": ["-p", "2", "-m", "4", "--op-ms", "5"],
+    "15_moe.py": ["-n", "2", "--steps", "5"],
+    "16_ulysses.py": ["-n", "2", "--lengths", "64", "128"],
 }
 
 

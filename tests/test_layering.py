@@ -43,6 +43,7 @@ STRATEGIES = {
     "tensor": set(),
     "pipeline": set(),
     "context": set(),
+    "expert": set(),
 }
 # Inside minidist.comm: transport moves bytes, collectives are built on it, the launcher
 # starts worlds of it. package -> what it may import (the modules at comm/ level, group,

@@ -15,6 +15,7 @@ it reproduces. See docs/cost_models.md.
     compute    6PD, MFU, time, GPU-hours, PF-days, dollars, electricity, roofline
     recipes    effective batch, accumulation, LR scaling, warmup, Young's interval
     precision  format ranges, dynamic loss scaling
+    moe        MoE total vs active parameters, all-to-all bytes, Ulysses vs ring attention
 """
 from minidist.calc import units
 from minidist.calc.activations import (activation_memory_per_layer,
@@ -44,6 +45,8 @@ from minidist.calc.memory import (STATE_BYTES, activation_memory, checkpoint_byt
                                   layer_inputs_memory,
                                   model_state_bytes_per_param, recompute_overhead,
                                   sqrt_checkpoint_interval, zero_memory_per_gpu)
+from minidist.calc.moe import (moe_all_to_all_bytes, moe_gpt_params,
+                              sequence_parallel_bytes)
 from minidist.calc.pipeline import (bubble_fraction, idle_fraction, layers_per_stage,
                                     min_microbatches, p2p_volume, peak_inflight_microbatches,
                                     pipeline_activation_memory, warmup_forwards)

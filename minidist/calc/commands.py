@@ -13,10 +13,11 @@ the other files of ``minidist.calc``.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Callable
 
-from minidist.calc import (activations, comm, compute, gpt, memory, pipeline, recipes,
-                           tensor)
+from minidist.calc import (activations, comm, compute, gpt, memory, moe, pipeline,
+                           recipes, tensor)
 from minidist.calc.cli_args import (Topic, add_topic_parser, fraction, non_negative,
                                     non_negative_int, positive, positive_int)
 
@@ -52,11 +53,20 @@ def _bubble(a):
     chosen = [a.schedule] if a.schedule else ["gpipe", "1f1b"]
     if not a.schedule and a.virtual_stages > 1:
         chosen.append("interleaved")
+    if not a.schedule:
+        chosen += list(pipeline.ZERO_BUBBLE)
     rows = ["schedule      idle / useful compute   idle / whole step"]
     for name in chosen:
         v = a.virtual_stages if name == "interleaved" else 1
-        bubble = pipeline.bubble_fraction(a.stages, a.microbatches, name, v)
-        idle = pipeline.idle_fraction(a.stages, a.microbatches, name, v)
+        try:
+            bubble = pipeline.bubble_fraction(a.stages, a.microbatches, name, v)
+            idle = pipeline.idle_fraction(a.stages, a.microbatches, name, v)
+        except ValueError as e:     # a zero-bubble formula needs more micro-batches
+            if a.schedule:
+                print(f"minidist calc bubble: error: {e}", file=sys.stderr)
+                raise SystemExit(2)
+            rows.append(f"{name:<12}  (no formula at this m: {e})"[:100])
+            continue
         rows.append(f"{name:<12}  {100 * bubble:20.2f}%  {100 * idle:17.2f}%")
     rows.append("GPipe and 1F1B idle for the same time; 1F1B holds fewer micro-batches:")
     for name in ("gpipe", "1f1b"):
@@ -197,10 +207,13 @@ TOPICS: dict[str, Topic] = {
     "bubble": Topic(
         "pipeline bubble, as idle / useful compute and as idle / whole step",
         "idle / useful: GPipe and 1F1B (p-1)/m, interleaved (p-1)/(m v);"
+        "  ZB-H1 (p-1)/(3m), ZB-H2 and ZB-V 0 (t_f = t_b = t_w);"
         "  idle / whole step: x / (1 + x) of it, (p-1)/(m v + p-1)",
-        "Narayanan et al. 2021, section 2.2; workbook chapter 5",
+        "Narayanan et al. 2021, section 2.2; Qi et al. 2024 (zero bubble), table 1;"
+        " workbook chapter 5",
         [("--stages", positive_int, None, "p"), ("--microbatches", positive_int, None, "m"),
-         ("--schedule", pipeline.SCHEDULES, "", "gpipe | 1f1b | interleaved (default: all)"),
+         ("--schedule", pipeline.SCHEDULES + pipeline.ZERO_BUBBLE, "",
+          "gpipe | 1f1b | interleaved | zb_h1 | zb_h2 | zb_v (default: all)"),
          ("--virtual-stages", positive_int, 1, "v (interleaved)")],
         _bubble),
     "flops": Topic(
@@ -290,6 +303,51 @@ TOPICS: dict[str, Topic] = {
          ("--dp", positive_int, None, "data-parallel ranks")],
         _batch),
 }
+
+
+# -- mixture of experts and sequence parallelism (calc/moe.py) ------------------------
+
+def _moe(a):
+    p = moe.moe_gpt_params(a.layers, a.hidden, a.vocab, a.experts, a.top_k, a.moe_every)
+    b = moe.moe_all_to_all_bytes(a.tokens, a.hidden, a.top_k, a.ep, a.bytes_per_element)
+    return [f"parameters: total {p.total / 1e9:,.3f} B, active per token {p.active / 1e9:,.3f} B "
+            f"({p.moe_layers} MoE layers)",
+            f"all-to-all per MoE layer and rank: {_gb(b.dispatch)} each, forward "
+            f"{_gb(b.forward)}, forward + backward {_gb(b.forward_backward)}"]
+
+
+def _sequence_parallel(a):
+    b = moe.sequence_parallel_bytes(a.seq, a.hidden, a.ranks, a.batch, a.bytes_per_element,
+                                    a.heads)
+    rows = [f"Ulysses: forward {_gb(b.ulysses_forward)}, step {_gb(b.ulysses_step)} per rank",
+            f"ring:    forward {_gb(b.ring_forward)}, step {_gb(b.ring_step)} per rank"]
+    if not b.ulysses_possible:
+        rows.append(f"Ulysses needs the heads ({a.heads}) divisible by N ({a.ranks}): use ring")
+    return rows
+
+
+TOPICS["moe"] = Topic(
+    "MoE total vs active parameters and all-to-all bytes per layer",
+    "total = dense + n_moe (E P_ffn + h E), active = dense + n_moe (k P_ffn + h E);"
+    "  all-to-all = S k h B (ep-1)/ep per dispatch, 4 per step (dispatch and combine,"
+    " forward and backward)",
+    "Fedus et al. 2021 (Switch Transformer); Lepikhin et al. 2020 (GShard)",
+    [("--layers", positive_int, None, "L"), ("--hidden", positive_int, None, "h"),
+     ("--vocab", positive_int, 50257, "V"), ("--experts", positive_int, None, "E"),
+     ("--top-k", positive_int, 2, "k"), ("--moe-every", positive_int, 1, ""),
+     ("--tokens", positive_int, 4096, "tokens per rank S"),
+     ("--ep", positive_int, 1, "expert-parallel ranks"),
+     ("--bytes-per-element", positive, 2.0, "")],
+    _moe)
+TOPICS["sequence-parallel"] = Topic(
+    "Ulysses vs ring attention bytes per rank",
+    "Ulysses 4 (N-1)/N M_r, ring 2 (N-1) M_r per forward, M_r = b (s/N) h B",
+    "Jacobs et al. 2023 (DeepSpeed-Ulysses); Liu et al. 2023 (ring attention)",
+    [("--seq", positive_int, None, "s"), ("--hidden", positive_int, None, "h"),
+     ("--ranks", positive_int, None, "N"), ("--batch", positive_int, 1, "b"),
+     ("--heads", non_negative_int, 0, "H (checks N | H)"),
+     ("--bytes-per-element", positive, 2.0, "")],
+    _sequence_parallel)
 
 
 def add_calc_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:

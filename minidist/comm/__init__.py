@@ -14,6 +14,7 @@ This package imports only ``minidist.backend`` (never nn, autograd or parallel).
 from minidist.comm.collectives.api import (all_gather, all_gather_into_tensor, all_reduce,
                                            all_to_all, barrier, broadcast, gather, reduce,
                                            reduce_scatter, reduce_scatter_tensor, scatter)
+from minidist.comm.collectives.api import all_to_all_single
 from minidist.comm.errors import (CollectiveMismatchError, CommError, CommTimeoutError,
                                   MessageMismatchError, RankFailedError, WorldAbortedError)
 from minidist.comm.group import (NON_GROUP_MEMBER, ProcessGroup, destroy_process_group,

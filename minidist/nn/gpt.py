@@ -2,6 +2,7 @@
 
     x = wte[idx] + wpe[0..T)                                  (B, T, C)
     for each block:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))
+                     (mlp: an MoE in every moe_every-th block; its aux losses join the loss)
     logits = ln_f(x) W_head^T                                 (B, T, vocab)
     loss = cross_entropy(logits, targets)
 
@@ -24,6 +25,7 @@ from minidist.nn import functional as F
 from minidist.nn.attention import CausalSelfAttention
 from minidist.nn.layers import MLP, Dropout, Embedding, LayerNorm, Linear
 from minidist.nn.module import Module, ModuleList
+from minidist.nn.moe import MoE
 
 
 @dataclass
@@ -40,12 +42,21 @@ class GPTConfig:
     dtype: str = "float32"      # parameter and activation dtype
     seed: int = 0               # weight init seed (same weights on every backend)
     attention: str = "naive"    # "naive" (full T x T scores) | "flash" (tiled, minidist.attention)
+    # mixture of experts (nn/moe.py, docs/moe.md): every moe_every-th block's MLP is an MoE
+    moe_every: int = 0          # 0: no MoE; 1: every block; 2: blocks 2, 4, ...
+    n_expert: int = 4           # experts per MoE block
+    moe_top_k: int = 2          # experts per token (1: Switch, 2: GShard / Mixtral)
+    capacity_factor: float = 0.0  # 0: no capacity; else C = ceil(cf * tokens * k / E)
+    moe_groups: int = 1         # capacity groups (one per rank when expert-parallel)
+    moe_aux_coef: float = 0.01  # Switch load-balancing loss weight alpha
+    moe_z_coef: float = 0.0     # router z-loss weight beta
+    moe_bias_rate: float = 0.0  # DeepSeek-V3 bias step gamma (0: off); see GPT.update_moe_bias
 
 
 class Block(Module):
     """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, cfg: GPTConfig, generator: Any = None):
+    def __init__(self, cfg: GPTConfig, generator: Any = None, moe: bool = False):
         super().__init__()
         std = 0.02
         proj_std = 0.02 / math.sqrt(2 * cfg.n_layer)  # GPT-2: scale residual projections
@@ -53,8 +64,14 @@ class Block(Module):
         self.attn = CausalSelfAttention(cfg.n_embd, cfg.n_head, cfg.dropout, cfg.bias,
                                         cfg.dtype, std, proj_std, generator, cfg.attention)
         self.ln_2 = LayerNorm(cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype)
-        self.mlp = MLP(cfg.n_embd, 4 * cfg.n_embd, cfg.dropout, cfg.bias, cfg.dtype,
-                       std, proj_std, generator)
+        if moe:
+            self.mlp = MoE(cfg.n_embd, cfg.n_expert, cfg.moe_top_k, 4 * cfg.n_embd,
+                           cfg.capacity_factor, cfg.moe_groups, True, cfg.moe_aux_coef,
+                           cfg.moe_z_coef, cfg.moe_bias_rate, cfg.bias, cfg.dtype, std,
+                           proj_std, generator)
+        else:
+            self.mlp = MLP(cfg.n_embd, 4 * cfg.n_embd, cfg.dropout, cfg.bias, cfg.dtype,
+                           std, proj_std, generator)
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -69,7 +86,9 @@ class GPT(Module):
         self.wte = Embedding(cfg.vocab_size, cfg.n_embd, cfg.dtype, std=0.02, generator=gen)
         self.wpe = Embedding(cfg.block_size, cfg.n_embd, cfg.dtype, std=0.02, generator=gen)
         self.drop = Dropout(cfg.dropout)
-        self.blocks = ModuleList([Block(cfg, gen) for _ in range(cfg.n_layer)])
+        every = cfg.moe_every
+        self.blocks = ModuleList([Block(cfg, gen, moe=every > 0 and (i + 1) % every == 0)
+                                  for i in range(cfg.n_layer)])
         self.ln_f = LayerNorm(cfg.n_embd, bias=cfg.bias, dtype=cfg.dtype)
         self.lm_head = Linear(cfg.n_embd, cfg.vocab_size, bias=False, dtype=cfg.dtype,
                               std=0.02, generator=gen)
@@ -91,7 +110,18 @@ class GPT(Module):
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits, targets)
+            for moe in self.moe_layers():  # the balancing losses join the objective
+                loss = loss + moe.aux_loss
         return logits, loss
+
+    def moe_layers(self) -> list:
+        """The MoE modules of the blocks (those that route: ``aux_loss`` and ``last``)."""
+        return [b.mlp for b in self.blocks if hasattr(b.mlp, "aux_loss")]
+
+    def update_moe_bias(self) -> None:
+        """DeepSeek-V3 balancing: call after each optimizer step (no-op when off)."""
+        for moe in self.moe_layers():
+            moe.update_bias()
 
     @no_grad()
     def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,

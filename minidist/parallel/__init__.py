@@ -8,7 +8,8 @@ tolerance); each subpackage's docstring is its map (idea, formula, files in read
 - tensor/    tensor parallelism (Megatron's f and g, column / row layers, vocab-parallel
              embedding and cross-entropy, sequence parallelism, the tensor-parallel GPT)
 - pipeline/  pipeline parallelism (schedules as data, the executor, GPT pieces)
-- context/   context parallelism: ring attention, zigzag sharding
+- context/   context parallelism: ring attention, zigzag sharding, Ulysses (all-to-all)
+- expert/    expert parallelism: MoE experts spread over ranks, tokens moved by all-to-all
 - three_d.py      data x pipeline x tensor parallelism on one device mesh (``ThreeDParallelGPT``)
 - diagnostics.py  what to ask a data-parallel run whose numbers look wrong
 
@@ -16,7 +17,8 @@ One strategy imports another only where it builds on it: ZeRO on data; 3D on ten
 pipeline and data (tests/test_layering.py).
 """
 from minidist.parallel.context import (RingAttention, plan_work, ring_attention,
-                                       shard_sequence, unshard_sequence)
+                                       shard_sequence, split_sequence, ulysses_attention,
+                                       unshard_sequence)
 from minidist.parallel.data import (DataParallelNaive, DistributedDataParallel,
                                     DistributedSampler, found_inf_reduce, verify_parameter_sync)
 from minidist.parallel.pipeline import (GPTPiece, Op, PipelineStats, gpipe, interleaved,
@@ -32,12 +34,15 @@ from minidist.parallel.tensor import (ColumnParallelLinear, ParallelBlock, Paral
                                       gather_from_tp, reduce_from_tp, reduce_scatter_to_sp,
                                       shard_state_dict, split_to_tp, vocab_parallel_cross_entropy,
                                       vocab_range)
+from minidist.parallel.expert import (ExpertMesh, ExpertParallelMoE, expert_parallel,
+                                      sync_gradients)
 from minidist.parallel.three_d import ThreeDParallelGPT
 from minidist.parallel.zero import Zero1, Zero2, Zero3
 
 __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_sync",
            "DistributedSampler", "Zero1", "Zero2", "Zero3", "found_inf_reduce",
            "ring_attention", "RingAttention", "shard_sequence", "unshard_sequence", "plan_work",
+           "ulysses_attention", "split_sequence",
            # tensor parallelism
            "copy_to_tp", "reduce_from_tp", "gather_from_tp", "split_to_tp", "gather_from_sp",
            "reduce_scatter_to_sp", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",
@@ -49,4 +54,6 @@ __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_syn
            "render_timeline", "run_pipeline", "PipelineStats", "measured_bubble", "split_layers",
            "GPTPiece", "split_gpt", "pieces_of_rank", "pipeline_parameters",
            "sync_tied_gradients", "zb_h1", "zb_h2", "zb_v", "chunks_per_rank", "placement",
-           "ThreeDParallelGPT"]
+           "ThreeDParallelGPT",
+           # expert parallelism
+           "ExpertMesh", "ExpertParallelMoE", "expert_parallel", "sync_gradients"]

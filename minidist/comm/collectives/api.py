@@ -19,6 +19,8 @@ Arrays are arrays of the active backend. In-place where torch's are in place:
     reduce_scatter   ring                 (N-1)/N * M (M = the whole input)
     gather, scatter  direct (linear)      the root receives / sends (N-1) * M
     all_to_all       pairwise exchange    (N-1)/N * M
+    all_to_all_single pairwise exchange   sum of the parts sent to others ((N-1)/N * M
+                                          when the splits are equal; alltoall.py)
     barrier          dissemination        ceil(log2 N) empty messages
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, Callable
 from minidist.backend import xp
 from minidist.comm.collectives import work
 from minidist.comm.collectives.all_reduce import all_reduce_flat, choose
+from minidist.comm.collectives.alltoall import check_splits, offsets, pairwise_all_to_all
 from minidist.comm.collectives.check import describe, verify_same_call
 from minidist.comm.group import ProcessGroup, resolve
 from minidist.comm.transport.reduce_op import ReduceOp, finish
@@ -256,6 +259,57 @@ def all_to_all(output_list: list, input_list: list, group: ProcessGroup | None =
             g.sendrecv(input_list[(r + s) % n], (r + s) % n,
                        output_list[(r - s) % n], (r - s) % n, tag, what=f"all_to_all step {s}")
     return _run(g, "all_to_all", dict(dtype=input_list[0].dtype.name), body, async_op)
+
+
+def _splits(sizes: list[int] | None, rows: int, n: int, what: str) -> list[int]:
+    """The split sizes of one side, checked against its array's first axis."""
+    if sizes is None:
+        if rows % n:
+            raise ValueError(f"all_to_all_single: {what} has {rows} rows, which do not split "
+                             f"into {n} equal parts; pass {what}_split_sizes")
+        return [rows // n] * n
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != n or min(sizes) < 0 or sum(sizes) != rows:
+        raise ValueError(f"all_to_all_single: {what}_split_sizes must be {n} non-negative "
+                         f"counts summing to the {rows} rows of {what}, got {sizes}")
+    return sizes
+
+
+def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | None = None,
+                      input_split_sizes: list[int] | None = None,
+                      group: ProcessGroup | None = None, async_op: bool = False):
+    """Rank i sends rows ``input_split_sizes[j]`` of ``input`` (cut along axis 0, in
+    order) to rank j, which stores them, in rank order, in ``output``.
+
+    ``None`` splits mean N equal parts. What rank i sends to j
+    (``input_split_sizes[j]`` on i) must be what j expects from i
+    (``output_split_sizes[i]`` on j): otherwise every rank raises
+    ``CollectiveMismatchError`` naming the pair, before any data moves.
+    Pairwise exchange (alltoall.py).
+    """
+    g = resolve(group)
+    if input.dtype != output.dtype or tuple(input.shape[1:]) != tuple(output.shape[1:]):
+        raise ValueError(f"all_to_all_single: input {tuple(input.shape)} {input.dtype} and "
+                         f"output {tuple(output.shape)} {output.dtype} must have the same dtype "
+                         f"and the same shape after the first axis")
+    if input.ndim == 0:
+        raise ValueError("all_to_all_single: input must have at least one axis to split")
+    send = _splits(input_split_sizes, input.shape[0], g.size, "input")
+    recv = _splits(output_split_sizes, output.shape[0], g.size, "output")
+    row = 1
+    for s in input.shape[1:]:
+        row *= s
+    fields = dict(dtype=input.dtype.name, row_shape=tuple(input.shape[1:]))
+    line = describe("all_to_all_single", **fields)
+
+    def body(g, tag):
+        if g.check and g.size > 1:
+            check_splits(g, line, send, recv, tag)
+        flat_in = xp.ascontiguousarray(input).reshape(-1)
+        flat_out, write_back = _flat(output)
+        pairwise_all_to_all(g, flat_in, offsets(send), flat_out, offsets(recv), row, tag)
+        write_back()
+    return _run(g, "all_to_all_single", fields, body, async_op, checks_itself=True)
 
 
 def barrier(group: ProcessGroup | None = None, async_op: bool = False):

@@ -12,6 +12,7 @@ the algorithms in all_reduce.py, ring.py and tree.py:
     allgather all-red. T = ceil(log2 N) * alpha + (N-1) * M / beta
     ring all-gather    T = (N-1) * alpha + (N-1)/N * M / beta  (M = the gathered total)
     tree broadcast     T = ceil(log2 N) * (alpha + M / beta)
+    pairwise all-to-all T = (N-1) * alpha + (N-1)/N * M / beta (M = one rank's input)
 
 Small M: the alpha term dominates (latency-bound) and fewer steps win (tree,
 recursive doubling). Large M: the beta term dominates (bandwidth-bound) and the
@@ -71,6 +72,12 @@ def tree_broadcast(m: float, n: int, alpha: float, beta: float) -> Cost:
     return Cost(_log2(n) * (alpha + m / beta), _log2(n) * m, _log2(n))
 
 
+def pairwise_all_to_all(m: float, n: int, alpha: float, beta: float) -> Cost:
+    """Equal splits (alltoall.py): each rank keeps M/N and sends M/N to each of the others."""
+    sent = (n - 1) / n * m
+    return Cost((n - 1) * alpha + sent / beta, sent, n - 1)
+
+
 ALL_REDUCE = {"ring": ring_all_reduce, "naive": naive_all_reduce, "tree": tree_all_reduce,
               "recursive_doubling": recursive_doubling_all_reduce,
               "allgather": allgather_all_reduce}
@@ -81,6 +88,13 @@ def bus_bandwidth(m: float, n: int, seconds: float) -> tuple[float, float]:
     algbw = M / t, busbw = algbw * 2(N-1)/N (what each link must carry)."""
     algbw = m / seconds
     return algbw, algbw * 2 * (n - 1) / n
+
+
+def all_to_all_bus_bandwidth(m: float, n: int, seconds: float) -> tuple[float, float]:
+    """(algbw, busbw) of an all-to-all of M bytes per rank, as nccl-tests defines
+    them: algbw = M / t, busbw = algbw * (N-1)/N (the part that leaves the rank)."""
+    algbw = m / seconds
+    return algbw, algbw * (n - 1) / n
 
 
 def fit_alpha_beta(sizes: list[float], seconds: list[float], n: int) -> tuple[float, float]:

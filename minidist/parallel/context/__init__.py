@@ -8,15 +8,22 @@ each rank folds the block it holds into its output with the online-softmax rule,
 With a causal mask the zigzag split (chunks i and 2N-1-i on rank i) gives every rank
 the same work.
 
+Ulysses (DeepSpeed-Ulysses): one all-to-all turns sequence shards into head shards
+over the full sequence, attention runs on H/N heads, one all-to-all turns it back;
+4 (N-1)/N * M bytes per rank instead of the ring's 2 (N-1) M, but N must divide H.
+
 Files:
 
 - ring_attention.py  ``ring_attention`` / ``RingAttention``, ``shard_sequence`` (zigzag),
                      ``plan_work``
+- ulysses.py         ``ulysses_attention``, ``split_sequence`` (contiguous)
 
-Docs: docs/attention.md. Demo: demos/11_ring_attention.py. Tests: tests/parallel/context/.
+Docs: docs/attention.md. Demos: demos/11_ring_attention.py, demos/16_ulysses.py.
+Tests: tests/parallel/context/.
 """
 from minidist.parallel.context.ring_attention import (RingAttention, plan_work, ring_attention,
                                                       shard_sequence, unshard_sequence)
+from minidist.parallel.context.ulysses import split_sequence, ulysses_attention
 
 __all__ = ["ring_attention", "RingAttention", "shard_sequence", "unshard_sequence",
-           "plan_work"]
+           "plan_work", "ulysses_attention", "split_sequence"]

@@ -1,0 +1,136 @@
+"""All-to-all bandwidth: minidist's all_to_all_single vs MPICH's Alltoallv, in one run.
+
+    python bench/bench_collectives.py --collective all_to_all   # worlds 2 and 4
+    python bench/bench_alltoall.py --worlds 2 --max-size 16M
+
+M is the bytes of float32 each rank sends and receives in all (its input), cut into N
+equal parts. For each size and world: the time of one all-to-all, algbw = M / t and
+busbw = algbw * (N-1)/N (nccl-tests' all-to-all factor: the share of M that leaves
+the rank). minidist runs on the local shared-memory transport with the same-call
+check (which carries the split sizes); the reference is mpi4py's ``Alltoallv`` under
+MPICH's ``mpiexec``. Both sides are timed alike (best of the timed windows, each
+window timed by its slowest rank, best of ``--repeats`` runs alternating the two).
+The last column is minidist's busbw over MPICH's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_collectives import (SIZES, human, iterations, parse_size, run_mpi,  # noqa: E402
+                               slowest_rank, usable_cores, windows)
+
+
+def minidist_sweep(sizes: list[int]) -> dict:
+    import minidist.distributed as dist
+    from minidist.backend import synchronize, xp
+    n = dist.get_world_size()
+    out = {}
+    for size in sizes:
+        count = size // 4 // n * n
+        x, y = xp.zeros(count, dtype="float32"), xp.zeros(count, dtype="float32")
+        splits = [count // n] * n
+        for _ in range(2):  # warm up
+            dist.all_to_all_single(y, x, splits, splits)
+        times = []
+        for _ in range(windows(size)):
+            dist.barrier()
+            t = time.perf_counter()
+            for _ in range(iterations(size)):
+                dist.all_to_all_single(y, x, splits, splits)
+            synchronize()
+            times.append((time.perf_counter() - t) / iterations(size))
+        out[f"minidist:{size}"] = times
+    return out
+
+
+def run_minidist(n: int, sizes: list[int]) -> dict:
+    from minidist.comm import World
+    with World(n) as world:
+        return slowest_rank(world.run(minidist_sweep, sizes))
+
+
+def mpi_worker(sizes: list[int]) -> None:
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    n = comm.size
+    out = {}
+    for size in sizes:
+        count = size // 4 // n * n
+        x, y = np.zeros(count, dtype=np.float32), np.zeros(count, dtype=np.float32)
+        counts = [count // n] * n
+        displs = [i * (count // n) for i in range(n)]
+        send, recv = [x, counts, displs, MPI.FLOAT], [y, counts, displs, MPI.FLOAT]
+        for _ in range(2):
+            comm.Alltoallv(send, recv)
+        best = float("inf")
+        for _ in range(windows(size)):
+            comm.Barrier()
+            t = time.perf_counter()
+            for _ in range(iterations(size)):
+                comm.Alltoallv(send, recv)
+            best = min(best, comm.allreduce((time.perf_counter() - t) / iterations(size),
+                                            op=MPI.MAX))
+        out[f"mpi:{size}"] = best
+    if comm.rank == 0:
+        print("RESULT " + json.dumps(out), flush=True)
+
+
+def table(n: int, sizes: list[int], best: dict) -> str:
+    factor = (n - 1) / n
+    head = (f"{'size':>8} | {'minidist all_to_all_single':^26} | {'MPICH Alltoallv':^26} | "
+            f"{'minidist/MPICH':>14}")
+    sub = f"{'':>8} | " + " | ".join([f"{'time':>9} {'algbw':>7} {'busbw':>8}"] * 2) + " |"
+    lines = [f"world {n}  (busbw = algbw * (N-1)/N = algbw * {factor:.2f}; GB/s = 1e9 B/s)"]
+    if n > usable_cores():
+        lines.append(f"{n} ranks on {usable_cores()} cores: ranks share the cores (both sides)")
+    lines += [head, sub, "-" * len(head)]
+    for size in sizes:
+        cells, bus = [], {}
+        for key in ("minidist", "mpi"):
+            t = best.get(f"{key}:{size}")
+            if t is None:
+                cells.append(f"{'-':>9} {'-':>7} {'-':>8}")
+                continue
+            algbw = size / t / 1e9
+            bus[key] = algbw * factor
+            shown = f"{t * 1e6:.1f}us" if t < 1e-2 else f"{t * 1e3:.2f}ms"
+            cells.append(f"{shown:>9} {algbw:7.2f} {bus[key]:8.2f}")
+        ratio = f"{bus['minidist'] / bus['mpi']:13.2f}x" if len(bus) == 2 else f"{'-':>14}"
+        lines.append(f"{human(size):>8} | " + " | ".join(cells) + " | " + ratio)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--min-size", type=parse_size, default=1 << 10)
+    p.add_argument("--max-size", type=parse_size, default=256 << 20)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--no-mpi", action="store_true", help="skip the MPICH reference")
+    p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--sizes", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.mpi_worker:
+        mpi_worker([int(s) for s in args.sizes.split(",")])
+        return
+    sizes = [s for s in SIZES if args.min_size <= s <= args.max_size]
+    print(f"all-to-all of float32, {usable_cores()} CPU cores, best of {args.repeats} repeats")
+    for n in args.worlds:
+        best: dict = {}
+        for _ in range(args.repeats):
+            for run in [run_minidist(n, sizes)] + ([] if args.no_mpi else [run_mpi(n, sizes, __file__)]):
+                for k, t in run.items():
+                    best[k] = min(t, best.get(k, float("inf")))
+        print()
+        print(table(n, sizes, best), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Mixture of experts, in one process: a router and E expert MLPs instead of one MLP.
+
+    routing = route(x W_r^T)                         (router.py: top-k, capacity, losses)
+    y_t     = sum over kept choices (t, i) of gate_t,i * MLP_i(x_t)
+
+Each token runs through only k of the E experts, so an MoE block holds E MLPs'
+parameters but spends k MLPs' compute per token ("total vs active" parameters,
+minidist calc moe). The assignments are sorted by expert (stable: token, then slot),
+each expert runs once on its rows, and ``index_add`` puts the weighted rows back at
+their tokens (its backward gathers them again).
+
+This layer is the oracle of the expert-parallel one (parallel/expert/), which moves
+the same rows to the ranks of their experts with two all-to-alls and must give the
+same numbers. ``aux_loss`` (alpha * balance + beta * z) of the last forward is
+added to the model's loss by the GPT; ``last`` keeps what the router decided, for
+the demo and the tests. Docs: docs/moe.md. Demo: demos/15_moe.py.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from minidist.autograd.function import Function
+from minidist.autograd.functional import concat
+from minidist.autograd.tensor import Tensor
+from minidist.backend import scatter_add, to_host, xp
+from minidist.nn.layers import MLP, Linear
+from minidist.nn.module import Module
+from minidist.nn.router import Routing, nudge_bias, route
+
+
+class IndexAdd(Function):
+    """out = zeros(n, C); out[index[a]] += rows[a]. Backward: d rows[a] = d out[index[a]]."""
+
+    @staticmethod
+    def forward(ctx, rows, index, n):
+        ctx.save_for_backward(index)
+        out = xp.zeros((n,) + tuple(rows.shape[1:]), dtype=rows.dtype)   # (n, C)
+        scatter_add(out, index, rows)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved
+        return grad[index], None, None
+
+
+def index_add(rows: Tensor, index: Any, n: int) -> Tensor:
+    """Sum ``rows`` (A, C) into the rows ``index`` (A,) of an (n, C) zero array."""
+    return IndexAdd.apply(rows, index, n)
+
+
+class Experts(Module):
+    """The expert MLPs, registered under their global index ("experts.3.c_fc.weight"), so
+    a rank that holds only some of them names each as the one-process model does."""
+
+    def __init__(self, experts: dict[int, Module]):
+        super().__init__()
+        self.indices = sorted(experts)
+        for i in self.indices:
+            setattr(self, str(i), experts[i])
+
+    def __getitem__(self, i: int) -> Module:
+        return getattr(self, str(i))
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def dispatch_order(experts: Any, kept: Any) -> tuple[Any, Any, Any]:
+    """The kept assignments sorted by expert (stable: token, then slot).
+
+    Returns (tokens, flat positions into the (S, k) choices, experts), each (A,)."""
+    k = experts.shape[1]
+    flat = xp.nonzero(kept.reshape(-1))[0]                          # kept (t, slot), t-major
+    order = xp.argsort(experts.reshape(-1)[flat], kind="stable")
+    flat = flat[order]
+    return flat // k, flat, experts.reshape(-1)[flat]
+
+
+def rows_per_expert(experts: Any, indices: list[int]) -> list[int]:
+    """How many of the sorted rows go to each expert of ``indices`` (host ints)."""
+    ids = xp.asarray(indices)
+    counts = (experts.reshape(-1)[:, None] == ids[None, :]).sum(axis=0)
+    return [int(c) for c in to_host(counts).tolist()]
+
+
+def run_experts(experts: Experts, rows: Tensor, sizes: list[int]) -> Tensor:
+    """Each expert of ``experts`` on its block of ``rows`` (blocks in index order,
+    ``sizes`` rows each); an expert with no row still runs, on zero rows, so its
+    gradient is zero rather than missing, on every rank alike."""
+    outs, start = [], 0
+    for i, n_i in zip(experts.indices, sizes):
+        outs.append(experts[i](rows[start:start + n_i]))            # (n_i, C)
+        start += n_i
+    return concat(outs, axis=0)                                      # (A, C)
+
+
+class MoE(Module):
+    """Top-k mixture of ``n_expert`` MLPs of width ``hidden`` (router.py for the options)."""
+
+    def __init__(self, n_embd: int, n_expert: int, top_k: int = 2, hidden: int | None = None,
+                 capacity_factor: float = 0.0, groups: int = 1, normalize: bool = True,
+                 aux_coef: float = 0.01, z_coef: float = 0.0, bias_rate: float = 0.0,
+                 bias: bool = True, dtype: str = "float32", std: float | None = None,
+                 proj_std: float | None = None, generator: Any = None):
+        super().__init__()
+        self.router = Linear(n_embd, n_expert, bias=False, dtype=dtype, std=std,
+                             generator=generator)
+        self.experts = Experts({i: MLP(n_embd, hidden or 4 * n_embd, 0.0, bias, dtype, std,
+                                       proj_std, generator) for i in range(n_expert)})
+        self.n_expert, self.top_k = n_expert, top_k
+        self.capacity_factor, self.groups, self.normalize = capacity_factor, groups, normalize
+        self.aux_coef, self.z_coef, self.bias_rate = aux_coef, z_coef, bias_rate
+        # DeepSeek-V3's selection bias: not a parameter (no gradient), moved by update_bias
+        self.expert_bias = xp.zeros((n_expert,), dtype=dtype)
+        self.aux_loss: Tensor | None = None
+        self.last: Routing | None = None
+
+    def route(self, x_flat: Tensor, groups: int | None = None, total_counts=None) -> Routing:
+        """Route (S, C) tokens; remembers the result in ``last`` and ``aux_loss``."""
+        routing = route(self.router(x_flat), self.top_k, normalize=self.normalize,
+                        bias=self.expert_bias if self.bias_rate > 0 else None,
+                        capacity_factor=self.capacity_factor,
+                        groups=self.groups if groups is None else groups,
+                        aux_coef=self.aux_coef, z_coef=self.z_coef, total_counts=total_counts)
+        self.last, self.aux_loss = routing, routing.aux_loss
+        return routing
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        x_flat = x.reshape(-1, shape[-1])                            # (S, C)
+        routing = self.route(x_flat)
+        tokens, flat, experts = dispatch_order(routing.experts, routing.kept)
+        rows = x_flat[tokens]                                        # (A, C) sorted by expert
+        y = run_experts(self.experts, rows, rows_per_expert(experts, self.experts.indices))
+        gates = routing.gates.reshape(-1)[flat]                      # (A,)
+        out = index_add(y * gates.reshape(-1, 1), tokens, x_flat.shape[0])
+        return out.reshape(shape)
+
+    def update_bias(self) -> None:
+        """After an optimizer step: nudge the selection bias by the last step's loads."""
+        if self.bias_rate > 0 and self.last is not None:
+            self.expert_bias = nudge_bias(self.expert_bias, self.last.counts, self.bias_rate)

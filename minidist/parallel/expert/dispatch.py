@@ -1,0 +1,62 @@
+"""The communication of expert parallelism: all-to-all as an autograd op.
+
+Rank i sends S[i][j] rows to rank j (``all_to_all_single`` with uneven splits). Row a
+of the output depends only on one row of one rank's input, so the gradient of the
+output goes back along the same path, reversed: the all-to-all with the split matrix
+transposed (what rank j received from i, j now sends to i).
+
+    forward:   y = A2A_S(x)            send splits S[r][:], receive splits S[:][r]
+    backward:  dx = A2A_{S^T}(dy)      send splits S[:][r], receive splits S[r][:]
+
+The receiver does not know S[:][r] in advance (it depends on the router's choices
+on every rank), so ``exchange_counts`` sends it first: an all-to-all of E/ep counts
+per destination, one per expert of that rank.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import minidist.distributed as dist
+from minidist.autograd.function import Function
+from minidist.autograd.tensor import Tensor
+from minidist.backend import to_host, xp
+
+
+def exchange_counts(counts: Any, group: Any) -> Any:
+    """counts (E,) of rows this rank sends to each expert -> (ep, E/ep): row i holds
+    how many rows rank i sends to each of this rank's experts."""
+    ep = dist.get_world_size(group)
+    out = xp.empty_like(counts)
+    dist.all_to_all_single(out, xp.ascontiguousarray(counts), group=group)
+    return out.reshape(ep, -1)
+
+
+class AllToAll(Function):
+    """all_to_all_single along axis 0; backward with the splits swapped."""
+
+    @staticmethod
+    def forward(ctx, x, send_splits, recv_splits, group):
+        ctx.splits, ctx.group = (send_splits, recv_splits), group
+        out = xp.empty((sum(recv_splits),) + tuple(x.shape[1:]), dtype=x.dtype)
+        dist.all_to_all_single(out, xp.ascontiguousarray(x), recv_splits, send_splits,
+                               group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        send_splits, recv_splits = ctx.splits
+        dx = xp.empty((sum(send_splits),) + tuple(grad.shape[1:]), dtype=grad.dtype)
+        dist.all_to_all_single(dx, xp.ascontiguousarray(grad), send_splits, recv_splits,
+                               group=ctx.group)
+        return dx, None, None, None
+
+
+def all_to_all(x: Tensor, send_splits: list[int], recv_splits: list[int],
+               group: Any = None) -> Tensor:
+    """Rows of ``x`` (cut by ``send_splits``) to the ranks of ``group``; differentiable."""
+    return AllToAll.apply(x, list(send_splits), list(recv_splits), group)
+
+
+def host_ints(a: Any) -> list[int]:
+    """A small device array of counts as Python ints (one explicit transfer)."""
+    return [int(v) for v in to_host(a).reshape(-1).tolist()]

@@ -1,0 +1,166 @@
+"""Expert parallelism: the E experts of each MoE layer spread over the ep ranks of a group.
+
+Rank e of an expert-parallel group of size ep holds experts e*E/ep .. (e+1)*E/ep - 1
+and a copy of everything else (attention, router, embeddings). Each rank routes its
+own tokens, then (Lepikhin et al., 2020, "GShard", section 3.2; Fedus et al., 2021):
+
+    1. counts    all-to-all of how many rows go to each expert (E/ep numbers per rank)
+    2. dispatch  all-to-all of the rows, sorted by expert, to the ranks of their experts
+    3. compute   each local expert on the rows it received (from every rank, in rank order)
+    4. combine   all-to-all back (splits transposed), weight by the gates, add at the tokens
+
+and backward runs the two all-to-alls of rows in reverse (dispatch.py). Bytes per rank
+and layer, forward: 2 * k * tokens * C * itemsize * (ep-1)/ep if the load is even
+(dispatch and combine; the same again in backward; minidist calc moe).
+
+dp x ep (``ExpertMesh``): ep-sized groups of consecutive ranks, dp of them. A dense
+parameter is on every rank, so its gradient is averaged over all N = dp * ep ranks,
+as in data parallelism. Expert i's gradient on rank (d, e) already sums what the
+tokens of the ep ranks of its group contributed (the all-to-all brought them
+there); the dp copies of expert i sum theirs and divide by N:
+
+    dense:   g = (1/N) sum over all ranks of g_r
+    expert:  g = (1/N) sum over the dp ranks holding it of g_r
+
+Equal to one process training the same model on the same global batch with capacity
+groups of one rank's tokens (``GPTConfig.moe_groups = N``): the balancing loss uses
+expert counts summed over all N ranks (one all-reduce of E numbers per layer).
+Docs: docs/moe.md. Demo: demos/15_moe.py. Tests: tests/parallel/expert/.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import minidist.distributed as dist
+from minidist.autograd.tensor import Tensor
+from minidist.backend import xp
+from minidist.nn.module import Module
+from minidist.nn.moe import Experts, MoE, dispatch_order, index_add, rows_per_expert, run_experts
+from minidist.parallel.expert.dispatch import all_to_all, exchange_counts, host_ints
+
+_SETTINGS = ("n_expert", "top_k", "capacity_factor", "normalize", "aux_coef", "z_coef",
+             "bias_rate", "expert_bias")
+
+
+class ExpertMesh:
+    """The world as dp x ep: rank = d * ep + e. ``ep_group``: the ep consecutive ranks
+    that share tokens; ``dp_group``: the dp ranks that hold the same experts."""
+
+    def __init__(self, ep: int, dp: int = 1):
+        world = dist.get_world_size()
+        if dp * ep != world:
+            raise ValueError(f"dp x ep = {dp} x {ep} = {dp * ep} ranks, but the world has "
+                             f"{world}")
+        self.dp, self.ep, self.world = dp, ep, world
+        rank = dist.get_rank()
+        self.dp_rank, self.ep_rank = divmod(rank, ep)
+        for d in range(dp):  # every rank creates every group, in the same order
+            g = dist.new_group([d * ep + e for e in range(ep)])
+            if d == self.dp_rank:
+                self.ep_group = g
+        for e in range(ep):
+            g = dist.new_group([d * ep + e for d in range(dp)])
+            if e == self.ep_rank:
+                self.dp_group = g
+        self.world_group = dist.new_group(list(range(world)))
+
+
+class ExpertParallelMoE(MoE):
+    """An ``MoE`` whose experts live on the ranks of ``mesh.ep_group`` (module docstring).
+
+    Built from the one-process layer: shares its router, keeps only this rank's experts
+    (named by their global index, so state dicts line up with the one-process model).
+    """
+
+    def __init__(self, moe: MoE, mesh: ExpertMesh):
+        Module.__init__(self)
+        E, ep = moe.n_expert, mesh.ep
+        if E % ep:
+            raise ValueError(f"{E} experts do not split over an expert-parallel group of "
+                             f"{ep} ranks: choose n_expert divisible by ep")
+        self.router = moe.router
+        for name in _SETTINGS:
+            setattr(self, name, getattr(moe, name))
+        per = E // ep
+        mine = range(mesh.ep_rank * per, (mesh.ep_rank + 1) * per)
+        self.experts = Experts({i: moe.experts[i] for i in mine})
+        self.mesh, self.groups = mesh, 1   # capacity: this rank's tokens are one group
+        self.aux_loss, self.last = None, None
+
+    def _total_counts(self, counts: Any, tokens: int) -> tuple[Any, int]:
+        total = xp.ascontiguousarray(counts.astype("int64"))
+        dist.all_reduce(total, group=self.mesh.world_group)
+        return total, tokens * self.mesh.world
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape, group, ep = x.shape, self.mesh.ep_group, self.mesh.ep
+        x_flat = x.reshape(-1, shape[-1])                            # (S, C)
+        routing = self.route(x_flat, groups=1, total_counts=self._total_counts)
+        tokens, flat, experts = dispatch_order(routing.experts, routing.kept)
+        rows = x_flat[tokens]                                        # (A, C) sorted by expert
+        per_expert = (experts[:, None] == xp.arange(self.n_expert)[None, :]).sum(axis=0)
+        incoming = host_ints(exchange_counts(per_expert.astype("int64"), group))
+        per = self.n_expert // ep
+        got = [incoming[i * per:(i + 1) * per] for i in range(ep)]   # got[src][local expert]
+        sent = host_ints(per_expert)
+        send_splits = [sum(sent[j * per:(j + 1) * per]) for j in range(ep)]
+        recv_splits = [sum(row) for row in got]
+        received = all_to_all(rows, send_splits, recv_splits, group)  # (R, C) by source
+        order = expert_major(got)                                    # by expert, then source
+        y = run_experts(self.experts, received[order],
+                        [sum(got[i][e] for i in range(ep)) for e in range(per)])
+        back = y[xp.argsort(order)]                                  # by source again
+        returned = all_to_all(back, recv_splits, send_splits, group)  # (A, C) as sent
+        gates = routing.gates.reshape(-1)[flat]                      # (A,)
+        out = index_add(returned * gates.reshape(-1, 1), tokens, x_flat.shape[0])
+        return out.reshape(shape)
+
+
+def expert_major(got: list[list[int]]) -> Any:
+    """Received rows come in blocks by source rank, each sorted by local expert:
+    the permutation that sorts them by expert, then source (a device index array)."""
+    ep, per = len(got), len(got[0]) if got else 0
+    start, starts = 0, []
+    for i in range(ep):
+        row = []
+        for e in range(per):
+            row.append(start)
+            start += got[i][e]
+        starts.append(row)
+    order = []
+    for e in range(per):
+        for i in range(ep):
+            order.extend(range(starts[i][e], starts[i][e] + got[i][e]))
+    return xp.asarray(order, dtype="int64")
+
+
+def expert_parallel(model: Module, mesh: ExpertMesh) -> Module:
+    """Make every ``MoE`` block of ``model`` (a GPT) expert-parallel over ``mesh``, in place."""
+    for block in model.blocks:
+        if isinstance(block.mlp, MoE) and not isinstance(block.mlp, ExpertParallelMoE):
+            block.mlp = ExpertParallelMoE(block.mlp, mesh)
+    return model
+
+
+def _is_expert(model: Module) -> set[int]:
+    return {id(p) for m in model.modules() if isinstance(m, ExpertParallelMoE)
+            for p in m.experts.parameters()}
+
+
+def sync_gradients(model: Module, mesh: ExpertMesh) -> None:
+    """Average the gradients as the module docstring says: dense over all ranks, each
+    expert's over the dp ranks that hold it (both divided by N). One all-reduce each."""
+    experts = _is_expert(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for group, mine in ((mesh.world_group, [p for p in params if id(p) not in experts]),
+                        (mesh.dp_group, [p for p in params if id(p) in experts])):
+        if not mine:
+            continue
+        grads = [p.grad if p.grad is not None else xp.zeros(p.shape, p.dtype) for p in mine]
+        flat = xp.concatenate([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        flat /= mesh.world
+        start = 0
+        for p in mine:
+            p.grad = flat[start:start + p.data.size].reshape(p.shape)
+            start += p.data.size
