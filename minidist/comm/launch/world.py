@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import signal
 import threading
 import time
 import traceback
@@ -141,6 +142,7 @@ class World:
         pending = set(range(n))
         start = time.monotonic()
         failed_at = None
+        during = " while starting" if what == "starting" else ""
         while pending:
             limit = None if timeout is None else start + timeout - time.monotonic()
             if failed_at is not None:
@@ -161,7 +163,7 @@ class World:
                 if reply is None:
                     proc.join(0.5)
                     failures[r] = ("ProcessExited", f"rank {r} exited with code "
-                                   f"{proc.exitcode} while {what}\n", False)
+                                   f"{_exit_code(proc.exitcode)}{during}\n", False)
                 elif reply[0] == "ok":
                     results[r] = reply[1]
                 else:
@@ -176,8 +178,7 @@ class World:
             self.close(force=True)
             raise WorldTimeoutError(what, timeout, sorted(pending), report)
         for r in pending:  # still running when the others failed: stopped with them
-            failures[r] = ("Stopped", f"rank {r} was still running {what} and was stopped\n",
-                           True)
+            failures[r] = ("Stopped", f"rank {r} was still running and was stopped\n", True)
         if failures:
             self.close(force=True)
             first = min((r for r in failures if not failures[r][2]), default=min(failures))
@@ -298,6 +299,14 @@ def _rank_main(rank: int, world_size: int, segment_name: str, conn, options: dic
     finally:
         group.destroy_process_group()
         shm.close(segment)
+
+
+def _exit_code(code: int | None) -> str:
+    """``1``, or ``-9 (SIGKILL)`` for a process killed by a signal."""
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"{code} ({signal.Signals(-code).name})"
+    return str(code)
 
 
 _LAUNCHER_FILES = (os.path.dirname(os.path.abspath(__file__)), "<frozen runpy>")
