@@ -10,10 +10,14 @@ the gradients were averaged, before the optimizer step), as a crashing
 machine would. At the end rank 0 writes the final weights to DIR/final.npz.
 """
 import os
+import pathlib
 import signal
 import sys
 
 import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))  # the checkout: tests.*
+from tests.checkpoint.resume_cases import next_indices  # noqa: E402
 
 import minidist.distributed as dist
 from minidist import backend
@@ -55,13 +59,7 @@ def main(directory: str, kills: str) -> None:
     x, y = rng.standard_normal((LENGTH, D_IN)), rng.standard_normal((LENGTH, D_OUT))
     it = iter(sampler)
     for step in range(start, STEPS):
-        idx = []
-        while len(idx) < PER_RANK:
-            try:
-                idx.append(next(it))
-            except StopIteration:  # a new epoch, a new order
-                sampler.set_epoch(sampler.epoch + 1)
-                it = iter(sampler)
+        idx, it = next_indices(sampler, it, PER_RANK)
         diff = ddp(Tensor(backend.from_host(x[idx]))) - Tensor(backend.from_host(y[idx]))
         (diff * diff).mean().backward()
         if step in doomed:
