@@ -1,9 +1,15 @@
 """Failures are loud and fast, and nothing outlives a world.
 
 Each test starts its own world (a failed world is torn down), makes a rank
-fail in some way, and checks: the right error reaches the parent within 5 s,
-naming the rank (and carrying its traceback); no process of the world is
-still alive; its shared-memory segment is gone from /dev/shm.
+fail in some way, and checks: the right error reaches the parent, naming the
+rank (and carrying its traceback); no process of the world is still alive;
+its shared-memory segment is gone from /dev/shm.
+
+How fast: a failure is reported through the abort flag in about a second
+(GRACE_S), where waiting for the others to time out would take their 30 s
+timeout. The test tells the two apart with a bound of 20 s, far from both, so
+that a busy machine cannot fail it; how fast it really is, is measured by hand
+("under 1.5 s under load"), not asserted.
 """
 import os
 import time
@@ -17,7 +23,7 @@ from minidist.comm.transport import shm
 
 from ..conftest import alive, my_segments
 
-LIMIT_S = 5.0
+LIMIT_S = 20.0  # well under the worlds' 30 s timeout: the abort, not a timeout
 
 
 def _fail_and_check(world, fn, *args):
