@@ -5,6 +5,7 @@ check fails; here each runs in a subprocess, under the backend of this test
 run, with a timeout so a stuck demo cannot hang the suite.
 """
 import os
+import re
 import pathlib
 import subprocess
 import sys
@@ -66,6 +67,7 @@ def test_the_readme_starts_demo_02_under_a_launcher(launcher):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MINIDIST_SHM")}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    checks = [line for line in proc.stdout.splitlines() if line.startswith("check:")]
+    lines = [re.sub(r"^\[rank \d+\] ", "", line) for line in proc.stdout.splitlines()]
+    checks = [line for line in lines if line.startswith("check:")]
     assert len(checks) == 1 and checks[0].endswith("ok"), proc.stdout[-3000:]
     assert "3 processes" in proc.stdout

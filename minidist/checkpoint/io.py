@@ -5,6 +5,11 @@
     os.replace(tmp, name)      one atomic rename: readers see old or new, never half
     fsync the directory        the rename itself survives a power cut
 
+A writer killed with SIGKILL (or a power cut) cannot remove its temporary. The
+next write or read of the same name removes every ``.name.tmp-<pid>`` whose
+process is gone (``remove_stale_temporaries``), so nothing a killed save left
+survives the next save or load.
+
 A file holds a nested dict of arrays and plain values, pickled with the arrays
 copied to the host (so a checkpoint saved on a GPU loads on a CPU and back).
 Like ``torch.load``, loading unpickles: only load checkpoints you trust.
@@ -52,11 +57,48 @@ def _from_host(obj: Any) -> Any:
     return obj
 
 
+def _temporary_prefix(path: str) -> str:
+    return f".{os.path.basename(path)}.tmp-"
+
+
+def remove_stale_temporaries(path: str) -> list[str]:
+    """Remove the temporaries of ``path`` left by writers that no longer run
+    (killed mid-write); returns the names removed. A live writer's is kept."""
+    directory = os.path.dirname(os.path.abspath(path))
+    prefix = _temporary_prefix(path)
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+    except FileNotFoundError:
+        return []
+    removed = []
+    for name in names:
+        pid = name[len(prefix):]
+        if pid.isdigit() and int(pid) != os.getpid() and _running(int(pid)):
+            continue
+        try:
+            os.remove(os.path.join(directory, name))
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so that ``path`` is always either old or new, whole."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    remove_stale_temporaries(path)
+    tmp = os.path.join(directory, f"{_temporary_prefix(path)}{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -83,6 +125,7 @@ def save_file(path: str, obj: dict) -> str:
 def load_file(path: str, sha256: str | None = None, size: int | None = None) -> dict:
     """Read a file written by ``save_file`` (arrays onto the active backend).
     With ``sha256`` / ``size``, a file that does not match is a ``CheckpointError``."""
+    remove_stale_temporaries(path)
     try:
         with open(path, "rb") as f:
             data = f.read()

@@ -13,7 +13,10 @@ Layout of a checkpoint directory:
 
 Saving writes a new version next to the old one and only then replaces LATEST
 (atomically, io.py), so a crash at any point leaves LATEST naming a complete
-checkpoint. Older versions are removed after.
+checkpoint. Older versions are removed after. What a killed save left (a
+version newer than LATEST, half written; a temporary of LATEST) is removed by
+the next save, or by the next load (rank 0, before it reads); a complete
+version never is, until a newer one is published.
 
 Resharding: each flat group is a logical vector of P elements, which the old
 world cut into shards of S_old = ceil(P/N_old) and the new one cuts into
@@ -33,7 +36,8 @@ from typing import Any
 import minidist.distributed as dist
 from minidist import backend
 from minidist.backend import xp
-from minidist.checkpoint.io import CheckpointError, atomic_write_bytes, load_file, save_file
+from minidist.checkpoint.io import (CheckpointError, atomic_write_bytes, load_file,
+                                   remove_stale_temporaries, save_file)
 
 
 def _shard_name(rank: int, world: int) -> str:
@@ -101,6 +105,28 @@ def _publish(path: str, version: str) -> None:
             shutil.rmtree(os.path.join(path, d), ignore_errors=True)
 
 
+def remove_partial_versions(path: str) -> list[str]:
+    """Remove the version directories newer than the one LATEST names (all of
+    them if there is no LATEST): saves that were killed before publishing."""
+    if not os.path.isdir(path):
+        return []
+    remove_stale_temporaries(os.path.join(path, "LATEST"))
+    try:
+        with open(os.path.join(path, "LATEST")) as f:
+            latest = f.read().strip()
+        newest_complete = int(latest[1:]) if latest[1:].isdigit() else None
+    except FileNotFoundError:
+        newest_complete = 0
+    if newest_complete is None:
+        return []  # LATEST is not ours to interpret: touch nothing
+    removed = []
+    for d in os.listdir(path):
+        if d[:1] == "v" and d[1:].isdigit() and int(d[1:]) > newest_complete:
+            shutil.rmtree(os.path.join(path, d), ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
 def read_manifest(path: str) -> tuple[str, dict]:
     """The version directory LATEST names, and its manifest."""
     latest = os.path.join(path, "LATEST")
@@ -128,6 +154,8 @@ def load_sharded(path: str, zero: Any, sampler: Any = None) -> dict:
     rank cannot read is an error on every rank, never a hang or a half-loaded model.
     """
     error = None
+    if zero.rank == 0:
+        remove_partial_versions(path)
     try:
         vdir, manifest, pieces, rng = _read_my_part(path, zero)
     except CheckpointError as e:

@@ -46,3 +46,19 @@ class RankFailedError(CommError):
 
     def __reduce__(self):
         return (type(self), (self.rank, self.exc_type, self.remote_traceback, self.failures))
+
+
+class WorldTimeoutError(CommError, TimeoutError):
+    """Raised in the parent when a world did not finish within its time limit.
+
+    No rank failed, so none is blamed: ``running`` lists the ranks still at
+    work when they were stopped, and ``report`` what each was doing (the
+    flight recorder's table, transport/flight.py)."""
+
+    def __init__(self, what: str, timeout: float, running: list[int], report: str):
+        self.what, self.timeout, self.running, self.report = what, timeout, running, report
+        super().__init__(f"{what} did not finish within {timeout:g} s; ranks {running} were "
+                         f"still running and were stopped\n{report}")
+
+    def __reduce__(self):
+        return (type(self), (self.what, self.timeout, self.running, self.report))

@@ -111,6 +111,11 @@ class ProcessGroup:
             raise ValueError(f"rank {global_rank} is not in group {self.ranks}")
         return self.ranks.index(global_rank)
 
+    @property
+    def calls(self) -> int:
+        """Collectives called on this group so far (the last one's number)."""
+        return self._calls
+
     def next_collective_tag(self) -> int:
         """Each collective call gets its own tag (all ranks call collectives in the same order)."""
         self._calls += 1

@@ -38,6 +38,19 @@ def dataset(seed):
     return rng.standard_normal((LENGTH, D_IN)), rng.standard_normal((LENGTH, D_OUT))
 
 
+def next_indices(sampler, it, count):
+    """The next ``count`` sample indices of this rank, into the next epoch if need be
+    (a new epoch, a new order); returns them and the iterator to go on with."""
+    idx = []
+    while len(idx) < count:
+        try:
+            idx.append(next(it))
+        except StopIteration:
+            sampler.set_epoch(sampler.epoch + 1)
+            it = iter(sampler)
+    return idx, it
+
+
 def run(case, directory, start, stop, save=True):
     rank, n = dist.get_rank(), dist.get_world_size()
     model = TinyNet(D_IN, 6, D_OUT, "float64", seed=100 + start)
@@ -60,13 +73,7 @@ def run(case, directory, start, stop, save=True):
     per_rank = GLOBAL_BATCH // n
     it = iter(sampler)
     for _ in range(start, stop):
-        idx = []
-        while len(idx) < per_rank:
-            try:
-                idx.append(next(it))
-            except StopIteration:                          # a new epoch, a new order
-                sampler.set_epoch(sampler.epoch + 1)
-                it = iter(sampler)
+        idx, it = next_indices(sampler, it, per_rank)
         xb = Tensor(backend.from_host(x[idx]))
         diff = wrapped(xb) - Tensor(backend.from_host(y[idx]))
         (diff * diff).mean().backward()

@@ -41,17 +41,22 @@ from minidist.comm.collectives.tree import binomial_broadcast, binomial_reduce
 
 
 def _run(group: ProcessGroup | None, name: str, fields: dict,
-         body: Callable[[ProcessGroup, int], None], async_op: bool, checks_itself: bool = False):
+         body: Callable[[ProcessGroup, int], None], async_op: bool, checks_itself: bool = False,
+         line: str | None = None):
     g = group if isinstance(group, ProcessGroup) else resolve(group)
     tag = g.next_collective_tag()  # taken now, in issue order, even if run later
+    number = g.calls              # this call's number in the group, the same on every rank
 
     def job() -> None:
         start = time.perf_counter()  # the same-call check is part of the collective's time
+        text = describe(name, **fields) if line is None else line
+        g.transport.record_begin(g.ctx, number, g.ranks, text.encode())  # flight recorder
         if g.check and g.size > 1 and not checks_itself:
-            verify_same_call(g, describe(name, **fields), tag)
+            verify_same_call(g, text, tag)
         before = g.stats.snapshot()
         body(g, tag)
         g.stats.record(name, before, fields, time.perf_counter() - start)
+        g.transport.record_end()
 
     return work.submit(job, async_op)
 
@@ -132,7 +137,8 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | N
             flat, write_back = _flat(tensor)
             allgather_all_reduce(g, flat, plan, tag)
             write_back()
-        return _run(g, "all_reduce", plan.fields, gather_body, async_op, checks_itself=True)
+        return _run(g, "all_reduce", plan.fields, gather_body, async_op, checks_itself=True,
+                    line=plan.line)
 
     def body(g, tag):
         flat, write_back = _flat(tensor)

@@ -37,16 +37,24 @@ def irecv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0
     return g.irecv(tensor, g.group_rank(src), _check_tag(tag), op)
 
 
+def _waited(g: ProcessGroup, handles: list, what: str) -> None:
+    """Wait for ``handles``, noting the call in the flight recorder (number -1:
+    point-to-point calls have no number shared by the group)."""
+    g.transport.record_begin(g.ctx, -1, g.ranks, what.encode())
+    g.wait(handles, what)
+    g.transport.record_end()
+
+
 def send(tensor: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> None:
     g = resolve(group)
     h = isend(tensor, dst, g, tag)
-    g.wait([h], f"send to rank {dst}")
+    _waited(g, [h], f"send to rank {dst} tag={tag}")
 
 
 def recv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0) -> int:
     """Receive into ``tensor`` (same shape and dtype as sent). Returns ``src``."""
     g = resolve(group)
-    g.wait([irecv(tensor, src, g, tag)], f"recv from rank {src}")
+    _waited(g, [irecv(tensor, src, g, tag)], f"recv from rank {src} tag={tag}")
     return src
 
 
@@ -58,5 +66,5 @@ def recv_reduce(tensor: Any, src: int, op: ReduceOp = ReduceOp.SUM,
     memory, without a temporary copy: the step ring algorithms are made of.
     """
     g = resolve(group)
-    g.wait([irecv(tensor, src, g, tag, op)], f"recv_reduce from rank {src}")
+    _waited(g, [irecv(tensor, src, g, tag, op)], f"recv_reduce from rank {src} tag={tag}")
     return src

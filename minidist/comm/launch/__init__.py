@@ -2,11 +2,14 @@
 
 Files:
 
-- world.py  ``World`` and ``launch``: spawn N ranks, attach them to one shared-memory
-            segment, run functions, tear everything down when one rank fails
+- world.py   ``World`` and ``launch``: spawn N ranks, attach them to one shared-memory
+             segment, run functions, tear everything down when one rank fails
+- output.py  the ranks' stdout and stderr: whole lines prefixed ``[rank N]``, log files
+- script.py  ``minidist run``: a script on N ranks, torchrun's flags, elastic restarts,
+             exit status and failure messages
 
 ``minidist run -n N script.py`` (minidist/cli.py) starts a script this way, as torchrun
-does. Docs: docs/collectives.md. Tests: tests/comm/launch/.
+does. Docs: docs/running.md. Tests: tests/comm/launch/.
 """
 from minidist.comm.launch.world import World, launch
 

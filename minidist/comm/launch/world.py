@@ -19,6 +19,15 @@ How a world lives and dies:
   and raises ``RankFailedError`` with the failing rank and its traceback.
 - A rank that dies without a word (killed, ``os._exit``) is seen through its
   process sentinel and treated the same way.
+- Ranks that are still running when the world is stopped (computing, asleep:
+  never in a collective that could see the abort) are listed as stopped, so the
+  error lists every rank.
+- A ``run`` that outlives ``run_timeout`` blames no rank: it raises
+  ``WorldTimeoutError`` with the ranks still running and each one's last
+  communication call, read from the flight recorder in shared memory
+  (transport/flight.py), which a stuck rank cannot withhold.
+- With ``output`` (output.py) the ranks' stdout and stderr come back through
+  pipes, as whole lines prefixed with ``[rank N]``, and into log files.
 - Ctrl-C in the parent stops every rank. A rank whose parent disappears
   removes the segment and exits (a watchdog thread checks every 0.2 s).
 """
@@ -27,6 +36,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import signal
 import threading
 import time
 import traceback
@@ -37,8 +47,9 @@ import multiprocess
 from multiprocess.connection import wait as wait_any
 
 from minidist import backend
-from minidist.comm.transport import shm
-from minidist.comm.errors import RankFailedError, WorldAbortedError
+from minidist.comm.transport import flight, shm
+from minidist.comm.errors import RankFailedError, WorldAbortedError, WorldTimeoutError
+from minidist.comm.launch.output import RankOutput, redirect_this_process
 from minidist.comm.transport.link import link_bytes_per_s
 from minidist.comm.transport.base import cores_available
 
@@ -51,7 +62,8 @@ class World:
     def __init__(self, world_size: int, *, timeout: float = 60.0, nslots: int = 4,
                  slot_bytes: int | None = None, check: bool = True, init_group: bool = True,
                  run_timeout: float | None = None, start_timeout: float = 120.0,
-                 link_gbps: float | None = None):
+                 link_gbps: float | None = None, env: dict | None = None,
+                 output: RankOutput | None = None):
         """``timeout``: seconds a send or receive may wait without progress;
         ``nslots`` x ``slot_bytes``: the ring of each pair's channel (1 MiB slots
         up to 8 ranks, 256 KiB beyond, as there are N^2 channels); ``check``:
@@ -59,7 +71,10 @@ class World:
         init_process_group in each rank (``minidist run`` leaves it to the
         script); ``run_timeout``: limit on one ``run`` (None: none);
         ``link_gbps``: emulate a link of that many GB/s between every pair of
-        ranks (transport/link.py; None: ``MINIDIST_LINK_GBPS`` if set, else none)."""
+        ranks (transport/link.py; None: ``MINIDIST_LINK_GBPS`` if set, else none);
+        ``env``: variables added to each rank's environment; ``output``: collect
+        the ranks' output, prefixed, into the console and log files (output.py;
+        None: the ranks write to this process's stdout and stderr directly)."""
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         if slot_bytes is None:
@@ -67,6 +82,7 @@ class World:
         self.world_size = world_size
         self.run_timeout = run_timeout  # limit on one run() (None: rely on comm timeouts)
         self.closed = False
+        self._output = output
         self._segment = shm.create(world_size, nslots, slot_bytes,
                                    link_bytes_per_s(link_gbps))
         self.segment_name = self._segment.name
@@ -74,7 +90,7 @@ class World:
         # The ranks use this process's backend, also when it was chosen with
         # set_backend() rather than MINIDIST_BACKEND (which they would inherit).
         options = dict(timeout=timeout, check=check, init_group=init_group,
-                       backend=backend.get_backend())
+                       backend=backend.get_backend(), env=dict(env or {}))
         ctx = multiprocess.get_context("spawn")
         self._conns, self._procs = [], []
         try:
@@ -88,12 +104,16 @@ class World:
     def _start(self, ctx, world_size: int, options: dict) -> None:
         for rank in range(world_size):
             parent_end, child_end = ctx.Pipe()
+            streams = self._output.child_ends(rank) if self._output is not None else None
             p = ctx.Process(target=_rank_main, name=f"minidist-rank{rank}", daemon=True,
-                            args=(rank, world_size, self.segment_name, child_end, options))
+                            args=(rank, world_size, self.segment_name, child_end, options,
+                                  streams))
             p.start()
             child_end.close()
             self._conns.append(parent_end)
             self._procs.append(p)
+        if self._output is not None:
+            self._output.start()
 
     def __enter__(self) -> "World":
         return self
@@ -122,6 +142,7 @@ class World:
         pending = set(range(n))
         start = time.monotonic()
         failed_at = None
+        during = " while starting" if what == "starting" else ""
         while pending:
             limit = None if timeout is None else start + timeout - time.monotonic()
             if failed_at is not None:
@@ -142,7 +163,7 @@ class World:
                 if reply is None:
                     proc.join(0.5)
                     failures[r] = ("ProcessExited", f"rank {r} exited with code "
-                                   f"{proc.exitcode} while {what}\n", False)
+                                   f"{_exit_code(proc.exitcode)}{during}\n", False)
                 elif reply[0] == "ok":
                     results[r] = reply[1]
                 else:
@@ -151,10 +172,13 @@ class World:
             if failures and failed_at is None:
                 failed_at = time.monotonic()
                 shm.set_abort(self._segment, -1, f"rank {min(failures)} failed")
-        if pending and not failures:
-            for r in pending:
-                failures[r] = ("TimeoutError", f"rank {r} did not finish {what} within "
-                               f"{timeout} s\n", False)
+        if pending and not failures:  # the time limit: no rank failed, none is blamed
+            records = shm.flight_records(self._segment)
+            report = "\n".join(flight.who_is_missing(records) + [flight.table(records)])
+            self.close(force=True)
+            raise WorldTimeoutError(what, timeout, sorted(pending), report)
+        for r in pending:  # still running when the others failed: stopped with them
+            failures[r] = ("Stopped", f"rank {r} was still running and was stopped\n", True)
         if failures:
             self.close(force=True)
             first = min((r for r in failures if not failures[r][2]), default=min(failures))
@@ -188,6 +212,8 @@ class World:
                 p.join(1.0)
         for conn in self._conns:
             conn.close()
+        if self._output is not None:
+            self._output.close()
         name = self.segment_name
         shm.close(self._segment)
         shm.unlink(name)
@@ -230,7 +256,11 @@ def launch(fn: Callable, world_size: int, *args: Any, **kwargs: Any) -> list:
 # Inside a rank.
 # --------------------------------------------------------------------------
 
-def _rank_main(rank: int, world_size: int, segment_name: str, conn, options: dict) -> None:
+def _rank_main(rank: int, world_size: int, segment_name: str, conn, options: dict,
+               streams: tuple | None) -> None:
+    if streams is not None:
+        redirect_this_process(*streams)
+    os.environ.update(options["env"])
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MINIDIST_SHM=segment_name)
     segment = shm.attach(segment_name)
@@ -256,7 +286,7 @@ def _rank_main(rank: int, world_size: int, segment_name: str, conn, options: dic
                 aborted = isinstance(e, WorldAbortedError)
                 if not aborted:
                     shm.set_abort(segment, rank, f"{type(e).__name__}: {e}"[:500])
-                reply = ("error", type(e).__name__, traceback.format_exc(), aborted)
+                reply = ("error", type(e).__name__, _traceback_from_user_code(e), aborted)
             try:
                 conn.send(reply)
             except Exception as e:  # the result could not be pickled
@@ -269,6 +299,27 @@ def _rank_main(rank: int, world_size: int, segment_name: str, conn, options: dic
     finally:
         group.destroy_process_group()
         shm.close(segment)
+
+
+def _exit_code(code: int | None) -> str:
+    """``1``, or ``-9 (SIGKILL)`` for a process killed by a signal."""
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"{code} ({signal.Signals(-code).name})"
+    return str(code)
+
+
+_LAUNCHER_FILES = (os.path.dirname(os.path.abspath(__file__)), "<frozen runpy>")
+
+
+def _traceback_from_user_code(e: BaseException) -> str:
+    """The traceback without its first frames in the launcher (this file, script.py,
+    runpy): the user's code is where the story starts."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None and \
+            tb.tb_frame.f_code.co_filename.startswith(_LAUNCHER_FILES):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(e), e, tb))
 
 
 def _watch_parent(segment_name: str) -> None:

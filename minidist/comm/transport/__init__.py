@@ -8,6 +8,7 @@ Files, in reading order:
 - reduce_op.py  ``ReduceOp`` (SUM, AVG, MAX, MIN, PROD): what a receive-and-reduce applies
 - shm.py        the shared-memory segment of a local world and its layout
 - doorbell.py   futex doorbells: how a waiting rank sleeps until a peer has news
+- flight.py     the flight recorder: each rank's last call, in shared memory, to name who hangs
 - pending.py    pending sends and receives of the local transport, where a piece lands
 - local.py      ``LocalTransport``: messages through shared memory, pipelined in slots
 - short_way.py  the local transport's fast paths for ``exchange`` and ``sendrecv``

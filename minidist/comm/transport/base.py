@@ -87,6 +87,12 @@ class Transport:
         left as it was) and return False."""
         raise NotImplementedError
 
+    def record_begin(self, ctx: int, number: int, ranks: list[int], text: bytes) -> None:
+        """Note the call that starts (the flight recorder, flight.py); here: nowhere."""
+
+    def record_end(self) -> None:
+        """Note that the call noted last has finished."""
+
     def new_context(self, ranks: list[int]) -> int:
         """A fresh context for a group of ``ranks``. Called by every rank of the
         world, in the same order, like ``torch.distributed.new_group``."""

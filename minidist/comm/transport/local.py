@@ -46,7 +46,7 @@ import time
 from collections import deque
 from typing import Any
 
-from minidist.comm.transport import shm
+from minidist.comm.transport import flight, shm
 from minidist.comm.transport.doorbell import Doorbells
 from minidist.comm.errors import CommTimeoutError, WorldAbortedError
 from minidist.comm.transport.link import EmulatedLink
@@ -82,6 +82,8 @@ class LocalTransport(ShortWays, Transport):
         self.short_polls = 1 if oversubscribed else 1000
         self._words = self._seg.buf.cast("q")
         self._bells = Doorbells(self._seg.buf, shm.BELLS_OFFSET, self.world_size)
+        # Our record of the flight recorder (flight.py): the call in progress.
+        self._flight = flight.Recorder(self._seg.buf, shm.flight_offset(self.world_size), rank)
         data = host_view(self._seg.buf)
         n, k, s = self.world_size, self.nslots, self.slot_bytes
         buf = self._seg.buf
@@ -295,9 +297,17 @@ class LocalTransport(ShortWays, Transport):
     def _timeout_error(self, handles, timeout, what) -> CommTimeoutError:
         pending = [h.describe() for h in handles if not h.done]
         where = f" in {what}" if what else ""
+        report = flight.hang_report(shm.flight_records(self._seg), self.rank)
         return CommTimeoutError(
             f"rank {self.rank}: waited {timeout:g} s{where} without progress on: "
-            + "; ".join(pending))
+            + "; ".join(pending) + "\n" + report)
+
+    # -- the flight recorder (flight.py) -------------------------------------
+    def record_begin(self, ctx: int, number: int, ranks: list[int], text: bytes) -> None:
+        self._flight.begin(ctx, number, ranks, text)
+
+    def record_end(self) -> None:
+        self._flight.end()
 
     # -- groups and shutdown -------------------------------------------------
     def new_context(self, ranks: list[int]) -> int:
@@ -317,5 +327,6 @@ class LocalTransport(ShortWays, Transport):
         self._out = self._in = []
         self._words.release()
         self._bells.close()
+        self._flight.close()
         seg, self._seg = self._seg, None
         shm.close(seg)

@@ -9,7 +9,8 @@ Layout (all offsets multiples of 64 bytes, one cache line)::
 
     world header (1024 B): magic, world_size, nslots, slot_bytes, abort word,
                            abort message, the emulated link's bytes/s (link.py)
-    doorbells (64 B per rank, doorbell.py), padded to a multiple of 4096 B
+    doorbells (64 B per rank, doorbell.py)
+    flight records (384 B per rank, flight.py), padded to a multiple of 4096 B
     channel[src * N + dst] for every ordered pair, each:
         head   (64 B)  pieces written by src       (only src writes it)
         tail   (64 B)  pieces consumed by dst      (only dst writes it)
@@ -30,6 +31,7 @@ import secrets
 
 from multiprocess import shared_memory
 
+from minidist.comm.transport import flight
 from minidist.comm.transport.doorbell import BYTES_PER_RANK, Doorbells
 
 PREFIX = "minidist_"
@@ -51,9 +53,15 @@ def channel_bytes(nslots: int, slot_bytes: int) -> int:
     return CHANNEL_HEADER_BYTES + nslots * (SLOT_HEADER_BYTES + slot_bytes)
 
 
+def flight_offset(world_size: int) -> int:
+    """Where the flight records start: after the doorbells."""
+    return BELLS_OFFSET + world_size * BYTES_PER_RANK
+
+
 def channels_offset(world_size: int) -> int:
-    """Where the channels start: after the header and the doorbells, page aligned."""
-    return -(-(BELLS_OFFSET + world_size * BYTES_PER_RANK) // 4096) * 4096
+    """Where the channels start: after the header, doorbells and flight records, page aligned."""
+    end = flight_offset(world_size) + flight.region_bytes(world_size)
+    return -(-end // 4096) * 4096
 
 
 def channel_offset(src: int, dst: int, world_size: int, nslots: int, slot_bytes: int) -> int:
@@ -130,6 +138,12 @@ def abort_reason(seg: shared_memory.SharedMemory) -> tuple[int, str] | None:
         return None
     msg = bytes(seg.buf[ABORT_MSG_OFFSET:ABORT_MSG_OFFSET + length]).decode("utf-8", "replace")
     return flag - 2, msg
+
+
+def flight_records(seg: shared_memory.SharedMemory) -> list:
+    """Every rank's last communication call (flight.py), read from the segment."""
+    world_size = read_header(seg)[0]
+    return flight.read(seg.buf, flight_offset(world_size), world_size)
 
 
 def close(seg: shared_memory.SharedMemory) -> None:

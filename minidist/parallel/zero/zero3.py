@@ -25,6 +25,15 @@ same operations on the same inputs (and the same random draws, replayed).
 forward ran them; the previous one in backward) asynchronously, so it overlaps
 the current unit's compute.
 
+Tied parameters (GPT's ``wte.weight``, also ``lm_head.weight``): a parameter that
+two units hold belongs to neither. The shared parameters form one more flat group,
+kept like the root unit of FSDP: gathered once when the wrapper's forward starts,
+held through forward and backward (both uses see the same full array, and their
+gradients add up in it, in the graph or in a unit's rebuilt one), and
+reduce-scattered once in ``step()``, before the update; then freed until the next
+forward. A unit left with no parameter of its own is not a unit: it runs on the
+shared weights in the ordinary graph.
+
 The unit's shard is a leaf tensor that is an *input* of the unit's autograd node,
 so backward delivers the reduce-scattered gradient to ``shard.grad`` through the
 ordinary engine (accumulating over micro-batches) and the optimizer, built on the
@@ -110,7 +119,9 @@ class _GatheredUnit(Function):
 class Zero3(ZeroBase):
     """ZeRO stage 3 (see the module docstring). ``units``: the modules to gather as
     one piece (default: every module that owns parameters directly); they must not
-    be nested, must cover every parameter and must not share one."""
+    be nested and must cover every parameter. A parameter held by two units
+    (tied weights) is shared: gathered once per forward, reduce-scattered once per
+    step. Call the wrapper, ``zero(x)``, not the module: it gathers the shared ones."""
 
     stage = 3
 
@@ -127,27 +138,57 @@ class Zero3(ZeroBase):
         self.prefetch = prefetch
         self.units: list[Unit] = []
         self._order: list[Unit] = []            # units in the order forward ran them
-        owner: dict[int, int] = {}
-        for i, m in enumerate(units):
-            ps = [p for p in m.parameters() if p.requires_grad]
-            for p in ps:
-                if id(p) in owner:
-                    raise ValueError(f"parameter {self._names.get(id(p), '?')} belongs to "
-                                     f"units {owner[id(p)]} and {i}: units must be disjoint "
-                                     "(wrap a module that holds both uses)")
-                owner[id(p)] = i
-            layout = FlatLayout(ps, self.world_size, self.rank)
-            master = layout.my_shard(layout.flatten([p.data for p in ps])).copy()   # (S,)
-            unit = Unit(i, m, layout, Tensor(master, requires_grad=True), m.forward)
-            unit.empty()
-            object.__setattr__(m, "forward", self._wrapped(unit))
-            self.units.append(unit)
-            self.layouts.append(layout)
-            self.shards.append(unit.shard)
-        left = [n for n, p in module.named_parameters() if p.requires_grad and id(p) not in owner]
+        held = [[p for p in m.parameters() if p.requires_grad] for m in units]
+        holders: dict[int, int] = {}
+        for ps in held:
+            for p in {id(p): p for p in ps}.values():
+                holders[id(p)] = holders.get(id(p), 0) + 1
+        shared = list({id(p): p for ps in held for p in ps if holders[id(p)] > 1}.values())
+        for m, ps in zip(units, held):
+            own = [p for p in ps if holders[id(p)] == 1]
+            if own:
+                unit = self._new_unit(len(self.units), m, own, m.forward)
+                object.__setattr__(m, "forward", self._wrapped(unit))
+                self.units.append(unit)
+        self.shared = self._new_unit(-1, module, shared, None) if shared else None
+        self._shared_present = False
+        left = [n for n, p in module.named_parameters() if p.requires_grad and id(p) not in holders]
         if left:
             raise ValueError(f"parameters outside every unit: {left}")
         self._make_optimizer()
+
+    def _new_unit(self, index: int, module: Module, params: list, forward: Any) -> Unit:
+        """A flat group of ``params``: keep my shard of it, free the full weights."""
+        layout = FlatLayout(params, self.world_size, self.rank)
+        master = layout.my_shard(layout.flatten([p.data for p in params])).copy()   # (S,)
+        unit = Unit(index, module, layout, Tensor(master, requires_grad=True), forward)
+        unit.empty()
+        self.layouts.append(layout)
+        self.shards.append(unit.shard)
+        return unit
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.shared is not None and not self._shared_present:
+            _, flat = self._start_gather(self.shared, async_op=False)
+            for p, view in zip(self.shared.layout.params, self.shared.layout.views(flat)):
+                p.data = view
+            self._shared_present = True
+        return self.module(*args, **kwargs)
+
+    def _reduce_shared(self) -> None:
+        """The shared parameters' gradients, summed over both uses, to my shard: once."""
+        shared = self.shared
+        if shared is None or not self._shared_present:
+            return
+        full = shared.layout.flatten(self._round_grads(shared))                  # (N*S,)
+        mine = xp.empty(shared.layout.shard_size, dtype=shared.layout.dtype)     # (S,)
+        dist.reduce_scatter_tensor(mine, full, group=self.group)
+        mine /= self.world_size
+        shared.shard.grad = mine if shared.shard.grad is None else shared.shard.grad + mine
+        for p in shared.layout.params:
+            p.grad = None
+        shared.empty()
+        self._shared_present = False
 
     def _wrapped(self, unit: Unit) -> Callable:
         def forward(x: Any) -> Tensor:
@@ -192,17 +233,21 @@ class Zero3(ZeroBase):
     # -- the step: shards already hold their gradients ----------------------------
     def _reduce_gradients(self) -> None:
         self._drop_prefetched()
+        self._reduce_shared()
 
     def _gather_parameters(self) -> None:
         pass                                      # gathered on demand, unit by unit
 
     def after_load(self) -> None:
         self._drop_prefetched()
+        if self.shared is not None:      # regathered from the loaded shard at next forward
+            self.shared.empty()
+            self._shared_present = False
 
     def full_state_dict(self) -> dict:
         """Every parameter in full (gathers each unit; for saving or comparing)."""
         out = {}
-        for unit in self.units:
+        for unit in self.units + ([self.shared] if self.shared is not None else []):
             _, flat = self._start_gather(unit, async_op=False)
             for p, view in zip(unit.layout.params, unit.layout.views(flat)):
                 out[self._names.get(id(p), "?")] = view.copy()

@@ -7,6 +7,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from ..conftest import alive
 
 SCRIPT = textwrap.dedent("""
@@ -38,13 +40,98 @@ def test_run_starts_n_ranks_with_their_environment(tmp_path):
     out = _run(tmp_path, "a", "b")
     assert out.returncode == 0, out.stderr
     for r in range(3):
-        assert f"rank {r} of 3 local {r}: 6.0 ['a', 'b']" in out.stdout
+        assert f"[rank {r}] rank {r} of 3 local {r}: 6.0 ['a', 'b']" in out.stdout
 
 
-def test_run_exits_nonzero_with_the_failing_ranks_traceback(tmp_path):
+def test_run_exits_nonzero_with_the_failing_ranks_traceback_once(tmp_path):
     out = _run(tmp_path, "fail")
     assert out.returncode == 1
     assert "rank 1 failed (RuntimeError)" in out.stderr and "rank 1 gives up" in out.stderr
+    assert out.stderr.count("Traceback") == 1
+    assert 'script.py", line' in out.stderr and "runpy" not in out.stderr  # the user's frames
+    assert "ranks [0, 2] were stopped" in out.stderr
+
+
+LINES = textwrap.dedent("""
+    import os
+    r = os.environ["RANK"]
+    for i in range(150):
+        print(f"line {i} " + "x" * (500 + 37 * i) + f" end {r}")
+    os.write(2, f"to stderr from {r}".encode())   # no newline: flushed when the rank ends
+""")
+
+
+def test_every_line_is_whole_and_prefixed_with_its_rank_even_unbuffered(tmp_path):
+    script = tmp_path / "lines.py"
+    script.write_text(LINES)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    out = subprocess.run([sys.executable, "-m", "minidist.cli", "run", "-n", "3", str(script)],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3 * 150
+    pattern = re.compile(r"\[rank (\d)\] line (\d+) x+ end (\d)")
+    for line in lines:
+        m = pattern.fullmatch(line)
+        assert m and m[1] == m[3] and len(line) == len(f"[rank 0] line {m[2]} ") + \
+            500 + 37 * int(m[2]) + len(" end 0"), line[:80]
+    for r in range(3):
+        assert f"[rank {r}] to stderr from {r}\n" in out.stderr
+
+
+def test_log_dir_keeps_each_ranks_output_per_attempt_and_redirects_leave_the_console(tmp_path):
+    script = tmp_path / "lines.py"
+    script.write_text(LINES)
+    logs = tmp_path / "logs"
+    out = subprocess.run([sys.executable, "-m", "minidist.cli", "run", "-n", "2", "--log-dir",
+                          str(logs), "--redirects", "1", str(script)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == ""                                  # stdout went to the files only
+    for r in range(2):
+        text = (logs / "attempt_0" / f"rank_{r}" / "stdout.log").read_text()
+        assert text.count("\n") == 150 and text.startswith("line 0 x") and f"end {r}\n" in text
+        assert (logs / "attempt_0" / f"rank_{r}" / "stderr.log").read_text() == \
+            f"to stderr from {r}\n"
+        assert f"[rank {r}] to stderr from {r}" in out.stderr  # teed by default
+
+
+def test_run_timeout_blames_no_rank_and_reports_what_each_was_doing(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT.replace('if "hang" in sys.argv:', 'if "hang" in sys.argv and dist.get_rank() == 1:'))
+    cmd = [sys.executable, "-m", "minidist.cli", "run", "-n", "3", "--timeout", "3",
+           str(script), "hang"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 124, out.stderr
+    assert "did not finish within 3 s; no rank failed. Ranks [0, 1, 2] were still running" \
+        in out.stderr
+    assert "rank 1 did not enter barrier #2 of group [0, 1, 2], which ranks 0, 2 wait in" \
+        in out.stderr
+    assert "_run_script" not in out.stderr and "run_script" not in out.stderr
+
+
+@pytest.mark.parametrize("args", [["-n", "0"], ["-n", "two"], ["--max-restarts", "-1"],
+                                  ["--timeout", "0"], ["--tee", "5"], ["--redirects", "1"],
+                                  ["--nproc-per-node", "-3"], ["no_such_script.py"]])
+def test_bad_values_are_a_one_line_usage_error(tmp_path, args):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    if args[-1] != "no_such_script.py":
+        args = args + [str(script)]
+    out = subprocess.run([sys.executable, "-m", "minidist.cli", "run", *args],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1].startswith("minidist run: error: "), out.stderr
+
+
+def test_version_and_plain_help():
+    import minidist
+    out = subprocess.run([sys.executable, "-m", "minidist.cli", "--version"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == f"minidist {minidist.__version__}"
+    out = subprocess.run([sys.executable, "-m", "minidist.cli", "--help"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "``" not in out.stdout and "--version" in out.stdout
 
 
 def test_ctrl_c_stops_every_rank(tmp_path):

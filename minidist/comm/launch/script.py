@@ -1,0 +1,153 @@
+"""``minidist run``: a script on N local processes, with torchrun's flags and restarts.
+
+    minidist run --nproc-per-node 4 --max-restarts 2 --log-dir logs train.py --lr 3e-4
+
+Each attempt is a fresh ``World`` (world.py) whose ranks run the script as
+``__main__`` with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and
+``MINIDIST_RESTART_COUNT`` (torchrun: ``TORCHELASTIC_RESTART_COUNT``) in their
+environment. Their output comes back line by line with a ``[rank N]`` prefix,
+and into ``--log-dir`` (output.py).
+
+Elastic restart: when a rank fails and restarts are left, every rank is
+stopped and the whole world is started again, attempt K+1 with
+``MINIDIST_RESTART_COUNT=K+1``. Nothing is carried over but the files the
+script wrote, so a script that saves checkpoints resumes from its last one::
+
+    start = 0
+    if os.path.exists(CKPT):                       # a restart: pick up where we were
+        start = load_checkpoint(CKPT, model, opt)["step"] + 1
+
+Exit status, as torchrun's: 0 when an attempt finishes; 1 when a rank failed
+and no restart is left (the message names the first failing rank and prints
+its traceback, once); 124 when ``--timeout`` stopped the world (no rank is
+blamed: the message lists the ranks still running and each one's last
+communication call); 130 on Ctrl-C; 2 for a usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from typing import Callable
+
+EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_INTERRUPTED = 1, 2, 124, 130
+
+
+def run_script(path: str, argv: list[str]) -> None:
+    """Executed on every rank: run the user's script as __main__."""
+    sys.argv = [path] + list(argv)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise
+    finally:
+        from minidist.comm import group
+        group.destroy_process_group()
+
+
+def _count(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
+def _streams(text: str) -> int:
+    if text not in ("0", "1", "2", "3"):
+        raise argparse.ArgumentTypeError(
+            f"expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both), got {text!r}")
+    return int(text)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """The arguments of ``minidist run``; returns the function that runs it."""
+    parser.add_argument("-n", "--nproc-per-node", "--nproc", dest="nproc", type=_count(1),
+                        default=2, metavar="N", help="number of processes (default 2)")
+    parser.add_argument("--max-restarts", type=_count(0), default=0, metavar="K",
+                        help="start every rank again after a failure, up to K times "
+                             "(the script sees MINIDIST_RESTART_COUNT; default 0)")
+    parser.add_argument("--timeout", type=_seconds, default=None, metavar="SECONDS",
+                        help="stop an attempt that runs longer, and say what every rank "
+                             "was doing (default: no limit)")
+    parser.add_argument("--log-dir", default=None, metavar="DIR",
+                        help="write each rank's output to DIR/attempt_K/rank_N/stdout.log "
+                             "and stderr.log (as well as the console, unless --redirects)")
+    parser.add_argument("--redirects", type=_streams, default=0, metavar="{0,1,2,3}",
+                        help="streams that go to the log files only: 1 stdout, 2 stderr, "
+                             "3 both (needs --log-dir)")
+    parser.add_argument("--tee", type=_streams, default=None, metavar="{0,1,2,3}",
+                        help="streams that go to the log files and the console "
+                             "(default with --log-dir: 3, both)")
+    parser.add_argument("script", help="the Python script every rank runs")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
+
+    def run(ns: argparse.Namespace) -> int:
+        if not os.path.isfile(ns.script):
+            parser.error(f"no such script: {ns.script}")
+        if ns.log_dir is None and (ns.redirects or ns.tee):
+            parser.error("--redirects and --tee write log files: give --log-dir too")
+        tee = ns.tee if ns.tee is not None else (3 if ns.log_dir else 0)
+        return run_elastic(ns.script, ns.args, ns.nproc, max_restarts=ns.max_restarts,
+                           timeout=ns.timeout, log_dir=ns.log_dir, redirects=ns.redirects,
+                           tee=tee & ~ns.redirects)
+    return run
+
+
+def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
+                timeout: float | None = None, log_dir: str | None = None, redirects: int = 0,
+                tee: int = 0) -> int:
+    """Run ``script`` on ``nproc`` ranks, restarting the world after a failure up to
+    ``max_restarts`` times; returns the exit status (module docstring)."""
+    from minidist.comm.errors import RankFailedError, WorldTimeoutError
+    from minidist.comm.launch.output import RankOutput
+    from minidist.comm.launch.world import World
+    name = os.path.basename(script)
+    for attempt in range(max_restarts + 1):
+        env = dict(MINIDIST_RESTART_COUNT=str(attempt), MINIDIST_MAX_RESTARTS=str(max_restarts))
+        output = RankOutput(nproc, log_dir, attempt, redirects, tee)
+        try:
+            with World(nproc, init_group=False, run_timeout=timeout, env=env,
+                       output=output) as world:
+                world.run(run_script, script, args)
+            return 0
+        except RankFailedError as e:
+            _say(f"rank {e.rank} failed ({e.exc_type}):\n{e.remote_traceback}", end="")
+            others = [r for r in e.failures if r != e.rank]
+            if others:
+                _say(f"ranks {others} were stopped")
+            if attempt == max_restarts:
+                if max_restarts:
+                    _say(f"{name} failed in each of its {max_restarts + 1} attempts")
+                return EXIT_FAILED
+            _say(f"restarting every rank (restart {attempt + 1} of {max_restarts})")
+        except WorldTimeoutError as e:
+            _say(f"{name} did not finish within {e.timeout:g} s; no rank failed. Ranks "
+                 f"{e.running} were still running and were stopped.\n{e.report}")
+            return EXIT_TIMEOUT
+        except KeyboardInterrupt:
+            _say("interrupted, every rank stopped")
+            return EXIT_INTERRUPTED
+    return EXIT_FAILED
+
+
+def _say(message: str, end: str = "\n") -> None:
+    print(f"minidist run: {message}", file=sys.stderr, end=end, flush=True)

@@ -1,0 +1,56 @@
+"""The flight recorder: records read back as written, and the ranks missing from a call."""
+from minidist.comm.transport import flight
+
+WORLD = 4
+
+
+def _buffer():
+    return memoryview(bytearray(flight.region_bytes(WORLD)))
+
+
+def test_records_read_back_as_written():
+    buf = _buffer()
+    rec = flight.Recorder(buf, 0, 2)
+    rec.begin(5, 12, [0, 2, 3], b"all_reduce op=SUM dtype=float32 shape=(4,)")
+    got = flight.read(buf, 0, WORLD)
+    assert [r.calls for r in got] == [0, 0, 1, 0]
+    r2 = got[2]
+    assert (r2.ctx, r2.number, r2.ranks, r2.state) == (5, 12, [0, 2, 3], flight.IN_CALL)
+    assert r2.text == "all_reduce op=SUM dtype=float32 shape=(4,)"
+    rec.end()
+    assert flight.read(buf, 0, WORLD)[2].state == flight.FINISHED
+    rec.close()
+
+
+def test_the_rank_that_did_not_enter_is_named_and_no_other():
+    buf = _buffer()
+    recorders = [flight.Recorder(buf, 0, r) for r in range(WORLD)]
+    for r in range(WORLD):
+        recorders[r].begin(0, 1, list(range(WORLD)), b"all_reduce op=SUM")
+        recorders[r].end()
+    for r in (0, 1, 3):             # rank 2 stays behind, computing
+        recorders[r].begin(0, 2, list(range(WORLD)), b"barrier")
+    records = flight.read(buf, 0, WORLD)
+    for me in (0, 1, 3):
+        mine, absent = flight.missing(records, me)
+        assert mine.number == 2 and [a.rank for a in absent] == [2]
+    assert flight.missing(records, 2) == (None, [])   # not in a call: nobody to wait for
+    assert flight.who_is_missing(records) == [
+        "rank 2 did not enter barrier #2 of group [0, 1, 2, 3], which ranks 0, 1, 3 wait in"]
+    report = flight.hang_report(records, 0)
+    assert "rank 2: all_reduce #1 of group [0, 1, 2, 3] op=SUM: finished" in report
+    assert "rank 0: barrier #2 of group [0, 1, 2, 3]: in it for" in report
+    for rec in recorders:
+        rec.close()
+
+
+def test_a_rank_ahead_in_the_same_group_has_entered():
+    buf = _buffer()
+    a, b = flight.Recorder(buf, 0, 0), flight.Recorder(buf, 0, 1)
+    a.begin(0, 3, [0, 1], b"broadcast src=0")   # the root sent and moved on to call 4
+    b.begin(0, 4, [0, 1], b"broadcast src=0")
+    records = flight.read(buf, 0, 2)
+    assert flight.missing(records, 0)[1] == []
+    assert [r.rank for r in flight.missing(records, 1)[1]] == [0]
+    a.close()
+    b.close()
