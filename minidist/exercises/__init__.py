@@ -1,0 +1,38 @@
+"""Exercises: the source documents' implementation exercises, graded by property tests.
+
+Idea: a learner writes the function the documents ask for (ring all-reduce,
+the online-softmax tile, a 1F1B schedule ...), or fixes a planted bug, in a
+workspace file; ``minidist exercise check ID`` runs the project's property
+checks against that file instead of the library ("one suite, two subjects")
+and prints each property with a minimal counterexample and a hint. Derive
+exercises take a number and compare it with ``minidist.calc``.
+
+Files, in reading order:
+    core.py          Exercise, Property, Subject (the code under test; worlds of ranks)
+    grading.py       runs the properties with hypothesis; the report
+    workspace.py     the learner's folder and progress file
+    command.py       ``minidist exercise list | start | check``
+    workbook.py      the workbook's Build / Debug calculators (0.5, 0.6, 2.4, 4.5, 5.5, 7.5, 8.6)
+    derive.py        the workbook's Derive exercises, graded against minidist.calc
+
+Docs: docs/exercises.md (course order). Tests: tests/exercises/.
+"""
+from __future__ import annotations
+
+from minidist.exercises import workbook
+from minidist.exercises.core import Exercise, Property, Subject
+from minidist.exercises.derive import DERIVE
+
+# course order (docs/exercises.md)
+EXERCISES: list[Exercise] = [*workbook.EXERCISES]
+
+
+def find(exercise_id: str):
+    """The implement, debug or derive exercise numbered ``exercise_id``, or None."""
+    for ex in [*EXERCISES, *DERIVE]:
+        if ex.id == exercise_id:
+            return ex
+    return None
+
+
+__all__ = ["EXERCISES", "DERIVE", "Exercise", "Property", "Subject", "find"]

@@ -1,0 +1,112 @@
+"""Run an exercise's properties against a subject and report each one.
+
+Hypothesis draws the inputs (a bounded number of examples, derandomised so a
+check gives the same verdict twice). When a property fails, hypothesis shrinks
+the input and replays the smallest failing one last; the wrapper below keeps
+the arguments of the last failing call, which is that minimal counterexample.
+A hang, a crash inside a rank, or a ``NotImplementedError`` ends the property
+at once (``Stop``), unshrunk: shrinking a hang would wait for every timeout.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from minidist.exercises.core import Exercise, Property, Stop, Subject, close_worlds
+
+
+@dataclasses.dataclass
+class Result:
+    prop: Property
+    passed: bool
+    example: dict | None = None   # the minimal counterexample, when one was drawn
+    error: str = ""
+
+    def lines(self) -> list[str]:
+        if self.passed:
+            return [f"  PASS  {self.prop.name}"]
+        out = [f"  FAIL  {self.prop.name}"]
+        if self.example:
+            shown = ", ".join(f"{k}={_short(v)}" for k, v in self.example.items())
+            out.append(f"        counterexample: {shown}")
+        for line in self.error.strip().splitlines():
+            out.append(f"        {line}")
+        if self.prop.hint:
+            out.append(f"        hint: {self.prop.hint}")
+        return out
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = repr(value)
+    if hasattr(value, "shape") and hasattr(value, "tolist"):
+        text = f"array(shape={tuple(value.shape)}, values={value.tolist()!r})"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def run_property(prop: Property, subject: Any, max_examples: int | None = None) -> Result:
+    """Check one property of ``subject``; never raises for a wrong subject."""
+    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+
+    failing: dict = {}
+
+    def body(**drawn: Any) -> None:
+        try:
+            prop.check(subject, **drawn)
+        except NotImplementedError as e:
+            raise Stop(f"not implemented yet: {str(e) or 'the body still raises NotImplementedError'}")
+        except Exception:
+            failing.clear()
+            failing.update(drawn)
+            raise
+
+    try:
+        if not prop.given:
+            body()
+        else:
+            test = settings(max_examples=max_examples or prop.examples, deadline=None,
+                            database=None, derandomize=True, verbosity=Verbosity.quiet,
+                            phases=(Phase.explicit, Phase.generate, Phase.shrink),
+                            suppress_health_check=list(HealthCheck),
+                            print_blob=False)(given(**prop.given)(body))
+            test()
+    except Stop as e:
+        return Result(prop, False, None, str(e))
+    except Exception as e:  # AssertionError from the property, or the subject's own error
+        return Result(prop, False, dict(failing) or None, _describe(e))
+    return Result(prop, True)
+
+
+def _describe(e: BaseException) -> str:
+    exceptions = getattr(e, "exceptions", None)  # hypothesis found several distinct failures
+    if exceptions:
+        e = exceptions[0]
+    if isinstance(e, AssertionError):
+        return str(e) or "assertion failed"
+    return f"{type(e).__name__}: {e}"
+
+
+def check(exercise: Exercise, subject: Any, max_examples: int | None = None) -> list[Result]:
+    """Every property of ``exercise`` against ``subject``; stops the worlds after."""
+    try:
+        try:
+            if isinstance(subject, Subject):
+                subject.module  # a syntax error is reported once, not per property
+        except Exception as e:
+            fake = Property("the module imports", lambda s: None,
+                            hint="run `python FILE` to see the error with its line")
+            return [Result(fake, False, None, f"{type(e).__name__}: {e}")]
+        return [run_property(p, subject, max_examples) for p in exercise.properties]
+    finally:
+        close_worlds()
+
+
+def report(exercise: Exercise, results: list[Result]) -> str:
+    lines = [f"{exercise.id} {exercise.title} ({exercise.kind})"]
+    for r in results:
+        lines += r.lines()
+    passed = sum(r.passed for r in results)
+    verdict = "passed" if passed == len(results) else "not yet"
+    lines.append(f"{passed} of {len(results)} properties hold: {verdict}")
+    if exercise.docs and passed < len(results):
+        lines.append(f"read: {exercise.docs}")
+    return "\n".join(lines)
