@@ -13,18 +13,37 @@ Files, in reading order:
     workspace.py     the learner's folder and progress file
     command.py       ``minidist exercise list | start | check``
     workbook.py      the workbook's Build / Debug calculators (0.5, 0.6, 2.4, 4.5, 5.5, 7.5, 8.6)
+    collectives.py   35.1 collectives from send/recv, 35.2 ring all-reduce (on real processes)
+    sampler.py       26.2 the sampler that forgets set_epoch (debug)
+    schedule.py      35.9 a 1F1B schedule as data
+    online_softmax.py 26.10 the online-softmax tile of flash attention
+    rounding.py      35.18 bf16 and fp16 rounding, to the bit
+    loss_scale.py    35.17 the loss scale that never backs off (debug)
     derive.py        the workbook's Derive exercises, graded against minidist.calc
 
 Docs: docs/exercises.md (course order). Tests: tests/exercises/.
 """
 from __future__ import annotations
 
-from minidist.exercises import workbook
+from minidist.exercises import (collectives, loss_scale, online_softmax, rounding, sampler,
+                                 schedule, workbook)
 from minidist.exercises.core import Exercise, Property, Subject
 from minidist.exercises.derive import DERIVE
 
 # course order (docs/exercises.md)
-EXERCISES: list[Exercise] = [*workbook.EXERCISES]
+EXERCISES: list[Exercise] = [
+    *workbook.EXERCISES[:2],            # 0.5, 0.6: the ring's cost, before writing one
+    *collectives.EXERCISES,             # 35.1, 35.2
+    *sampler.EXERCISES,                 # 26.2
+    *workbook.EXERCISES[2:4],           # 2.4, 4.5
+    *schedule.EXERCISES,                # 35.9
+    workbook.EXERCISES[4],              # 5.5
+    *online_softmax.EXERCISES,          # 26.10
+    *rounding.EXERCISES,                # 35.18
+    *workbook.EXERCISES[6:],            # 8.6
+    *loss_scale.EXERCISES,              # 35.17
+    workbook.EXERCISES[5],              # 7.5
+]
 
 
 def find(exercise_id: str):

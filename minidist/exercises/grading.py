@@ -10,7 +10,10 @@ at once (``Stop``), unshrunk: shrinking a hang would wait for every timeout.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
+
+import numpy as np
 
 from minidist.exercises.core import Exercise, Property, Stop, Subject, close_worlds
 
@@ -45,8 +48,6 @@ def _short(value: Any, limit: int = 160) -> str:
 
 def run_property(prop: Property, subject: Any, max_examples: int | None = None) -> Result:
     """Check one property of ``subject``; never raises for a wrong subject."""
-    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
-
     failing: dict = {}
 
     def body(**drawn: Any) -> None:
@@ -60,20 +61,27 @@ def run_property(prop: Property, subject: Any, max_examples: int | None = None) 
             raise
 
     try:
-        if not prop.given:
-            body()
-        else:
-            test = settings(max_examples=max_examples or prop.examples, deadline=None,
-                            database=None, derandomize=True, verbosity=Verbosity.quiet,
-                            phases=(Phase.explicit, Phase.generate, Phase.shrink),
-                            suppress_health_check=list(HealthCheck),
-                            print_blob=False)(given(**prop.given)(body))
-            test()
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")   # the learner's overflow warnings are not the verdict
+            _run_hypothesis(prop, body, max_examples)
     except Stop as e:
         return Result(prop, False, None, str(e))
     except Exception as e:  # AssertionError from the property, or the subject's own error
         return Result(prop, False, dict(failing) or None, _describe(e))
     return Result(prop, True)
+
+
+def _run_hypothesis(prop: Property, body, max_examples: int | None) -> None:
+    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+    if not prop.given:
+        body()
+        return
+    test = settings(max_examples=max_examples or prop.examples, deadline=None,
+                    database=None, derandomize=True, verbosity=Verbosity.quiet,
+                    phases=(Phase.explicit, Phase.generate, Phase.shrink),
+                    suppress_health_check=list(HealthCheck),
+                    print_blob=False)(given(**prop.given)(body))
+    test()
 
 
 def _describe(e: BaseException) -> str:

@@ -34,7 +34,7 @@ def test_a_wrong_implementation_fails_with_a_counterexample(ex, name, tmp_path):
     failed = [r for r in results if not r.passed]
     assert failed, f"{ex.id}: the wrong version {name!r} passed every property"
     text = report(ex, results)
-    assert any(r.example or "rank" in r.error for r in failed), text
+    assert any(r.example or r.error for r in failed), text   # the case, drawn or fixed
     assert "hint:" in text
 
 
