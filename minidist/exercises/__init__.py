@@ -14,8 +14,10 @@ Files, in reading order:
     command.py       ``minidist exercise list | start | check``
     workbook.py      the workbook's Build / Debug calculators (0.5, 0.6, 2.4, 4.5, 5.5, 7.5, 8.6)
     collectives.py   35.1 collectives from send/recv, 35.2 ring all-reduce (on real processes)
+    ddp.py           35.4 DDP with bucket hooks, 35.6 accumulation with no_sync
     sampler.py       26.2 the sampler that forgets set_epoch (debug)
     schedule.py      35.9 a 1F1B schedule as data
+    tensor_parallel.py 35.10 column- and row-parallel linear (Megatron's f and g)
     online_softmax.py 26.10 the online-softmax tile of flash attention
     rounding.py      35.18 bf16 and fp16 rounding, to the bit
     loss_scale.py    35.17 the loss scale that never backs off (debug)
@@ -25,8 +27,8 @@ Docs: docs/exercises.md (course order). Tests: tests/exercises/.
 """
 from __future__ import annotations
 
-from minidist.exercises import (collectives, loss_scale, online_softmax, rounding, sampler,
-                                 schedule, workbook)
+from minidist.exercises import (collectives, ddp, loss_scale, online_softmax, rounding, sampler,
+                                 schedule, tensor_parallel, workbook)
 from minidist.exercises.core import Exercise, Property, Subject
 from minidist.exercises.derive import DERIVE
 
@@ -35,7 +37,9 @@ EXERCISES: list[Exercise] = [
     *workbook.EXERCISES[:2],            # 0.5, 0.6: the ring's cost, before writing one
     *collectives.EXERCISES,             # 35.1, 35.2
     *sampler.EXERCISES,                 # 26.2
+    *ddp.EXERCISES,                     # 35.4, 35.6
     *workbook.EXERCISES[2:4],           # 2.4, 4.5
+    *tensor_parallel.EXERCISES,         # 35.10
     *schedule.EXERCISES,                # 35.9
     workbook.EXERCISES[4],              # 5.5
     *online_softmax.EXERCISES,          # 26.10
