@@ -36,7 +36,7 @@ def test_readme_points_to_the_index():
 
 # -- figures: each page shows one, drawn by the demo it names -------------------------------
 FIGURE = re.compile(r"!\[[^\]]+\]\(figures/([^)\s]+\.png)\)")
-NO_FIGURE = {"index.md", "cost_models.md"}       # the course map; formulas without a demo
+NO_FIGURE = {"exercises.md", "index.md", "cost_models.md"}       # the course map; formulas without a demo
 
 
 def _make_figures():
