@@ -15,6 +15,8 @@ Files, in reading order:
     workbook.py      the workbook's Build / Debug calculators (0.5, 0.6, 2.4, 4.5, 5.5, 7.5, 8.6)
     collectives.py   35.1 collectives from send/recv, 35.2 ring all-reduce (on real processes)
     ddp.py           35.4 DDP with bucket hooks, 35.6 accumulation with no_sync
+    zero.py          35.12 ZeRO stage 1: the optimizer state in shards
+    zero_clip.py     35.23 the ZeRO clip on a shard (debug)
     sampler.py       26.2 the sampler that forgets set_epoch (debug)
     schedule.py      35.9 a 1F1B schedule as data
     tensor_parallel.py 35.10 column- and row-parallel linear (Megatron's f and g)
@@ -28,7 +30,7 @@ Docs: docs/exercises.md (course order). Tests: tests/exercises/.
 from __future__ import annotations
 
 from minidist.exercises import (collectives, ddp, loss_scale, online_softmax, rounding, sampler,
-                                 schedule, tensor_parallel, workbook)
+                                 schedule, tensor_parallel, workbook, zero, zero_clip)
 from minidist.exercises.core import Exercise, Property, Subject
 from minidist.exercises.derive import DERIVE
 
@@ -38,6 +40,8 @@ EXERCISES: list[Exercise] = [
     *collectives.EXERCISES,             # 35.1, 35.2
     *sampler.EXERCISES,                 # 26.2
     *ddp.EXERCISES,                     # 35.4, 35.6
+    *zero.EXERCISES,                    # 35.12
+    *zero_clip.EXERCISES,               # 35.23
     *workbook.EXERCISES[2:4],           # 2.4, 4.5
     *tensor_parallel.EXERCISES,         # 35.10
     *schedule.EXERCISES,                # 35.9
