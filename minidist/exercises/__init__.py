@@ -14,6 +14,7 @@ Files, in reading order:
     command.py       ``minidist exercise list | start | check``
     workbook.py      the workbook's Build / Debug calculators (0.5, 0.6, 2.4, 4.5, 5.5, 7.5, 8.6)
     collectives.py   35.1 collectives from send/recv, 35.2 ring all-reduce (on real processes)
+    swallow.py       35.1b the receive that swallows the next message (debug)
     ddp.py           35.4 DDP with bucket hooks, 35.6 accumulation with no_sync
     zero.py          35.12 ZeRO stage 1: the optimizer state in shards
     zero_clip.py     35.23 the ZeRO clip on a shard (debug)
@@ -30,7 +31,7 @@ Docs: docs/exercises.md (course order). Tests: tests/exercises/.
 from __future__ import annotations
 
 from minidist.exercises import (collectives, ddp, loss_scale, online_softmax, rounding, sampler,
-                                 schedule, tensor_parallel, workbook, zero, zero_clip)
+                                 schedule, swallow, tensor_parallel, workbook, zero, zero_clip)
 from minidist.exercises.core import Exercise, Property, Subject
 from minidist.exercises.derive import DERIVE
 
@@ -38,6 +39,7 @@ from minidist.exercises.derive import DERIVE
 EXERCISES: list[Exercise] = [
     *workbook.EXERCISES[:2],            # 0.5, 0.6: the ring's cost, before writing one
     *collectives.EXERCISES,             # 35.1, 35.2
+    *swallow.EXERCISES,                 # 35.1b
     *sampler.EXERCISES,                 # 26.2
     *ddp.EXERCISES,                     # 35.4, 35.6
     *zero.EXERCISES,                    # 35.12
