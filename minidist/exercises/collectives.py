@@ -88,7 +88,7 @@ def _reduce_scatter_chunks(s, case):
 
 
 COLLECTIVES = Exercise(
-    id="35.1", title="collectives from send/recv", kind="implement",
+    id="35.1", processes=True, title="collectives from send/recv", kind="implement",
     filename="ex_35_1_collectives.py",
     docs="docs/collectives.md; minidist/comm/collectives/ (api.py, ring.py)",
     starter='''"""Exercise 35.1: collective operations from point-to-point messages.
@@ -251,7 +251,7 @@ def _ring_volume(s, n, count):
 
 
 RING = Exercise(
-    id="35.2", title="ring all-reduce", kind="implement",
+    id="35.2", processes=True, title="ring all-reduce", kind="implement",
     filename="ex_35_2_ring_all_reduce.py",
     docs="docs/collectives.md (ring all-reduce); minidist/comm/collectives/ring.py",
     starter='''"""Exercise 35.2: ring all-reduce.
@@ -291,6 +291,7 @@ def ring_all_reduce(x):
                  examples=30, hint="what happens to the remainder when N does not divide the count?"),
         Property("every rank holds the sum, with the same bits", _ring_sums,
                  dict(case=inputs), examples=10,
+                 explicit=[dict(case=(4, 1, [0.1, 0.2, 0.3, 3.0]))],
                  hint="docs/collectives.md, ring all-reduce: each chunk is finished on one rank, "
                       "then copied, so all ranks hold the same bits"),
         Property("each rank sends 2(N-1)/N * M bytes", _ring_volume,

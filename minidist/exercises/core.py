@@ -15,6 +15,7 @@ for a message that never comes raises ``CommTimeoutError`` in that rank after
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
@@ -33,13 +34,15 @@ class Property:
     """One graded property: ``check(subject, **drawn)`` raises AssertionError if it fails.
 
     ``given``: hypothesis strategies by argument name (empty: run once);
-    ``hint``: where in the docs to look, never the answer.
+    ``hint``: where in the docs to look, never the answer; ``explicit``: cases
+    tried before the drawn ones (the case the docs warn about).
     """
     name: str
     check: Callable[..., None]
     given: dict = dataclasses.field(default_factory=dict)
     hint: str = ""
     examples: int = 15
+    explicit: list[dict] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -59,6 +62,8 @@ class Exercise:
     solution: str
     wrong: dict[str, str]
     docs: str = ""
+    fixed: str = ""         # a debug exercise: the starter with only its planted bug fixed
+    processes: bool = False  # graded on worlds of real processes (seconds per property)
 
     def __post_init__(self) -> None:
         assert self.kind in KINDS, self.kind
@@ -140,18 +145,36 @@ class Stop(BaseException):
 
 
 _worlds: dict[int, Any] = {}
+_sharing = {"on": False, "timeout": COMM_TIMEOUT_S}
 
 
 def _world(n: int):
     from minidist.comm import World
     world = _worlds.get(n)
     if world is None or world.closed:
-        world = _worlds[n] = World(n, timeout=COMM_TIMEOUT_S, run_timeout=RUN_TIMEOUT_S)
+        world = _worlds[n] = World(n, timeout=_sharing["timeout"], run_timeout=RUN_TIMEOUT_S)
     return world
 
 
-def close_worlds() -> None:
+def close_worlds(unless_shared: bool = False) -> None:
     """Stop every world a check started (the check calls it at the end)."""
+    if unless_shared and _sharing["on"]:
+        return
     while _worlds:
         _, world = _worlds.popitem()
         world.close()
+
+
+@contextlib.contextmanager
+def shared_worlds(timeout: float = COMM_TIMEOUT_S):
+    """Checks inside share their worlds (one start per world size, not one per
+    check), with this receive timeout; every world is closed at the end."""
+    before = dict(_sharing)
+    close_worlds()
+    _sharing.update(on=True, timeout=timeout)
+    try:
+        yield
+    finally:
+        _sharing.update(on=False)
+        close_worlds()
+        _sharing.update(before)     # an enclosing shared_worlds() goes on

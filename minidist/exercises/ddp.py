@@ -89,7 +89,7 @@ def _ddp_one_all_reduce_per_bucket(s, world, big):
 
 
 DDP = Exercise(
-    id="35.4", title="DDP from scratch, with gradient buckets", kind="implement",
+    id="35.4", processes=True, title="DDP from scratch, with gradient buckets", kind="implement",
     filename="ex_35_4_ddp.py",
     docs="docs/ddp.md (buckets, hooks); minidist/parallel/data/ddp.py and buckets.py",
     starter='''"""Exercise 35.4: data parallelism from scratch, with buckets.
@@ -166,13 +166,16 @@ class BucketedDDP(Module):
     def forward(self, *args):
         return self.module(*args)
 ''',
-        "no broadcast at construction": '''from minidist.parallel.data.ddp import DistributedDataParallel
-import minidist.parallel.data.ddp as ddp
+        "no broadcast at construction": '''import minidist.parallel.data.ddp as ddp
 
 
 def BucketedDDP(module, bucket_cap_bytes):
+    saved = ddp.broadcast_parameters
     ddp.broadcast_parameters = lambda module, group=None: None
-    return DistributedDataParallel(module, bucket_cap_mb=bucket_cap_bytes / 1e6)
+    try:
+        return ddp.DistributedDataParallel(module, bucket_cap_mb=bucket_cap_bytes / 1e6)
+    finally:
+        ddp.broadcast_parameters = saved
 ''',
         "one all-reduce per parameter": '''import minidist.comm as comm
 from minidist.nn import Module
@@ -233,7 +236,7 @@ def _accumulation_reduces_once(s, world, k):
 
 
 ACCUMULATION = Exercise(
-    id="35.6", title="gradient accumulation with no_sync", kind="implement",
+    id="35.6", processes=True, title="gradient accumulation with no_sync", kind="implement",
     filename="ex_35_6_accumulation.py",
     docs="docs/ddp.md (no_sync, accumulation); workbook chapter 2",
     starter='''"""Exercise 35.6: gradient accumulation under DDP.

@@ -46,8 +46,11 @@ def _short(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def run_property(prop: Property, subject: Any, max_examples: int | None = None) -> Result:
-    """Check one property of ``subject``; never raises for a wrong subject."""
+def run_property(prop: Property, subject: Any, max_examples: int | None = None,
+                 shrink: bool = True) -> Result:
+    """Check one property of ``subject``; never raises for a wrong subject.
+    ``max_examples`` overrides the property's own count; ``shrink=False`` keeps
+    the first failing example instead of the smallest (a quicker verdict)."""
     failing: dict = {}
 
     def body(**drawn: Any) -> None:
@@ -63,7 +66,7 @@ def run_property(prop: Property, subject: Any, max_examples: int | None = None) 
     try:
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")   # the learner's overflow warnings are not the verdict
-            _run_hypothesis(prop, body, max_examples)
+            _run_hypothesis(prop, body, max_examples, shrink)
     except Stop as e:
         return Result(prop, False, None, str(e))
     except Exception as e:  # AssertionError from the property, or the subject's own error
@@ -71,14 +74,17 @@ def run_property(prop: Property, subject: Any, max_examples: int | None = None) 
     return Result(prop, True)
 
 
-def _run_hypothesis(prop: Property, body, max_examples: int | None) -> None:
-    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+def _run_hypothesis(prop: Property, body, max_examples: int | None, shrink: bool) -> None:
+    from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
     if not prop.given:
         body()
         return
+    for case in reversed(prop.explicit):
+        body = example(**case)(body)
+    phases = (Phase.explicit, Phase.generate) + ((Phase.shrink,) if shrink else ())
     test = settings(max_examples=max_examples or prop.examples, deadline=None,
                     database=None, derandomize=True, verbosity=Verbosity.quiet,
-                    phases=(Phase.explicit, Phase.generate, Phase.shrink),
+                    phases=phases,
                     suppress_health_check=list(HealthCheck),
                     print_blob=False)(given(**prop.given)(body))
     test()
@@ -93,8 +99,16 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def check(exercise: Exercise, subject: Any, max_examples: int | None = None) -> list[Result]:
-    """Every property of ``exercise`` against ``subject``; stops the worlds after."""
+def check(exercise: Exercise, subject: Any, max_examples: int | None = None, *,
+          cap: int | None = None, shrink: bool = True,
+          until_failure: bool = False) -> list[Result]:
+    """Every property of ``exercise`` against ``subject``; stops the worlds after
+    (unless inside ``core.shared_worlds()``).
+
+    For the project's own tests: ``cap`` lowers each property's example count
+    to at most ``cap``, ``shrink=False`` skips the search for the smallest
+    counterexample, ``until_failure`` stops at the first property that fails.
+    """
     try:
         try:
             if isinstance(subject, Subject):
@@ -103,9 +117,15 @@ def check(exercise: Exercise, subject: Any, max_examples: int | None = None) -> 
             fake = Property("the module imports", lambda s: None,
                             hint="run `python FILE` to see the error with its line")
             return [Result(fake, False, None, f"{type(e).__name__}: {e}")]
-        return [run_property(p, subject, max_examples) for p in exercise.properties]
+        results = []
+        for p in exercise.properties:
+            n = max_examples or (min(p.examples, cap) if cap else None)
+            results.append(run_property(p, subject, n, shrink))
+            if until_failure and not results[-1].passed:
+                break
+        return results
     finally:
-        close_worlds()
+        close_worlds(unless_shared=True)
 
 
 def report(exercise: Exercise, results: list[Result]) -> str:

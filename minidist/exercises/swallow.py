@@ -119,16 +119,18 @@ FIXED = STARTER.replace('''            if g is None:
             send(g, 0)''', '''            send(xp.zeros(shape) if g is None else g, 0)''')
 
 SWALLOW = Exercise(
-    id="35.1b", title="the receive that swallows the next message", kind="debug",
+    id="35.1b", processes=True, title="the receive that swallows the next message", kind="debug",
     filename="ex_35_1b_swallowed_message.py",
     docs="docs/collectives.md; minidist/comm/transport/base.py (how a receive is matched)",
-    starter=STARTER,
+    starter=STARTER, fixed=FIXED,
     properties=[
         Property("every rank used every parameter: rank 0 holds the sums", _sums_all_used,
                  dict(world=st.integers(2, 4), count=st.integers(1, 3)), examples=3,
                  hint="docs/collectives.md: one receive per message sent"),
         Property("some parameters unused: rank 0 holds the sums, call after call",
                  _sums_with_unused, usage, examples=10,
+                 explicit=[dict(world=2, count=2, length=1, unused=[(1, 0)]),
+                           dict(world=2, count=1, length=1, unused=[(0, 0)])],
                  hint="minidist/comm/transport/base.py: a receive takes the next message from "
                       "that rank with that tag, whatever it was meant for; do both sides agree "
                       "on how many messages a call sends?"),

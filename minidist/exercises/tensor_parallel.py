@@ -76,7 +76,7 @@ def _weight_grads_match(s, seed, n, batch, d, hp):
 
 
 TENSOR_PARALLEL = Exercise(
-    id="35.10", title="column- and row-parallel linear layers (f and g)", kind="implement",
+    id="35.10", processes=True, title="column- and row-parallel linear layers (f and g)", kind="implement",
     filename="ex_35_10_tensor_parallel.py",
     docs="docs/tensor_parallel.md (f and g); minidist/parallel/tensor/mappings.py",
     starter='''"""Exercise 35.10: column-parallel and row-parallel linear layers.

@@ -112,11 +112,17 @@ class Zero1:
 PLANTED = '''        norm = math.sqrt(float(to_host((g * g).sum())))
 '''
 
+# the fix, to show that the starter is right everywhere else (tests/exercises)
+FIXED = STARTER.replace(PLANTED, '''        total = from_host([float(to_host((g * g).sum()))])
+        comm.all_reduce(total)
+        norm = math.sqrt(float(to_host(total)[0]))
+''')
+
 CLIP = Exercise(
-    id="35.23", title="the ZeRO clip on a shard", kind="debug",
+    id="35.23", processes=True, title="the ZeRO clip on a shard", kind="debug",
     filename="ex_35_23_zero_clip.py",
     docs="docs/zero.md (Clipping); minidist/parallel/zero/zero12.py, clip_grad_norm_",
-    starter=STARTER,
+    starter=STARTER, fixed=FIXED,
     properties=[
         Property("step() returns the whole model's gradient norm, on every rank",
                  _norm_is_the_models, clip_cases, examples=6,
@@ -135,11 +141,5 @@ CLIP = Exercise(
         norm = float(to_host(total)[0])
 '''),
     })
-
-# the fix, to show that the starter is right everywhere else (tests/exercises)
-FIXED = STARTER.replace(PLANTED, '''        total = from_host([float(to_host((g * g).sum()))])
-        comm.all_reduce(total)
-        norm = math.sqrt(float(to_host(total)[0]))
-''')
 
 EXERCISES = [CLIP]
