@@ -5,6 +5,7 @@
     minidist bench [NAME] [args...]          # list the benchmarks, or run one
     minidist calc TOPIC --flags              # the cost models (see `minidist calc --help`)
     minidist selftest [--backend cupy]       # this backend against NumPy, and the test suite
+    minidist exercise list|start|check [ID]  # the documents' exercises, graded by property tests
 
 ``run`` starts N processes like torchrun (its flags: --nproc-per-node,
 --max-restarts, --log-dir, --redirects, --tee); minidist/comm/launch/script.py
@@ -79,6 +80,11 @@ def _add_calc(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     return add_calc_parser(parser)
 
 
+def _add_exercise(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    from minidist.exercises.command import add_arguments
+    return add_arguments(parser)
+
+
 def _add_selftest(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     from minidist.selftest.command import add_arguments
     return add_arguments(parser)
@@ -92,6 +98,7 @@ SUBCOMMANDS: dict[str, tuple[str, Callable]] = {
     "calc": ("closed-form cost models: memory, communication, bubbles, FLOPs", _add_calc),
     "selftest": ("this backend against NumPy: the comparison checks and the property suite",
                  _add_selftest),
+    "exercise": ("the documents' exercises: list, start one, check it", _add_exercise),
 }
 
 

@@ -27,12 +27,14 @@ ALLOWED = {
     "checkpoint": {"backend", "autograd", "nn", "optim", "comm", "distributed", "parallel"},
     "selftest": {"backend", "autograd", "precision", "attention", "nn", "optim", "comm",
                  "distributed", "launch", "parallel"},
+    "exercises": {"backend", "calc", "autograd", "precision", "attention", "nn", "optim", "comm",
+                  "distributed", "launch", "parallel"},
     "cli": None,        # the command line may import anything
     "__init__": None,   # the package's front door re-exports
 }
 # modules that may import numpy by name for array work (selftest: host inputs and the
-# comparisons against NumPy)
-NUMPY_OK = {"backend", "calc", "cli", "selftest"}
+# comparisons against NumPy; exercises: the learner's inputs and expected values)
+NUMPY_OK = {"backend", "calc", "cli", "selftest", "exercises"}
 
 # Inside minidist.parallel, one strategy (a subpackage) may import another only where it
 # builds on it. strategy -> the strategies it may import (besides itself); the modules at
