@@ -120,7 +120,8 @@ DERIVE = [
     Derive("5.1", "pipeline bubble",
            "PP = 4 stages, m = 12 micro-batches, 1F1B. Bubble fraction?", "%", "25",
            lambda: 100 * calc.bubble_fraction(4, 12, "1f1b"),
-           {"you used GPipe's (p-1)/(m+p-1)": lambda: 100 * calc.bubble_fraction(4, 12, "gpipe")}),
+           {"you divided by the whole step, (p-1)/(m+p-1), not by the useful compute":
+            lambda: 100 * calc.idle_fraction(4, 12, "1f1b")}),
     Derive("5.3", "interleaved 1F1B",
            "PP = 4, m = 12, v = 4 virtual stages per GPU. Bubble fraction?", "%", "6.25",
            lambda: 100 * calc.bubble_fraction(4, 12, "interleaved", 4),
