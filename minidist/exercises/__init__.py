@@ -24,16 +24,18 @@ Files, in reading order:
     online_softmax.py 26.10 the online-softmax tile of flash attention
     rounding.py      35.18 bf16 and fp16 rounding, to the bit
     loss_scale.py    35.17 the loss scale that never backs off (debug)
-    derive.py        the workbook's Derive exercises, graded against minidist.calc
+    derive.py        the workbook's Derive exercises, graded against minidist.calc: chapters 0-4
+    derive_5_9.py    ... chapters 5-9: pipelines, TP, checkpoints, precision, the 405B capstone
 
 Docs: docs/exercises.md (course order). Tests: tests/exercises/.
 """
 from __future__ import annotations
 
-from minidist.exercises import (collectives, ddp, loss_scale, online_softmax, rounding, sampler,
-                                 schedule, swallow, tensor_parallel, workbook, zero, zero_clip)
+from minidist.exercises import (collectives, ddp, derive, derive_5_9, loss_scale, online_softmax,
+                                 rounding, sampler, schedule, swallow, tensor_parallel, workbook,
+                                 zero, zero_clip)
 from minidist.exercises.core import Exercise, Property, Subject
-from minidist.exercises.derive import DERIVE
+from minidist.exercises.derive import Derive
 
 # course order (docs/exercises.md)
 EXERCISES: list[Exercise] = [
@@ -55,6 +57,8 @@ EXERCISES: list[Exercise] = [
     workbook.EXERCISES[5],              # 7.5
 ]
 
+DERIVE: list[Derive] = [*derive.CHAPTERS_0_4, *derive_5_9.CHAPTERS_5_9]   # workbook order
+
 
 def find(exercise_id: str):
     """The implement, debug or derive exercise numbered ``exercise_id``, or None."""
@@ -64,4 +68,4 @@ def find(exercise_id: str):
     return None
 
 
-__all__ = ["EXERCISES", "DERIVE", "Exercise", "Property", "Subject", "find"]
+__all__ = ["EXERCISES", "DERIVE", "Derive", "Exercise", "Property", "Subject", "find"]

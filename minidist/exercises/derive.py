@@ -5,6 +5,15 @@ answer, the worked number it gives (whose last digit sets the precision the
 answer is checked at), the value ``minidist.calc`` computes, and the usual
 wrong turns, each as the number it leads to: an answer that matches one of
 them is told which term is off.
+
+Where the workbook's printed answer is wrong (docs/cost_models.md, "Where the
+source numbers are wrong"), ``worked`` is the corrected number at the printed
+precision, ``printed`` what the workbook prints, and ``erratum`` the term it
+gets wrong: an answer equal to the printed number is told so.
+
+This file: the class and chapters 0-4 (ring all-reduce, ZeRO, accumulation,
+LR scaling, communication); derive_5_9.py: pipelines, tensor parallelism,
+checkpoints, precision and the 405B capstone.
 """
 from __future__ import annotations
 
@@ -26,7 +35,14 @@ class Derive:
     worked: str                       # the document's number, as printed
     value: Callable[[], float]        # minidist.calc's value, in ``unit``
     mistakes: dict[str, Callable[[], float]] = dataclasses.field(default_factory=dict)
+    printed: str = ""                 # the workbook's number, where it is wrong
+    erratum: str = ""                 # what that number gets wrong
     kind: str = "derive"
+
+    def wrong_turns(self) -> dict[str, Callable[[], float]]:
+        """The named mistakes, the workbook's own slip (if any) first."""
+        slip = {self.erratum: lambda: float(self.printed)} if self.printed else {}
+        return {**slip, **self.mistakes}
 
     def tolerance(self) -> float:
         """Half a unit of the worked number's last printed digit."""
@@ -41,7 +57,7 @@ class Derive:
         if abs(answer - want) <= tol or abs(answer - float(self.worked)) <= tol:
             return True, f"{self.id}: {answer:g} {self.unit} is right (workbook: {self.worked})"
         lines = [f"{self.id}: {answer:g} {self.unit} is not it (to {tol:.2g} {self.unit})"]
-        for what, wrong in self.mistakes.items():
+        for what, wrong in self.wrong_turns().items():
             if abs(answer - wrong()) <= max(tol, 1e-9 * abs(wrong())):
                 lines.append(f"  it is what you get if {what}")
                 break
@@ -55,7 +71,7 @@ def _zero(stage, n=64, params=7e9):
     return calc.zero_memory_per_gpu(params, n, stage) / GB
 
 
-DERIVE = [
+CHAPTERS_0_4 = [
     Derive("0.1", "8-GPU all-reduce volume",
            "N = 8 GPUs, each with a gradient of M = 1 GB. How many GB does each GPU "
            "transfer in total during a ring all-reduce?", "GB", "1.75",
@@ -87,6 +103,16 @@ DERIVE = [
     Derive("1.4", "7B with ZeRO stage 3 on 64 GPUs",
            "Same model, ZeRO stage 3, N = 64. Memory per GPU?", "GB", "1.75", lambda: _zero(3),
            {"you left the weights unsharded (that is stage 2)": lambda: _zero(2)}),
+    Derive("1.5", "ZeRO stage 3 communication cost",
+           "ZeRO-3: one all-gather of the FP16 weights before the forward, one before the "
+           "backward, one reduce-scatter of the gradients after it. 7B model (14 GB of FP16 "
+           "weights), 64 GPUs. How many GB does each GPU send per step?", "GB", "41.3",
+           lambda: 3 * calc.all_gather_bytes(14 * GB, 64) / GB,
+           {"you counted each collective as an all-reduce, 2(N-1)/N M":
+            lambda: 3 * calc.ring_all_reduce_bytes(14 * GB, 64) / GB,
+            "you left out the all-gather before the backward":
+            lambda: 2 * calc.all_gather_bytes(14 * GB, 64) / GB,
+            "you rounded (N-1)/N to 1 (3 x 14, the workbook's rough '~42 GB')": lambda: 42.0}),
     Derive("2.1", "accumulation steps",
            "Target effective batch 2048, micro-batch 4 per GPU, DP = 8. How many gradient "
            "accumulation steps?", "steps", "64", lambda: calc.accumulation_steps(2048, 4, 8),
@@ -96,6 +122,16 @@ DERIVE = [
            "reducing once per step save over reducing after every micro-batch?", "ms", "3150",
            lambda: calc.all_reduce_seconds_saved(64, 50 * MS) / MS,
            {"you forgot the one all-reduce that remains": lambda: 3200.0}),
+    Derive("2.3", "throughput with accumulation",
+           "8 GPUs, micro-batch 4, 64 accumulation steps (2048 sequences per step). A "
+           "micro-batch's forward + backward takes 120 ms, the one all-reduce 50 ms, the "
+           "optimizer step 1 ms. Throughput in sequences/second, across all 8 GPUs?",
+           "sequences/s", "265",
+           lambda: 2048 / calc.accumulation_step_seconds(64, 120 * MS, 50 * MS, 1 * MS),
+           {"you all-reduced after every micro-batch, not once per step":
+            lambda: 2048 / calc.accumulation_step_seconds(64, 170 * MS, 0, 1 * MS),
+            "you counted one GPU's sequences (2048 is the batch of all 8)":
+            lambda: 2048 / 8 / calc.accumulation_step_seconds(64, 120 * MS, 50 * MS, 1 * MS)}),
     Derive("3.1", "linear scaling",
            "Base LR 3e-4 at batch 256; new batch 2048. LR under linear scaling?", "", "0.0024",
            lambda: calc.linear_scaled_lr(3e-4, 256, 2048),
@@ -112,44 +148,19 @@ DERIVE = [
            "ms", "65.6", lambda: calc.ring_all_reduce_time(20 * GB, 64, 600 * GB) / MS,
            {"you used FP32 gradients (4 bytes)": lambda: 131.25,
             "you counted one phase only": lambda: 32.8125}),
+    Derive("4.2", "overlap analysis",
+           "Backward takes 200 ms over 40 layers (5 ms each); each layer's bucketed "
+           "all-reduce takes 1.5 ms and runs during the next layer's backward. What "
+           "percentage of the communication is overlapped?", "%", "97.5",
+           lambda: 100 * calc.overlap_fraction(40, 1.5 * MS, 5 * MS),
+           {"you computed one minus the overhead, 1 - 1.5 ms / 200 ms, not the share of "
+            "the communication hidden":
+            lambda: 100 * (1 - calc.comm_overhead_fraction(40, 1.5 * MS, 5 * MS)),
+            "you gave the exposed share, the last layer's 1.5 ms of 60 ms":
+            lambda: 100 * (1 - calc.overlap_fraction(40, 1.5 * MS, 5 * MS))}),
     Derive("4.3", "inter-node bottleneck",
            "8 nodes of 8 GPUs, 100 GB/s between nodes; a 10B model (FP16 gradients). Time of "
            "the cross-node ring all-reduce (8 nodes)?", "ms", "350",
            lambda: calc.ring_all_reduce_time(20 * GB, 8, 100 * GB) / MS,
            {"you used all 64 GPUs in the ring": lambda: calc.ring_all_reduce_time(20 * GB, 64, 100 * GB) / MS}),
-    Derive("5.1", "pipeline bubble",
-           "PP = 4 stages, m = 12 micro-batches, 1F1B. Bubble fraction?", "%", "25",
-           lambda: 100 * calc.bubble_fraction(4, 12, "1f1b"),
-           {"you divided by the whole step, (p-1)/(m+p-1), not by the useful compute":
-            lambda: 100 * calc.idle_fraction(4, 12, "1f1b")}),
-    Derive("5.3", "interleaved 1F1B",
-           "PP = 4, m = 12, v = 4 virtual stages per GPU. Bubble fraction?", "%", "6.25",
-           lambda: 100 * calc.bubble_fraction(4, 12, "interleaved", 4),
-           {"you forgot v": lambda: 25.0}),
-    Derive("5.4", "point-to-point communication",
-           "Activations of 500 MB per micro-batch between stages; PP = 4, m = 12, v = 4. "
-           "Total point-to-point data per step, forward and backward?", "GB", "180",
-           lambda: calc.p2p_volume(0.5 * GB, 4, 12, 4) / GB,
-           {"you counted the forward sends only": lambda: 90.0,
-            "you used PP x v boundaries instead of PP x v - 1": lambda: 192.0}),
-    Derive("6.5", "TP scaling limit",
-           "320 TP all-reduces per step of 0.09 ms each; compute takes 300 ms. TP "
-           "communication overhead?", "%", "9.6",
-           lambda: 100 * calc.comm_compute_ratio(320 * 0.09 * MS, 300 * MS)),
-    Derive("7.2", "checkpoint write time",
-           "A 980 GB checkpoint, written at 10 GB/s. How long?", "s", "98",
-           lambda: calc.checkpoint_write_seconds(980 * GB, 10 * GB)),
-    Derive("7.3", "optimal checkpoint frequency",
-           "MTBF 24 hours, checkpoint C = 98 s. Young's interval sqrt(2 C F), in minutes?",
-           "minutes", "68.5", lambda: calc.young_interval(98, 24 * 3600) / 60,
-           {"you left out the 2 under the root": lambda: calc.young_interval(49, 24 * 3600) / 60}),
-    Derive("8.1", "FP16 range",
-           "FP16's smallest positive normal number is 2^-14. How many x 1e-5?", "x 1e-5",
-           "6.1035", lambda: calc.format_min_normal(5) * 1e5,
-           {"you computed the smallest subnormal 2^-24": lambda: calc.format_min_subnormal(5, 10) * 1e5}),
-    Derive("8.3", "memory of mixed precision",
-           "Bytes per parameter of mixed-precision Adam over pure FP32 Adam: the ratio?", "",
-           "1.0", lambda: calc.model_state_bytes_per_param(precision="mixed")
-           / calc.model_state_bytes_per_param(precision="fp32"),
-           {"you left out the FP32 master weights": lambda: 0.75}),
 ]
