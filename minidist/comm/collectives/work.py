@@ -21,6 +21,7 @@ from __future__ import annotations
 import queue
 import sys
 import threading
+import time
 from typing import Callable
 
 from minidist import backend
@@ -34,8 +35,11 @@ class Work:
         self._device = backend.current_device()  # the issuing thread's GPU (CuPy)
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self.started_at: float | None = None   # perf_counter when the thread took it up
+        self.finished_at: float | None = None  # ... and when it was done
 
     def _run(self) -> None:
+        self.started_at = time.perf_counter()
         try:
             if self._device is not None:
                 backend.use_device(self._device)  # CUDA's current device is per thread
@@ -43,6 +47,7 @@ class Work:
         except BaseException as e:  # re-raised in the thread that calls wait()
             self._error = e
         finally:
+            self.finished_at = time.perf_counter()
             _count_queued(-1)
             self._done.set()
 
