@@ -117,10 +117,9 @@ class DistributedDataParallel(Module):
         if not bucket.is_full():
             return
         is_last = len(self._launched) + 1 == len(self.buckets)
+        bucket.launched_at = time.perf_counter()            # ready: the hook may start
         if self.overlap:
-            bucket.mark_launched(self._communicate(bucket, is_last))
-        else:
-            bucket.launched_at = time.perf_counter()
+            bucket.work = self._communicate(bucket, is_last)
         self._launched.append(bucket)
         if is_last:
             self._finish()
