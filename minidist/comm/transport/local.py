@@ -94,7 +94,9 @@ class LocalTransport(ShortWays, Transport):
         self._current: dict[int, Any] = {}       # src -> receive that is taking pieces now
         self._unexpected: dict[int, list] = {}   # src -> messages stashed early
         # An emulated link (link.py): pieces take time on the wire, the CPU is free.
-        self._link = EmulatedLink(link_bps, self.world_size) if link_bps else None
+        self.node_size, inter_bps = shm.read_topology(self._seg)  # 0: one level (link.py)
+        self._link = (EmulatedLink(link_bps, self.world_size, rank, self.node_size, inter_bps)
+                      if link_bps or inter_bps else None)
         self._lock = threading.RLock()
         self._posts = 0  # receives posted so far (see exchange)
         self._next_ctx = 1
