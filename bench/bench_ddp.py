@@ -76,16 +76,21 @@ def time_steps(variant: str, layers: int, width: int, batch: int, steps: int,
         opt.zero_grad()
         synchronize()                                # a GPU backend computes asynchronously
         times.append(time.perf_counter() - t)
-    return statistics.median(times[2:])
+    timeline = getattr(wrapped, "timeline", [])
+    return statistics.median(times[2:]), timeline, [b.nbytes for b in getattr(wrapped, "buckets", [])]
 
 
-def measure(world, variants, args) -> dict:
+def measure(world, variants, args, last: dict | None = None) -> dict:
+    """Median step time of each variant; ``last`` gets rank 0's last timeline and
+    bucket sizes of each variant."""
     per_round: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(args.rounds):
         for v in variants:
             ranks = world.run(time_steps, v, args.layers, args.width, args.batch, args.steps,
                               args.bucket_mb, args.spin_s)
-            per_round[v].append(max(ranks))       # a step is done when every rank is
+            per_round[v].append(max(r[0] for r in ranks))  # a step is done when every rank is
+            if last is not None:
+                last[v] = ranks[0][1:]
     return {v: statistics.median(ts) for v, ts in per_round.items()}
 
 
@@ -111,12 +116,36 @@ def main() -> None:
           f"{grad_mb:.1f} MB of gradients; batch {args.batch} per rank; "
           f"buckets of {args.bucket_mb} MB; median of {args.rounds} rounds x {args.steps} steps")
     variants = ["compute", "naive", "bucketed", "overlap"]
-    with World(1) as world:
+    with World(1, link_gbps=0) as world:
         at_1 = measure(world, ["overlap"], args)["overlap"]
     links = [None] + ([args.link_gbps] if args.link_gbps > 0 else [])
     for link in links:
         with World(args.world, link_gbps=link if link else 0) as world:
-            report(measure(world, variants, args), at_1, args.world, link)
+            last: dict = {}
+            at_n = measure(world, variants, args, last)
+            report(at_n, at_1, args.world, link)
+            overlap_report(at_n, last["overlap"], args.world, link)
+
+
+def overlap_report(at_n: dict, last: tuple, world: int, link: float | None) -> None:
+    """Rank 0's last overlapped step, bucket by bucket, and the targets."""
+    from minidist.parallel.data.timeline import render
+    timeline, sizes = last
+    print("overlap, rank 0's last step ('.' ready and queued, '#' all-reducing, "
+          "'|' backward ended; ms after forward ended):")
+    print(render(timeline))
+    if link is None:
+        ok = at_n["overlap"] <= at_n["bucketed"]
+        print(f"target: overlap <= bucketed on shared memory: {1e3 * at_n['overlap']:.1f} <= "
+              f"{1e3 * at_n['bucketed']:.1f} ms  {'met' if ok else 'NOT met'}")
+        return
+    last_bytes = sizes[timeline[-2]["bucket"]]
+    wire = 2 * (world - 1) / world * last_bytes / (link * 1e9)
+    bound = 1.15 * (at_n["compute"] + wire)
+    ok = at_n["overlap"] <= bound
+    print(f"target: overlap <= 1.15 x (compute + last bucket's wire time) = 1.15 x "
+          f"({1e3 * at_n['compute']:.1f} + {1e3 * wire:.1f}) = {1e3 * bound:.1f} ms; "
+          f"measured {1e3 * at_n['overlap']:.1f} ms  {'met' if ok else 'NOT met'}")
 
 
 def report(at_n: dict, at_1: float, world: int, link: float | None) -> None:
