@@ -306,3 +306,25 @@ def ring_work(path, work, n, length, causal):
     ax.legend(fontsize=8)
     _save(plt, fig, path)
 
+
+
+def compression(path, runs):
+    """Demo 18: loss vs step, loss vs wall time, and bytes sent, one line per hook.
+
+    runs: label -> dict(losses, times (s since start), bytes (sent per rank))."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(13, 3.6))
+    for label, r in runs.items():
+        a1.plot(range(1, len(r["losses"]) + 1), r["losses"], label=label)
+        a2.plot(r["times"], r["losses"], label=label)
+    labels = list(runs)
+    a3.barh(range(len(labels)), [runs[k]["bytes"] / 1e6 for k in labels], color="tab:blue")
+    a3.set_yticks(range(len(labels)), labels)
+    a3.invert_yaxis()
+    a1.set(xlabel="step", ylabel="loss", yscale="log", title="loss vs step")
+    a2.set(xlabel="wall time (s)", yscale="log", title="loss vs wall time")
+    a3.set(xlabel="MB sent per rank", title="bytes sent")
+    a1.legend(fontsize=8)
+    _save(plt, fig, path)

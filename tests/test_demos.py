@@ -28,6 +28,7 @@ SMOKE_ARGS = {
     "11_ring_attention.py": ["-n", "2", "--length", "256"],
     "12_checkpoints.py": ["--width", "8", "--steps", "4", "--save-at", "2"],
     "13_diagnostics.py": ["-n", "2", "--steps", "4", "--bug-step", "2", "--bug-rank", "1"],
+    "18_compression.py": ["--steps", "8", "--width", "64"],
 }
 
 
