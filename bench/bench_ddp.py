@@ -64,10 +64,10 @@ def time_steps(variant: str, layers: int, width: int, batch: int, steps: int,
     if spin_s is not None:
         from minidist.comm.group import world_group
         world_group().transport.spin_s = spin_s  # how long a waiting rank polls before sleeping
-    times = []
+    times, cpu_main, cpu_comm = [], [], []
     for i in range(steps + 2):                       # 2 warm-up steps
         dist.barrier()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         with wrapped.no_sync() if variant == "compute" else contextlib.nullcontext():
             wrapped(x).sum().backward()
         if variant == "naive":
@@ -76,21 +76,31 @@ def time_steps(variant: str, layers: int, width: int, batch: int, steps: int,
         opt.zero_grad()
         synchronize()                                # a GPU backend computes asynchronously
         times.append(time.perf_counter() - t)
+        cpu_main.append(time.thread_time() - c)      # this (the main) thread's CPU time
+        events = getattr(wrapped, "timeline", [])[:-1] if variant != "compute" else []
+        cpu_comm.append(sum(e["cpu_ms"] for e in events) / 1e3)  # the background thread's
     timeline = getattr(wrapped, "timeline", [])
-    return statistics.median(times[2:]), timeline, [b.nbytes for b in getattr(wrapped, "buckets", [])]
+    return (statistics.median(times[2:]), timeline,
+            [b.nbytes for b in getattr(wrapped, "buckets", [])],
+            statistics.median(cpu_main[2:]), statistics.median(cpu_comm[2:]))
 
 
 def measure(world, variants, args, last: dict | None = None) -> dict:
     """Median step time of each variant; ``last`` gets rank 0's last timeline and
     bucket sizes of each variant."""
     per_round: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list] = {}
     for _ in range(args.rounds):
         for v in variants:
             ranks = world.run(time_steps, v, args.layers, args.width, args.batch, args.steps,
                               args.bucket_mb, args.spin_s)
             per_round[v].append(max(r[0] for r in ranks))  # a step is done when every rank is
             if last is not None:
-                last[v] = ranks[0][1:]
+                last[v] = ranks[0][1:3]
+                cpu.setdefault(v, []).append(ranks[0][3:])
+    if last is not None:   # rank 0's median CPU ms per step: (main thread, comm thread)
+        last["cpu"] = {v: tuple(1e3 * statistics.median(c[i] for c in cs) for i in (0, 1))
+                       for v, cs in cpu.items()}
     return {v: statistics.median(ts) for v, ts in per_round.items()}
 
 
@@ -125,6 +135,7 @@ def main() -> None:
             at_n = measure(world, variants, args, last)
             report(at_n, at_1, args.world, link)
             overlap_report(at_n, last["overlap"], args.world, link)
+            cpu_report(last["cpu"], args.world)
 
 
 def overlap_report(at_n: dict, last: tuple, world: int, link: float | None) -> None:
@@ -146,6 +157,19 @@ def overlap_report(at_n: dict, last: tuple, world: int, link: float | None) -> N
     print(f"target: overlap <= 1.15 x (compute + last bucket's wire time) = 1.15 x "
           f"({1e3 * at_n['compute']:.1f} + {1e3 * wire:.1f}) = {1e3 * bound:.1f} ms; "
           f"measured {1e3 * at_n['overlap']:.1f} ms  {'met' if ok else 'NOT met'}")
+
+
+def cpu_report(cpu: dict, world: int) -> None:
+    """Rank 0's CPU time per step: its main thread's and the background thread's."""
+    from minidist.comm.transport.base import cores_available
+    per_rank = cores_available() / world
+    print(f"CPU per step on rank 0 ({per_rank:g} core(s) per rank): main thread + background "
+          "thread = total")
+    for v, (main, comm) in cpu.items():
+        print(f"  {v:<10} {main:6.1f} + {comm:5.1f} = {main + comm:6.1f} ms")
+    if per_rank <= 1:
+        print("  with no spare core, a step cannot take less than its total CPU time: the "
+              "copies of bucketing and communication come on top of compute, overlap or not")
 
 
 def report(at_n: dict, at_1: float, world: int, link: float | None) -> None:

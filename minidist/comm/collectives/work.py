@@ -37,9 +37,11 @@ class Work:
         self._error: BaseException | None = None
         self.started_at: float | None = None   # perf_counter when the thread took it up
         self.finished_at: float | None = None  # ... and when it was done
+        self.cpu_s = 0.0                       # CPU time the thread spent on it
 
     def _run(self) -> None:
         self.started_at = time.perf_counter()
+        cpu = time.thread_time()
         try:
             if self._device is not None:
                 backend.use_device(self._device)  # CUDA's current device is per thread
@@ -48,6 +50,7 @@ class Work:
             self._error = e
         finally:
             self.finished_at = time.perf_counter()
+            self.cpu_s = time.thread_time() - cpu
             _count_queued(-1)
             self._done.set()
 

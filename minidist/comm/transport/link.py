@@ -21,6 +21,10 @@ this one for ``n / beta`` seconds:
 
     arrival = max(now, free_at[dst]) + n / beta;   free_at[dst] = arrival
 
+``now`` is when the sender starts copying the piece into its slot: a NIC reads
+the sender's memory while the bytes go out, so that copy is part of the
+n / beta on the wire, not added to it (it is added only if it takes longer).
+
 The receiver does not take a piece before its arrival time, and a rank that
 waits only for pieces still on the wire sleeps until the first of them lands
 (no CPU used). The links are full duplex and independent: rank r sending to

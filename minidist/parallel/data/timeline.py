@@ -6,6 +6,9 @@ For each bucket DDP records, in ms after forward ended (``ddp.timeline``)::
     comm_start_ms   the background thread started its first collective
     comm_end_ms     ... and finished its last one
     hidden_ms       the part of [comm_start, comm_end] before backward ended
+    cpu_ms          CPU time the background thread spent on it (copies, adds):
+                    on a machine with a core per rank and no spare one, this
+                    is taken from backward, overlap or not
 
 and a last entry ``{backward_end_ms, hidden_fraction}``. Communication that
 runs while backward still computes costs nothing; what runs after it is the
@@ -34,6 +37,7 @@ def bucket_event(bucket: Any, future: Any, t0: float, backward_end: float) -> di
     return dict(bucket=bucket.index, params=len(bucket.params), bytes=bucket.nbytes,
                 ready_ms=ms(bucket.launched_at), comm_start_ms=ms(start), comm_end_ms=ms(end),
                 hidden_ms=hidden,
+                cpu_ms=1e3 * sum(getattr(w, "cpu_s", 0.0) for w in getattr(future, "works", [])),
                 done_before_backward_end=end is not None and end <= backward_end)
 
 
