@@ -33,6 +33,22 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")   # before NumPy loads, here and in the spawned ranks
 
 
+def mlp(layers: int, width: int):
+    """``layers`` x (Linear(width, width), tanh) in float32, layer i seeded with i
+    (also used by bench_zero.py)."""
+    from minidist.backend import Generator
+    from minidist.nn import Linear, Sequential
+
+    class Tanh(Sequential):
+        def forward(self, x):
+            return x.tanh()
+
+    mods = []
+    for i in range(layers):
+        mods += [Linear(width, width, generator=Generator(i)), Tanh()]
+    return Sequential(*mods)
+
+
 def time_steps(variant: str, layers: int, width: int, batch: int, steps: int,
                bucket_mb: float, spin_s: float | None = None) -> float:
     """On every rank: median seconds per training step of ``variant``."""
@@ -42,18 +58,10 @@ def time_steps(variant: str, layers: int, width: int, batch: int, steps: int,
     import minidist.distributed as dist
     from minidist.autograd import Tensor
     from minidist.backend import Generator, synchronize
-    from minidist.nn import Linear, Sequential
     from minidist.optim import SGD
     from minidist.parallel import DataParallelNaive, DistributedDataParallel
 
-    class Tanh(Sequential):
-        def forward(self, x):
-            return x.tanh()
-
-    mods = []
-    for i in range(layers):
-        mods += [Linear(width, width, generator=Generator(i)), Tanh()]
-    model = Sequential(*mods)
+    model = mlp(layers, width)
     if variant == "naive":
         wrapped = DataParallelNaive(model)
     else:

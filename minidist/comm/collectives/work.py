@@ -35,6 +35,7 @@ class Work:
         self._device = backend.current_device()  # the issuing thread's GPU (CuPy)
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self.issued_at = time.perf_counter()   # when it was queued
         self.started_at: float | None = None   # perf_counter when the thread took it up
         self.finished_at: float | None = None  # ... and when it was done
         self.cpu_s = 0.0                       # CPU time the thread spent on it
