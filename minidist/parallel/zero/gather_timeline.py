@@ -31,6 +31,9 @@ import time
 from typing import Any
 
 
+MAX_EVENTS = 10_000  # a run that never steps (inference) starts over after this many
+
+
 class GatherTimeline:
     """Records the gathers and computes of one step (Zero3 keeps one)."""
 
@@ -42,6 +45,8 @@ class GatherTimeline:
         """Unit ``unit`` asks for its weights now; ``work`` is its gather's Work
         (prefetched, with ``issued_at``) or None (gathered now, synchronously)."""
         now = time.perf_counter()
+        if len(self.events) >= MAX_EVENTS:
+            self.t0, self.events = None, []
         if self.t0 is None:
             self.t0 = now if issued_at is None else min(now, issued_at)
         event = dict(unit=unit, phase=phase, prefetched=work is not None, work=work,
@@ -60,8 +65,8 @@ class GatherTimeline:
             return None if t is None else 1e3 * (t - t0)
         for e in self.events:
             work = e["work"]
-            start = work.started_at if work is not None else e["start"]
-            end = work.finished_at if work is not None else e["end"]
+            start = getattr(work, "started_at", None) if work is not None else e["start"]
+            end = getattr(work, "finished_at", None) if work is not None else e["end"]
             hidden = 0.0 if start is None or end is None else max(0.0, min(end, e["needed"]) - start)
             out.append(dict(unit=e["unit"], phase=e["phase"], prefetched=e["prefetched"],
                             issued_ms=ms(e["issued"]), gather_start_ms=ms(start),
@@ -84,9 +89,11 @@ def render(timeline: list[dict], width: int = 60) -> str:
     lines = []
     for e in events:
         row = [" "] * (width + 1)
-        g0, g1 = int(e["gather_start_ms"] * scale), int(e["gather_end_ms"] * scale)
-        c0 = int(max(e["needed_ms"], e["gather_end_ms"]) * scale)
-        c1 = int((e["compute_end_ms"] or e["gather_end_ms"]) * scale)
+        start = e["needed_ms"] if e["gather_start_ms"] is None else e["gather_start_ms"]
+        end = start if e["gather_end_ms"] is None else e["gather_end_ms"]
+        g0, g1 = int(start * scale), int(end * scale)
+        c0 = int(max(e["needed_ms"], end) * scale)
+        c1 = int((end if e["compute_end_ms"] is None else e["compute_end_ms"]) * scale)
         for x in range(int(e["needed_ms"] * scale), c0):
             row[x] = "."
         for x in range(c0, max(c1, c0 + 1)):
@@ -94,7 +101,7 @@ def render(timeline: list[dict], width: int = 60) -> str:
         for x in range(g0, max(g1, g0 + 1)):
             row[min(x, width)] = "#"
         lines.append(f"  {e['phase']:<8} unit {e['unit']:>2} {''.join(row)}  gather "
-                     f"{e['gather_start_ms']:6.1f}-{e['gather_end_ms']:6.1f}, needed "
+                     f"{start:6.1f}-{end:6.1f}, needed "
                      f"{e['needed_ms']:6.1f} ms")
     lines.append(f"  hidden fraction of the gathers: {timeline[-1]['hidden_fraction']:.2f}")
     return "\n".join(lines)

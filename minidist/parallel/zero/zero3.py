@@ -175,7 +175,8 @@ class Zero3(ZeroBase):
         if unit.prefetched is not None:
             work, flat = unit.prefetched
             unit.prefetched = None
-            unit.event = self._gathers.needed(unit.index, phase, work, work.issued_at)
+            unit.event = self._gathers.needed(unit.index, phase, work,
+                                              getattr(work, "issued_at", None))
             work.wait()
         else:
             unit.event = self._gathers.needed(unit.index, phase, None, None)

@@ -65,3 +65,29 @@ def test_without_prefetch_no_gather_hides(world):
             assert not e["prefetched"] and e["issued_ms"] is None
             assert e["gather_start_ms"] == e["needed_ms"] <= e["gather_end_ms"] <= e["compute_end_ms"]
         assert timeline[-1]["hidden_fraction"] == 0.0
+
+
+class _FakeWork:
+    def __init__(self, issued, start, end):
+        self.issued_at, self.started_at, self.finished_at = issued, start, end
+
+
+@settings(max_examples=50, deadline=None)
+@given(spans=st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1), st.floats(0, 1)),
+                      min_size=1, max_size=6))
+def test_hidden_fraction_is_the_share_of_gather_time_before_the_unit_needed_it(spans):
+    """Against a direct sum over the intervals."""
+    from minidist.parallel.zero import gather_timeline as G
+
+    t = G.GatherTimeline()
+    expected_hidden = expected_total = 0.0
+    for i, (a, b, c) in enumerate(spans):
+        start, end = min(a, b), max(a, b)       # s after t0 = 0 (the first issue)
+        e = t.needed(i, "forward", _FakeWork(0.0, start, end), 0.0)
+        e["needed"] = needed = c                # when the unit asked, set by hand
+        expected_hidden += max(0.0, min(end, needed) - start)
+        expected_total += end - start
+    timeline = t.finish()
+    want = expected_hidden / expected_total if expected_total > 0 else 0.0
+    assert timeline[-1]["hidden_fraction"] == pytest.approx(want, abs=1e-9)
+    assert t.events == [] and t.t0 is None      # ready for the next step
