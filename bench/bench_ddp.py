@@ -33,6 +33,22 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")   # before NumPy loads, here and in the spawned ranks
 
 
+def mlp(layers: int, width: int):
+    """``layers`` x (Linear(width, width), tanh) in float32, layer i seeded with i
+    (also used by bench_zero.py)."""
+    from minidist.backend import Generator
+    from minidist.nn import Linear, Sequential
+
+    class Tanh(Sequential):
+        def forward(self, x):
+            return x.tanh()
+
+    mods = []
+    for i in range(layers):
+        mods += [Linear(width, width, generator=Generator(i)), Tanh()]
+    return Sequential(*mods)
+
+
 def time_steps(variant: str, layers: int, width: int, batch: int, steps: int,
                bucket_mb: float, spin_s: float | None = None) -> float:
     """On every rank: median seconds per training step of ``variant``."""
@@ -42,18 +58,10 @@ def time_steps(variant: str, layers: int, width: int, batch: int, steps: int,
     import minidist.distributed as dist
     from minidist.autograd import Tensor
     from minidist.backend import Generator, synchronize
-    from minidist.nn import Linear, Sequential
     from minidist.optim import SGD
     from minidist.parallel import DataParallelNaive, DistributedDataParallel
 
-    class Tanh(Sequential):
-        def forward(self, x):
-            return x.tanh()
-
-    mods = []
-    for i in range(layers):
-        mods += [Linear(width, width, generator=Generator(i)), Tanh()]
-    model = Sequential(*mods)
+    model = mlp(layers, width)
     if variant == "naive":
         wrapped = DataParallelNaive(model)
     else:
@@ -64,10 +72,10 @@ def time_steps(variant: str, layers: int, width: int, batch: int, steps: int,
     if spin_s is not None:
         from minidist.comm.group import world_group
         world_group().transport.spin_s = spin_s  # how long a waiting rank polls before sleeping
-    times = []
+    times, cpu_main, cpu_comm = [], [], []
     for i in range(steps + 2):                       # 2 warm-up steps
         dist.barrier()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         with wrapped.no_sync() if variant == "compute" else contextlib.nullcontext():
             wrapped(x).sum().backward()
         if variant == "naive":
@@ -76,16 +84,31 @@ def time_steps(variant: str, layers: int, width: int, batch: int, steps: int,
         opt.zero_grad()
         synchronize()                                # a GPU backend computes asynchronously
         times.append(time.perf_counter() - t)
-    return statistics.median(times[2:])
+        cpu_main.append(time.thread_time() - c)      # this (the main) thread's CPU time
+        events = getattr(wrapped, "timeline", [])[:-1] if variant != "compute" else []
+        cpu_comm.append(sum(e["cpu_ms"] for e in events) / 1e3)  # the background thread's
+    timeline = getattr(wrapped, "timeline", [])
+    return (statistics.median(times[2:]), timeline,
+            [b.nbytes for b in getattr(wrapped, "buckets", [])],
+            statistics.median(cpu_main[2:]), statistics.median(cpu_comm[2:]))
 
 
-def measure(world, variants, args) -> dict:
+def measure(world, variants, args, last: dict | None = None) -> dict:
+    """Median step time of each variant; ``last`` gets rank 0's last timeline and
+    bucket sizes of each variant."""
     per_round: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list] = {}
     for _ in range(args.rounds):
         for v in variants:
             ranks = world.run(time_steps, v, args.layers, args.width, args.batch, args.steps,
                               args.bucket_mb, args.spin_s)
-            per_round[v].append(max(ranks))       # a step is done when every rank is
+            per_round[v].append(max(r[0] for r in ranks))  # a step is done when every rank is
+            if last is not None:
+                last[v] = ranks[0][1:3]
+                cpu.setdefault(v, []).append(ranks[0][3:])
+    if last is not None:   # rank 0's median CPU ms per step: (main thread, comm thread)
+        last["cpu"] = {v: tuple(1e3 * statistics.median(c[i] for c in cs) for i in (0, 1))
+                       for v, cs in cpu.items()}
     return {v: statistics.median(ts) for v, ts in per_round.items()}
 
 
@@ -111,12 +134,60 @@ def main() -> None:
           f"{grad_mb:.1f} MB of gradients; batch {args.batch} per rank; "
           f"buckets of {args.bucket_mb} MB; median of {args.rounds} rounds x {args.steps} steps")
     variants = ["compute", "naive", "bucketed", "overlap"]
-    with World(1) as world:
+    with World(1, link_gbps=0) as world:
         at_1 = measure(world, ["overlap"], args)["overlap"]
     links = [None] + ([args.link_gbps] if args.link_gbps > 0 else [])
     for link in links:
         with World(args.world, link_gbps=link if link else 0) as world:
-            report(measure(world, variants, args), at_1, args.world, link)
+            last: dict = {}
+            at_n = measure(world, variants, args, last)
+            report(at_n, at_1, args.world, link)
+            wire = overlap_report(at_n, last["overlap"], args.world, link)
+            cpu_report(last["cpu"], args.world, wire)
+
+
+def overlap_report(at_n: dict, last: tuple, world: int, link: float | None) -> float:
+    """Rank 0's last overlapped step, bucket by bucket, and the targets; returns
+    the last bucket's wire time in s (0 on shared memory)."""
+    from minidist.parallel.data.timeline import render
+    timeline, sizes = last
+    print("overlap, rank 0's last step ('.' ready and queued, '#' all-reducing, "
+          "'|' backward ended; ms after forward ended):")
+    print(render(timeline))
+    if link is None:
+        ok = at_n["overlap"] <= at_n["bucketed"]
+        print(f"target: overlap <= bucketed on shared memory: {1e3 * at_n['overlap']:.1f} <= "
+              f"{1e3 * at_n['bucketed']:.1f} ms  {'met' if ok else 'NOT met'}")
+        return 0.0
+    last_bytes = sizes[timeline[-2]["bucket"]]
+    wire = 2 * (world - 1) / world * last_bytes / (link * 1e9)
+    bound = 1.15 * (at_n["compute"] + wire)
+    ok = at_n["overlap"] <= bound
+    print(f"target: overlap <= 1.15 x (compute + last bucket's wire time) = 1.15 x "
+          f"({1e3 * at_n['compute']:.1f} + {1e3 * wire:.1f}) = {1e3 * bound:.1f} ms; "
+          f"measured {1e3 * at_n['overlap']:.1f} ms  {'met' if ok else 'NOT met'}")
+    return wire
+
+
+def cpu_report(cpu: dict, world: int, wire: float) -> None:
+    """Rank 0's CPU time per step: its main thread's and the background thread's.
+    CPU time is what a busy machine inflates least: a rank that is preempted
+    waits, but its CPU time does not grow."""
+    from minidist.comm.transport.base import cores_available
+    per_rank = cores_available() / world
+    print(f"CPU per step on rank 0 ({per_rank:g} core(s) per rank): main thread + background "
+          "thread = total")
+    for v, (main, comm) in cpu.items():
+        print(f"  {v:<10} {main:6.1f} + {comm:5.1f} = {main + comm:6.1f} ms")
+    if per_rank > 1:
+        return
+    print("  with no spare core, a step cannot take less than its total CPU time: the "
+          "copies of bucketing and communication come on top of compute, overlap or not")
+    if wire:
+        main, comm = cpu["overlap"]
+        floor, ideal = main + comm + 1e3 * wire, cpu["compute"][0] + 1e3 * wire
+        print(f"  floor of the overlapped step here: {main + comm:.1f} + last bucket's wire "
+              f"{1e3 * wire:.1f} = {floor:.1f} ms = {floor / ideal:.2f} x (compute + wire)")
 
 
 def report(at_n: dict, at_1: float, world: int, link: float | None) -> None:

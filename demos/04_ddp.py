@@ -8,15 +8,19 @@ last few bits:
 
     g = (1/N) sum_r g_r  =  gradient of the mean loss over the N*B samples
 
+The model is a stack of ``--layers`` MLP blocks (4 parameter tensors each).
 It prints max |ddp - single| (and the naive DDP's), the number of all-reduces
-(one per bucket per step, not one per parameter), and the bucket timeline of
-the last step: when each bucket's gradients were ready, relative to the end of
-backward, and whether its all-reduce had already finished by then.
+side by side (naive: one per parameter per step; bucketed: one per bucket),
+whether the link between ranks is emulated and at what speed, and the bucket
+timeline of the last step: when each bucket's gradients were ready, when its
+all-reduce ran in the background, relative to the end of backward, and the
+fraction of the communication hidden behind backward.
 
     python demos/04_ddp.py                # 4 processes, ~5 s
     python demos/04_ddp.py -n 2 --steps 5 --bucket-mb 0.05
     python demos/04_ddp.py --figure /tmp/buckets.png   # also draw the timeline
     python demos/04_ddp.py --link-gbps 0.5   # bytes take time on a wire: watch overlap
+    MINIDIST_LINK_GBPS=0.5 python demos/04_ddp.py      # the same, from the environment
 
 With --figure PATH (no figure without it) it saves that bucket timeline as a
 PNG (needs matplotlib).
@@ -31,10 +35,24 @@ import numpy as np
 from minidist.comm import World
 from minidist import backend
 from minidist.autograd import Tensor
-from minidist.nn import MLP
+from minidist.nn import MLP, Sequential
+from minidist.comm.transport.link import ENV as LINK_ENV, link_bytes_per_s
 from minidist.optim import AdamW
+from minidist.parallel.data.timeline import render
 
 TOLERANCE = 1e-12
+
+
+def link_line(link_gbps):
+    """Say whether bytes take time on an emulated wire, and how fast it is."""
+    gbps, source = link_gbps, "--link-gbps"
+    if gbps is None:
+        gbps, source = link_bytes_per_s(None) / 1e9, f"{LINK_ENV}"
+    if gbps:
+        return (f"link: emulated, {gbps:g} GB/s between each pair of ranks (set by {source}; "
+                f"comm/transport/link.py)")
+    return (f"link: shared memory, no emulated wire (the CPUs copy every byte); "
+            f"--link-gbps or {LINK_ENV} emulates one")
 
 
 def data(args):
@@ -48,13 +66,19 @@ def loss_of(out, y):
     return (diff * diff).mean()
 
 
+def make_model(args, seed):
+    gen = backend.Generator(seed)
+    return Sequential(*[MLP(args.width, 4 * args.width, dtype="float64", generator=gen)
+                        for _ in range(args.layers)])
+
+
 def train_rank(args, naive):
     """One rank: its slice of every batch, DDP (or naive DDP), AdamW."""
-    from minidist.backend import Generator, from_host, to_host
+    from minidist.backend import from_host, to_host
     from minidist.distributed import get_rank, get_stats
     from minidist.parallel import DataParallelNaive, DistributedDataParallel
     rank, b = get_rank(), args.batch
-    model = MLP(args.width, 4 * args.width, dtype="float64", generator=Generator(rank))
+    model = make_model(args, rank)   # different weights per rank: DDP broadcasts rank 0's
     ddp = DataParallelNaive(model) if naive else \
         DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
     opt = AdamW(model.parameters(), lr=1e-3)
@@ -75,7 +99,7 @@ def train_rank(args, naive):
 
 
 def train_single(args):
-    model = MLP(args.width, 4 * args.width, dtype="float64", generator=backend.Generator(0))
+    model = make_model(args, 0)
     opt = AdamW(model.parameters(), lr=1e-3)
     x, y = data(args)
     for s in range(args.steps):
@@ -91,7 +115,8 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=8, help="samples per rank per step")
     parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--bucket-mb", type=float, default=1.0)
+    parser.add_argument("--layers", type=int, default=4, help="MLP blocks, 4 tensors each")
+    parser.add_argument("--bucket-mb", type=float, default=4.5)
     parser.add_argument("--figure", metavar="PATH", help="save the timeline as a PNG (default: none)")
     parser.add_argument("--link-gbps", type=float, default=None,
                         help="emulate a link of this many GB/s between ranks (comm/transport/link.py)")
@@ -104,25 +129,25 @@ if __name__ == "__main__":
             results[naive] = world.run(train_rank, args, naive)
     n_params = len(single)
     print(f"{args.world_size} ranks x {args.batch} samples, {args.steps} AdamW steps, "
-          f"MLP({args.width}) in float64, {n_params} parameter tensors\n")
+          f"{args.layers} x MLP({args.width}) in float64, {n_params} parameter tensors")
+    print(link_line(args.link_gbps) + "\n")
     worst = 0.0
     for naive, label in ((True, "naive DDP"), (False, "bucketed DDP")):
         diff = max(float(np.max(np.abs(r[0][k] - single[k]))) for r in results[naive]
                    for k in single)
         worst = max(worst, diff)
-        calls = results[naive][0][1]
-        print(f"{label:<13} max |ddp - single| = {diff:.1e}   all-reduces: {calls} "
-              f"({calls / args.steps:.0f} per step)")
+        print(f"{label:<13} max |ddp - single| = {diff:.1e}")
     _, _, timeline, buckets = results[False][0]
-    end = timeline[-1]["backward_end_ms"]
-    print(f"\nbucket timeline of the last step on rank 0 ({buckets} buckets of <= "
-          f"{args.bucket_mb} MB; ms after forward ended; backward ended at {end:.2f} ms):")
-    for ev in timeline[:-1]:
-        state = "done before backward ended" if ev["done_before_backward_end"] else \
-            "still running at backward's end"
-        print(f"  bucket {ev['bucket']}: {ev['params']} params, {ev['bytes'] / 1e3:7.1f} kB, "
-              f"ready at {ev['ready_ms']:6.2f} ms, all-reduce {state}; "
-              f"waited for until {ev['waited_until_ms']:6.2f} ms")
+    naive_calls, bucket_calls = results[True][0][1], results[False][0][1]
+    print(f"\n{'':<22}{'naive':>8}{'bucketed':>10}")
+    print(f"{'parameter tensors':<22}{n_params:>8}{n_params:>10}")
+    print(f"{'buckets':<22}{'-':>8}{buckets:>10}   (<= {args.bucket_mb} MB each)")
+    print(f"{'all-reduces per step':<22}{naive_calls / args.steps:>8.0f}"
+          f"{bucket_calls / args.steps:>10.0f}")
+    print(f"{'all-reduces in all':<22}{naive_calls:>8}{bucket_calls:>10}")
+    print(f"\nbucket timeline of the last step on rank 0 (ms after forward ended; "
+          f"'.' ready and queued, '#' all-reducing, '|' backward ended):")
+    print(render(timeline))
     if args.figure:
         from _figures import bucket_timeline
         bucket_timeline(args.figure, timeline, args.world_size, args.bucket_mb)

@@ -109,20 +109,24 @@ def bucket_timeline(path, timeline, n, bucket_mb):
     fig, ax = plt.subplots(figsize=(10, 1.4 + 0.45 * len(buckets)))
     ax.barh(0, end, color="tab:gray", label="backward (compute)")
     for y, ev in enumerate(buckets, start=1):
-        # a finished async all-reduce is only seen finished when backward ends
-        done = min(ev["waited_until_ms"], end) if ev["done_before_backward_end"] \
-            else ev["waited_until_ms"]
-        color = "tab:green" if ev["done_before_backward_end"] else "tab:orange"
-        ax.barh(y, done - ev["ready_ms"], left=ev["ready_ms"], color=color)
-        ax.text(done, y, f" {ev['bytes'] / 1e3:.0f} kB", va="center", fontsize=8)
+        start, stop = ev["comm_start_ms"], ev["comm_end_ms"]
+        ax.barh(y, start - ev["ready_ms"], left=ev["ready_ms"], color="tab:gray", alpha=0.3)
+        hidden_to = min(stop, end)
+        if hidden_to > start:
+            ax.barh(y, hidden_to - start, left=start, color="tab:green")
+        if stop > end:
+            ax.barh(y, stop - max(start, end), left=max(start, end), color="tab:orange")
+        ax.text(stop, y, f" {ev['bytes'] / 1e3:.0f} kB", va="center", fontsize=8)
     ax.axvline(end, color="black", lw=0.8)
+    ax.barh(0, 0, color="tab:gray", alpha=0.3, label="ready, queued behind earlier buckets")
     ax.barh(0, 0, color="tab:green", label="all-reduce, hidden behind backward")
-    ax.barh(0, 0, color="tab:orange", label="all-reduce, still running after backward")
+    ax.barh(0, 0, color="tab:orange", label="all-reduce, after backward (exposed)")
     ax.set_yticks(range(len(buckets) + 1),
                   ["backward"] + [f"bucket {ev['bucket']}" for ev in buckets])
     ax.invert_yaxis()
-    ax.set(xlabel="ms after forward ended (bar: from ready to seen done)",
-           title=f"DDP, {n} ranks, buckets of ≤ {bucket_mb} MB: rank 0's last step")
+    ax.set(xlabel="ms after forward ended",
+           title=f"DDP, {n} ranks, buckets of ≤ {bucket_mb} MB: rank 0's last step "
+                 f"(hidden fraction {timeline[-1]['hidden_fraction']:.2f})")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     _save(plt, fig, path)
 
@@ -342,4 +346,25 @@ def ulysses_vs_ring(path, rows, n):
     right.set(xlabel="sequence length", ylabel="ms (slowest rank)", title="time")
     for ax in (left, right):
         ax.legend(fontsize=8)
+
+
+def compression(path, runs):
+    """Demo 18: loss vs step, loss vs wall time, and bytes sent, one line per hook.
+
+    runs: label -> dict(losses, times (s since start), bytes (sent per rank))."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(13, 3.6))
+    for label, r in runs.items():
+        a1.plot(range(1, len(r["losses"]) + 1), r["losses"], label=label)
+        a2.plot(r["times"], r["losses"], label=label)
+    labels = list(runs)
+    a3.barh(range(len(labels)), [runs[k]["bytes"] / 1e6 for k in labels], color="tab:blue")
+    a3.set_yticks(range(len(labels)), labels)
+    a3.invert_yaxis()
+    a1.set(xlabel="step", ylabel="loss", yscale="log", title="loss vs step")
+    a2.set(xlabel="wall time (s)", yscale="log", title="loss vs wall time")
+    a3.set(xlabel="MB sent per rank", title="bytes sent")
+    a1.legend(fontsize=8)
     _save(plt, fig, path)

@@ -28,6 +28,7 @@ FIGURES = {
                               {"MINIDIST_BACKEND": "guard"}),
     "03_ring_allreduce.png": ("03_ring_allreduce.py", [], {}),
     "04_ddp_buckets.png": ("04_ddp.py", [], {}),
+    "18_compression.png": ("18_compression.py", [], {}),
     "05_zero_memory.png": ("05_zero.py", [], {}),
     "06_tensor_parallel.png": ("06_tensor_parallel.py", [], {}),
     "07_pipeline.png": ("07_pipeline.py", [], {}),

@@ -33,6 +33,7 @@ SMOKE_ARGS = {
     "17_zero_bubble.py": ["-p", "2", "-m", "4", "--op-ms", "5"],
     "15_moe.py": ["-n", "2", "--steps", "5"],
     "16_ulysses.py": ["-n", "2", "--lengths", "64", "128"],
+    "18_compression.py": ["--steps", "8", "--width", "64"],
 }
 
 

@@ -279,3 +279,27 @@ def mfu_with_exposed_comm(mfu: float, compute_seconds: float, comm_seconds: floa
     MFU * T_compute / (T_compute + T_comm). Workbook 4.4: 50% x 242/(242+350) = 20%.
     """
     return mfu * compute_seconds / (compute_seconds + comm_seconds)
+
+
+def hierarchical_inter_node_bytes(size_bytes: float, nodes: int, local: int) -> float:
+    """Bytes each rank sends between nodes in the hierarchical all-reduce:
+    2(K-1)/K * M/L (K nodes of L ranks; comm/collectives/hierarchical.py)."""
+    _check_ranks(nodes)
+    _check_ranks(local)
+    return 2 * (nodes - 1) / nodes * size_bytes / local
+
+
+def hierarchical_all_reduce_time(size_bytes: float, nodes: int, local: int,
+                                 intra_bandwidth: float, inter_bandwidth: float,
+                                 latency: float = 0.0) -> float:
+    """Seconds for the hierarchical all-reduce on K nodes of L ranks:
+
+        T = 2(L-1)/L * M / beta_intra + 2(K-1)/K * (M/L) / beta_inter + 2(L-1 + K-1) alpha
+
+    (ring reduce-scatter and all-gather inside each node, a ring all-reduce of
+    each rank's M/L shard between nodes). A flat ring over the same K * L ranks
+    crosses a slow link in every step: ``ring_all_reduce_time(M, K*L, beta_inter)``.
+    """
+    intra = 2 * (local - 1) / local * size_bytes / intra_bandwidth
+    inter = hierarchical_inter_node_bytes(size_bytes, nodes, local) / inter_bandwidth
+    return intra + inter + 2 * (local - 1 + nodes - 1) * latency

@@ -34,7 +34,24 @@ def _allreduce(a):
     rows = []
     for algo in ("ring", "tree", "naive"):
         cost = comm.all_reduce_cost(a.bytes, a.gpus, a.bandwidth, a.latency, algo)
-        rows.append(f"{algo:>5}: time {_ms(cost.seconds)}, busiest rank sends {_gb(cost.bytes_per_rank)}, {cost.steps} steps")
+        rows.append(f"{algo:>5}: time {_ms(cost.seconds)}, busiest rank sends "
+                    f"{_gb(cost.bytes_per_rank)}, {cost.steps} steps")
+    if a.node_size:                             # a two-level topology: compare with the ring
+        if a.gpus % a.node_size:
+            print(f"minidist calc allreduce: error: --node-size {a.node_size} must divide "
+                  f"--gpus {a.gpus}", file=sys.stderr)
+            raise SystemExit(2)
+        local, nodes = a.node_size, a.gpus // a.node_size
+        inter = a.inter_bandwidth or a.bandwidth
+        flat = comm.ring_all_reduce_time(a.bytes, a.gpus, min(a.bandwidth, inter), a.latency)
+        hier = comm.hierarchical_all_reduce_time(a.bytes, nodes, local, a.bandwidth, inter,
+                                                 a.latency)
+        rows.append(f"{nodes} nodes x {local} ranks, {a.bandwidth / 1e9:g} GB/s inside, "
+                    f"{inter / 1e9:g} GB/s between:")
+        rows.append(f"  flat ring:    time {_ms(flat)}")
+        rows.append(f"  hierarchical: time {_ms(hier)}, sends "
+                    f"{_gb(comm.hierarchical_inter_node_bytes(a.bytes, nodes, local))} "
+                    f"between nodes per rank ({flat / hier:.2f}x faster)")
     return rows
 
 
@@ -193,7 +210,11 @@ TOPICS: dict[str, Topic] = {
         [("--bytes", positive, None, "message size M in bytes"),
          ("--gpus", positive_int, None, "ranks N"),
          ("--bandwidth", positive, None, "beta in bytes/s"),
-         ("--latency", non_negative, 0.0, "alpha in s")],
+         ("--latency", non_negative, 0.0, "alpha in s"),
+         ("--node-size", non_negative_int, 0,
+          "ranks per node L: also compare hierarchical with the ring"),
+         ("--inter-bandwidth", non_negative, 0.0,
+          "beta between nodes in bytes/s (with --node-size)")],
         _allreduce),
     "zero": Topic(
         "model-state memory per GPU for DDP and ZeRO stages",

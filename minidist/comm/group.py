@@ -42,6 +42,7 @@ class CommStats:
     bytes_recv: int = 0
     msgs_sent: int = 0
     msgs_recv: int = 0
+    inter_node_bytes: int = 0  # sent between nodes by the hierarchical all-reduce
     _last: tuple = ("", {}, (0, 0, 0, 0))
     _totals: dict = field(default_factory=dict)  # name -> [calls, *counters, seconds]
 

@@ -13,7 +13,9 @@ Files, in reading order:
 - tree.py        binomial trees and recursive doubling, the log(N)-step algorithms
 - small.py       the small all-reduce that travels inside the same-call check
 - alltoall.py    all-to-all with uneven splits (pairwise exchange), its split check
-- all_reduce.py  all-reduce five ways (naive, tree, recursive doubling, ring, all-gather)
+- all_reduce.py  all-reduce six ways (naive, tree, recursive doubling, ring, all-gather,
+                 hierarchical)
+- hierarchical.py  two-level all-reduce: ring in the node, ring between nodes on 1/L
 - work.py        ``Work``: async handles and the background thread that runs them
 - cost.py        the alpha-beta cost model of each algorithm
 

@@ -1,4 +1,4 @@
-"""All-reduce, five ways: naive, tree, recursive doubling, ring, all-gather.
+"""All-reduce, six ways: naive, tree, recursive doubling, ring, all-gather, hierarchical.
 
 Every rank starts with an array x_r and ends with op(x_0, ..., x_{N-1}), the
 same bits on every rank. The algorithms differ in how many steps they take
@@ -17,6 +17,10 @@ same bits on every rank. The algorithms differ in how many steps they take
             every rank gathers all N arrays and folds them in rank order,
             in the same messages as the same-call check (small.py):
             T = ceil(log2 N) * alpha + (N-1) * M/beta  -- best for tiny M
+    hierarchical
+            ring inside each node, ring between nodes on 1/L of the array, ring
+            inside again (hierarchical.py): 2(K-1)/K * M/L per rank between
+            nodes -- for K nodes of L ranks with slow links between them
 
 ``naive`` is the oracle the others are tested against; ``auto`` picks
 ``allgather`` while the (N-1) * M bytes it sends stay within ``GATHER_BYTES``
@@ -30,11 +34,13 @@ from __future__ import annotations
 from typing import Any
 
 from minidist.comm.transport.reduce_op import ReduceOp, finish
+from minidist.comm.collectives.hierarchical import hierarchical_all_reduce
 from minidist.comm.collectives.ring import chunk_bounds, ring_all_gather, ring_reduce_scatter
 from minidist.comm.collectives.tree import (binomial_broadcast, binomial_reduce,
                                 recursive_doubling_all_reduce)
 
-ALGORITHMS = ("auto", "ring", "tree", "recursive_doubling", "naive", "allgather")
+ALGORITHMS = ("auto", "ring", "tree", "recursive_doubling", "naive", "allgather",
+              "hierarchical")
 GATHER_BYTES = 32 * 1024  # auto: allgather while (N-1) * M is at most this
 SMALL_BYTES = 64 * 1024   # auto: recursive doubling below this, the ring from here
 
@@ -91,5 +97,5 @@ def all_reduce_flat(group, flat: Any, op: ReduceOp, algorithm: str, tag: int) ->
         return
     run = {"ring": ring_all_reduce, "tree": tree_all_reduce,
            "recursive_doubling": recursive_doubling_all_reduce,
-           "naive": naive_all_reduce}[algorithm]
+           "naive": naive_all_reduce, "hierarchical": hierarchical_all_reduce}[algorithm]
     run(group, flat, op, tag)

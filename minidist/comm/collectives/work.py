@@ -8,6 +8,22 @@ adds large arrays, so the main thread computes while the thread communicates.
 A synchronous collective issued while async ones are queued first waits for
 them, which keeps the order the same on every rank.
 
+The timeline it produces, for DDP's backward on one rank (parallel/data/ddp.py;
+bucket k's all-reduce is a ring: send a chunk, receive-and-add one, send, copy)::
+
+    main thread  | grad L7 grad L6 | grad L5 grad L4 | ... | grad L0 | wait |
+    comm thread        [b0: copy ~~wire~~ add ~~wire~~ copy]  [b1: ...]  [b3]
+                       ^ queued when bucket 0 is full        the last bucket
+
+The background thread blocks in calls that release the GIL and use no CPU:
+on its doorbell (a futex, comm/transport/doorbell.py) while a peer is behind,
+in ``time.sleep`` while pieces are on an emulated wire (link.py). It needs the
+CPU only for the copies and additions of the pieces: ``Work.cpu_s`` records
+how much. That CPU time comes from the same cores as backward: where each rank
+has a spare core it is free, where it has none (2 ranks on 2 cores) the step
+takes at least main + communication CPU time, and only the wire time hides
+(bench/bench_ddp.py prints both).
+
 The GIL: the thread mostly waits for peers (asleep, without the GIL), then
 needs the GIL for a moment to copy the next piece. By default Python makes a
 waiting thread wait up to 5 ms for the GIL while another thread runs Python
@@ -21,6 +37,7 @@ from __future__ import annotations
 import queue
 import sys
 import threading
+import time
 from typing import Callable
 
 from minidist import backend
@@ -34,8 +51,14 @@ class Work:
         self._device = backend.current_device()  # the issuing thread's GPU (CuPy)
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self.issued_at = time.perf_counter()   # when it was queued
+        self.started_at: float | None = None   # perf_counter when the thread took it up
+        self.finished_at: float | None = None  # ... and when it was done
+        self.cpu_s = 0.0                       # CPU time the thread spent on it
 
     def _run(self) -> None:
+        self.started_at = time.perf_counter()
+        cpu = time.thread_time()
         try:
             if self._device is not None:
                 backend.use_device(self._device)  # CUDA's current device is per thread
@@ -43,6 +66,8 @@ class Work:
         except BaseException as e:  # re-raised in the thread that calls wait()
             self._error = e
         finally:
+            self.finished_at = time.perf_counter()
+            self.cpu_s = time.thread_time() - cpu
             _count_queued(-1)
             self._done.set()
 

@@ -50,7 +50,7 @@ from minidist import backend
 from minidist.comm.transport import flight, shm
 from minidist.comm.errors import RankFailedError, WorldAbortedError, WorldTimeoutError
 from minidist.comm.launch.output import RankOutput, redirect_this_process
-from minidist.comm.transport.link import link_bytes_per_s
+from minidist.comm.transport.link import link_bytes_per_s, topology
 from minidist.comm.transport.base import cores_available
 
 GRACE_S = 1.0  # after a failure, how long the other ranks get to report before being killed
@@ -62,7 +62,8 @@ class World:
     def __init__(self, world_size: int, *, timeout: float = 60.0, nslots: int = 4,
                  slot_bytes: int | None = None, check: bool = True, init_group: bool = True,
                  run_timeout: float | None = None, start_timeout: float = 120.0,
-                 link_gbps: float | None = None, env: dict | None = None,
+                 link_gbps: float | None = None, node_size: int | None = None,
+                 inter_node_gbps: float | None = None, env: dict | None = None,
                  output: RankOutput | None = None):
         """``timeout``: seconds a send or receive may wait without progress;
         ``nslots`` x ``slot_bytes``: the ring of each pair's channel (1 MiB slots
@@ -72,6 +73,9 @@ class World:
         script); ``run_timeout``: limit on one ``run`` (None: none);
         ``link_gbps``: emulate a link of that many GB/s between every pair of
         ranks (transport/link.py; None: ``MINIDIST_LINK_GBPS`` if set, else none);
+        ``node_size``, ``inter_node_gbps``: a two-level topology, ranks grouped
+        in nodes of ``node_size`` with links of ``inter_node_gbps`` between
+        nodes (link.py; None: ``MINIDIST_NODE_SIZE`` / ``MINIDIST_INTER_NODE_GBPS``);
         ``env``: variables added to each rank's environment; ``output``: collect
         the ranks' output, prefixed, into the console and log files (output.py;
         None: the ranks write to this process's stdout and stderr directly)."""
@@ -83,8 +87,9 @@ class World:
         self.run_timeout = run_timeout  # limit on one run() (None: rely on comm timeouts)
         self.closed = False
         self._output = output
+        node, inter = topology(world_size, node_size, inter_node_gbps)
         self._segment = shm.create(world_size, nslots, slot_bytes,
-                                   link_bytes_per_s(link_gbps))
+                                   link_bytes_per_s(link_gbps), node, inter)
         self.segment_name = self._segment.name
         atexit.register(self.close)
         # The ranks use this process's backend, also when it was chosen with

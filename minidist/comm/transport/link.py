@@ -21,13 +21,26 @@ this one for ``n / beta`` seconds:
 
     arrival = max(now, free_at[dst]) + n / beta;   free_at[dst] = arrival
 
+``now`` is when the sender starts copying the piece into its slot: a NIC reads
+the sender's memory while the bytes go out, so that copy is part of the
+n / beta on the wire, not added to it (it is added only if it takes longer).
+
 The receiver does not take a piece before its arrival time, and a rank that
 waits only for pieces still on the wire sleeps until the first of them lands
 (no CPU used). The links are full duplex and independent: rank r sending to
 r+1 does not slow r+1 sending to r.
 
 Turn it on with ``World(n, link_gbps=2.0)`` or ``MINIDIST_LINK_GBPS=2`` (in
-GB/s, 1e9 bytes per second); the default is off. It is part of the segment's
+GB/s, 1e9 bytes per second); the default is off.
+
+Two levels: real clusters have fast links inside a node (NVLink, ~50 GB/s)
+and slower ones between nodes (InfiniBand, ~12.5 GB/s). With
+``World(4, node_size=2, link_gbps=20, inter_node_gbps=2)`` (or
+``MINIDIST_NODE_SIZE`` and ``MINIDIST_INTER_NODE_GBPS``) ranks r and d are on
+the same node when r // node_size == d // node_size; pieces between nodes
+travel at ``inter_node_gbps``, the others at ``link_gbps`` (0: no delay, as
+shared memory). The hierarchical all-reduce (comm/collectives/hierarchical.py)
+is built for this topology. It is part of the segment's
 header, so every rank of a world sees the same link. The times are
 ``time.monotonic_ns()``, one clock for every process of the machine.
 """
@@ -37,37 +50,63 @@ import os
 import time
 
 ENV = "MINIDIST_LINK_GBPS"
+NODE_SIZE_ENV = "MINIDIST_NODE_SIZE"
+INTER_ENV = "MINIDIST_INTER_NODE_GBPS"
 MAX_NAP_S = 0.05  # a waiting rank still looks at the abort flag this often
 
 
-def link_bytes_per_s(link_gbps: float | None) -> int:
+def link_bytes_per_s(link_gbps: float | None, env: str = ENV) -> int:
     """The link rate in bytes per second (0: no emulated link), from the
-    argument or, if that is None, from ``MINIDIST_LINK_GBPS``."""
+    argument or, if that is None, from the variable ``env`` (MINIDIST_LINK_GBPS)."""
     if link_gbps is None:
-        text = os.environ.get(ENV, "").strip()
+        text = os.environ.get(env, "").strip()
         if not text:
             return 0
         try:
             link_gbps = float(text)
         except ValueError:
-            raise ValueError(f"{ENV}={text!r} is not a number of GB/s") from None
+            raise ValueError(f"{env}={text!r} is not a number of GB/s") from None
     if not link_gbps >= 0 or link_gbps == float("inf"):
-        raise ValueError(f"link_gbps must be a finite number >= 0 (0: off), got {link_gbps}")
+        raise ValueError(f"{env.lower().replace('minidist_', '')} must be a finite number "
+                         f">= 0 (0: off), got {link_gbps}")
     return int(link_gbps * 1e9)
+
+
+def topology(world_size: int, node_size: int | None,
+             inter_node_gbps: float | None) -> tuple[int, int]:
+    """(ranks per node, bytes/s between nodes), from the arguments or the
+    environment (MINIDIST_NODE_SIZE, MINIDIST_INTER_NODE_GBPS); (0, 0): one level."""
+    if node_size is None:
+        text = os.environ.get(NODE_SIZE_ENV, "").strip()
+        if not text.isdigit() and text:
+            raise ValueError(f"{NODE_SIZE_ENV}={text!r} is not a whole number of ranks")
+        node_size = int(text) if text else 0
+    inter = link_bytes_per_s(inter_node_gbps, INTER_ENV)
+    if node_size == 0 and not inter:
+        return 0, 0
+    if node_size < 1 or world_size % node_size:
+        raise ValueError(f"node_size must divide the world size {world_size} (ranks per "
+                         f"node), got {node_size}")
+    return node_size, inter
 
 
 class EmulatedLink:
     """The outgoing links of one rank, and the earliest piece it waits for."""
 
-    def __init__(self, bytes_per_s: int, world_size: int):
-        self.ns_per_byte = 1e9 / bytes_per_s
+    def __init__(self, bytes_per_s: int, world_size: int, rank: int = 0, node_size: int = 0,
+                 inter_bytes_per_s: int = 0):
+        def ns(rate: int) -> float:
+            return 1e9 / rate if rate else 0.0   # 0: no emulated delay on that level
+        node = (lambda r: r // node_size) if node_size else (lambda r: 0)
+        self.ns_per_byte = [ns(bytes_per_s) if node(dst) == node(rank) or not inter_bytes_per_s
+                            else ns(inter_bytes_per_s) for dst in range(world_size)]
         self.free_at = [0] * world_size  # dst -> when its link has carried everything sent
         self.next_arrival = 0            # earliest arrival seen on the wire (0: none)
 
     def stamp(self, dst: int, nbytes: int) -> int:
         """The arrival time (ns) of ``nbytes`` sent now to ``dst``."""
         start = max(time.monotonic_ns(), self.free_at[dst])
-        self.free_at[dst] = arrival = start + int(nbytes * self.ns_per_byte)
+        self.free_at[dst] = arrival = start + int(nbytes * self.ns_per_byte[dst])
         return arrival
 
     def arrived(self, arrival: int) -> bool:

@@ -96,7 +96,9 @@ class LocalTransport(ShortWays, Transport):
         self._current: dict[int, Any] = {}       # src -> receive that is taking pieces now
         self._unexpected: dict[int, list] = {}   # src -> messages stashed early
         # An emulated link (link.py): pieces take time on the wire, the CPU is free.
-        self._link = EmulatedLink(link_bps, self.world_size) if link_bps else None
+        self.node_size, inter_bps = shm.read_topology(self._seg)  # 0: one level (link.py)
+        self._link = (EmulatedLink(link_bps, self.world_size, rank, self.node_size, inter_bps)
+                      if link_bps or inter_bps else None)
         self._lock = threading.RLock()
         self._posts = 0  # receives posted so far (see exchange)
         self._next_ctx = 1
@@ -160,13 +162,16 @@ class LocalTransport(ShortWays, Transport):
             return False
         k = ch.count % self.nslots
         n = piece.size
+        # On an emulated link the piece goes on the wire as the copy starts (the
+        # NIC reads memory while it sends): the copy is part of n / beta (link.py).
+        arrival = self._link.stamp(dst, n) if self._link is not None else 0
         if n > SMALL_COPY:
             ch.payload[k][:n] = piece
         elif n:
             ch.raw[k][:n] = piece
         h = ch.hdr_i[k]
         w[h], w[h + 1], w[h + 2], w[h + 3], w[h + 4] = tag, total, offset, n, code
-        w[h + 5] = self._link.stamp(dst, n) if self._link is not None else 0  # arrival
+        w[h + 5] = arrival
         ch.count += 1
         w[ch.head_i] = ch.count  # publish: the piece is complete
         self._bells.ring(dst)

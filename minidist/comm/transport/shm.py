@@ -8,7 +8,9 @@ easy to spot (``leftover_segments()``).
 Layout (all offsets multiples of 64 bytes, one cache line)::
 
     world header (1024 B): magic, world_size, nslots, slot_bytes, abort word,
-                           abort message, the emulated link's bytes/s (link.py)
+    world header (1024 B): magic, world_size, nslots, slot_bytes, abort word,
+                           the emulated link's bytes/s, node size and bytes/s
+                           between nodes (link.py), abort message
     doorbells (64 B per rank, doorbell.py)
     flight records (384 B per rank, flight.py), padded to a multiple of 4096 B
     channel[src * N + dst] for every ordered pair, each:
@@ -43,7 +45,8 @@ MAGIC = 0x6D696E6964697374  # "minidist"
 
 # Word indices (int64) in the world header.
 W_MAGIC, W_WORLD, W_NSLOTS, W_SLOT_BYTES, W_ABORT, W_ABORT_LEN, W_LINK = range(7)
-ABORT_MSG_OFFSET = 64
+W_NODE_SIZE, W_INTER_LINK = 7, 8   # two-level topology (link.py); 0: one node
+ABORT_MSG_OFFSET = 128
 ABORT_MSG_MAX = HEADER_BYTES - ABORT_MSG_OFFSET
 
 _counter = itertools.count()
@@ -72,10 +75,11 @@ def segment_bytes(world_size: int, nslots: int, slot_bytes: int) -> int:
     return channels_offset(world_size) + world_size * world_size * channel_bytes(nslots, slot_bytes)
 
 
-def create(world_size: int, nslots: int, slot_bytes: int,
-           link_bytes_per_s: int = 0) -> shared_memory.SharedMemory:
+def create(world_size: int, nslots: int, slot_bytes: int, link_bytes_per_s: int = 0,
+           node_size: int = 0, inter_bytes_per_s: int = 0) -> shared_memory.SharedMemory:
     """Create a zeroed segment for a world and write its header
-    (``link_bytes_per_s``: the emulated link of link.py, 0 for none)."""
+    (``link_bytes_per_s``: the emulated link of link.py, 0 for none;
+    ``node_size`` ranks per node and ``inter_bytes_per_s`` between nodes, 0 for none)."""
     if slot_bytes % 64 or slot_bytes <= 0:
         raise ValueError(f"slot_bytes must be a positive multiple of 64, got {slot_bytes}")
     if nslots < 1:
@@ -88,6 +92,8 @@ def create(world_size: int, nslots: int, slot_bytes: int,
     words[W_NSLOTS] = nslots
     words[W_SLOT_BYTES] = slot_bytes
     words[W_LINK] = link_bytes_per_s
+    words[W_NODE_SIZE] = node_size
+    words[W_INTER_LINK] = inter_bytes_per_s
     words[W_MAGIC] = MAGIC
     words.release()
     return seg
@@ -109,6 +115,14 @@ def read_header(seg: shared_memory.SharedMemory) -> tuple[int, int, int, int]:
     """(world_size, nslots, slot_bytes, link bytes per second) of a segment."""
     words = seg.buf[:HEADER_BYTES].cast("q")
     out = (words[W_WORLD], words[W_NSLOTS], words[W_SLOT_BYTES], words[W_LINK])
+    words.release()
+    return out
+
+
+def read_topology(seg: shared_memory.SharedMemory) -> tuple[int, int]:
+    """(ranks per node, bytes per second between nodes) of a segment; 0 for none."""
+    words = seg.buf[:HEADER_BYTES].cast("q")
+    out = (words[W_NODE_SIZE], words[W_INTER_LINK])
     words.release()
     return out
 

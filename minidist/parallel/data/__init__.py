@@ -10,10 +10,13 @@ Files, in reading order:
 - naive.py       ``DataParallelNaive``: one all-reduce per parameter after backward (the oracle)
 - buckets.py     gradients packed into flat buckets of ~25 MB, filled in reverse order
 - ddp.py         ``DistributedDataParallel``: bucketed all-reduce overlapped with backward, no_sync
+- hooks.py       communication hooks: ``GradBucket``, ``Future``, fp16 / bf16 compression
+- powersgd.py    ``PowerSGDState``, ``powerSGD_hook``: rank-r approximation, error feedback
+- timeline.py    when each bucket communicated relative to backward; the hidden fraction
 - sync_check.py  ``verify_parameter_sync``: are the replicas still bitwise equal?
 - sampler.py     ``DistributedSampler``: which samples each rank reads, ``set_epoch``
 
-Docs: docs/ddp.md. Demo: demos/04_ddp.py. Tests: tests/parallel/data/. Bench: bench/bench_ddp.py.
+Docs: docs/ddp.md, docs/compression.md. Demos: demos/04_ddp.py, demos/18_compression.py. Tests: tests/parallel/data/. Bench: bench/bench_ddp.py.
 """
 from minidist.parallel.data.ddp import DistributedDataParallel
 from minidist.parallel.data.naive import DataParallelNaive, found_inf_reduce

@@ -16,7 +16,6 @@ buckets start earlier and overlap more of backward. torch's default cap is
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from minidist.autograd.tensor import Tensor
@@ -42,8 +41,8 @@ class Bucket:
 
     def reset(self) -> None:
         self.ready: set[int] = set()      # ids of params whose gradient is in flat
-        self.work: Any = None             # the async all-reduce, once launched
-        self.launched_at: float | None = None
+        self.work: Any = None             # the hook's Future, once launched
+        self.launched_at: float | None = None  # when its last gradient arrived
 
     @property
     def nbytes(self) -> int:
@@ -56,9 +55,6 @@ class Bucket:
         """Copy a finished gradient into its slot of the flat buffer."""
         self.views[position][...] = grad
         self.ready.add(id(self.params[position]))
-
-    def mark_launched(self, work: Any) -> None:
-        self.work, self.launched_at = work, time.perf_counter()
 
 
 def assign_buckets(params: list[Tensor], cap_bytes: float) -> list[Bucket]:

@@ -33,12 +33,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import minidist.distributed as dist
 from minidist.nn.module import Module
 from minidist.optim.optimizer import optimizer_bytes
 from minidist.parallel.data.buckets import DEFAULT_BUCKET_CAP_MB, Bucket, assign_buckets
+from minidist.parallel.data.hooks import Future, GradBucket, allreduce_hook
+from minidist.parallel.data.timeline import bucket_event, hidden_fraction
 from minidist.parallel.data.sync_check import verify_parameter_sync
 from minidist.parallel.data.naive import broadcast_parameters
 
@@ -72,6 +74,7 @@ class DistributedDataParallel(Module):
         self._launched: list[Bucket] = []
         self._t0 = time.perf_counter()
         self.timeline: list[dict] = []   # per bucket of the last synchronised backward
+        self._hook, self._hook_state, self._hook_registered = allreduce_hook, group, False
 
     # -- forward ----------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -91,6 +94,20 @@ class DistributedDataParallel(Module):
             self.require_sync = previous
 
     # -- backward: the hooks --------------------------------------------------
+    def register_comm_hook(self, state: Any, hook: Callable) -> None:
+        """Replace the bucket all-reduce by ``hook(state, bucket) -> Future`` (hooks.py,
+        powersgd.py), as torch's DDP does. Once, before the first backward."""
+        if self._hook_registered:
+            raise RuntimeError("register_comm_hook: a communication hook is already "
+                               "registered; it can be registered only once")
+        if not callable(hook):
+            raise TypeError(f"register_comm_hook: hook must be callable, got {hook!r}")
+        self._hook, self._hook_state, self._hook_registered = hook, state, True
+
+    def _communicate(self, bucket: Bucket, is_last: bool) -> Future:
+        return self._hook(self._hook_state, GradBucket(bucket, is_last))
+
+    # -- backward: the hooks --------------------------------------------------
     def _grad_ready(self, p: Any) -> None:
         """Runs inside backward, once ``p.grad`` is final for this backward."""
         if not self.require_sync:
@@ -99,33 +116,30 @@ class DistributedDataParallel(Module):
         bucket.add(position, p.grad)
         if not bucket.is_full():
             return
+        is_last = len(self._launched) + 1 == len(self.buckets)
+        bucket.launched_at = time.perf_counter()            # ready: the hook may start
         if self.overlap:
-            bucket.mark_launched(dist.all_reduce(bucket.flat, group=self.group, async_op=True))
-        else:
-            bucket.launched_at = time.perf_counter()
+            bucket.work = self._communicate(bucket, is_last)
         self._launched.append(bucket)
-        if len(self._launched) == len(self.buckets):
+        if is_last:
             self._finish()
 
     def _finish(self) -> None:
-        """After the last bucket started: wait, average, and hand out p.grad views."""
+        """After the last bucket started: wait, and hand out p.grad views of the buckets."""
         backward_end = time.perf_counter()
-        done_early = {b.index: b.work is not None and b.work.is_completed()
-                      for b in self._launched}
         self.timeline = []
-        for b in self._launched:
-            if b.work is not None:
-                b.work.wait()
-            else:                                            # overlap=False: now, in order
-                dist.all_reduce(b.flat, group=self.group)
-            b.flat /= self.world_size                        # sum -> mean over ranks
+        for k, b in enumerate(self._launched):
+            future = b.work
+            if future is None:                               # overlap=False: now, in order
+                future = self._communicate(b, k == len(self._launched) - 1)
+            averaged = future.wait()
+            if averaged is not b.flat:
+                b.flat[...] = averaged                       # the hook's result, (numel,)
             for p, view in zip(b.params, b.views):
                 p.grad = view                                # the bucket is the gradient
-            self.timeline.append(dict(bucket=b.index, params=len(b.params), bytes=b.nbytes,
-                                      ready_ms=1e3 * (b.launched_at - self._t0),
-                                      done_before_backward_end=done_early[b.index],
-                                      waited_until_ms=1e3 * (time.perf_counter() - self._t0)))
-        self.timeline.append(dict(backward_end_ms=1e3 * (backward_end - self._t0)))
+            self.timeline.append(bucket_event(b, future, self._t0, backward_end))
+        self.timeline.append(dict(backward_end_ms=1e3 * (backward_end - self._t0),
+                                  hidden_fraction=hidden_fraction(self.timeline)))
         for b in self.buckets:
             b.reset()
         self._launched = []

@@ -10,6 +10,7 @@ Files, in reading order:
 - shard.py         ``FlatLayout``: parameters laid end to end, padded, cut in N shards
 - zero12.py        ``Zero1`` (optimizer state sharded), ``Zero2`` (gradients too)
 - zero3.py         ``Zero3``: weights sharded too, gathered unit by unit (FSDP-like)
+- gather_timeline.py  when each unit's gather ran vs the compute that needed it
 - memory.py        per-rank bytes counted from the arrays a rank holds
 - memory_probe.py  the measurement the formulas describe (after a step and a backward)
 

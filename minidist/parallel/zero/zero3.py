@@ -23,7 +23,8 @@ same operations on the same inputs (and the same random draws, replayed).
 
 ``prefetch=True`` starts the all-gather of the next unit (in the order the first
 forward ran them; the previous one in backward) asynchronously, so it overlaps
-the current unit's compute.
+the current unit's compute. ``gather_timeline`` says, for the last step, when
+each gather ran and how much of it hid behind compute (gather_timeline.py).
 
 Tied parameters (GPT's ``wte.weight``, also ``lm_head.weight``): a parameter that
 two units hold belongs to neither. The shared parameters form one more flat group,
@@ -41,6 +42,7 @@ shards, never sees a full parameter. A unit's forward takes one input.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import minidist.distributed as dist
@@ -52,6 +54,7 @@ from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn.module import Module
 from minidist.parallel.data.naive import broadcast_parameters
+from minidist.parallel.zero.gather_timeline import GatherTimeline
 from minidist.parallel.zero.shard import FlatLayout
 from minidist.parallel.zero.zero12 import ZeroBase
 from minidist.optim.optimizer import optimizer_bytes
@@ -66,10 +69,13 @@ class Unit:
         self.index, self.module, self.layout, self.shard = index, module, layout, shard
         self.forward = forward                  # the module's own forward
         self.prefetched: Any = None             # (work, flat) of an async gather
+        self.event: dict | None = None          # its row of the gather timeline now
 
     def empty(self) -> None:
         for p in self.layout.params:
             p.data = xp.empty(0, dtype=self.layout.dtype)   # freed: nothing held
+        if self.event is not None:
+            self.event["compute_end"], self.event = time.perf_counter(), None
 
 
 class _GatheredUnit(Function):
@@ -136,6 +142,8 @@ class Zero3(ZeroBase):
             units = [m for m in module.modules() if m._parameters
                      and any(p is not None for p in m._parameters.values())]
         self.prefetch = prefetch
+        self._gathers = GatherTimeline()
+        self.gather_timeline: list[dict] = []   # the last step's (gather_timeline.py)
         self.units: list[Unit] = []
         self._order: list[Unit] = []            # units in the order forward ran them
         held = [[p for p in m.parameters() if p.requires_grad] for m in units]
@@ -204,12 +212,17 @@ class Zero3(ZeroBase):
 
     def _materialize(self, unit: Unit, direction: int) -> None:
         """Full weights of ``unit`` into its parameters; prefetch the next unit."""
+        phase = "forward" if direction > 0 else "backward"
         if unit.prefetched is not None:
             work, flat = unit.prefetched
             unit.prefetched = None
+            unit.event = self._gathers.needed(unit.index, phase, work,
+                                              getattr(work, "issued_at", None))
             work.wait()
         else:
+            unit.event = self._gathers.needed(unit.index, phase, None, None)
             _, flat = self._start_gather(unit, async_op=False)
+            unit.event["end"] = time.perf_counter()
         for p, view in zip(unit.layout.params, unit.layout.views(flat)):
             p.data = view
         if direction > 0 and unit not in self._order:
@@ -234,6 +247,7 @@ class Zero3(ZeroBase):
     def _reduce_gradients(self) -> None:
         self._drop_prefetched()
         self._reduce_shared()
+        self.gather_timeline = self._gathers.finish()
 
     def _gather_parameters(self) -> None:
         pass                                      # gathered on demand, unit by unit
