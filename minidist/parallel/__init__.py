@@ -11,17 +11,21 @@ tolerance); each subpackage's docstring is its map (idea, formula, files in read
 - context/   context parallelism: ring attention, zigzag sharding
 - three_d.py      data x pipeline x tensor parallelism on one device mesh (``ThreeDParallelGPT``)
 - diagnostics.py  what to ask a data-parallel run whose numbers look wrong
+- clip.py         ``clip_grad_norm_`` of a tensor / pipeline / 3D-parallel model: the whole
+                  model's gradient norm, each parameter counted once
 
 One strategy imports another only where it builds on it: ZeRO on data; 3D on tensor,
 pipeline and data (tests/test_layering.py).
 """
+from minidist.parallel.clip import clip_grad_norm_, parameters_to_count
 from minidist.parallel.context import (RingAttention, plan_work, ring_attention,
                                        shard_sequence, unshard_sequence)
 from minidist.parallel.data import (DataParallelNaive, DistributedDataParallel,
                                     DistributedSampler, found_inf_reduce, verify_parameter_sync)
 from minidist.parallel.pipeline import (GPTPiece, Op, PipelineStats, gpipe, interleaved,
                                         make_schedule, measured_bubble, one_f_one_b,
-                                        pieces_of_rank, pipeline_parameters, render_timeline,
+                                        counted_parameters, pieces_of_rank, pipeline_parameters,
+                                        render_timeline,
                                         run_pipeline, simulate, split_gpt, split_layers,
                                         sync_tied_gradients)
 from minidist.parallel.tensor import (ColumnParallelLinear, ParallelBlock, ParallelMLP,
@@ -29,7 +33,8 @@ from minidist.parallel.tensor import (ColumnParallelLinear, ParallelBlock, Paral
                                       SequenceParallelLayerNorm, TensorParallelGPT,
                                       VocabParallelEmbedding, copy_to_tp, gather_from_sp,
                                       gather_from_tp, reduce_from_tp, reduce_scatter_to_sp,
-                                      shard_state_dict, split_to_tp, vocab_parallel_cross_entropy,
+                                      shard_state_dict, sharded_parameters, split_to_tp,
+                                      vocab_parallel_cross_entropy,
                                       vocab_range)
 from minidist.parallel.three_d import ThreeDParallelGPT
 from minidist.parallel.zero import Zero1, Zero2, Zero3
@@ -47,4 +52,6 @@ __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_syn
            "Op", "gpipe", "one_f_one_b", "interleaved", "make_schedule", "simulate",
            "render_timeline", "run_pipeline", "PipelineStats", "measured_bubble", "split_layers",
            "GPTPiece", "split_gpt", "pieces_of_rank", "pipeline_parameters",
-           "sync_tied_gradients", "ThreeDParallelGPT"]
+           "sync_tied_gradients", "counted_parameters", "ThreeDParallelGPT",
+           # clipping a model split by tensor / pipeline parallelism
+           "clip_grad_norm_", "parameters_to_count", "sharded_parameters"]

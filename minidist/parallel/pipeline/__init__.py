@@ -17,12 +17,13 @@ Docs: docs/pipeline.md. Demo: demos/07_pipeline.py. Tests: tests/parallel/pipeli
 """
 from minidist.parallel.pipeline.executor import (PipelineStats, measured_bubble, run_pipeline,
                                                  split_layers)
-from minidist.parallel.pipeline.gpt import (GPTPiece, pieces_of_rank, pipeline_parameters,
-                                            split_gpt, sync_tied_gradients)
+from minidist.parallel.pipeline.gpt import (GPTPiece, counted_parameters, pieces_of_rank,
+                                            pipeline_parameters, split_gpt,
+                                            sync_tied_gradients)
 from minidist.parallel.pipeline.schedule import (Op, gpipe, interleaved, make_schedule,
                                                  one_f_one_b, render_timeline, simulate)
 
 __all__ = ["Op", "gpipe", "one_f_one_b", "interleaved", "make_schedule", "simulate",
            "render_timeline", "run_pipeline", "PipelineStats", "measured_bubble", "split_layers",
            "GPTPiece", "split_gpt", "pieces_of_rank", "pipeline_parameters",
-           "sync_tied_gradients"]
+           "sync_tied_gradients", "counted_parameters"]
