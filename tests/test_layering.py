@@ -38,7 +38,7 @@ NUMPY_OK = {"backend", "calc", "cli", "selftest", "exercises"}
 
 # Inside minidist.parallel, one strategy (a subpackage) may import another only where it
 # builds on it. strategy -> the strategies it may import (besides itself); the modules at
-# parallel/ level (three_d.py, diagnostics.py) compose strategies and may import any.
+# parallel/ level (three_d.py, diagnostics.py, clip.py) compose strategies and may import any.
 STRATEGIES = {
     "data": set(),
     "zero": {"data"},               # ZeRO is data parallelism with shards: its buckets, broadcast

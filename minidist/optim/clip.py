@@ -16,6 +16,7 @@ norm of the whole is then built from per-rank pieces:
     p = inf:  total_norm = all_reduce_max( grad_norm(my_grads, inf) )
 
 and each rank calls ``clip_grads_with_norm_(my_params, max_norm, total_norm)``.
+(``grad_norm_share`` and ``norm_from_share`` are the two ends of that, for any p.)
 ``clip_grad_norm_`` is the one-process composition of the two halves.
 """
 from __future__ import annotations
@@ -51,20 +52,46 @@ def grad_sq_sum(params: Tensor | Iterable[Tensor]) -> float:
     return sum((_sq_sum(g) for g in _grads(params)), 0.0)
 
 
-def grad_norm(grads: Iterable[Any], norm_type: float = 2.0) -> float:
-    """The p-norm of a list of arrays taken as one vector (p > 0 or ``math.inf``)."""
+def _check_norm_type(norm_type: float) -> float:
     norm_type = float(norm_type)
     if not norm_type > 0:
         raise ValueError(f"norm_type must be > 0 or inf, got {norm_type}")
+    return norm_type
+
+
+def grad_norm_share(grads: Iterable[Any], norm_type: float = 2.0) -> float:
+    """One holder's share of the p-norm of arrays it holds: sum_i ||g_i||_p^p,
+    or max_i max |g_i| for p = inf. Shares of disjoint pieces combine by a sum
+    (a max for inf); ``norm_from_share`` turns the combined share into the norm."""
+    norm_type = _check_norm_type(norm_type)
     grads = list(grads)
-    if len(grads) == 0:
-        return 0.0
     if norm_type == math.inf:
-        return max(float(xp.max(xp.abs(g))) if g.size else 0.0 for g in grads)
+        return max((float(xp.max(xp.abs(g))) if g.size else 0.0 for g in grads), default=0.0)
     if norm_type == 2.0:
-        return math.sqrt(sum(_sq_sum(g) for g in grads))
-    total = sum(float(xp.sum(xp.abs(g) ** norm_type)) for g in grads)
-    return total ** (1.0 / norm_type)
+        return sum((_sq_sum(g) for g in grads), 0.0)
+    return sum((float(xp.sum(xp.abs(g) ** norm_type)) for g in grads), 0.0)
+
+
+def norm_from_share(share: float, norm_type: float = 2.0) -> float:
+    """The p-norm from the (combined) share: share^(1/p); the share itself for inf."""
+    norm_type = _check_norm_type(norm_type)
+    if norm_type == math.inf:
+        return share
+    if norm_type == 2.0:
+        return math.sqrt(share)
+    return share ** (1.0 / norm_type)
+
+
+def grad_norm(grads: Iterable[Any], norm_type: float = 2.0) -> float:
+    """The p-norm of a list of arrays taken as one vector (p > 0 or ``math.inf``)."""
+    return norm_from_share(grad_norm_share(grads, norm_type), norm_type)
+
+
+def check_finite(total_norm: float, norm_type: float) -> None:
+    """Raise if the norm is inf or NaN (``error_if_nonfinite=True``)."""
+    if not math.isfinite(total_norm):
+        raise RuntimeError(f"the total {norm_type}-norm of the gradients is {total_norm}; "
+                           "pass error_if_nonfinite=False to clip anyway")
 
 
 def clip_grads_with_norm_(params: Tensor | Iterable[Tensor], max_norm: float,
@@ -93,8 +120,7 @@ def clip_grad_norm_(params: Tensor | Iterable[Tensor], max_norm: float,
     """
     params = [params] if isinstance(params, Tensor) else list(params)
     total_norm = grad_norm(_grads(params), norm_type)
-    if error_if_nonfinite and not math.isfinite(total_norm):
-        raise RuntimeError(f"the total {norm_type}-norm of the gradients is {total_norm}; "
-                           "pass error_if_nonfinite=False to clip anyway")
+    if error_if_nonfinite:
+        check_finite(total_norm, norm_type)
     clip_grads_with_norm_(params, max_norm, total_norm)
     return total_norm

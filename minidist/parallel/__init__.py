@@ -12,10 +12,13 @@ tolerance); each subpackage's docstring is its map (idea, formula, files in read
 - expert/    expert parallelism: MoE experts spread over ranks, tokens moved by all-to-all
 - three_d.py      data x pipeline x tensor parallelism on one device mesh (``ThreeDParallelGPT``)
 - diagnostics.py  what to ask a data-parallel run whose numbers look wrong
+- clip.py         ``clip_grad_norm_`` of a tensor / pipeline / 3D-parallel model: the whole
+                  model's gradient norm, each parameter counted once
 
 One strategy imports another only where it builds on it: ZeRO on data; 3D on tensor,
 pipeline and data (tests/test_layering.py).
 """
+from minidist.parallel.clip import clip_grad_norm_, parameters_to_count
 from minidist.parallel.context import (RingAttention, plan_work, ring_attention,
                                        shard_sequence, split_sequence, ulysses_attention,
                                        unshard_sequence)
@@ -23,7 +26,8 @@ from minidist.parallel.data import (DataParallelNaive, DistributedDataParallel,
                                     DistributedSampler, found_inf_reduce, verify_parameter_sync)
 from minidist.parallel.pipeline import (GPTPiece, Op, PipelineStats, gpipe, interleaved,
                                         make_schedule, measured_bubble, one_f_one_b,
-                                        pieces_of_rank, pipeline_parameters, render_timeline,
+                                        counted_parameters, pieces_of_rank, pipeline_parameters,
+                                        render_timeline,
                                         run_pipeline, simulate, split_gpt, split_layers,
                                         sync_tied_gradients)
 from minidist.parallel.pipeline import chunks_per_rank, placement, zb_h1, zb_h2, zb_v
@@ -32,7 +36,8 @@ from minidist.parallel.tensor import (ColumnParallelLinear, ParallelBlock, Paral
                                       SequenceParallelLayerNorm, TensorParallelGPT,
                                       VocabParallelEmbedding, copy_to_tp, gather_from_sp,
                                       gather_from_tp, reduce_from_tp, reduce_scatter_to_sp,
-                                      shard_state_dict, split_to_tp, vocab_parallel_cross_entropy,
+                                      shard_state_dict, sharded_parameters, split_to_tp,
+                                      vocab_parallel_cross_entropy,
                                       vocab_range)
 from minidist.parallel.expert import (ExpertMesh, ExpertParallelMoE, expert_parallel,
                                       sync_gradients)
@@ -53,7 +58,9 @@ __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_syn
            "Op", "gpipe", "one_f_one_b", "interleaved", "make_schedule", "simulate",
            "render_timeline", "run_pipeline", "PipelineStats", "measured_bubble", "split_layers",
            "GPTPiece", "split_gpt", "pieces_of_rank", "pipeline_parameters",
-           "sync_tied_gradients", "zb_h1", "zb_h2", "zb_v", "chunks_per_rank", "placement",
-           "ThreeDParallelGPT",
+           "sync_tied_gradients", "counted_parameters", "zb_h1", "zb_h2", "zb_v",
+           "chunks_per_rank", "placement", "ThreeDParallelGPT",
            # expert parallelism
-           "ExpertMesh", "ExpertParallelMoE", "expert_parallel", "sync_gradients"]
+           "ExpertMesh", "ExpertParallelMoE", "expert_parallel", "sync_gradients",
+           # clipping a model split by tensor / pipeline parallelism
+           "clip_grad_norm_", "parameters_to_count", "sharded_parameters"]

@@ -17,7 +17,9 @@ One training step on every rank:
        one all-reduce per parameter after the pipeline flush; the bucketed DDP
        starts its all-reduces from backward hooks, which here would fire on every
        micro-batch, so the plain after-the-step version is used)
-    5. the optimizer steps on the parameters of its pieces
+    5. with ``max_grad_norm``: the gradients clipped by the whole model's norm, each
+       parameter counted once over the tp and pp groups (parallel/clip.py)
+    6. the optimizer steps on the parameters of its pieces
 
 Loss = mean over dp shards of the mean over micro-batches of each micro-batch's
 mean: with equal sizes, the mean over the whole batch, as one process computes
@@ -32,6 +34,7 @@ import minidist.distributed as dist
 from minidist.comm import DeviceMesh
 from minidist.nn.gpt import GPTConfig
 from minidist.nn.module import ModuleList
+from minidist.parallel.clip import clip_grad_norm_
 from minidist.parallel.data.naive import DataParallelNaive
 from minidist.parallel.pipeline.executor import PipelineStats, run_pipeline
 from minidist.parallel.pipeline.gpt import (pieces_of_rank, pipeline_parameters, split_gpt,
@@ -48,11 +51,16 @@ class ThreeDParallelGPT:
         model = ThreeDParallelGPT(cfg, mesh, microbatches=4, schedule="1f1b")
         opt = SGD(model.parameters(), lr=0.1)
         loss = model.train_step(idx, targets, opt)   # the whole batch on every rank
+
+    ``max_grad_norm``: clip every step by the global gradient norm (then kept in
+    ``last_grad_norm``, the norm before clipping, the same on every rank).
     """
 
     def __init__(self, cfg: GPTConfig, mesh: DeviceMesh, microbatches: int,
-                 schedule: str = "1f1b", virtual: int = 1, sequence_parallel: bool = False):
+                 schedule: str = "1f1b", virtual: int = 1, sequence_parallel: bool = False,
+                 max_grad_norm: float | None = None):
         self.cfg, self.mesh, self.m = cfg, mesh, microbatches
+        self.max_grad_norm, self.last_grad_norm = max_grad_norm, None
         self.tp, self.pp, self.dp = mesh.group("tp"), mesh.group("pp"), mesh.group("dp")
         p, pp_rank = dist.get_world_size(self.pp), dist.get_rank(self.pp)
         self.sequence_parallel = sequence_parallel
@@ -78,6 +86,10 @@ class ThreeDParallelGPT:
         shards = shard_state_dict(self.model, dense)
         return {n: shards[n] for n in self.named_parameters()}
 
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> float:
+        """Clip this rank's gradients by the whole model's gradient norm; returns it."""
+        return clip_grad_norm_(self.model, max_norm, self.chunks, self.pp, norm_type)
+
     def train_step(self, idx: Any, targets: Any, optimizer: Any) -> float | None:
         """One step on the whole batch ``idx``, ``targets`` (B, T), the same on every
         rank; returns the loss of this rank's data shard on the last stage, else None."""
@@ -97,6 +109,8 @@ class ThreeDParallelGPT:
                              activation_shape=shape, dtype=self.cfg.dtype, group=self.pp)
         sync_tied_gradients(self.model, self.chunks, self.pp)
         self.replica.sync_gradients()                                  # mean over dp
+        if self.max_grad_norm is not None:
+            self.last_grad_norm = self.clip_grad_norm_(self.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad()
         self.last_stats = stats

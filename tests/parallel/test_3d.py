@@ -1,4 +1,5 @@
-"""3D parallelism: dp=2 x pp=2 x tp=2 on 8 processes trains the GPT as one process does.
+"""3D parallelism: dp=2 x pp=2 x tp=2 on 8 processes trains the GPT as one process does
+(and clips its gradients as one process does).
 
 One 8-rank world (slow to start on a small machine, so one test module, two
 configurations). The parent trains the dense GPT for k SGD steps on the whole
@@ -12,7 +13,7 @@ import pytest
 from minidist import backend
 from minidist.comm import DeviceMesh, World
 from minidist.nn import GPT, GPTConfig
-from minidist.optim import SGD
+from minidist.optim import SGD, clip_grad_norm_
 from minidist.parallel.three_d import ThreeDParallelGPT
 
 TOL = 1e-12
@@ -78,3 +79,49 @@ def test_3d_parameters_after_k_steps_equal_single_process(world8, case):
         assert err <= TOL, (case, err)
     # every parameter of the model is trained by some rank
     assert set().union(*(names for _, names, _ in results)) == set(dense)
+
+
+MAX_NORM = 0.05   # below every step's gradient norm here: each step is clipped
+
+
+def train_3d_clipped(case, dense_final):
+    """Every rank: k clipped steps -> (max |shard - dense slice|, the norm of each step)."""
+    cfg = _config(case)
+    model = ThreeDParallelGPT(cfg, DeviceMesh(dp=2, pp=2, tp=2), case["microbatches"],
+                              case["schedule"], case["virtual"], case["sp"],
+                              max_grad_norm=MAX_NORM)
+    opt = SGD(model.parameters(), lr=LR)
+    norms = []
+    for idx, tgt in _batches(case, cfg):
+        model.train_step(backend.from_host(idx), backend.from_host(tgt), opt)
+        norms.append(model.last_grad_norm)
+    want = model.shard_of({n: backend.from_host(a) for n, a in dense_final.items()})
+    got = model.named_parameters()
+    err = max(float(np.abs(backend.to_host(got[n].data) - backend.to_host(want[n])).max())
+              for n in got)
+    return err, norms
+
+
+def train_single_clipped(case):
+    cfg = _config(case)
+    model = GPT(cfg)
+    opt = SGD(model.parameters(), lr=LR)
+    norms = []
+    for idx, tgt in _batches(case, cfg):
+        _, loss = model(backend.from_host(idx), backend.from_host(tgt))
+        loss.backward()
+        norms.append(clip_grad_norm_(model.parameters(), MAX_NORM))
+        opt.step()
+        opt.zero_grad()
+    return {n: backend.to_host(q.data) for n, q in model.named_parameters()}, norms
+
+
+def test_3d_clipped_steps_equal_single_process_clipped_steps(world8):
+    """Global-norm clipping over tp x pp (replicated parameters on tp rank 0, the tied
+    embedding on the first stage), nothing over dp: the one-process clipped steps."""
+    case = dict(schedule="1f1b", microbatches=2, virtual=1, tie=True, sp=True)
+    dense, norms = train_single_clipped(case)
+    assert min(norms) > MAX_NORM                 # every step clipped
+    for err, got in world8.run(train_3d_clipped, case, dense):
+        assert err <= TOL, err
+        assert np.allclose(got, norms, rtol=TOL, atol=0), (got, norms)

@@ -20,8 +20,9 @@ Docs: docs/pipeline.md. Demos: demos/07_pipeline.py, demos/17_zero_bubble.py. Te
 """
 from minidist.parallel.pipeline.executor import (PipelineStats, measured_bubble, run_pipeline,
                                                  split_layers)
-from minidist.parallel.pipeline.gpt import (GPTPiece, pieces_of_rank, pipeline_parameters,
-                                            split_gpt, sync_tied_gradients)
+from minidist.parallel.pipeline.gpt import (GPTPiece, counted_parameters, pieces_of_rank,
+                                            pipeline_parameters, split_gpt,
+                                            sync_tied_gradients)
 from minidist.parallel.pipeline.schedule import (Op, chunks_per_rank, gpipe, interleaved,
                                                  make_schedule, one_f_one_b, placement,
                                                  render_timeline, simulate)
@@ -31,4 +32,4 @@ __all__ = ["Op", "gpipe", "one_f_one_b", "interleaved", "zb_h1", "zb_h2", "zb_v"
            "make_schedule", "chunks_per_rank", "placement", "simulate",
            "render_timeline", "run_pipeline", "PipelineStats", "measured_bubble", "split_layers",
            "GPTPiece", "split_gpt", "pieces_of_rank", "pipeline_parameters",
-           "sync_tied_gradients"]
+           "sync_tied_gradients", "counted_parameters"]

@@ -14,6 +14,8 @@ A piece is a view on the model: it registers only the modules it uses, so
 live on different ranks each holds its copy and gets half of the gradient
 (the embedding's and the head's part), so ``sync_tied_gradients`` adds the two
 (Megatron's embedding group), keeping the copies equal after every step.
+A global gradient norm counts that matrix once, on the first stage
+(``counted_parameters``; minidist.parallel.clip_grad_norm_).
 """
 from __future__ import annotations
 
@@ -88,6 +90,16 @@ def pipeline_parameters(chunks: Sequence[Module]) -> list:
             if id(param) not in seen:
                 seen.add(id(param))
                 params.append(param)
+    return params
+
+
+def counted_parameters(model: Module, chunks: Sequence[GPTPiece]) -> list:
+    """This rank's parameters that a global gradient norm counts here: all of them,
+    except the last stage's copy of the tied embedding, which the first stage counts
+    (after ``sync_tied_gradients`` both copies hold the same gradient)."""
+    params = pipeline_parameters(chunks)
+    if getattr(model.config, "tie_weights", False) and not any(c.first for c in chunks):
+        params = [q for q in params if q is not model.wte.weight]
     return params
 
 

@@ -11,7 +11,8 @@ Files, in reading order:
 - mappings.py  Megatron's f and g (and the gathers and splits, sequence parallel's
                reduce-scatter / all-gather) as autograd ops
 - layers.py    ``ColumnParallelLinear``, ``RowParallelLinear``, ``ParallelMLP``,
-               ``ParallelSelfAttention``, ``SequenceParallelLayerNorm``
+               ``ParallelSelfAttention``, ``SequenceParallelLayerNorm``;
+               ``sharded_parameters`` (which are split, which replicated)
 - vocab.py     ``VocabParallelEmbedding`` and ``vocab_parallel_cross_entropy``
 - gpt.py       ``TensorParallelGPT``: the small GPT with every block split
 
@@ -21,7 +22,8 @@ Tests: tests/parallel/tensor/.
 from minidist.parallel.tensor.gpt import ParallelBlock, TensorParallelGPT
 from minidist.parallel.tensor.layers import (ColumnParallelLinear, ParallelMLP,
                                              ParallelSelfAttention, RowParallelLinear,
-                                             SequenceParallelLayerNorm, shard_state_dict)
+                                             SequenceParallelLayerNorm, shard_state_dict,
+                                             sharded_parameters)
 from minidist.parallel.tensor.mappings import (copy_to_tp, gather_from_sp, gather_from_tp,
                                                reduce_from_tp, reduce_scatter_to_sp, split_to_tp)
 from minidist.parallel.tensor.vocab import (VocabParallelEmbedding,
@@ -29,6 +31,6 @@ from minidist.parallel.tensor.vocab import (VocabParallelEmbedding,
 
 __all__ = ["copy_to_tp", "reduce_from_tp", "gather_from_tp", "split_to_tp", "gather_from_sp",
            "reduce_scatter_to_sp", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",
-           "ParallelSelfAttention", "SequenceParallelLayerNorm", "shard_state_dict",
+           "ParallelSelfAttention", "SequenceParallelLayerNorm", "shard_state_dict", "sharded_parameters",
            "VocabParallelEmbedding", "vocab_parallel_cross_entropy", "vocab_range",
            "ParallelBlock", "TensorParallelGPT"]

@@ -66,6 +66,8 @@ class ColumnParallelLinear(Module):
     contiguous block; attention passes its heads' rows of q, k and v).
     """
 
+    sharded = ("weight", "bias")    # parameters split over the group (the rest: replicated)
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  gather_output: bool = False, sequence_parallel: bool = False,
                  group: Any = None, dtype: str = "float32", std: float | None = None,
@@ -96,6 +98,8 @@ class ColumnParallelLinear(Module):
 
 class RowParallelLinear(Module):
     """Y = sum_i X_i A_i^T + b: input already split (B, T, in/t), output summed (g)."""
+
+    sharded = ("weight",)           # the bias is added after the sum: the same on every rank
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  sequence_parallel: bool = False, group: Any = None, dtype: str = "float32",
@@ -226,3 +230,17 @@ def shard_state_dict(model: Module, dense: dict) -> dict:
         full = dense[name]
         out[name] = module.shard(local, full) if hasattr(module, "shard") else full.copy()
     return out
+
+
+def sharded_parameters(model: Module) -> list[Parameter]:
+    """The parameters of ``model`` split over the tensor-parallel group (each rank a
+    different slice), as named by their layer's ``sharded``; every other parameter
+    (layer norms, position embeddings, row-parallel biases) is the same on all ranks.
+    A global gradient norm counts a slice on every rank, a replicated one once."""
+    found = {}
+    for _, module in model.named_modules():
+        for local in getattr(module, "sharded", ()):
+            param = getattr(module, local)
+            if param is not None:
+                found[id(param)] = param
+    return list(found.values())

@@ -48,6 +48,8 @@ def vocab_range(vocab_size: int, group: Any = None) -> tuple[int, int]:
 class VocabParallelEmbedding(Module):
     """Embedding (V, C) split by vocabulary rows; each rank looks up the ids it owns."""
 
+    sharded = ("weight",)           # parameters split over the group
+
     def __init__(self, num_embeddings: int, embedding_dim: int, dtype: str = "float32",
                  std: float = 1.0, generator: Any = None, group: Any = None,
                  sequence_parallel: bool = False):
