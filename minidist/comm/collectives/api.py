@@ -50,7 +50,7 @@ def _run(group: ProcessGroup | None, name: str, fields: dict,
     def job() -> None:
         start = time.perf_counter()  # the same-call check is part of the collective's time
         text = describe(name, **fields) if line is None else line
-        g.transport.record_begin(g.ctx, number, g.ranks, text.encode())  # flight recorder
+        g.transport.record_begin(g.ctx, number, g.ranks, text)  # flight recorder
         if g.check and g.size > 1 and not checks_itself:
             verify_same_call(g, text, tag)
         before = g.stats.snapshot()

@@ -40,7 +40,7 @@ def irecv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0
 def _waited(g: ProcessGroup, handles: list, what: str) -> None:
     """Wait for ``handles``, noting the call in the flight recorder (number -1:
     point-to-point calls have no number shared by the group)."""
-    g.transport.record_begin(g.ctx, -1, g.ranks, what.encode())
+    g.transport.record_begin(g.ctx, -1, g.ranks, what)
     g.wait(handles, what)
     g.transport.record_end()
 

@@ -87,7 +87,7 @@ class Transport:
         left as it was) and return False."""
         raise NotImplementedError
 
-    def record_begin(self, ctx: int, number: int, ranks: list[int], text: bytes) -> None:
+    def record_begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
         """Note the call that starts (the flight recorder, flight.py); here: nowhere."""
 
     def record_end(self) -> None:

@@ -49,29 +49,35 @@ class Recorder:
         start = offset + rank * RECORD_BYTES
         self._words = buf[start:start + TEXT_OFFSET].cast("q")
         self._text = buf[start + TEXT_OFFSET:start + RECORD_BYTES]
-        self._last_ranks: tuple = ()
+        self._last_ranks: list | None = None   # the group's list, and its ranks as a tuple
+        self._last_key: tuple = ()
+        self._last_text: str | None = None
         self._calls = 0
 
-    def begin(self, ctx: int, number: int, ranks: list[int], text: bytes) -> None:
+    def begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
+        # A few stores into shared memory per call: the group's mask and the text
+        # are written again only when they change (a loop repeats the same call).
         w = self._words
         w[1] = 0  # the record is being written
-        if tuple(ranks) != self._last_ranks:  # the mask only changes with the group
-            self._last_ranks = tuple(ranks)
+        if ranks is not self._last_ranks and tuple(ranks) != self._last_key:
+            self._last_ranks, self._last_key = ranks, tuple(ranks)
             mask = [0] * MASK_WORDS
             for r in ranks:
                 if r < MAX_RANKS:
                     mask[r // 64] |= 1 << (r % 64)
             for i, m in enumerate(mask):
                 w[MASK_WORD + i] = m - (1 << 64) if m >= 1 << 63 else m  # as int64
-        n = min(len(text), TEXT_MAX)
-        self._text[:n] = text[:n]
+        if text is not self._last_text:
+            self._last_text = text
+            data = text.encode()[:TEXT_MAX]
+            self._text[:len(data)] = data
+            w[6] = len(data)
         self._calls += 1
-        w[0], w[2], w[3], w[4], w[5], w[6] = (self._calls, ctx, number,
-                                              int(time.time() * 1e6), 0, n)
+        w[0], w[2], w[3], w[4], w[5] = self._calls, ctx, number, time.time_ns() // 1000, 0
         w[1] = IN_CALL
 
     def end(self) -> None:
-        self._words[5] = int(time.time() * 1e6)
+        self._words[5] = time.time_ns() // 1000
         self._words[1] = FINISHED
 
     def close(self) -> None:

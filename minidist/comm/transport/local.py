@@ -308,7 +308,7 @@ class LocalTransport(ShortWays, Transport):
             + "; ".join(pending) + "\n" + report)
 
     # -- the flight recorder (flight.py) -------------------------------------
-    def record_begin(self, ctx: int, number: int, ranks: list[int], text: bytes) -> None:
+    def record_begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
         self._flight.begin(ctx, number, ranks, text)
 
     def record_end(self) -> None:

@@ -11,7 +11,7 @@ def _buffer():
 def test_records_read_back_as_written():
     buf = _buffer()
     rec = flight.Recorder(buf, 0, 2)
-    rec.begin(5, 12, [0, 2, 3], b"all_reduce op=SUM dtype=float32 shape=(4,)")
+    rec.begin(5, 12, [0, 2, 3], "all_reduce op=SUM dtype=float32 shape=(4,)")
     got = flight.read(buf, 0, WORLD)
     assert [r.calls for r in got] == [0, 0, 1, 0]
     r2 = got[2]
@@ -26,10 +26,10 @@ def test_the_rank_that_did_not_enter_is_named_and_no_other():
     buf = _buffer()
     recorders = [flight.Recorder(buf, 0, r) for r in range(WORLD)]
     for r in range(WORLD):
-        recorders[r].begin(0, 1, list(range(WORLD)), b"all_reduce op=SUM")
+        recorders[r].begin(0, 1, list(range(WORLD)), "all_reduce op=SUM")
         recorders[r].end()
     for r in (0, 1, 3):             # rank 2 stays behind, computing
-        recorders[r].begin(0, 2, list(range(WORLD)), b"barrier")
+        recorders[r].begin(0, 2, list(range(WORLD)), "barrier")
     records = flight.read(buf, 0, WORLD)
     for me in (0, 1, 3):
         mine, absent = flight.missing(records, me)
@@ -47,10 +47,25 @@ def test_the_rank_that_did_not_enter_is_named_and_no_other():
 def test_a_rank_ahead_in_the_same_group_has_entered():
     buf = _buffer()
     a, b = flight.Recorder(buf, 0, 0), flight.Recorder(buf, 0, 1)
-    a.begin(0, 3, [0, 1], b"broadcast src=0")   # the root sent and moved on to call 4
-    b.begin(0, 4, [0, 1], b"broadcast src=0")
+    a.begin(0, 3, [0, 1], "broadcast src=0")   # the root sent and moved on to call 4
+    b.begin(0, 4, [0, 1], "broadcast src=0")
     records = flight.read(buf, 0, 2)
     assert flight.missing(records, 0)[1] == []
     assert [r.rank for r in flight.missing(records, 1)[1]] == [0]
     a.close()
     b.close()
+
+
+def test_a_repeated_call_keeps_its_text_and_a_new_one_replaces_it():
+    """The text is written only when it changes; what is read back is always the last call's."""
+    buf = bytearray(flight.region_bytes(1))
+    rec = flight.Recorder(memoryview(buf), 0, 0)
+    line = "all_reduce op=SUM dtype=float32 shape=(256,)"
+    for number in range(3):
+        rec.begin(0, number, [0], line)
+        rec.end()
+    assert flight.read(memoryview(buf), 0, 1)[0].text == line
+    rec.begin(0, 3, [0], "barrier")
+    got = flight.read(memoryview(buf), 0, 1)[0]
+    assert (got.text, got.number, got.calls) == ("barrier", 3, 4)
+    rec.close()
