@@ -46,7 +46,7 @@ import time
 from collections import deque
 from typing import Any
 
-from minidist.comm.transport import shm
+from minidist.comm.transport import cma, shm
 from minidist.comm.transport.doorbell import Doorbells
 from minidist.comm.errors import CommTimeoutError, WorldAbortedError
 from minidist.comm.transport.link import EmulatedLink
@@ -95,6 +95,8 @@ class LocalTransport(ShortWays, Transport):
         self._unexpected: dict[int, list] = {}   # src -> messages stashed early
         # An emulated link (link.py): pieces take time on the wire, the CPU is free.
         self._link = EmulatedLink(link_bps, self.world_size) if link_bps else None
+        # Peers may read our arrays in one copy (cma.py), except over an emulated link.
+        self.single_copy = cma.available() and self._link is None
         self._lock = threading.RLock()
         self._posts = 0  # receives posted so far (see exchange)
         self._next_ctx = 1
