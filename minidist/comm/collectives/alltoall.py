@@ -73,9 +73,10 @@ def source_of(group, flat_in: Any, flat_out: Any) -> tuple[int, int]:
     cannot (no single-copy transport, a device array, input and output overlap)."""
     if not (group.transport.single_copy and _offered["single_copy"]):
         return 0, 0
-    address = cma.host_address(flat_in)
-    if address is None or cma.overlap(flat_in, flat_out):
-        return 0, 0
+    address, out = cma.host_address(flat_in), cma.host_address(flat_out)
+    if address is None or out is None or (address < out + flat_out.nbytes
+                                          and out < address + flat_in.nbytes):
+        return 0, 0  # not in host memory, or input and output overlap
     return os.getpid(), address
 
 

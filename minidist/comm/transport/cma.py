@@ -80,10 +80,3 @@ def read(pid: int, address: int, out: Any) -> bool:
         done += got  # the kernel may stop early (at a page it cannot map): go on
     return done == total
 
-
-def overlap(a: Any, b: Any) -> bool:
-    """Do the contiguous host arrays ``a`` and ``b`` share bytes?"""
-    start_a, start_b = host_address(a), host_address(b)
-    if start_a is None or start_b is None:
-        return True  # cannot tell: assume they do
-    return start_a < start_b + b.nbytes and start_b < start_a + a.nbytes
