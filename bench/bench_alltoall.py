@@ -7,10 +7,13 @@ M is the bytes of float32 each rank sends and receives in all (its input), cut i
 equal parts. For each size and world: the time of one all-to-all, algbw = M / t and
 busbw = algbw * (N-1)/N (nccl-tests' all-to-all factor: the share of M that leaves
 the rank). minidist runs on the local shared-memory transport with the same-call
-check (which carries the split sizes); the reference is mpi4py's ``Alltoallv`` under
-MPICH's ``mpiexec``. Both sides are timed alike (best of the timed windows, each
-window timed by its slowest rank, best of ``--repeats`` runs alternating the two).
-The last column is minidist's busbw over MPICH's.
+check (which carries the split sizes), reading its peers' inputs in one copy from
+256 KiB up (alltoall.py); the "pairwise" column is the same call with that turned
+off (``MINIDIST_SINGLE_COPY=0``: every part through shared memory, two copies). The
+reference is mpi4py's ``Alltoallv`` under MPICH's ``mpiexec`` (which reads its
+peer's memory in one copy too, CMA, for large messages). All are timed alike (best
+of the timed windows, each window timed by its slowest rank, best of ``--repeats``
+runs alternating them). The last column is minidist's busbw over MPICH's.
 """
 from __future__ import annotations
 
@@ -50,10 +53,23 @@ def minidist_sweep(sizes: list[int]) -> dict:
     return out
 
 
-def run_minidist(n: int, sizes: list[int]) -> dict:
+def run_minidist(n: int, sizes: list[int], single_copy: bool = True) -> dict:
+    """One sweep in a fresh world; ``single_copy=False``: the pairwise exchange only
+    (the ranks read MINIDIST_SINGLE_COPY when they start)."""
     from minidist.comm import World
-    with World(n) as world:
-        return slowest_rank(world.run(minidist_sweep, sizes))
+    before = os.environ.get("MINIDIST_SINGLE_COPY")
+    os.environ["MINIDIST_SINGLE_COPY"] = "1" if single_copy else "0"
+    try:
+        with World(n) as world:
+            times = slowest_rank(world.run(minidist_sweep, sizes))
+    finally:
+        if before is None:
+            del os.environ["MINIDIST_SINGLE_COPY"]
+        else:
+            os.environ["MINIDIST_SINGLE_COPY"] = before
+    if single_copy:
+        return times
+    return {k.replace("minidist:", "pairwise:"): t for k, t in times.items()}
 
 
 def mpi_worker(sizes: list[int]) -> None:
@@ -84,16 +100,18 @@ def mpi_worker(sizes: list[int]) -> None:
 
 def table(n: int, sizes: list[int], best: dict) -> str:
     factor = (n - 1) / n
-    head = (f"{'size':>8} | {'minidist all_to_all_single':^26} | {'MPICH Alltoallv':^26} | "
-            f"{'minidist/MPICH':>14}")
-    sub = f"{'':>8} | " + " | ".join([f"{'time':>9} {'algbw':>7} {'busbw':>8}"] * 2) + " |"
+    sides = (("minidist", "minidist all_to_all_single"), ("pairwise", "pairwise (2 copies)"),
+             ("mpi", "MPICH Alltoallv"))
+    head = f"{'size':>8} | " + " | ".join(f"{title:^26}" for _, title in sides) + \
+        f" | {'minidist/MPICH':>14}"
+    sub = f"{'':>8} | " + " | ".join([f"{'time':>9} {'algbw':>7} {'busbw':>8}"] * 3) + " |"
     lines = [f"world {n}  (busbw = algbw * (N-1)/N = algbw * {factor:.2f}; GB/s = 1e9 B/s)"]
     if n > usable_cores():
         lines.append(f"{n} ranks on {usable_cores()} cores: ranks share the cores (both sides)")
     lines += [head, sub, "-" * len(head)]
     for size in sizes:
         cells, bus = [], {}
-        for key in ("minidist", "mpi"):
+        for key, _ in sides:
             t = best.get(f"{key}:{size}")
             if t is None:
                 cells.append(f"{'-':>9} {'-':>7} {'-':>8}")
@@ -102,7 +120,8 @@ def table(n: int, sizes: list[int], best: dict) -> str:
             bus[key] = algbw * factor
             shown = f"{t * 1e6:.1f}us" if t < 1e-2 else f"{t * 1e3:.2f}ms"
             cells.append(f"{shown:>9} {algbw:7.2f} {bus[key]:8.2f}")
-        ratio = f"{bus['minidist'] / bus['mpi']:13.2f}x" if len(bus) == 2 else f"{'-':>14}"
+        ratio = (f"{bus['minidist'] / bus['mpi']:13.2f}x" if "minidist" in bus and "mpi" in bus
+                 else f"{'-':>14}")
         lines.append(f"{human(size):>8} | " + " | ".join(cells) + " | " + ratio)
     return "\n".join(lines)
 
@@ -114,6 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-size", type=parse_size, default=256 << 20)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--no-mpi", action="store_true", help="skip the MPICH reference")
+    p.add_argument("--no-pairwise", action="store_true",
+                   help="skip the pairwise (two-copy) column")
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--sizes", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -125,7 +146,12 @@ def main(argv: list[str] | None = None) -> None:
     for n in args.worlds:
         best: dict = {}
         for _ in range(args.repeats):
-            for run in [run_minidist(n, sizes)] + ([] if args.no_mpi else [run_mpi(n, sizes, __file__)]):
+            runs = [run_minidist(n, sizes)]
+            if not args.no_pairwise:
+                runs.append(run_minidist(n, sizes, single_copy=False))
+            if not args.no_mpi:
+                runs.append(run_mpi(n, sizes, __file__))
+            for run in runs:
                 for k, t in run.items():
                     best[k] = min(t, best.get(k, float("inf")))
         print()

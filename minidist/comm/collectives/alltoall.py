@@ -27,17 +27,37 @@ each rank's block is its call record followed by its row and column of S, the
 Bruck all-gather of check.py gives every rank every block, and every rank then
 checks the whole matrix, so all raise the same ``CollectiveMismatchError``
 naming the pair that disagrees, before any data moves.
+
+Single copy. Through shared memory each part is copied twice (into a slot and
+out of it) and the part a rank keeps once: 3 copies of M/2 per rank at N = 2,
+where an MPI that reads its peer's memory directly (MPICH's CMA) makes 2. So
+when the transport allows it (cma.py: one machine, host arrays), each block of
+the check also carries the rank's pid and the address of its input, and rank r
+then reads part r of every other rank's input straight into its output, in one
+copy (``single_copy_all_to_all``). A last exchange, a dissemination over
+ceil(log2 N) rounds, tells every rank that all reads are over (so inputs may
+change again) and whether all succeeded; if one failed, every rank redoes the
+call with the pairwise exchange (the oracle, ``pairwise_all_to_all``), and the
+rank whose read failed offers no address any more, so its later calls are
+pairwise. Messages: ceil(log2 N) for the check and as many to finish, instead
+of ceil(log2 N) + N - 1 (the check, then the pairwise steps). Only at
+SINGLE_COPY_MIN_BYTES and more: below, copies cost less than messages. The
+addresses travel with the check, so a group made with check=False is pairwise.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from minidist.comm.collectives.check import (bruck_rounds, encode, gather_rows, host_table,
                                              raise_mismatch)
 from minidist.comm.errors import CollectiveMismatchError
+from minidist.comm.transport import cma
 from minidist.comm.transport.base import host_view
 
-COUNT_BYTES = 8  # each split size travels as an int64
+COUNT_BYTES = 8  # each split size travels as an int64, and so do the pid and the address
+SINGLE_COPY_MIN_BYTES = 1 << 18  # a smaller all-to-all (per rank, on average): pairwise
+_offered = {"single_copy": True}  # False once a read of a peer failed: offer no address
 
 
 def offsets(sizes: list[int]) -> list[int]:
@@ -48,30 +68,48 @@ def offsets(sizes: list[int]) -> list[int]:
     return edges
 
 
+def source_of(group, flat_in: Any, flat_out: Any) -> tuple[int, int]:
+    """(pid, address of ``flat_in``) for peers to read from, or (0, 0) when they
+    cannot (no single-copy transport, a device array, input and output overlap)."""
+    if not (group.transport.single_copy and _offered["single_copy"]):
+        return 0, 0
+    address, out = cma.host_address(flat_in), cma.host_address(flat_out)
+    if address is None or out is None or (address < out + flat_out.nbytes
+                                          and out < address + flat_in.nbytes):
+        return 0, 0  # not in host memory, or input and output overlap
+    return os.getpid(), address
+
+
 def check_splits(group, line: str, input_splits: list[int], output_splits: list[int],
-                 tag: int) -> None:
+                 tag: int, source: tuple[int, int] = (0, 0)
+                 ) -> tuple[list[list[int]], list[tuple[int, int]] | None]:
     """The same-call check with the split sizes: raise on every rank unless every
-    rank made the call ``line`` and S[i][j] agrees between ranks i and j."""
+    rank made the call ``line`` and S[i][j] agrees between ranks i and j.
+    Returns S (S[i][j]: rows i sends to j) and, when every rank offered its
+    input (``source``: pid, address), each rank's (pid, address); else None."""
     n, r = group.size, group.rank
     record = encode(line)
     head = len(record)
-    table = host_table(n, head + 2 * n * COUNT_BYTES)
+    table = host_table(n, head + (2 * n + 2) * COUNT_BYTES)
     table[0, :head] = host_view(record)
-    counts = table[:, head:].view("int64")                       # (N, 2N) per row
+    counts = table[:, head:].view("int64")                       # (N, 2N + 2) per row
     counts[0, :n] = input_splits                                 # our row of S
-    counts[0, n:] = output_splits                                # our column of S
+    counts[0, n:2 * n] = output_splits                           # our column of S
+    counts[0, 2 * n:] = source                                   # where peers may read us
     whole = gather_rows(group, bruck_rounds(group, table), tag, "all_to_all_single check")
     if not whole or table[:, :head].tobytes() != record * n:
         raise_mismatch(group, line, tag)                          # raises on every rank
     # Row i of the table is rank r + i: put the matrix in rank order.
     sends = [[0] * n for _ in range(n)]   # sends[i][j]: rows i says it sends to j
     recvs = [[0] * n for _ in range(n)]   # recvs[i][j]: rows j says it expects from i
+    sources = [(0, 0)] * n
     for i in range(n):
         q = (r + i) % n
         row = [int(c) for c in counts[i].tolist()]
         sends[q] = row[:n]
         for src in range(n):
             recvs[src][q] = row[n + src]
+        sources[q] = (row[2 * n], row[2 * n + 1])
     wrong = [(i, j) for i in range(n) for j in range(n) if sends[i][j] != recvs[i][j]]
     if wrong:
         lines = [f"  rank {group.global_rank(i)} sends {sends[i][j]} rows to rank "
@@ -80,6 +118,7 @@ def check_splits(group, line: str, input_splits: list[int], output_splits: list[
             f"all_to_all_single on group {group.ranks}: split sizes do not agree (what rank "
             f"i sends to j, input_split_sizes[j] on i, must equal output_split_sizes[i] on "
             f"j):\n" + "\n".join(lines))
+    return sends, (sources if all(pid for pid, _ in sources) else None)
 
 
 def pairwise_all_to_all(group, flat_in: Any, in_edges: list[int], flat_out: Any,
@@ -96,3 +135,59 @@ def pairwise_all_to_all(group, flat_in: Any, in_edges: list[int], flat_out: Any,
         dst, src = (r + s) % n, (r - s) % n
         group.sendrecv(part(flat_in, in_edges, dst), dst, part(flat_out, out_edges, src), src,
                        tag, what=f"all_to_all_single step {s}")
+
+
+def worth_single_copy(sends: list[list[int]], row_bytes: int) -> bool:
+    """Read directly only when ranks move at least SINGLE_COPY_MIN_BYTES each on
+    average: below that the copies cost less than the messages, and the
+    pairwise exchange's short way is as fast. Decided from S, so the same on
+    every rank."""
+    return sum(map(sum, sends)) * row_bytes >= len(sends) * SINGLE_COPY_MIN_BYTES
+
+
+def single_copy_all_to_all(group, flat_in: Any, in_edges: list[int], flat_out: Any,
+                           out_edges: list[int], row: int, sends: list[list[int]],
+                           sources: list[tuple[int, int]], tag: int) -> bool:
+    """Rank r reads part r of every other rank's input (rank i's, at ``sources[i]``,
+    rows offsets(S[i])[r].. of it) into its output, in one copy each (cma.py),
+    in the order of the pairwise exchange (from r-1, r-2, ...) so that no two
+    ranks read the same peer at once. Then ``reads_done``. False, on every
+    rank, if some read failed: nothing moved for sure, take the pairwise way."""
+    n, r = group.size, group.rank
+    step = row * flat_in.itemsize  # bytes per row
+    flat_out[out_edges[r] * row:out_edges[r + 1] * row] = \
+        flat_in[in_edges[r] * row:in_edges[r + 1] * row]        # what I keep
+    ok = True
+    for s in range(1, n):
+        src = (r - s) % n
+        pid, address = sources[src]
+        start = sum(sends[src][:r]) * step                     # part r of rank src's input
+        ok = ok and cma.read(pid, address + start,
+                             flat_out[out_edges[src] * row:out_edges[src + 1] * row])
+    if not ok:
+        _offered["single_copy"] = False  # this process cannot read its peers: stop trying
+    if not reads_done(group, ok, tag):
+        return False
+    stats = group.stats
+    stats.bytes_sent += (in_edges[n] - (in_edges[r + 1] - in_edges[r])) * step
+    stats.bytes_recv += (out_edges[n] - (out_edges[r + 1] - out_edges[r])) * step
+    stats.msgs_sent += n - 1
+    stats.msgs_recv += n - 1
+    return True
+
+
+def reads_done(group, ok: bool, tag: int) -> bool:
+    """Dissemination: in round k rank r sends one byte, "all my reads so far
+    succeeded", to r + 2**k and receives r - 2**k's, AND-ing them. After
+    ceil(log2 N) rounds every rank has heard, directly or not, from all: every
+    read of its input is over, and the result is the same on every rank."""
+    n, r = group.size, group.rank
+    mine, theirs = host_view(bytearray(1)), host_view(bytearray(1))
+    d = 1
+    while d < n:
+        mine[0] = ok
+        same = group.exchange(mine, (r + d) % n, theirs, (r - d) % n, tag,
+                              "all_to_all_single reads done")
+        ok = ok and same and bool(theirs[0])
+        d *= 2
+    return ok

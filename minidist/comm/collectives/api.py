@@ -19,8 +19,8 @@ Arrays are arrays of the active backend. In-place where torch's are in place:
     reduce_scatter   ring                 (N-1)/N * M (M = the whole input)
     gather, scatter  direct (linear)      the root receives / sends (N-1) * M
     all_to_all       pairwise exchange    (N-1)/N * M
-    all_to_all_single pairwise exchange   sum of the parts sent to others ((N-1)/N * M
-                                          when the splits are equal; alltoall.py)
+    all_to_all_single single-copy reads   sum of the parts sent to others ((N-1)/N * M
+                      (or pairwise)       when the splits are equal; alltoall.py)
     barrier          dissemination        ceil(log2 N) empty messages
 """
 from __future__ import annotations
@@ -31,7 +31,9 @@ from typing import Any, Callable
 from minidist.backend import xp
 from minidist.comm.collectives import work
 from minidist.comm.collectives.all_reduce import all_reduce_flat, choose
-from minidist.comm.collectives.alltoall import check_splits, offsets, pairwise_all_to_all
+from minidist.comm.collectives.alltoall import (check_splits, offsets, pairwise_all_to_all,
+                                                single_copy_all_to_all, source_of,
+                                                worth_single_copy)
 from minidist.comm.collectives.check import describe, verify_same_call
 from minidist.comm.group import ProcessGroup, resolve
 from minidist.comm.transport.reduce_op import ReduceOp, finish
@@ -291,7 +293,8 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
     (``input_split_sizes[j]`` on i) must be what j expects from i
     (``output_split_sizes[i]`` on j): otherwise every rank raises
     ``CollectiveMismatchError`` naming the pair, before any data moves.
-    Pairwise exchange (alltoall.py).
+    On one machine each rank reads its parts straight from its peers' inputs
+    (single copy); otherwise pairwise exchange (alltoall.py).
     """
     g = resolve(group)
     if input.dtype != output.dtype or tuple(input.shape[1:]) != tuple(output.shape[1:]):
@@ -309,11 +312,17 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
     line = describe("all_to_all_single", **fields)
 
     def body(g, tag):
-        if g.check and g.size > 1:
-            check_splits(g, line, send, recv, tag)
         flat_in = xp.ascontiguousarray(input).reshape(-1)
         flat_out, write_back = _flat(output)
-        pairwise_all_to_all(g, flat_in, offsets(send), flat_out, offsets(recv), row, tag)
+        in_edges, out_edges = offsets(send), offsets(recv)
+        sources = None
+        if g.check and g.size > 1:
+            matrix, sources = check_splits(g, line, send, recv, tag,
+                                           source_of(g, flat_in, flat_out))
+        if not (sources and worth_single_copy(matrix, row * input.itemsize)
+                and single_copy_all_to_all(g, flat_in, in_edges, flat_out, out_edges,
+                                           row, matrix, sources, tag)):
+            pairwise_all_to_all(g, flat_in, in_edges, flat_out, out_edges, row, tag)
         write_back()
     return _run(g, "all_to_all_single", fields, body, async_op, checks_itself=True)
 

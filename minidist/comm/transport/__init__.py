@@ -12,6 +12,7 @@ Files, in reading order:
 - pending.py    pending sends and receives of the local transport, where a piece lands
 - local.py      ``LocalTransport``: messages through shared memory, pipelined in slots
 - short_way.py  the local transport's fast paths for ``exchange`` and ``sendrecv``
+- cma.py        single-copy reads of a peer's memory (Linux process_vm_readv), for all-to-all
 - link.py       an emulated link: bytes that take M / beta on the wire while the CPU is free
 - mpi.py        ``MPITransport``: the same interface on mpi4py, across machines
 

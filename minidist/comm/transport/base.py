@@ -54,6 +54,7 @@ class Transport:
     rank: int
     world_size: int
     name: str
+    single_copy = False  # may peers read this rank's arrays directly (cma.py)?
 
     def isend(self, arr: Any, dst: int, tag: int, ctx: int = 0) -> Handle:
         raise NotImplementedError

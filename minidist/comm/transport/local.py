@@ -46,7 +46,7 @@ import time
 from collections import deque
 from typing import Any
 
-from minidist.comm.transport import flight, shm
+from minidist.comm.transport import cma, flight, shm
 from minidist.comm.transport.doorbell import Doorbells
 from minidist.comm.errors import CommTimeoutError, WorldAbortedError
 from minidist.comm.transport.link import EmulatedLink
@@ -99,6 +99,8 @@ class LocalTransport(ShortWays, Transport):
         self.node_size, inter_bps = shm.read_topology(self._seg)  # 0: one level (link.py)
         self._link = (EmulatedLink(link_bps, self.world_size, rank, self.node_size, inter_bps)
                       if link_bps or inter_bps else None)
+        # Peers may read our arrays in one copy (cma.py), except over an emulated link.
+        self.single_copy = cma.available() and self._link is None
         self._lock = threading.RLock()
         self._posts = 0  # receives posted so far (see exchange)
         self._next_ctx = 1
