@@ -90,7 +90,7 @@ def _reduce_scatter_chunks(s, case):
 COLLECTIVES = Exercise(
     id="35.1", processes=True, title="collectives from send/recv", kind="implement",
     filename="ex_35_1_collectives.py",
-    docs="docs/collectives.md; minidist/comm/collectives/ (api.py, ring.py)",
+    docs="docs/collectives.md",
     starter='''"""Exercise 35.1: collective operations from point-to-point messages.
 
 Implement all-reduce, all-gather and reduce-scatter using only send and
@@ -253,7 +253,7 @@ def _ring_volume(s, n, count):
 RING = Exercise(
     id="35.2", processes=True, title="ring all-reduce", kind="implement",
     filename="ex_35_2_ring_all_reduce.py",
-    docs="docs/collectives.md (ring all-reduce); minidist/comm/collectives/ring.py",
+    docs="docs/collectives.md (ring all-reduce)",
     starter='''"""Exercise 35.2: ring all-reduce.
 
 Implement the ring all-reduce for N processes. The ranks form a ring: rank r

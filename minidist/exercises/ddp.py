@@ -91,7 +91,7 @@ def _ddp_one_all_reduce_per_bucket(s, world, big):
 DDP = Exercise(
     id="35.4", processes=True, title="DDP from scratch, with gradient buckets", kind="implement",
     filename="ex_35_4_ddp.py",
-    docs="docs/ddp.md (buckets, hooks); minidist/parallel/data/ddp.py and buckets.py",
+    docs="docs/ddp.md (buckets, hooks)",
     starter='''"""Exercise 35.4: data parallelism from scratch, with buckets.
 
 Wrap a model so that after loss.backward() every rank's p.grad is the mean of

@@ -54,7 +54,7 @@ def _count_restarts(subject):
 LOSS_SCALE_STEP = Exercise(
     id="35.17", title="loss scaling: the scale that never backs off", kind="debug",
     filename="ex_35_17_loss_scaling.py",
-    docs="docs/precision.md (dynamic loss scaling); minidist/precision/grad_scaler.py",
+    docs="docs/precision.md (dynamic loss scaling)",
     starter='''"""Exercise 35.17 (loss scaling): find the bug.
 
 One step of dynamic loss scaling, as GradScaler.unscale_ / step / update do:

@@ -69,7 +69,7 @@ def _running_stats(subject, problem):
 ONLINE_SOFTMAX = Exercise(
     id="26.10", title="the online-softmax tile of flash attention", kind="implement",
     filename="ex_26_10_online_softmax.py",
-    docs="docs/attention.md (flash attention); minidist/attention/flash.py",
+    docs="docs/attention.md (flash attention)",
     starter='''"""Exercise 26.10 (b): the online-softmax update of FlashAttention.
 
 The running state of a block of query rows is the max m_prev (rows, 1), the

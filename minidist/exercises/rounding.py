@@ -51,7 +51,7 @@ def _fp16_nearest_even(s, x):
 ROUNDING = Exercise(
     id="35.18", title="bf16 and fp16 rounding, to the bit", kind="implement",
     filename="ex_35_18_rounding.py",
-    docs="docs/precision.md (formats, rounding); minidist/precision/rounding.py",
+    docs="docs/precision.md (formats, rounding)",
     starter='''"""Exercise 35.18 (BFloat16 vs Float16): round to each format, to the bit.
 
 round_to_bf16(x): x is float32; return float32 values that bf16 can hold

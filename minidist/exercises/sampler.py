@@ -50,7 +50,7 @@ def _deterministic(subject, length, world, seed):
 SAMPLER = Exercise(
     id="26.2", title="set_epoch: the sampler that repeats every epoch", kind="debug",
     filename="ex_26_2_set_epoch.py",
-    docs="docs/ddp.md (the sampler); minidist/parallel/data/sampler.py",
+    docs="docs/ddp.md (the sampler)",
     starter='''"""Exercise 26.2 (set_epoch): find the bug.
 
 Each of `world` ranks reads its shard of a dataset of `length` samples with a

@@ -66,7 +66,7 @@ sizes = dict(p=st.integers(1, 6), m=st.integers(1, 10))
 SCHEDULE = Exercise(
     id="35.9", title="a 1F1B pipeline schedule as data", kind="implement",
     filename="ex_35_9_one_f_one_b.py",
-    docs="docs/pipeline.md (schedules); minidist/parallel/pipeline/schedule.py",
+    docs="docs/pipeline.md (schedules)",
     starter='''"""Exercise 35.9 (pipeline parallelism): the 1F1B schedule, as data.
 
 A model cut into p stages trains on m micro-batches. Return, for each stage

@@ -78,7 +78,7 @@ def _weight_grads_match(s, seed, n, batch, d, hp):
 TENSOR_PARALLEL = Exercise(
     id="35.10", processes=True, title="column- and row-parallel linear layers (f and g)", kind="implement",
     filename="ex_35_10_tensor_parallel.py",
-    docs="docs/tensor_parallel.md (f and g); minidist/parallel/tensor/mappings.py",
+    docs="docs/tensor_parallel.md (f and g)",
     starter='''"""Exercise 35.10: column-parallel and row-parallel linear layers.
 
 On N ranks, W1 (H, D) is split by rows: rank r holds W1_r (H/N, D) and

@@ -41,7 +41,7 @@ def _ring_time_worked(s):
 RING_TIME = Exercise(
     id="0.5", title="implement ringAllReduceTime()", kind="implement",
     filename="ex_0_5_ring_all_reduce_time.py",
-    docs="docs/cost_models.md; workbook chapter 0; minidist/calc/comm.py",
+    docs="docs/cost_models.md; workbook chapter 0",
     starter='''"""Workbook 0.5: implement ringAllReduceTime().
 
 Write a function that computes the ring all-reduce time in milliseconds,

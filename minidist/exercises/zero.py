@@ -107,7 +107,7 @@ def _state_is_sharded(s, world):
 ZERO1 = Exercise(
     id="35.12", processes=True, title="ZeRO stage 1: the optimizer state in shards", kind="implement",
     filename="ex_35_12_zero1.py",
-    docs="docs/zero.md (flat shards, stage 1); minidist/parallel/zero/shard.py and zero12.py",
+    docs="docs/zero.md (flat shards, stage 1)",
     starter='''"""Exercise 35.12: ZeRO stage 1 (optimizer state partitioning).
 
 Plain data parallelism keeps the whole optimizer state on every rank: for

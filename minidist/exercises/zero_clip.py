@@ -121,7 +121,7 @@ FIXED = STARTER.replace(PLANTED, '''        total = from_host([float(to_host((g 
 CLIP = Exercise(
     id="35.23", processes=True, title="the ZeRO clip on a shard", kind="debug",
     filename="ex_35_23_zero_clip.py",
-    docs="docs/zero.md (Clipping); minidist/parallel/zero/zero12.py, clip_grad_norm_",
+    docs="docs/zero.md (Clipping)",
     starter=STARTER, fixed=FIXED,
     properties=[
         Property("step() returns the whole model's gradient norm, on every rank",

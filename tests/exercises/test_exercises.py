@@ -106,3 +106,12 @@ def test_a_counterexample_is_shrunk_to_the_smallest(tmp_path):
     results = check(ex, _subject(tmp_path, ex, ex.starter, "starter"))
     failed = [r for r in results if not r.passed and r.example]
     assert failed and failed[0].example == {"kind": "inf"}, report(ex, results)
+
+
+def test_the_reading_pointer_is_a_docs_page_not_the_solution():
+    """A learner is sent to the docs and the workbook, never to the library file that
+    solves the exercise (a debug exercise may name the mechanism its bug is about)."""
+    for ex in EXERCISES:
+        if ex.kind == "implement":
+            assert "minidist/" not in ex.docs, (ex.id, ex.docs)
+        assert ex.docs.startswith("docs/"), (ex.id, ex.docs)
