@@ -12,7 +12,8 @@ Files, in reading order:
     grading.py       runs the properties with hypothesis; the report
     workspace.py     the learner's folder and progress file
     command.py       ``minidist exercise list | start | check``
-    workbook.py      the workbook's Build / Debug calculators (0.5, 0.6, 2.4, 4.5, 5.5, 7.5, 8.6)
+    workbook.py      the workbook's Build / Debug calculators of chapters 0-4 (0.5, 0.6, 2.4, 4.5)
+    workbook_5_8.py  ... and of chapters 5-8 (5.5, 7.5, 8.6)
     collectives.py   35.1 collectives from send/recv, 35.2 ring all-reduce (on real processes)
     swallow.py       35.1b the receive that swallows the next message (debug)
     ddp.py           35.4 DDP with bucket hooks, 35.6 accumulation with no_sync
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 from minidist.exercises import (collectives, ddp, derive, derive_5_9, loss_scale, online_softmax,
                                  rounding, sampler, schedule, swallow, tensor_parallel, workbook,
-                                 zero, zero_clip)
+                                 workbook_5_8, zero, zero_clip)
 from minidist.exercises.core import Exercise, Property, Subject
 from minidist.exercises.derive import Derive
 
@@ -49,12 +50,12 @@ EXERCISES: list[Exercise] = [
     *workbook.EXERCISES[2:4],           # 2.4, 4.5
     *tensor_parallel.EXERCISES,         # 35.10
     *schedule.EXERCISES,                # 35.9
-    workbook.EXERCISES[4],              # 5.5
+    workbook_5_8.EXERCISES[0],          # 5.5
     *online_softmax.EXERCISES,          # 26.10
     *rounding.EXERCISES,                # 35.18
-    *workbook.EXERCISES[6:],            # 8.6
+    workbook_5_8.EXERCISES[2],          # 8.6
     *loss_scale.EXERCISES,              # 35.17
-    workbook.EXERCISES[5],              # 7.5
+    workbook_5_8.EXERCISES[1],          # 7.5
 ]
 
 DERIVE: list[Derive] = [*derive.CHAPTERS_0_4, *derive_5_9.CHAPTERS_5_9]   # workbook order
