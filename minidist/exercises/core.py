@@ -129,8 +129,16 @@ class Subject:
             if e.exc_type == "NotImplementedError":
                 raise Stop("not implemented yet: the body still raises NotImplementedError")
             if e.exc_type in ("CommTimeoutError", "TimeoutError"):
+                # the error's own lines: what the rank waited on, then the flight
+                # recorder's table (every rank's last call)
+                first = next((i for i, line in enumerate(tail)
+                              if line.startswith(("minidist.comm.errors.CommTimeoutError",
+                                                  "CommTimeoutError", "TimeoutError"))),
+                             len(tail) - 3)
                 raise Stop(f"rank {e.rank} hung (world of {world_size}); the world was "
-                           f"stopped after its timeout:\n    " + "\n    ".join(tail[-3:]))
+                           f"stopped after its timeout:\n    "
+                           + "\n    ".join(line.replace("minidist.comm.errors.", "")
+                                            for line in tail[first:first + 12]))
             raise Stop(f"rank {e.rank} raised {e.exc_type} (world of {world_size}):\n    "
                        + "\n    ".join(tail[-6:]))
 

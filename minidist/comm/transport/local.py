@@ -84,6 +84,7 @@ class LocalTransport(ShortWays, Transport):
         self._bells = Doorbells(self._seg.buf, shm.BELLS_OFFSET, self.world_size)
         # Our record of the flight recorder (flight.py): the call in progress.
         self._flight = flight.Recorder(self._seg.buf, shm.flight_offset(self.world_size), rank)
+        self._all_ranks = list(range(self.world_size))   # a handle's record names the world
         data = host_view(self._seg.buf)
         n, k, s = self.world_size, self.nslots, self.slot_bytes
         buf = self._seg.buf
@@ -314,6 +315,13 @@ class LocalTransport(ShortWays, Transport):
         self._flight.begin(ctx, number, ranks, text)
 
     def record_end(self) -> None:
+        self._flight.end()
+
+    def wait_handle(self, handle: Any, timeout: float | None = None) -> None:
+        """``handle.wait()`` of an isend / irecv: wait for it, noted in the flight
+        recorder like a blocking send / recv (a rank stuck here is named by it)."""
+        self._flight.begin(0, -1, self._all_ranks, handle.describe())
+        self.wait_all([handle], timeout)
         self._flight.end()
 
     # -- groups and shutdown -------------------------------------------------

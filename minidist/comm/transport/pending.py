@@ -42,7 +42,7 @@ class Send(Handle):
         self.data, self.total, self.sent, self.done = data, data.size, 0, False
 
     def wait(self, timeout: float | None = None) -> None:
-        self.transport.wait_all([self], timeout)
+        self.transport.wait_handle(self, timeout)
 
     def describe(self) -> str:
         return f"send to rank {self.dst} ({describe_tag(self.tag)}, {self.sent}/{self.total} bytes)"
@@ -62,7 +62,7 @@ class Recv(Handle):
         self.combine = None if op is None else combine_fn(op)
 
     def wait(self, timeout: float | None = None) -> None:
-        self.transport.wait_all([self], timeout)
+        self.transport.wait_handle(self, timeout)
 
     def describe(self) -> str:
         return f"recv from rank {self.src} ({describe_tag(self.tag)}, {self.got}/{self.total} bytes)"

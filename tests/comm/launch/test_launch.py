@@ -259,6 +259,27 @@ def test_a_hang_names_the_rank_not_in_the_collective_and_every_ranks_last_call()
     assert err.failures[2][0] == "Stopped"
 
 
+def _ring_waits_on_the_wrong_neighbour():
+    """Every rank sends to r+1 but waits for r+2: a ring of isend / irecv().wait() that hangs."""
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    r, n = dist.get_rank(), dist.get_world_size()
+    x = xp.ones(4)
+    h = dist.isend(x, (r + 1) % n)
+    dist.irecv(xp.empty(4), (r + 2) % n).wait()
+    h.wait()
+
+
+def test_a_hang_in_a_handles_wait_is_in_the_flight_record():
+    """irecv(...).wait() is noted like a blocking recv: the table says which peer each rank waits for."""
+    with World(4, timeout=1.0) as world:
+        err = _fail_and_check(world, _ring_waits_on_the_wrong_neighbour)
+    assert err.exc_type == "CommTimeoutError"
+    for r in range(4):
+        assert f"rank {r}: recv of group [0, 1, 2, 3] from rank {(r + 2) % 4}" in err.remote_traceback
+    assert "no call yet" not in err.remote_traceback
+
+
 def _rank_1_sleeps():
     import minidist.distributed as dist
     dist.barrier()
