@@ -54,7 +54,8 @@ def make_model(case, rank):
 def optimizer_spec(case):
     if case["optimizer"] == "sgd":
         return SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01)
-    return AdamW, dict(lr=0.01, weight_decay=0.1)
+    # amsgrad keeps a running max of v: elementwise, so a ZeRO shard holds its own part
+    return AdamW, dict(lr=0.01, weight_decay=0.1, amsgrad=case["optimizer"] == "amsgrad")
 
 
 def mse(out, y, micro):

@@ -30,7 +30,7 @@ def cases(draw, world, strategy, dtype="float64"):
                 micro=draw(st.integers(1, 3)), batch=draw(st.integers(1, 3)),
                 d_in=draw(st.integers(1, 6)), hidden=draw(st.integers(1, 8)),
                 d_out=draw(st.integers(1, 4)),
-                optimizer=draw(st.sampled_from(["sgd", "adamw"])),
+                optimizer=draw(st.sampled_from(["sgd", "adamw", "amsgrad"])),
                 clip=draw(st.sampled_from([None, 0.05, 10.0])),
                 # from one bucket per parameter (1e-6 MB) to one for the whole model
                 bucket_cap_mb=draw(st.sampled_from([1e-6, 2e-4, 1e-3, 25.0])),
