@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_collectives import (SIZES, human, iterations, parse_size, run_mpi,  # noqa: E402
+from bench_collectives import (SIZES, best_of, human, iterations, parse_size, run_mpi,  # noqa: E402
                                slowest_rank, usable_cores, windows)
 
 
@@ -144,16 +144,12 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [s for s in SIZES if args.min_size <= s <= args.max_size]
     print(f"all-to-all of float32, {usable_cores()} CPU cores, best of {args.repeats} repeats")
     for n in args.worlds:
-        best: dict = {}
-        for _ in range(args.repeats):
-            runs = [run_minidist(n, sizes)]
-            if not args.no_pairwise:
-                runs.append(run_minidist(n, sizes, single_copy=False))
-            if not args.no_mpi:
-                runs.append(run_mpi(n, sizes, __file__))
-            for run in runs:
-                for k, t in run.items():
-                    best[k] = min(t, best.get(k, float("inf")))
+        sweeps = [lambda: run_minidist(n, sizes)]
+        if not args.no_pairwise:
+            sweeps.append(lambda: run_minidist(n, sizes, single_copy=False))
+        if not args.no_mpi:
+            sweeps.append(lambda: run_mpi(n, sizes, __file__))
+        best = best_of(sweeps, args.repeats)
         print()
         print(table(n, sizes, best), flush=True)
 

@@ -206,6 +206,18 @@ def table(n: int, sizes: list[int], best: dict) -> str:
     return "\n".join(lines)
 
 
+def best_of(sweeps: list, repeats: int, best: dict | None = None) -> dict:
+    """Run every sweep (a function returning {key: seconds}) ``repeats`` times, the
+    sweeps alternating so that a burst of load elsewhere hits them alike; keep the
+    least time of each key."""
+    best = {} if best is None else best
+    for _ in range(repeats):
+        for sweep in sweeps:
+            for k, t in sweep().items():
+                best[k] = min(t, best.get(k, float("inf")))
+    return best
+
+
 def main() -> None:
     if "--collective" in sys.argv:  # all_to_all: bench_alltoall.py, with the other flags
         i = sys.argv.index("--collective")
@@ -232,12 +244,9 @@ def main() -> None:
           f"best of {args.repeats} repeats")
     ceiling = memcpy_ceiling(sizes)
     for n in args.worlds:
-        best: dict = dict(ceiling)
-        for _ in range(args.repeats):
-            runs = [run_minidist(n, sizes)] + ([] if args.no_mpi else [run_mpi(n, sizes)])
-            for run in runs:
-                for k, t in run.items():
-                    best[k] = min(t, best.get(k, float("inf")))
+        sweeps = [lambda: run_minidist(n, sizes)] + ([] if args.no_mpi else
+                                                     [lambda: run_mpi(n, sizes)])
+        best = best_of(sweeps, args.repeats, dict(ceiling))
         print()
         print(table(n, sizes, best), flush=True)
 

@@ -32,8 +32,8 @@ from minidist.backend import from_host, to_host
 from minidist.calc.pipeline import bubble_fraction, peak_inflight_microbatches
 from minidist.comm import World
 from minidist.distributed import barrier, get_rank, get_world_size
-from _pipeline_piece import Piece
-from minidist.nn import GPT, GPTConfig
+from _pipeline_piece import Piece, reference_gpt
+from minidist.nn import GPT
 from minidist.parallel import (make_schedule, measured_bubble, pieces_of_rank, render_timeline,
                                run_pipeline, simulate, split_gpt, sync_tied_gradients)
 
@@ -78,14 +78,7 @@ def main() -> int:
     p, m, v, op_s = args.stages, args.microbatches, args.virtual, args.op_ms / 1e3
     runs = [("gpipe", 1), ("1f1b", 1), ("interleaved", v)]
 
-    cfg = GPTConfig(block_size=8, vocab_size=16, n_layer=p * v, n_head=2, n_embd=16,
-                    dtype="float64")
-    rng = np.random.default_rng(0)
-    idx, tgt = (rng.integers(0, cfg.vocab_size, (2 * m, cfg.block_size)) for _ in range(2))
-    dense = GPT(cfg)
-    _, loss = dense(from_host(idx), from_host(tgt))
-    loss.backward()
-    want = {n: to_host(q.grad) for n, q in dense.named_parameters()}
+    cfg, idx, tgt, want = reference_gpt(p * v, m)
 
     ok, measured = True, {}
     with World(p) as world:

@@ -31,8 +31,8 @@ from minidist.backend import from_host, to_host
 from minidist.calc.pipeline import bubble_fraction
 from minidist.comm import World
 from minidist.distributed import barrier, get_rank, get_world_size
-from _pipeline_piece import Piece
-from minidist.nn import GPT, GPTConfig
+from _pipeline_piece import Piece, reference_gpt
+from minidist.nn import GPT
 from minidist.parallel import (chunks_per_rank, make_schedule, measured_bubble, pieces_of_rank,
                                placement, render_timeline, run_pipeline, simulate, split_gpt,
                                sync_tied_gradients)
@@ -104,14 +104,7 @@ def main() -> int:
     if len(unequal) != 3 or min(unequal) <= 0:
         parser.error(f"--unequal takes three positive costs F,B,W, got {args.unequal!r}")
 
-    cfg = GPTConfig(block_size=8, vocab_size=16, n_layer=2 * p, n_head=2, n_embd=16,
-                    dtype="float64")
-    rng = np.random.default_rng(0)
-    idx, tgt = (rng.integers(0, cfg.vocab_size, (2 * m, cfg.block_size)) for _ in range(2))
-    dense = GPT(cfg)
-    _, loss = dense(from_host(idx), from_host(tgt))
-    loss.backward()
-    want = {n: to_host(q.grad) for n, q in dense.named_parameters()}
+    cfg, idx, tgt, want = reference_gpt(2 * p, m)
 
     ok, measured, table = True, {}, []
     with World(p) as world:
