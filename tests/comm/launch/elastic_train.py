@@ -54,6 +54,7 @@ def main(directory: str, kills: str) -> None:
     start = 0
     if os.path.exists(ckpt):  # a restart: resume where the last checkpoint left off
         start = load_checkpoint(ckpt, model, opt, sampler)["step"] + 1
+    if attempt > 0:           # (at step 0 when attempt 0 died before its first save)
         print(f"attempt {attempt}: resuming at step {start}", flush=True)
     rng = np.random.default_rng(7)
     x, y = rng.standard_normal((LENGTH, D_IN)), rng.standard_normal((LENGTH, D_OUT))
