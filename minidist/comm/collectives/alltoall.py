@@ -43,14 +43,22 @@ pairwise. Messages: ceil(log2 N) for the check and as many to finish, instead
 of ceil(log2 N) + N - 1 (the check, then the pairwise steps). Only at
 SINGLE_COPY_MIN_BYTES and more: below, copies cost less than messages. The
 addresses travel with the check, so a group made with check=False is pairwise.
+
+A call should cost little more than its messages and copies (at 1 MiB the
+Python around them was a third of the time), so what depends only on the
+group, dtype and row shape is made once and kept in a plan (``AllToAllPlan``,
+like small.py's): the line, the check's table and its views, the buffers of
+``reads_done``. The table a call receives is parsed only when it differs from
+the one parsed last, byte for byte; a step of training repeats its matrices.
 """
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from minidist.comm.collectives.check import (bruck_rounds, encode, gather_rows, host_table,
-                                             raise_mismatch)
+from minidist.comm.collectives.check import (bruck_rounds, describe, encode, gather_rows,
+                                             host_table, raise_mismatch)
+from minidist.comm.collectives.small import MAX_PLANS
 from minidist.comm.errors import CollectiveMismatchError
 from minidist.comm.transport import cma
 from minidist.comm.transport.base import host_view
@@ -80,32 +88,73 @@ def source_of(group, flat_in: Any, flat_out: Any) -> tuple[int, int]:
     return os.getpid(), address
 
 
-def check_splits(group, line: str, input_splits: list[int], output_splits: list[int],
+class AllToAllPlan:
+    """What an all-to-all of one (dtype, row shape) on one group needs, made once
+    (like small.py's plans): the call's line and fields, the table of the check
+    (one row per rank: record, row and column of S, pid and address) with its
+    views and rounds, and the one-byte buffers of ``reads_done``. A call fills
+    in its row, exchanges, and parses the table only when it differs from the
+    last one (a training step repeats its split matrices and buffers)."""
+
+    def __init__(self, group, dtype: Any, row_shape: tuple):
+        n = group.size
+        self.fields = dict(dtype=dtype.name, row_shape=row_shape)
+        self.line = describe("all_to_all_single", **self.fields)
+        self.record = encode(self.line)
+        head = len(self.record)
+        self.table = host_table(n, head + (2 * n + 2) * COUNT_BYTES)
+        self.table[0, :head] = host_view(self.record)
+        self.records = self.table[:, :head]                    # (N, 128)
+        self.expected = self.record * n                        # what they hold if all agree
+        self.counts = self.table[:, head:].view("int64")       # (N, 2N + 2) per row
+        self.rounds = bruck_rounds(group, self.table)
+        self.done = (host_view(bytearray(1)), host_view(bytearray(1)))  # mine, theirs
+        self.seen: bytes = b""                                 # the last table parsed
+        self.parsed: tuple = ()                                # ... and what it said
+
+
+def alltoall_plan(group, dtype: Any, row_shape: tuple) -> AllToAllPlan:
+    """The plan for all-to-alls of ``dtype`` rows of ``row_shape`` on ``group``."""
+    key = ("all_to_all_single", dtype, row_shape)
+    plan = group.small_plans.get(key)
+    if plan is None:
+        if len(group.small_plans) >= MAX_PLANS:
+            group.small_plans.clear()
+        plan = group.small_plans[key] = AllToAllPlan(group, dtype, row_shape)
+    return plan
+
+
+def check_splits(group, plan: AllToAllPlan, input_splits: list[int], output_splits: list[int],
                  tag: int, source: tuple[int, int] = (0, 0)
                  ) -> tuple[list[list[int]], list[tuple[int, int]] | None]:
     """The same-call check with the split sizes: raise on every rank unless every
-    rank made the call ``line`` and S[i][j] agrees between ranks i and j.
+    rank made the call ``plan.line`` and S[i][j] agrees between ranks i and j.
     Returns S (S[i][j]: rows i sends to j) and, when every rank offered its
     input (``source``: pid, address), each rank's (pid, address); else None."""
+    plan.counts[0] = input_splits + output_splits + list(source)  # our row, column, address
+    whole = gather_rows(group, plan.rounds, tag, "all_to_all_single check")
+    if not whole or plan.records.tobytes() != plan.expected:
+        raise_mismatch(group, plan.line, tag)                     # raises on every rank
+    seen = plan.counts.tobytes()
+    if seen != plan.seen:
+        plan.parsed = parse_counts(group, plan.counts.tolist())
+        plan.seen = seen
+    return plan.parsed
+
+
+def parse_counts(group, counts: list[list[int]]
+                 ) -> tuple[list[list[int]], list[tuple[int, int]] | None]:
+    """S and the sources from the check's table (row i: rank r + i's row of S,
+    column of S, pid, address); raise on every rank if S[i][j] as i says it
+    differs from S[i][j] as j says it."""
     n, r = group.size, group.rank
-    record = encode(line)
-    head = len(record)
-    table = host_table(n, head + (2 * n + 2) * COUNT_BYTES)
-    table[0, :head] = host_view(record)
-    counts = table[:, head:].view("int64")                       # (N, 2N + 2) per row
-    counts[0, :n] = input_splits                                 # our row of S
-    counts[0, n:2 * n] = output_splits                           # our column of S
-    counts[0, 2 * n:] = source                                   # where peers may read us
-    whole = gather_rows(group, bruck_rounds(group, table), tag, "all_to_all_single check")
-    if not whole or table[:, :head].tobytes() != record * n:
-        raise_mismatch(group, line, tag)                          # raises on every rank
     # Row i of the table is rank r + i: put the matrix in rank order.
     sends = [[0] * n for _ in range(n)]   # sends[i][j]: rows i says it sends to j
     recvs = [[0] * n for _ in range(n)]   # recvs[i][j]: rows j says it expects from i
     sources = [(0, 0)] * n
     for i in range(n):
         q = (r + i) % n
-        row = [int(c) for c in counts[i].tolist()]
+        row = counts[i]
         sends[q] = row[:n]
         for src in range(n):
             recvs[src][q] = row[n + src]
@@ -147,7 +196,8 @@ def worth_single_copy(sends: list[list[int]], row_bytes: int) -> bool:
 
 def single_copy_all_to_all(group, flat_in: Any, in_edges: list[int], flat_out: Any,
                            out_edges: list[int], row: int, sends: list[list[int]],
-                           sources: list[tuple[int, int]], tag: int) -> bool:
+                           sources: list[tuple[int, int]], tag: int,
+                           done: tuple | None = None) -> bool:
     """Rank r reads part r of every other rank's input (rank i's, at ``sources[i]``,
     rows offsets(S[i])[r].. of it) into its output, in one copy each (cma.py),
     in the order of the pairwise exchange (from r-1, r-2, ...) so that no two
@@ -166,7 +216,7 @@ def single_copy_all_to_all(group, flat_in: Any, in_edges: list[int], flat_out: A
                              flat_out[out_edges[src] * row:out_edges[src + 1] * row])
     if not ok:
         _offered["single_copy"] = False  # this process cannot read its peers: stop trying
-    if not reads_done(group, ok, tag):
+    if not reads_done(group, ok, tag, done):
         return False
     stats = group.stats
     stats.bytes_sent += (in_edges[n] - (in_edges[r + 1] - in_edges[r])) * step
@@ -176,13 +226,14 @@ def single_copy_all_to_all(group, flat_in: Any, in_edges: list[int], flat_out: A
     return True
 
 
-def reads_done(group, ok: bool, tag: int) -> bool:
+def reads_done(group, ok: bool, tag: int, done: tuple | None = None) -> bool:
     """Dissemination: in round k rank r sends one byte, "all my reads so far
     succeeded", to r + 2**k and receives r - 2**k's, AND-ing them. After
     ceil(log2 N) rounds every rank has heard, directly or not, from all: every
-    read of its input is over, and the result is the same on every rank."""
+    read of its input is over, and the result is the same on every rank.
+    ``done``: the two one-byte buffers to use (a plan's), else new ones."""
     n, r = group.size, group.rank
-    mine, theirs = host_view(bytearray(1)), host_view(bytearray(1))
+    mine, theirs = done or (host_view(bytearray(1)), host_view(bytearray(1)))
     d = 1
     while d < n:
         mine[0] = ok

@@ -32,7 +32,7 @@ from minidist.backend import xp
 from minidist.comm.collectives import work
 from minidist.comm.collectives.all_reduce import all_reduce_flat, choose
 from minidist.comm.collectives.alltoall import (check_splits, offsets, pairwise_all_to_all,
-                                                single_copy_all_to_all, source_of,
+                                                alltoall_plan, single_copy_all_to_all, source_of,
                                                 worth_single_copy)
 from minidist.comm.collectives.check import describe, verify_same_call
 from minidist.comm.group import ProcessGroup, resolve
@@ -308,8 +308,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
     row = 1
     for s in input.shape[1:]:
         row *= s
-    fields = dict(dtype=input.dtype.name, row_shape=tuple(input.shape[1:]))
-    line = describe("all_to_all_single", **fields)
+    plan = alltoall_plan(g, input.dtype, tuple(input.shape[1:]))
 
     def body(g, tag):
         flat_in = xp.ascontiguousarray(input).reshape(-1)
@@ -317,14 +316,15 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
         in_edges, out_edges = offsets(send), offsets(recv)
         sources = None
         if g.check and g.size > 1:
-            matrix, sources = check_splits(g, line, send, recv, tag,
+            matrix, sources = check_splits(g, plan, send, recv, tag,
                                            source_of(g, flat_in, flat_out))
         if not (sources and worth_single_copy(matrix, row * input.itemsize)
                 and single_copy_all_to_all(g, flat_in, in_edges, flat_out, out_edges,
-                                           row, matrix, sources, tag)):
+                                           row, matrix, sources, tag, plan.done)):
             pairwise_all_to_all(g, flat_in, in_edges, flat_out, out_edges, row, tag)
         write_back()
-    return _run(g, "all_to_all_single", fields, body, async_op, checks_itself=True)
+    return _run(g, "all_to_all_single", plan.fields, body, async_op, checks_itself=True,
+                line=plan.line)
 
 
 def barrier(group: ProcessGroup | None = None, async_op: bool = False):

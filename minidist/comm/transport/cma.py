@@ -62,7 +62,10 @@ def host_address(arr: Any) -> int | None:
     host = backend.to_host(arr)  # a view for NumPy and the guard backend
     if not host.flags.c_contiguous:
         return None
-    return host.__array_interface__["data"][0]
+    try:  # a quarter of the time of __array_interface__, for a writable buffer
+        return ctypes.addressof(ctypes.c_char.from_buffer(host))
+    except (TypeError, ValueError):  # read-only, or empty
+        return host.__array_interface__["data"][0]
 
 
 def read(pid: int, address: int, out: Any) -> bool:

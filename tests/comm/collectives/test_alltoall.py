@@ -110,6 +110,33 @@ def test_split_sizes_that_disagree_raise_on_every_rank_naming_the_pair(worlds):
         assert "rank 0 sends 2 rows to rank 1, which expects 3" in text
 
 
+def _agree_disagree_agree():
+    """The same call (dtype, row shape) three times: its plan keeps the table it
+    parsed last, which must not hide a disagreement that comes after."""
+    import minidist.distributed as dist
+    from minidist.comm.errors import CollectiveMismatchError
+    from minidist.backend import xp
+    r = dist.get_rank()
+    seen = [_ok(), _ok()]
+    try:
+        _disagree()
+        seen.append("no error")
+    except CollectiveMismatchError as e:
+        seen.append("rank 0 sends 2 rows to rank 1, which expects 3" in str(e))
+    seen.append(_ok())
+    x = xp.arange(3.0) + 10 * r  # S = [[1, 2], [2, 1]]: every rank's row and column alike
+    out = xp.zeros(3)
+    splits = [1, 2] if r == 0 else [2, 1]
+    dist.all_to_all_single(out, x, splits, splits)
+    seen.append(out.tolist() == ([0.0, 10.0, 11.0] if r == 0 else [1.0, 2.0, 12.0]))
+    return seen
+
+
+def test_a_disagreement_after_agreeing_calls_still_raises(worlds):
+    for seen in worlds.get(2).run(_agree_disagree_agree):
+        assert seen == [True, True, True, True, True]
+
+
 def test_all_to_all_single_against_another_collective_is_a_mismatch(worlds):
     def fn():
         import minidist.distributed as dist
