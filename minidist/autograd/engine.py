@@ -9,7 +9,9 @@
        op that used it has been visited. Then its gradient is added into
        ``leaf.grad`` and its post-accumulate hooks fire. Data-parallel code uses
        those hooks to start communicating a gradient while backward continues
-       with earlier layers.
+       with earlier layers. A leaf's first gradient is copied into
+       ``leaf.grad_home`` when it has one (DDP's view of its bucket), so that
+       it lands where the all-reduce reads it, in one copy.
 
 Unless ``retain_graph=True``, each node drops what it saved as soon as it has
 run, so memory falls as backward proceeds; a second backward through the same
@@ -52,8 +54,15 @@ def _deliver(leaf: Any, grad: Any) -> None:
     if grad.dtype != leaf.data.dtype:
         grad = grad.astype(leaf.data.dtype)
     if leaf.grad is None:
-        # copy: the array may be shared with other tensors' gradients
-        leaf.grad = grad.copy()
+        # copy: the array may be shared with other tensors' gradients. Into the
+        # leaf's grad_home when it has one (DDP's bucket view: one copy, where
+        # the all-reduce wants it), else into a new array.
+        home = leaf.grad_home
+        if home is not None and home.shape == grad.shape and home.dtype == grad.dtype:
+            home[...] = grad
+            leaf.grad = home
+        else:
+            leaf.grad = grad.copy()
     else:
         leaf.grad += grad
     for hook in leaf._hooks:

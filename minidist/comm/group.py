@@ -99,6 +99,7 @@ class ProcessGroup:
         self.size = len(self.ranks)
         self.stats = CommStats()
         self.small_plans: dict = {}           # (shape, dtype, op) -> plan of collectives/small.py
+        self.direct_reads: bool | None = None  # may ranks read each other? (collectives/direct.py)
         self._calls = 0
 
     def __repr__(self) -> str:

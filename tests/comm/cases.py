@@ -21,7 +21,7 @@ COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_in
                "barrier")
 DTYPES = ("float16", "float32", "float64", "int8", "int32", "int64", "uint8")
 OPS = ("SUM", "AVG", "MAX", "MIN", "PROD")
-ALGORITHMS = ("ring", "tree", "recursive_doubling", "naive", "allgather", "auto")
+ALGORITHMS = ("ring", "tree", "recursive_doubling", "naive", "allgather", "direct", "auto")
 UFUNC = {"SUM": np.add, "AVG": np.add, "PROD": np.multiply, "MAX": np.maximum, "MIN": np.minimum}
 
 

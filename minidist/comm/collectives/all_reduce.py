@@ -1,4 +1,5 @@
-"""All-reduce, six ways: naive, tree, recursive doubling, ring, all-gather, hierarchical.
+"""All-reduce, seven ways: naive, tree, recursive doubling, ring, all-gather, hierarchical,
+direct.
 
 Every rank starts with an array x_r and ends with op(x_0, ..., x_{N-1}), the
 same bits on every rank. The algorithms differ in how many steps they take
@@ -21,6 +22,9 @@ same bits on every rank. The algorithms differ in how many steps they take
             ring inside each node, ring between nodes on 1/L of the array, ring
             inside again (hierarchical.py): 2(K-1)/K * M/L per rank between
             nodes -- for K nodes of L ranks with slow links between them
+    direct  each rank reads its chunk of every peer's array and folds it, then
+            reads every other chunk from its owner (direct.py; one machine):
+            T = 3 ceil(log2 N) * alpha + 2(N-1)/N * M/beta, each byte copied once
 
 ``naive`` is the oracle the others are tested against; ``auto`` picks
 ``allgather`` while the (N-1) * M bytes it sends stay within ``GATHER_BYTES``
@@ -40,7 +44,7 @@ from minidist.comm.collectives.tree import (binomial_broadcast, binomial_reduce,
                                 recursive_doubling_all_reduce)
 
 ALGORITHMS = ("auto", "ring", "tree", "recursive_doubling", "naive", "allgather",
-              "hierarchical")
+              "hierarchical", "direct")
 GATHER_BYTES = 32 * 1024  # auto: allgather while (N-1) * M is at most this
 SMALL_BYTES = 64 * 1024   # auto: recursive doubling below this, the ring from here
 

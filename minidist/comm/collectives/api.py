@@ -35,6 +35,7 @@ from minidist.comm.collectives.alltoall import (check_splits, offsets, pairwise_
                                                 alltoall_plan, single_copy_all_to_all, source_of,
                                                 worth_single_copy)
 from minidist.comm.collectives.check import describe, verify_same_call
+from minidist.comm.collectives.direct import direct_all_reduce, direct_plan
 from minidist.comm.group import ProcessGroup, resolve
 from minidist.comm.transport.reduce_op import ReduceOp, finish
 from minidist.comm.collectives.ring import chunk_bounds, ring_all_gather, ring_reduce_scatter
@@ -128,9 +129,22 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | N
                async_op: bool = False, algorithm: str = "auto"):
     """Reduce ``tensor`` across the group in place. Afterwards ``tensor`` is bitwise
     identical in all processes. ``algorithm``: auto, ring, tree, recursive_doubling,
-    naive, allgather (all_reduce.py)."""
+    naive, allgather, hierarchical, direct (all_reduce.py)."""
     g = resolve(group)
     alg = choose(algorithm, tensor.nbytes, g.size)
+    if alg == "direct" and g.size > 1 and g.check:
+        # Reads the peers' arrays; the addresses travel with the check (direct.py).
+        direct = direct_plan(g, tensor, op)
+
+        def direct_body(g, tag):
+            flat, write_back = _flat(tensor)
+            if not direct_all_reduce(g, flat, direct, tag):
+                all_reduce_flat(g, flat, op, "ring", tag)   # some rank cannot be read
+            write_back()
+        return _run(g, "all_reduce", direct.fields, direct_body, async_op, checks_itself=True,
+                    line=direct.line)
+    if alg == "direct":
+        alg = "ring"  # one rank, or no check to carry the addresses: the ring
     if alg == "allgather" and g.size > 1:
         # The same-call check travels in the same messages as the data (small.py).
         plan = plan_for(g, tensor, op)

@@ -55,6 +55,18 @@ class Transport:
     world_size: int
     name: str
     single_copy = False  # may peers read this rank's arrays directly (cma.py)?
+    peer_reads = False   # ... also over an emulated link (read_peer waits out the wire)?
+
+    def read_arrival(self, src: int, nbytes: int) -> int:
+        """When a read of ``nbytes`` from rank ``src`` asked for now lands, in ns
+        (an emulated link, link.py); 0 where bytes take no time on a wire."""
+        return 0
+
+    def read_peer(self, src: int, pid: int, address: int, out: Any, arrival: int = 0) -> bool:
+        """Copy ``out.nbytes`` bytes at ``address`` in rank ``src`` (process ``pid``)
+        into ``out`` once they have landed (``arrival``, from ``read_arrival``);
+        False if the kernel refused (cma.py). Only where ``peer_reads``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot read its peers' memory")
 
     def isend(self, arr: Any, dst: int, tag: int, ctx: int = 0) -> Handle:
         raise NotImplementedError

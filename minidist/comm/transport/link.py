@@ -30,6 +30,12 @@ waits only for pieces still on the wire sleeps until the first of them lands
 (no CPU used). The links are full duplex and independent: rank r sending to
 r+1 does not slow r+1 sending to r.
 
+A collective that reads its peers' memory (collectives/direct.py) sends no
+piece: the reader stamps what it is about to read itself, on its incoming link
+from the peer (``stamp_read``), and sleeps until it would have arrived before
+it copies it (``sleep_until``), so n bytes read cost the same n / beta as n
+bytes sent.
+
 Turn it on with ``World(n, link_gbps=2.0)`` or ``MINIDIST_LINK_GBPS=2`` (in
 GB/s, 1e9 bytes per second); the default is off.
 
@@ -101,6 +107,7 @@ class EmulatedLink:
         self.ns_per_byte = [ns(bytes_per_s) if node(dst) == node(rank) or not inter_bytes_per_s
                             else ns(inter_bytes_per_s) for dst in range(world_size)]
         self.free_at = [0] * world_size  # dst -> when its link has carried everything sent
+        self.read_free_at = [0] * world_size  # src -> ... everything read from src
         self.next_arrival = 0            # earliest arrival seen on the wire (0: none)
 
     def stamp(self, dst: int, nbytes: int) -> int:
@@ -126,3 +133,20 @@ class EmulatedLink:
         if delay > 0:
             time.sleep(min(delay, MAX_NAP_S))
         return True
+
+    def stamp_read(self, src: int, nbytes: int) -> int:
+        """The arrival time (ns) of ``nbytes`` asked of ``src`` now, after what was
+        asked of it before."""
+        start = max(time.monotonic_ns(), self.read_free_at[src])
+        self.read_free_at[src] = arrival = start + int(nbytes * self.ns_per_byte[src])
+        return arrival
+
+    @staticmethod
+    def sleep_until(arrival: int, check_abort) -> None:
+        """Sleep (no CPU, no GIL) until ``arrival``; ``check_abort()`` between naps."""
+        while True:
+            delay = (arrival - time.monotonic_ns()) / 1e9
+            if delay <= 0:
+                return
+            time.sleep(min(delay, MAX_NAP_S))
+            check_abort()

@@ -100,8 +100,10 @@ class LocalTransport(ShortWays, Transport):
         self.node_size, inter_bps = shm.read_topology(self._seg)  # 0: one level (link.py)
         self._link = (EmulatedLink(link_bps, self.world_size, rank, self.node_size, inter_bps)
                       if link_bps or inter_bps else None)
-        # Peers may read our arrays in one copy (cma.py), except over an emulated link.
-        self.single_copy = cma.available() and self._link is None
+        # Peers may read our arrays in one copy (cma.py). All-to-all does so only
+        # without an emulated link; the direct all-reduce also over one (read_peer).
+        self.peer_reads = cma.available()
+        self.single_copy = self.peer_reads and self._link is None
         self._lock = threading.RLock()
         self._posts = 0  # receives posted so far (see exchange)
         self._next_ctx = 1
@@ -295,6 +297,18 @@ class LocalTransport(ShortWays, Transport):
         finally:
             with self._lock:
                 bells.sleepers(me, -1)
+
+    def read_arrival(self, src: int, nbytes: int) -> int:
+        """When a read of ``nbytes`` from rank ``src``, asked for now, lands (ns;
+        after what was asked of ``src`` before); 0 without an emulated link (link.py)."""
+        return self._link.stamp_read(src, nbytes) if self._link is not None else 0
+
+    def read_peer(self, src: int, pid: int, address: int, out: Any, arrival: int = 0) -> bool:
+        """One-copy read of rank ``src``'s memory (cma.py), once the bytes have
+        landed at ``arrival`` (from ``read_arrival``; 0: at once)."""
+        if arrival:
+            self._link.sleep_until(arrival, self._check_abort)
+        return cma.read(pid, address, out)
 
     def _check_abort(self) -> None:
         if self._words[shm.W_ABORT]:

@@ -52,8 +52,10 @@ class Bucket:
         return len(self.ready) == len(self.params)
 
     def add(self, position: int, grad: Any) -> None:
-        """Copy a finished gradient into its slot of the flat buffer."""
-        self.views[position][...] = grad
+        """Copy a finished gradient into its slot of the flat buffer, unless
+        backward already put it there (``p.grad_home``, ddp.py)."""
+        if grad is not self.views[position]:
+            self.views[position][...] = grad
         self.ready.add(id(self.params[position]))
 
 

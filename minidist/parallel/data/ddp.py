@@ -50,12 +50,16 @@ class DistributedDataParallel(Module):
 
     ``bucket_cap_mb``: bucket size in MB (1e6 bytes, as torch); ``overlap``: start
     each bucket's all-reduce during backward (True) or all of them after it (False,
-    for comparison); ``broadcast_buffers`` is not needed (minidist modules hold
-    parameters only).
+    for comparison); ``gradient_as_bucket_view``: backward copies each gradient
+    straight into its bucket (``p.grad`` is a view of the bucket from the first
+    backward on, as torch's option of that name) instead of into a new array
+    that DDP then copies into the bucket; ``broadcast_buffers`` is not needed
+    (minidist modules hold parameters only).
     """
 
     def __init__(self, module: Module, group: Any = None,
-                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, overlap: bool = True):
+                 bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, overlap: bool = True,
+                 gradient_as_bucket_view: bool = True):
         super().__init__()
         self.module = module
         self.group = group
@@ -70,6 +74,7 @@ class DistributedDataParallel(Module):
             for i, p in enumerate(b.params):
                 self._slot[id(p)] = (b, i)
                 p.register_post_accumulate_grad_hook(self._grad_ready)
+                p.grad_home = b.views[i] if gradient_as_bucket_view else None
         self._names = {id(p): n for n, p in module.named_parameters()}
         self._launched: list[Bucket] = []
         self._t0 = time.perf_counter()

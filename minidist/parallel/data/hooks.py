@@ -13,6 +13,7 @@ returns a ``Future`` whose ``wait()`` (called by DDP after backward) gives the
 another array. Three hooks are here, PowerSGD is in powersgd.py:
 
     allreduce_hook        all-reduce (AVG) in float32: 2(N-1)/N * 4n bytes per rank
+                          (the direct algorithm: each rank reads its peers' buckets)
     fp16_compress_hook    round to fp16, divide by N, all-reduce in fp16, widen:
                           half the bytes, 2(N-1)/N * 2n; the sum is rounded to fp16
                           at every addition, as in torch's hook on NCCL
@@ -103,9 +104,13 @@ class Future:
 
 
 def allreduce_hook(group: Any, bucket: GradBucket) -> Future:
-    """The default: average the bucket in place with one float32 all-reduce."""
+    """The default: average the bucket in place with one float32 all-reduce, the
+    direct one (each byte copied once, the CPU free while bytes are on an emulated
+    wire; comm/collectives/direct.py), which is the ring where ranks cannot read
+    each other."""
     buf = bucket.buffer()
-    work = dist.all_reduce(buf, op=ReduceOp.AVG, group=group, async_op=True)
+    work = dist.all_reduce(buf, op=ReduceOp.AVG, group=group, async_op=True,
+                           algorithm="direct")
     return Future(work, lambda: buf)
 
 

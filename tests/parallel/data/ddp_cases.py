@@ -91,7 +91,8 @@ def train_on_rank(case):
         wrapped = DataParallelNaive(model)
     elif strategy == "ddp":
         wrapped = DistributedDataParallel(model, bucket_cap_mb=cap,
-                                          overlap=case.get("overlap", True))
+                                          overlap=case.get("overlap", True),
+                                          gradient_as_bucket_view=case.get("grad_view", True))
     elif strategy in ("zero1", "zero2"):
         zcls = Zero1 if strategy == "zero1" else Zero2
         wrapped = zcls(model, cls, bucket_cap_mb=cap, max_grad_norm=case.get("clip"), **kw)

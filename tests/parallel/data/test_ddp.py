@@ -34,7 +34,7 @@ def cases(draw, world, strategy, dtype="float64"):
                 clip=draw(st.sampled_from([None, 0.05, 10.0])),
                 # from one bucket per parameter (1e-6 MB) to one for the whole model
                 bucket_cap_mb=draw(st.sampled_from([1e-6, 2e-4, 1e-3, 25.0])),
-                overlap=draw(st.booleans()))
+                overlap=draw(st.booleans()), grad_view=draw(st.booleans()))
 
 
 def check_equal(world, case, tol):
@@ -168,3 +168,24 @@ def test_found_inf_reduce_makes_every_rank_skip_when_one_overflows(world):
         return to_host(w.data).copy()
     for got in world.run(fn):
         assert (got == 1.0).all()                  # no rank stepped
+
+
+def test_backward_writes_each_gradient_into_its_bucket(world):
+    """gradient_as_bucket_view: p.grad is the bucket's view from the first backward
+    on (backward copied it there: no array of its own); off, p.grad_home is unset."""
+    def fn(view):
+        from minidist.autograd import Tensor
+        from minidist.backend import xp
+        from minidist.nn import Linear, Sequential
+        from minidist.parallel import DistributedDataParallel
+        model = Sequential(Linear(3, 4), Linear(4, 2))
+        ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4, gradient_as_bucket_view=view)
+        homes = [p.grad_home for p in model.parameters()]
+        ddp(Tensor(xp.ones((2, 3)))).sum().backward()
+        slots = {id(p): b.views[i] for b in ddp.buckets for i, p in enumerate(b.params)}
+        homes_ok = all((h is slots[id(p)]) if view else (h is None)
+                       for h, p in zip(homes, model.parameters()))
+        return homes_ok, all(p.grad is slots[id(p)] for p in model.parameters())
+    for view in (True, False):
+        for homes_ok, grads_are_views in world.run(fn, view):
+            assert homes_ok and grads_are_views

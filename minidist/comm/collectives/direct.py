@@ -1,0 +1,211 @@
+"""Direct all-reduce: every rank reads the parts it needs straight from its peers' arrays.
+
+The ring (ring.py) moves every byte through shared memory: the sender copies a
+piece into a slot, the receiver adds it (reduce-scatter) or copies it (all-gather)
+out of the slot. For an array of M bytes each rank makes, at N ranks,
+
+    ring:    copies into slots 2(N-1)/N M,  adds (N-1)/N M,  copies out (N-1)/N M
+
+and pays Python for every slot-sized piece. When a rank can read its peers'
+memory (cma.py: one machine, host arrays), the slots are not needed:
+
+    1. reduce-scatter: rank r owns chunk r of the array (ring.py's chunk_bounds).
+       It reads chunk r of every other rank's array, a piece at a time into a
+       small buffer that stays in cache, and folds them in rank order,
+           x[c_r] = op(x_0[c_r], x_1[c_r], ..., x_{N-1}[c_r])     (AVG: then / N)
+       writing the result over its own chunk.
+    2. "reduced": a dissemination round (ceil(log2 N) one-byte messages): every
+       chunk is final, and no rank still reads the bytes that phase 3 overwrites.
+    3. all-gather: rank r reads chunk q of rank q's array into its own, for q != r.
+    4. "done": a second dissemination: nobody reads any more, so every rank may
+       return and its caller change the array.
+
+    direct:  reads 2(N-1)/N M (one copy each), adds (N-1)/N M, no slots
+    T_direct = 3 ceil(log2 N) alpha + 2(N-1)/N M / beta
+
+The same bytes leave each rank as in the ring (2(N-1)/N M, the bandwidth
+optimum), but each is copied once instead of twice, in a few large reads. The
+messages are the check's (which carries every rank's pid and address) and the
+two rounds: 3 ceil(log2 N), instead of the ring's 2(N-1).
+
+Every chunk is folded once, by its owner, left to right in rank order, then
+copied: every rank gets the same bits, those of the naive all-reduce
+(all_reduce.py), which folds in the same order.
+
+Over an emulated link (link.py) a reader first waits, asleep and without the
+GIL, for each piece's time on the wire from its peer (``Transport.read_peer``),
+so a read of n bytes costs n / beta like a send: the comm thread leaves the core
+to backward while the bytes are "on the wire", and copies them when they land.
+
+Whether the ranks may read each other at all (Yama's ptrace_scope, a container's
+seccomp filter may forbid it) is learned once per group: at the first call each
+rank reads one element of every peer and all agree, by a dissemination round,
+whether every read worked. Where one did not, the group takes the ring from then
+on. A read that fails later (a peer gone) raises. A group made with
+``check=False`` takes the ring: the addresses travel with the check.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from minidist.backend import xp
+from minidist.comm.collectives.alltoall import reads_done
+from minidist.comm.collectives.check import (bruck_rounds, describe, encode, gather_rows,
+                                             host_table, raise_mismatch)
+from minidist.comm.collectives.ring import chunk_bounds
+from minidist.comm.collectives.small import MAX_PLANS
+from minidist.comm.errors import CommError
+from minidist.comm.transport import cma
+from minidist.comm.transport.base import host_view
+from minidist.comm.transport.reduce_op import ReduceOp, combine_fn, finish
+
+PIECE_BYTES = 524288  # read and folded at a time: a piece and its buffers stay in cache
+
+
+class DirectPlan:
+    """What a direct all-reduce of one (shape, dtype, op) on one group needs, made
+    once (as small.py's plans): the call's line, the check's table (record, pid,
+    address per rank) and its views, the chunks, the two piece buffers."""
+
+    def __init__(self, group, shape: tuple, dtype: Any, op: ReduceOp):
+        n = group.size
+        self.fields = dict(op=op.name, algorithm="direct", dtype=dtype.name, shape=shape)
+        self.line = describe("all_reduce", **self.fields)
+        self.record = encode(self.line)
+        head = len(self.record)
+        self.table = host_table(n, head + 16)                # row i: rank r + i
+        self.table[0, :head] = host_view(self.record)
+        self.records = self.table[:, :head]                  # (N, 128)
+        self.expected = self.record * n                      # what they hold if all agree
+        self.sources = self.table[:, head:].view("int64")    # (N, 2): pid, address
+        self.rounds = bruck_rounds(group, self.table)
+        self.flags = (host_view(bytearray(1)), host_view(bytearray(1)))  # the two rounds
+        count = 1
+        for s in shape:
+            count *= s
+        self.bounds = chunk_bounds(count, n)                 # chunk q: owned by rank q
+        self.op, self.combine = op, combine_fn(op)
+        self.piece = max(1, PIECE_BYTES // dtype.itemsize)   # elements per piece
+        self.acc = xp.empty(self.piece, dtype=dtype)         # the fold of a piece
+        self.tmp = xp.empty(self.piece, dtype=dtype)         # a peer's piece
+
+
+def direct_plan(group, tensor: Any, op: ReduceOp) -> DirectPlan:
+    """The plan for a direct all-reduce of ``tensor`` with ``op``, made on first use."""
+    key = ("direct", tensor.shape, tensor.dtype, op)
+    plan = group.small_plans.get(key)
+    if plan is None:
+        if len(group.small_plans) >= MAX_PLANS:
+            group.small_plans.clear()
+        plan = group.small_plans[key] = DirectPlan(group, tensor.shape, tensor.dtype, op)
+    return plan
+
+
+def offer(group, flat: Any) -> tuple[int, int]:
+    """(pid, address of ``flat``) for the peers to read, or (0, 0) when they cannot:
+    a transport without peer reads, a device array, or a group that learned
+    that its ranks cannot read each other."""
+    if not group.transport.peer_reads or group.direct_reads is False:
+        return 0, 0
+    address = cma.host_address(flat)
+    return (os.getpid(), address) if address is not None else (0, 0)
+
+
+def direct_all_reduce(group, flat: Any, plan: DirectPlan, tag: int) -> bool:
+    """Reduce the 1-D contiguous ``flat`` in place (the module docstring), after
+    the same-call check. False, on every rank and with nothing changed, when
+    some rank cannot be read: the caller then takes the ring."""
+    n, r = group.size, group.rank
+    plan.sources[0] = offer(group, flat)
+    whole = gather_rows(group, plan.rounds, tag, "direct all-reduce check")
+    if not whole or plan.records.tobytes() != plan.expected:
+        raise_mismatch(group, plan.line, tag)                # raises on every rank
+    rows = plan.sources.tolist()
+    peers = [rows[(q - r) % n] for q in range(n)]            # rank q's [pid, address]
+    if not all(pid for pid, _ in peers):
+        return False
+    if group.direct_reads is None:                           # first call: may we read?
+        ok = flat.size == 0 or all(_read(group, peers, q, 0, plan.tmp[:1], raising=False)
+                                   for q in range(n) if q != r)
+        group.direct_reads = reads_done(group, ok, tag, plan.flags)
+        if not group.direct_reads:
+            return False
+    mine = _pieces(plan.bounds[r], plan.piece)               # 1. reduce-scatter
+    arrivals = {q: _arrivals(group, q, mine, flat.itemsize) for q in range(n) if q != r}
+    for i, (start, stop) in enumerate(mine):
+        _fold_piece(group, flat, plan, peers, start, stop, {q: a[i] for q, a in arrivals.items()})
+    reads_done(group, True, tag, plan.flags)                 # 2. "reduced"
+    order = [(r - s) % n for s in range(1, n)]               # not all reading rank 0 first
+    theirs = {q: _pieces(plan.bounds[q], plan.piece) for q in order}
+    arrivals = {q: _arrivals(group, q, theirs[q], flat.itemsize) for q in order}
+    for q in order:                                          # 3. all-gather
+        for (start, stop), arrival in zip(theirs[q], arrivals[q]):
+            _read(group, peers, q, start, flat[start:stop], arrival)
+    reads_done(group, True, tag, plan.flags)                 # 4. "done"
+    _count(group, flat, plan)
+    return True
+
+
+def _pieces(bounds: tuple[int, int], piece: int) -> list[tuple[int, int]]:
+    """The chunk [lo, hi) cut into pieces of at most ``piece`` elements."""
+    lo, hi = bounds
+    return [(start, min(start + piece, hi)) for start in range(lo, hi, piece)]
+
+
+def _arrivals(group, q: int, pieces: list, itemsize: int) -> list[int]:
+    """When each piece read from rank q lands, all asked for now, back to back
+    (an emulated link, link.py: the reader naps until then before reading
+    it, and copies one piece while the next is on the wire); 0s without one."""
+    return [group.transport.read_arrival(group.global_rank(q), (stop - start) * itemsize)
+            for start, stop in pieces]
+
+
+def _fold_piece(group, flat: Any, plan: DirectPlan, peers: list, start: int,
+                stop: int, arrival: dict[int, int]) -> None:
+    """flat[start:stop] = op(x_0, ..., x_{N-1}) on those elements, in rank order;
+    rank q's piece is read once it has landed, at ``arrival[q]``."""
+    n, r = group.size, group.rank
+    mine = flat[start:stop]
+    k = stop - start
+    if r == 0:
+        acc = mine                                           # x_0 is ours: fold into it
+    else:
+        acc = plan.acc[:k]
+        _read(group, peers, 0, start, acc, arrival[0])
+    for q in range(1, n):
+        if q == r:
+            operand = mine
+        else:
+            operand = plan.tmp[:k]
+            _read(group, peers, q, start, operand, arrival[q])
+        plan.combine(acc, operand, out=acc)
+    finish(plan.op, acc, n)
+    if acc is not mine:
+        mine[...] = acc
+
+
+def _read(group, peers: list, q: int, start: int, out: Any, arrival: int = 0,
+          raising: bool = True) -> bool:
+    """out[:] = rank q's array from element ``start`` on (one copy, cma.py), once
+    landed at ``arrival``."""
+    pid, address = peers[q]
+    ok = group.transport.read_peer(group.global_rank(q), pid, address + start * out.itemsize,
+                                   out, arrival)
+    if not ok and raising:
+        raise CommError(f"rank {group.global_rank(group.rank)}: the direct all-reduce could "
+                        f"not read rank {group.global_rank(q)}'s array (has it exited?)")
+    return ok
+
+
+def _count(group, flat: Any, plan: DirectPlan) -> None:
+    """Bytes that left and reached this rank: phase 1 the others' chunk of ours
+    and ours of theirs, phase 2 the other way round; 2(N-1)/N M each for equal chunks."""
+    n, r = group.size, group.rank
+    lo, hi = plan.bounds[r]
+    moved = ((flat.size - (hi - lo)) + (n - 1) * (hi - lo)) * flat.itemsize
+    stats = group.stats
+    stats.bytes_sent += moved
+    stats.bytes_recv += moved
+    stats.msgs_sent += 2 * (n - 1)
+    stats.msgs_recv += 2 * (n - 1)

@@ -1,0 +1,117 @@
+"""The direct all-reduce (each rank reads its peers' arrays, direct.py) gives,
+on every rank, the bits of the naive all-reduce, which folds in the same rank
+order: for real-valued floats, where the order of additions shows, over worlds
+1-8, several pieces per chunk, every op. It counts 2(N-1)/N M bytes each way
+(equal chunks), takes the ring on every rank when one rank cannot read its
+peers, and raises a mismatch against a rank that called another algorithm."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minidist.comm import World
+from minidist.comm.errors import RankFailedError
+
+
+def _direct_vs_naive(count, dtype, op, seed, piece_bytes):
+    import minidist.distributed as dist
+    from minidist.backend import from_host, to_host
+    from minidist.comm.collectives import direct
+    from minidist.comm.group import resolve
+    from minidist.comm.transport.reduce_op import ReduceOp
+    piece, direct.PIECE_BYTES = direct.PIECE_BYTES, piece_bytes
+    try:
+        rng = np.random.default_rng(seed * 31 + dist.get_rank())
+        x = rng.standard_normal(count).astype(dtype)
+        got, want = from_host(x.copy()), from_host(x.copy())
+        before = resolve(None).stats.snapshot()
+        dist.all_reduce(got, op=ReduceOp[op], algorithm="direct")
+        after = resolve(None).stats.snapshot()
+        dist.all_reduce(want, op=ReduceOp[op], algorithm="naive")
+    finally:
+        direct.PIECE_BYTES = piece
+    return to_host(got), to_host(want), after[0] - before[0], after[1] - before[1]  # bytes
+
+
+@settings(max_examples=5, deadline=None)
+@given(data=st.data())
+def test_direct_all_reduce_has_the_bits_of_the_naive_one_on_every_rank(worlds, world_size,
+                                                                         data):
+    n = world_size
+    count = data.draw(st.integers(0, 300))
+    dtype = data.draw(st.sampled_from(["float32", "float64"]))
+    op = data.draw(st.sampled_from(["SUM", "AVG", "MAX", "MIN", "PROD"]))
+    piece_bytes = data.draw(st.sampled_from([8, 40, 1 << 20]))   # several pieces, or one
+    results = worlds.get(n).run(_direct_vs_naive, count, dtype, op,
+                                data.draw(st.integers(0, 999)), piece_bytes)
+    item = np.dtype(dtype).itemsize
+    for rank, (got, want, sent, recv) in enumerate(results):
+        assert got.tobytes() == want.tobytes(), f"rank {rank}: {count} {dtype} {op}"
+        assert got.tobytes() == results[0][0].tobytes()
+        if n > 1:  # phase 1: the others' chunks of ours; phase 2: our chunk, N-1 times
+            chunk = (rank + 1) * count // n - rank * count // n
+            assert sent == recv == ((count - chunk) + (n - 1) * chunk) * item
+
+
+def _one_rank_cannot_read():
+    """Rank 1's reads fail (as where the kernel forbids them): every rank must
+    learn it at the first call, take the ring, and stop trying."""
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    from minidist.comm.collectives import direct
+    from minidist.comm.group import resolve
+    from minidist.comm.transport import cma
+    read = cma.read
+    if dist.get_rank() == 1:
+        cma.read = lambda pid, address, out: False
+    calls = []
+    ring = direct.direct_all_reduce
+
+    def spy(*args):
+        calls.append(ring(*args))
+        return calls[-1]
+    import minidist.comm.collectives.api as api
+    api.direct_all_reduce = spy
+    try:
+        out = []
+        for _ in range(2):
+            x = xp.arange(6.0) * (dist.get_rank() + 1)
+            dist.all_reduce(x, algorithm="direct")
+            out.append(x.tolist())
+        return out, calls, resolve(None).direct_reads
+    finally:
+        cma.read, api.direct_all_reduce = read, ring
+
+
+def test_a_rank_that_cannot_read_makes_every_rank_take_the_ring():
+    with World(3, timeout=20.0, run_timeout=60.0) as w:
+        for out, calls, direct_reads in w.run(_one_rank_cannot_read):
+            assert out == [(np.arange(6.0) * 6).tolist()] * 2
+            assert calls == [False, False] and direct_reads is False
+
+
+def test_direct_against_another_algorithm_is_a_mismatch(worlds):
+    def fn():
+        import minidist.distributed as dist
+        from minidist.backend import xp
+        x = xp.ones(8)
+        dist.all_reduce(x, algorithm="direct" if dist.get_rank() == 0 else "ring")
+    with pytest.raises(RankFailedError) as info:
+        worlds.get(2).run(fn)
+    assert all("CollectiveMismatchError" in text for _, text in info.value.failures.values())
+
+
+def test_direct_over_an_emulated_link_and_without_the_check():
+    """Over a link the reader waits out the wire (link.py), without the check the
+    group takes the ring: the same sums either way."""
+    def fn(check):
+        import minidist.distributed as dist
+        from minidist.backend import xp
+        from minidist.comm.group import new_group
+        g = new_group([0, 1])
+        g.check = check  # as in init_process_group(check=False)
+        x = xp.arange(5000.0) + dist.get_rank()
+        dist.all_reduce(x, algorithm="direct", group=g)
+        return x.tolist() == (2 * np.arange(5000.0) + 1).tolist()
+    with World(2, timeout=20.0, run_timeout=60.0, link_gbps=1.0) as w:
+        assert all(w.run(fn, True)) and all(w.run(fn, False))
