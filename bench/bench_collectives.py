@@ -1,4 +1,4 @@
-"""All-reduce bandwidth: minidist's ring and naive vs MPICH, in one run.
+"""All-reduce bandwidth: minidist's ring, direct and naive vs MPICH, in one run.
 
     python bench/bench_collectives.py                 # worlds 2 and 4, 1 KiB .. 256 MiB
     python bench/bench_collectives.py --max-size 16M --worlds 2
@@ -9,8 +9,10 @@ float32 data, its algorithm bandwidth algbw = M / t, and the bus bandwidth
 busbw = algbw * 2(N-1)/N (the nccl-tests convention: what each link carries,
 comparable across N), for
 
-- minidist ``ring`` and ``naive`` on the local shared-memory transport
-  (``minidist.launch`` world, default options: the same-call check included);
+- minidist ``ring``, ``direct`` (each rank reads its peers' arrays in one copy,
+  comm/collectives/direct.py) and ``naive`` on the local shared-memory
+  transport (``minidist.launch`` world, default options: the same-call check
+  included);
 - mpi4py's native ``Allreduce`` (in place) under MPICH's ``mpiexec``: the
   reference, run as a subprocess of this script;
 - a single-process ``memcpy`` of M bytes: a ceiling for any transfer on this
@@ -19,7 +21,8 @@ comparable across N), for
 Each configuration is measured ``--repeats`` times, alternating minidist and
 MPICH so that a burst of other load on the machine hits both; the best time of
 the repeats is reported, each run's time being its best of 5 timed windows (3
-above 16 MiB), on both sides alike. The last column is minidist ring's busbw over MPICH's.
+above 16 MiB), on both sides alike. The last columns are minidist ring's and
+direct's busbw over MPICH's.
 """
 from __future__ import annotations
 
@@ -103,7 +106,7 @@ def run_minidist(n: int, sizes: list[int]) -> dict:
     from minidist.comm import World
     out = {}
     with World(n) as world:
-        out.update(slowest_rank(world.run(minidist_sweep, sizes, ["ring", "naive"])))
+        out.update(slowest_rank(world.run(minidist_sweep, sizes, ["ring", "direct", "naive"])))
         out.update(slowest_rank(world.run(minidist_sweep, [LATENCY_SIZE], ["auto"])))
     with World(n, check=False) as world:  # what the same-call check costs
         out.update(slowest_rank(world.run(minidist_sweep, [LATENCY_SIZE], ["auto"]), "nocheck:"))
@@ -168,10 +171,12 @@ def memcpy_ceiling(sizes: list[int]) -> dict:
 
 def table(n: int, sizes: list[int], best: dict) -> str:
     factor = BUS_FACTORS["all_reduce"](n)
-    head = (f"{'size':>8} | {'minidist ring':^26} | {'minidist naive':^26} | "
-            f"{'MPICH Allreduce':^26} | {'memcpy':>7} | {'ring/MPICH':>10}")
-    sub = (f"{'':>8} | " + " | ".join([f"{'time':>9} {'algbw':>7} {'busbw':>8}"] * 3)
-           + f" | {'GB/s':>7} | {'busbw':>10}")
+    sides = (("ring", "minidist ring"), ("direct", "minidist direct"),
+             ("naive", "minidist naive"), ("mpi", "MPICH Allreduce"))
+    head = (f"{'size':>8} | " + " | ".join(f"{title:^26}" for _, title in sides)
+            + f" | {'memcpy':>7} | {'ring/MPICH':>10} | {'direct/MPICH':>12}")
+    sub = (f"{'':>8} | " + " | ".join([f"{'time':>9} {'algbw':>7} {'busbw':>8}"] * len(sides))
+           + f" | {'GB/s':>7} | {'busbw':>10} | {'busbw':>12}")
     lines = [f"world {n}  (busbw = algbw * 2(N-1)/N = algbw * {factor:.2f}; GB/s = 1e9 B/s)"]
     cores = usable_cores()
     if n > cores:
@@ -181,7 +186,7 @@ def table(n: int, sizes: list[int], best: dict) -> str:
     for size in sizes:
         cells = []
         busbws = {}
-        for key in ("ring", "naive", "mpi"):
+        for key, _ in sides:
             t = best.get(f"{key}:{size}")
             if t is None:
                 cells.append(f"{'-':>9} {'-':>7} {'-':>8}")
@@ -191,10 +196,10 @@ def table(n: int, sizes: list[int], best: dict) -> str:
             shown = f"{t * 1e6:.1f}us" if t < 1e-2 else f"{t * 1e3:.2f}ms"
             cells.append(f"{shown:>9} {algbw:7.2f} {busbws[key]:8.2f}")
         mc = best.get(f"memcpy:{size}")
-        ratio = busbws["ring"] / busbws["mpi"] if "mpi" in busbws and "ring" in busbws else None
+        ratios = [f"{busbws[k] / busbws['mpi']:{w - 1}.2f}x" if "mpi" in busbws and k in busbws
+                  else f"{'-':>{w}}" for k, w in (("ring", 10), ("direct", 12))]
         lines.append(f"{human(size):>8} | " + " | ".join(cells)
-                     + f" | {size / mc / 1e9 if mc else 0:7.2f} | "
-                     + (f"{ratio:9.2f}x" if ratio else f"{'-':>10}"))
+                     + f" | {size / mc / 1e9 if mc else 0:7.2f} | " + " | ".join(ratios))
     key = f"auto:{LATENCY_SIZE}"
     if key in best and f"mpi:{LATENCY_SIZE}" in best:
         mpi = best[f"mpi:{LATENCY_SIZE}"]

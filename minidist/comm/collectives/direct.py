@@ -168,12 +168,14 @@ def _fold_piece(group, flat: Any, plan: DirectPlan, peers: list, start: int,
     n, r = group.size, group.rank
     mine = flat[start:stop]
     k = stop - start
-    if r == 0:
-        acc = mine                                           # x_0 is ours: fold into it
+    if r <= 1:
+        # Ranks 0 and 1 fold into their own piece, no buffer: op is commutative,
+        # so x_1 op x_0 has the bits of x_0 op x_1, and the rest follow in order.
+        acc, rest = mine, [q for q in range(n) if q != r]
     else:
-        acc = plan.acc[:k]
+        acc, rest = plan.acc[:k], range(1, n)
         _read(group, peers, 0, start, acc, arrival[0])
-    for q in range(1, n):
+    for q in rest:
         if q == r:
             operand = mine
         else:
