@@ -10,6 +10,7 @@ the algorithms in all_reduce.py, ring.py and tree.py:
     tree all-reduce    T = 2 ceil(log2 N) * (alpha + M / beta)
     rec. doubling      T = ceil(log2 N) * (alpha + M / beta)   (+2 steps if N not 2^k)
     allgather all-red. T = ceil(log2 N) * alpha + (N-1) * M / beta
+    direct all-reduce  T = 3 ceil(log2 N) * alpha + 2(N-1)/N * M / beta  (reads, direct.py)
     ring all-gather    T = (N-1) * alpha + (N-1)/N * M / beta  (M = the gathered total)
     tree broadcast     T = ceil(log2 N) * (alpha + M / beta)
     pairwise all-to-all T = (N-1) * alpha + (N-1)/N * M / beta (M = one rank's input)
@@ -63,6 +64,13 @@ def allgather_all_reduce(m: float, n: int, alpha: float, beta: float) -> Cost:
     return Cost(_log2(n) * alpha + sent / beta, sent, _log2(n))
 
 
+def direct_all_reduce(m: float, n: int, alpha: float, beta: float) -> Cost:
+    """Read and fold one's chunk of every peer, read every other chunk (direct.py):
+    the ring's bytes, but only the check's and two rounds' messages in sequence."""
+    sent = 2 * (n - 1) / n * m
+    return Cost(3 * _log2(n) * alpha + sent / beta, sent, 3 * _log2(n))
+
+
 def ring_all_gather(m: float, n: int, alpha: float, beta: float) -> Cost:
     sent = (n - 1) / n * m
     return Cost((n - 1) * alpha + sent / beta, sent, n - 1)
@@ -80,7 +88,7 @@ def pairwise_all_to_all(m: float, n: int, alpha: float, beta: float) -> Cost:
 
 ALL_REDUCE = {"ring": ring_all_reduce, "naive": naive_all_reduce, "tree": tree_all_reduce,
               "recursive_doubling": recursive_doubling_all_reduce,
-              "allgather": allgather_all_reduce}
+              "allgather": allgather_all_reduce, "direct": direct_all_reduce}
 
 
 def bus_bandwidth(m: float, n: int, seconds: float) -> tuple[float, float]:

@@ -49,3 +49,12 @@ def test_allgather_all_reduce_takes_log_n_steps_and_sends_n_minus_1_times_m():
     assert c.seconds == pytest.approx(3e-6 + 4e3 / 1e9)
     # fewer rounds than recursive doubling plus a separate check, for tiny M
     assert c.steps < cost.recursive_doubling_all_reduce(1e3, 5, 1e-6, 1e9).steps
+
+
+def test_direct_all_reduce_sends_the_rings_bytes_in_3_log_n_steps():
+    from minidist.comm.collectives.cost import ALL_REDUCE
+    for n in (2, 3, 4, 5, 6, 8):
+        direct, ring = (ALL_REDUCE[a](1e6, n, 1e-5, 1e9) for a in ("direct", "ring"))
+        assert direct.bytes_sent == ring.bytes_sent
+        assert direct.steps == 3 * (n - 1).bit_length()     # 3 ceil(log2 N)
+        assert (direct.seconds < ring.seconds) == (n >= 6)  # 2(N-1) > 3 ceil(log2 N) from 6
