@@ -19,16 +19,18 @@ runs = st.lists(st.sampled_from(list(BAD)), min_size=1, max_size=12)
 
 
 def _follow(subject, run, interval):
+    from minidist.backend import from_host, to_host
     scale, tracker = 2.0 ** 10, 0
     for i, kind in enumerate(run):
-        grads = [np.full(3, 2.0 * scale), np.array([BAD[kind] * scale, scale])]
+        grads = [from_host(np.full(3, 2.0 * scale)),
+                 from_host(np.array([BAD[kind] * scale, scale]))]
         out, new_scale, tracker = subject.scaler_step(grads, scale, tracker, interval)
         overflow = kind != "ok"
         if overflow:
             assert out is None, f"step {i} ({kind} in a gradient): the step must be skipped (return None)"
         else:
             assert out is not None, f"step {i}: finite gradients, but the step was skipped"
-            got = [np.asarray(g).tolist() for g in out]
+            got = [to_host(g).tolist() for g in out]
             assert got == [[2.0] * 3, [1.0, 1.0]], f"step {i}: unscaled gradients {got}, expected g / S"
         scale = new_scale
     return scale
@@ -69,13 +71,14 @@ A run with this version overflows again and again and the scale stays where
 it was. Find out why, fix it, and run `minidist exercise check 35.17`.
 
 Returns (unscaled grads or None if the step is skipped, new S, new count).
+The gradients are arrays of minidist.backend.xp (NumPy, or CuPy on a GPU).
 """
-import numpy as np
+from minidist.backend import xp
 
 
 def scaler_step(grads, scale, good_steps, growth_interval=2000):
     unscaled = [g / scale for g in grads]
-    found_inf = any(np.isnan(g).any() for g in unscaled)
+    found_inf = any(xp.isnan(g).any() for g in unscaled)
     if found_inf:
         return None, scale * 0.5, 0
     good_steps += 1
@@ -86,14 +89,14 @@ def scaler_step(grads, scale, good_steps, growth_interval=2000):
     properties=[
         Property("an overflow to inf, -inf or NaN skips the step and halves the scale", _backs_off,
                  dict(kind=st.sampled_from(["inf", "-inf", "nan"])), examples=10,
-                 hint="docs/precision.md: which values count as an overflow? np.isfinite"),
+                 hint="docs/precision.md: which values count as an overflow? xp.isfinite"),
         Property("an overflow restarts the count of good steps", _count_restarts,
                  hint="what is the count after a skipped step?"),
         Property("the scale follows the protocol over any run of steps", _matches_protocol,
                  dict(run=runs, interval=st.integers(1, 4)), examples=40,
                  hint="workbook chapter 8, 'Dynamic loss scaling protocol'"),
     ],
-    solution='''import numpy as np
+    solution='''from minidist.backend import xp
 
 from minidist.precision.grad_scaler import GradScaler
 
@@ -103,19 +106,19 @@ def scaler_step(grads, scale, good_steps, growth_interval=2000):
     scaler = GradScaler(init_scale=scale, growth_interval=growth_interval)
     scaler._growth_tracker = good_steps
     unscaled = [g / scale for g in grads]
-    found_inf = not all(np.isfinite(g).all() for g in unscaled)
+    found_inf = not all(xp.isfinite(g).all() for g in unscaled)
     scaler._per_optimizer[0] = {"found_inf": float(found_inf)}
     scaler.update()
     return (None if found_inf else unscaled), scaler.get_scale(), scaler._growth_tracker
 ''',
     wrong={
         "the planted bug": "",
-        "count kept after an overflow": '''import numpy as np
+        "count kept after an overflow": '''from minidist.backend import xp
 
 
 def scaler_step(grads, scale, good_steps, growth_interval=2000):
     unscaled = [g / scale for g in grads]
-    if not all(np.isfinite(g).all() for g in unscaled):
+    if not all(xp.isfinite(g).all() for g in unscaled):
         return None, scale * 0.5, good_steps
     good_steps += 1
     if good_steps == growth_interval:

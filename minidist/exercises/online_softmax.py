@@ -29,16 +29,18 @@ def problems(draw, masked: bool = False):
 
 
 def fold(s_impl, s: np.ndarray, v: np.ndarray, cuts: list[int]):
-    """Fold the tiles [0, c1), [c1, c2), ... with the subject's update."""
+    """Fold the tiles [0, c1), [c1, c2), ... with the subject's update, on arrays
+    of the active backend (as flash.py does); the state comes back to the host."""
+    from minidist.backend import from_host, to_host, xp
     rows, ev = s.shape[0], v.shape[1]
-    m = np.full((rows, 1), -np.inf)
-    l = np.zeros((rows, 1))
-    acc = np.zeros((rows, ev))
+    m = xp.full((rows, 1), -xp.inf)
+    l = xp.zeros((rows, 1))
+    acc = xp.zeros((rows, ev))
     edges = [0, *cuts, s.shape[1]]
     for lo, hi in zip(edges[:-1], edges[1:]):
-        m, l, acc = s_impl.online_softmax_update(m, l, acc, s[:, lo:hi].copy(), v[lo:hi])
-        m, l, acc = np.asarray(m), np.asarray(l), np.asarray(acc)
-    return m, l, acc
+        m, l, acc = s_impl.online_softmax_update(m, l, acc, from_host(s[:, lo:hi].copy()),
+                                                 from_host(v[lo:hi].copy()))
+    return to_host(m), to_host(l), to_host(acc)
 
 
 def _softmax_v(s, v):
@@ -86,10 +88,10 @@ Start from m = -inf, l = 0, acc = 0; after the last tile, O = acc / l equals
 softmax(S) V. A row may see a tile of only -inf (masked) scores: -inf - -inf
 is NaN, so shift such rows by 0 instead.
 
-Interface: NumPy arrays in, a tuple (m_new, l_new, acc_new) out.
-Check: `minidist exercise check 26.10`.
+Interface: arrays of minidist.backend.xp (NumPy, or CuPy on a GPU) in, a
+tuple (m_new, l_new, acc_new) out. Check: `minidist exercise check 26.10`.
 """
-import numpy as np
+from minidist.backend import xp
 
 
 def online_softmax_update(m_prev, l_prev, acc_prev, s_new, v_new):
@@ -106,47 +108,47 @@ def online_softmax_update(m_prev, l_prev, acc_prev, s_new, v_new):
                  dict(problem=problems(masked=True)), examples=10,
                  hint="exp(-inf - (-inf)) is NaN: where m_new is -inf, subtract 0"),
     ],
-    solution='''import numpy as np
+    solution='''from minidist.backend import xp
 
 
 def online_softmax_update(m_prev, l_prev, acc_prev, s_new, v_new):
     # the lines of minidist/attention/flash.py's flash_forward, for one tile
-    m_new = np.maximum(m_prev, s_new.max(axis=-1, keepdims=True))
-    m_safe = np.where(m_new == -np.inf, 0.0, m_new)
-    p = np.exp(s_new - m_safe)
-    alpha = np.exp(m_prev - m_safe)
+    m_new = xp.maximum(m_prev, s_new.max(axis=-1, keepdims=True))
+    m_safe = xp.where(m_new == -xp.inf, 0.0, m_new)
+    p = xp.exp(s_new - m_safe)
+    alpha = xp.exp(m_prev - m_safe)
     l_new = alpha * l_prev + p.sum(axis=-1, keepdims=True)
     acc = alpha * acc_prev + p @ v_new
     return m_new, l_new, acc
 ''',
     wrong={
-        "acc not rescaled": '''import numpy as np
+        "acc not rescaled": '''from minidist.backend import xp
 
 
 def online_softmax_update(m_prev, l_prev, acc_prev, s_new, v_new):
-    m_new = np.maximum(m_prev, s_new.max(axis=-1, keepdims=True))
-    m_safe = np.where(m_new == -np.inf, 0.0, m_new)
-    p = np.exp(s_new - m_safe)
-    alpha = np.exp(m_prev - m_safe)
+    m_new = xp.maximum(m_prev, s_new.max(axis=-1, keepdims=True))
+    m_safe = xp.where(m_new == -xp.inf, 0.0, m_new)
+    p = xp.exp(s_new - m_safe)
+    alpha = xp.exp(m_prev - m_safe)
     return m_new, alpha * l_prev + p.sum(axis=-1, keepdims=True), acc_prev + p @ v_new
 ''',
-        "max of the new tile only": '''import numpy as np
+        "max of the new tile only": '''from minidist.backend import xp
 
 
 def online_softmax_update(m_prev, l_prev, acc_prev, s_new, v_new):
     m_new = s_new.max(axis=-1, keepdims=True)
-    m_safe = np.where(m_new == -np.inf, 0.0, m_new)
-    p = np.exp(s_new - m_safe)
-    alpha = np.exp(np.where(m_prev == -np.inf, -np.inf, m_prev - m_safe))
+    m_safe = xp.where(m_new == -xp.inf, 0.0, m_new)
+    p = xp.exp(s_new - m_safe)
+    alpha = xp.exp(xp.where(m_prev == -xp.inf, -xp.inf, m_prev - m_safe))
     return m_new, alpha * l_prev + p.sum(axis=-1, keepdims=True), alpha * acc_prev + p @ v_new
 ''',
-        "no guard for masked rows": '''import numpy as np
+        "no guard for masked rows": '''from minidist.backend import xp
 
 
 def online_softmax_update(m_prev, l_prev, acc_prev, s_new, v_new):
-    m_new = np.maximum(m_prev, s_new.max(axis=-1, keepdims=True))
-    p = np.exp(s_new - m_new)
-    alpha = np.exp(m_prev - m_new)
+    m_new = xp.maximum(m_prev, s_new.max(axis=-1, keepdims=True))
+    p = xp.exp(s_new - m_new)
+    alpha = xp.exp(m_prev - m_new)
     return m_new, alpha * l_prev + p.sum(axis=-1, keepdims=True), alpha * acc_prev + p @ v_new
 ''',
     })

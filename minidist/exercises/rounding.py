@@ -33,19 +33,25 @@ def _same_bits(got, want, x, what):
         f"{what}: x = {x.tolist()} -> {got.tolist()}, expected {want.tolist()}"
 
 
+def _theirs(fn, x: np.ndarray) -> np.ndarray:
+    """The subject's function on an array of the active backend, back on the host."""
+    from minidist.backend import from_host, to_host
+    return to_host(fn(from_host(x.copy())))
+
+
 def _bf16_nearest_even(s, x):
-    _same_bits(s.round_to_bf16(x.copy()), library_round(x, "bf16"), x, "round_to_bf16")
+    _same_bits(_theirs(s.round_to_bf16, x), library_round(x, "bf16"), x, "round_to_bf16")
 
 
 def _bf16_low_bits_zero(s, x):
-    got = np.asarray(s.round_to_bf16(x.copy()), dtype=np.float32)
+    got = np.asarray(_theirs(s.round_to_bf16, x), dtype=np.float32)
     finite = np.isfinite(got)
     low = got[finite].view(np.uint32) & 0xFFFF
     assert not low.any(), f"round_to_bf16({x.tolist()}) = {got.tolist()} keeps bits below bf16's 7"
 
 
 def _fp16_nearest_even(s, x):
-    _same_bits(s.round_to_fp16(x.copy()), library_round(x, "fp16"), x, "round_to_fp16")
+    _same_bits(_theirs(s.round_to_fp16, x), library_round(x, "fp16"), x, "round_to_fp16")
 
 
 ROUNDING = Exercise(
@@ -67,9 +73,10 @@ round_to_fp16(x): x is float64; return float64 values that fp16 can hold
 rounded to nearest, ties to even, overflow to inf. Any method is fine here;
 compare what you get with bf16 on the same numbers.
 
-Interface: NumPy. Check: `minidist exercise check 35.18`.
+Interface: arrays of minidist.backend.xp (NumPy, or CuPy on a GPU); views
+as on NumPy (x.view(xp.uint32)). Check: `minidist exercise check 35.18`.
 """
-import numpy as np
+from minidist.backend import xp
 
 
 def round_to_bf16(x):
@@ -89,38 +96,38 @@ def round_to_fp16(x):
                  _fp16_nearest_even, dict(x=f64_arrays), examples=40,
                  hint="65520 is the tie between 65504 and the next step: it goes to inf"),
     ],
-    solution='''from minidist.exercises.rounding import library_round
+    solution='''from minidist.precision.rounding import quantize
 
 
 def round_to_bf16(x):
-    return library_round(x, "bf16")
+    return quantize(x, "bf16")
 
 
 def round_to_fp16(x):
-    return library_round(x, "fp16")
+    return quantize(x, "fp16")
 ''',
     wrong={
-        "truncation": '''import numpy as np
+        "truncation": '''from minidist.backend import xp
 
 
 def round_to_bf16(x):
-    return (x.view(np.uint32) & 0xFFFF0000).view(np.float32)
+    return (x.view(xp.uint32) & 0xFFFF0000).view(xp.float32)
 
 
 def round_to_fp16(x):
-    return x.astype(np.float16).astype(np.float64)
+    return x.astype(xp.float16).astype(xp.float64)
 ''',
-        "ties away from zero": '''import numpy as np
+        "ties away from zero": '''from minidist.backend import xp
 
 
 def round_to_bf16(x):
-    u = x.view(np.uint32).astype(np.uint64)
-    out = ((u + 0x8000) & 0xFFFF0000).astype(np.uint32).view(np.float32)
-    return np.where(np.isnan(x), x, out)
+    u = x.view(xp.uint32).astype(xp.uint64)
+    out = ((u + 0x8000) & 0xFFFF0000).astype(xp.uint32).view(xp.float32)
+    return xp.where(xp.isnan(x), x, out)
 
 
 def round_to_fp16(x):
-    return x.astype(np.float16).astype(np.float64)
+    return x.astype(xp.float16).astype(xp.float64)
 ''',
     })
 
