@@ -31,8 +31,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_collectives import (SIZES, best_of, human, iterations, parse_size, run_mpi,  # noqa: E402
-                               slowest_rank, usable_cores, windows)
+from bench_collectives import (SIZES, best_of, human, iterations, parse_size, row_cells,  # noqa: E402
+                               run_mpi, slowest_rank, usable_cores, windows)
 
 
 def minidist_sweep(sizes: list[int]) -> dict:
@@ -115,16 +115,7 @@ def table(n: int, sizes: list[int], best: dict) -> str:
         lines.append(f"{n} ranks on {usable_cores()} cores: ranks share the cores (both sides)")
     lines += [head, sub, "-" * len(head)]
     for size in sizes:
-        cells, bus = [], {}
-        for key, _ in sides:
-            t = best.get(f"{key}:{size}")
-            if t is None:
-                cells.append(f"{'-':>9} {'-':>7} {'-':>8}")
-                continue
-            algbw = size / t / 1e9
-            bus[key] = algbw * factor
-            shown = f"{t * 1e6:.1f}us" if t < 1e-2 else f"{t * 1e3:.2f}ms"
-            cells.append(f"{shown:>9} {algbw:7.2f} {bus[key]:8.2f}")
+        cells, bus = row_cells(best, size, n, [key for key, _ in sides], "all_to_all")
         ratio = (f"{bus['minidist'] / bus['mpi']:13.2f}x" if "minidist" in bus and "mpi" in bus
                  else f"{'-':>14}")
         lines.append(f"{human(size):>8} | " + " | ".join(cells) + " | " + ratio)

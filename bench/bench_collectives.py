@@ -169,6 +169,23 @@ def memcpy_ceiling(sizes: list[int]) -> dict:
 
 # -- the table ---------------------------------------------------------------------------
 
+def row_cells(best: dict, size: int, n: int, keys: list[str], collective: str
+              ) -> tuple[list[str], dict]:
+    """One size's cells, "time algbw busbw" for each of ``keys`` ('-' where one was
+    not measured), and the busbw in GB/s of each measured key (calc.bus_bandwidth)."""
+    cells, busbws = [], {}
+    for key in keys:
+        t = best.get(f"{key}:{size}")
+        if t is None:
+            cells.append(f"{'-':>9} {'-':>7} {'-':>8}")
+            continue
+        algbw = size / t / 1e9
+        busbws[key] = bus_bandwidth(size, n, t, collective) / 1e9
+        shown = f"{t * 1e6:.1f}us" if t < 1e-2 else f"{t * 1e3:.2f}ms"
+        cells.append(f"{shown:>9} {algbw:7.2f} {busbws[key]:8.2f}")
+    return cells, busbws
+
+
 def table(n: int, sizes: list[int], best: dict) -> str:
     factor = BUS_FACTORS["all_reduce"](n)
     sides = (("ring", "minidist ring"), ("direct", "minidist direct"),
@@ -184,17 +201,7 @@ def table(n: int, sizes: list[int], best: dict) -> str:
                      f"and take turns (both minidist and MPICH)")
     lines += [head, sub, "-" * len(head)]
     for size in sizes:
-        cells = []
-        busbws = {}
-        for key, _ in sides:
-            t = best.get(f"{key}:{size}")
-            if t is None:
-                cells.append(f"{'-':>9} {'-':>7} {'-':>8}")
-                continue
-            algbw = size / t / 1e9
-            busbws[key] = bus_bandwidth(size, n, t, "all_reduce") / 1e9
-            shown = f"{t * 1e6:.1f}us" if t < 1e-2 else f"{t * 1e3:.2f}ms"
-            cells.append(f"{shown:>9} {algbw:7.2f} {busbws[key]:8.2f}")
+        cells, busbws = row_cells(best, size, n, [key for key, _ in sides], "all_reduce")
         mc = best.get(f"memcpy:{size}")
         ratios = [f"{busbws[k] / busbws['mpi']:{w - 1}.2f}x" if "mpi" in busbws and k in busbws
                   else f"{'-':>{w}}" for k, w in (("ring", 10), ("direct", 12))]

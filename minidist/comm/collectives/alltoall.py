@@ -56,12 +56,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from minidist.comm.collectives.check import (bruck_rounds, describe, encode, gather_rows,
-                                             host_table, raise_mismatch)
-from minidist.comm.collectives.small import MAX_PLANS
+from minidist.comm.collectives.check import CheckTable, agree, describe, one_byte_flags
+from minidist.comm.collectives.small import cached_plan
 from minidist.comm.errors import CollectiveMismatchError
 from minidist.comm.transport import cma
-from minidist.comm.transport.base import host_view
 
 COUNT_BYTES = 8  # each split size travels as an int64, and so do the pid and the address
 SINGLE_COPY_MIN_BYTES = 1 << 18  # a smaller all-to-all (per rank, on average): pairwise
@@ -92,36 +90,25 @@ class AllToAllPlan:
     """What an all-to-all of one (dtype, row shape) on one group needs, made once
     (like small.py's plans): the call's line and fields, the table of the check
     (one row per rank: record, row and column of S, pid and address) with its
-    views and rounds, and the one-byte buffers of ``reads_done``. A call fills
-    in its row, exchanges, and parses the table only when it differs from the
-    last one (a training step repeats its split matrices and buffers)."""
+    views and rounds, and the one-byte buffers of the "reads done" round. A call
+    fills in its row, exchanges, and parses the table only when it differs from
+    the last one (a training step repeats its split matrices and buffers)."""
 
     def __init__(self, group, dtype: Any, row_shape: tuple):
         n = group.size
         self.fields = dict(dtype=dtype.name, row_shape=row_shape)
         self.line = describe("all_to_all_single", **self.fields)
-        self.record = encode(self.line)
-        head = len(self.record)
-        self.table = host_table(n, head + (2 * n + 2) * COUNT_BYTES)
-        self.table[0, :head] = host_view(self.record)
-        self.records = self.table[:, :head]                    # (N, 128)
-        self.expected = self.record * n                        # what they hold if all agree
-        self.counts = self.table[:, head:].view("int64")       # (N, 2N + 2) per row
-        self.rounds = bruck_rounds(group, self.table)
-        self.done = (host_view(bytearray(1)), host_view(bytearray(1)))  # mine, theirs
+        self.check = CheckTable(group, self.line, (2 * n + 2) * COUNT_BYTES)
+        self.counts = self.check.payload.view("int64")         # (N, 2N + 2) per row
+        self.done = one_byte_flags()
         self.seen: bytes = b""                                 # the last table parsed
         self.parsed: tuple = ()                                # ... and what it said
 
 
 def alltoall_plan(group, dtype: Any, row_shape: tuple) -> AllToAllPlan:
     """The plan for all-to-alls of ``dtype`` rows of ``row_shape`` on ``group``."""
-    key = ("all_to_all_single", dtype, row_shape)
-    plan = group.small_plans.get(key)
-    if plan is None:
-        if len(group.small_plans) >= MAX_PLANS:
-            group.small_plans.clear()
-        plan = group.small_plans[key] = AllToAllPlan(group, dtype, row_shape)
-    return plan
+    return cached_plan(group, ("all_to_all_single", dtype, row_shape), AllToAllPlan,
+                       group, dtype, row_shape)
 
 
 def check_splits(group, plan: AllToAllPlan, input_splits: list[int], output_splits: list[int],
@@ -132,9 +119,7 @@ def check_splits(group, plan: AllToAllPlan, input_splits: list[int], output_spli
     Returns S (S[i][j]: rows i sends to j) and, when every rank offered its
     input (``source``: pid, address), each rank's (pid, address); else None."""
     plan.counts[0] = input_splits + output_splits + list(source)  # our row, column, address
-    whole = gather_rows(group, plan.rounds, tag, "all_to_all_single check")
-    if not whole or plan.records.tobytes() != plan.expected:
-        raise_mismatch(group, plan.line, tag)                     # raises on every rank
+    plan.check.gather(group, tag, "all_to_all_single check")      # raises on every rank
     seen = plan.counts.tobytes()
     if seen != plan.seen:
         plan.parsed = parse_counts(group, plan.counts.tolist())
@@ -227,18 +212,6 @@ def single_copy_all_to_all(group, flat_in: Any, in_edges: list[int], flat_out: A
 
 
 def reads_done(group, ok: bool, tag: int, done: tuple | None = None) -> bool:
-    """Dissemination: in round k rank r sends one byte, "all my reads so far
-    succeeded", to r + 2**k and receives r - 2**k's, AND-ing them. After
-    ceil(log2 N) rounds every rank has heard, directly or not, from all: every
-    read of its input is over, and the result is the same on every rank.
-    ``done``: the two one-byte buffers to use (a plan's), else new ones."""
-    n, r = group.size, group.rank
-    mine, theirs = done or (host_view(bytearray(1)), host_view(bytearray(1)))
-    d = 1
-    while d < n:
-        mine[0] = ok
-        same = group.exchange(mine, (r + d) % n, theirs, (r - d) % n, tag,
-                              "all_to_all_single reads done")
-        ok = ok and same and bool(theirs[0])
-        d *= 2
-    return ok
+    """Every read of every rank's input is over, and whether all succeeded: the
+    same answer on every rank (check.agree). ``done``: a plan's two buffers."""
+    return agree(group, ok, tag, done or one_byte_flags(), "all_to_all_single reads done")

@@ -123,6 +123,57 @@ def verify_same_call(group, line: str, tag: int) -> None:
     raise_mismatch(group, line, tag)
 
 
+class CheckTable:
+    """The table of an exchange that carries the same-call check (small.py,
+    alltoall.py, direct.py): row i is rank r + i's block, [record (128 B) |
+    payload_bytes], gathered with ``bruck_rounds``. Made once per plan; a call
+    fills ``payload[0]`` and calls ``gather``. ``with_record=False`` (a group
+    made with check=False): blocks of payload alone."""
+
+    def __init__(self, group, line: str, payload_bytes: int, with_record: bool = True):
+        self.line = line
+        record = encode(line) if with_record else b""
+        head = len(record)
+        self.table = host_table(group.size, head + payload_bytes)
+        self.table[0, :head] = host_view(record)
+        self.records = self.table[:, :head]          # (N, 128): every rank's record
+        self.payload = self.table[:, head:]          # (N, payload_bytes)
+        self.expected = record * group.size          # what the records hold if all agree
+        self.rounds = bruck_rounds(group, self.table)
+
+    def gather(self, group, tag: int, what: str) -> None:
+        """Gather every rank's block; raise CollectiveMismatchError on every rank
+        unless every rank made this call. Without records, a block of another
+        size raises MessageMismatchError where it arrives."""
+        if not self.expected:
+            gather_rows(group, self.rounds, tag, what, strict=True)
+            return
+        whole = gather_rows(group, self.rounds, tag, what)
+        if not whole or self.records.tobytes() != self.expected:
+            raise_mismatch(group, self.line, tag)    # raises on every rank
+
+
+def agree(group, ok: bool, tag: int, flags: tuple, what: str) -> bool:
+    """Dissemination: in round k rank r sends one byte, ``ok``, to r + 2**k and
+    receives r - 2**k's, AND-ing them. After ceil(log2 N) rounds every rank has
+    heard, directly or not, from all, and all hold the same answer: True only
+    if every rank said ok. ``flags``: two one-byte host buffers (a plan's)."""
+    n, r = group.size, group.rank
+    mine, theirs = flags
+    d = 1
+    while d < n:
+        mine[0] = ok
+        same = group.exchange(mine, (r + d) % n, theirs, (r - d) % n, tag, what)
+        ok = ok and same and bool(theirs[0])
+        d *= 2
+    return ok
+
+
+def one_byte_flags() -> tuple:
+    """The two buffers ``agree`` sends from and receives into."""
+    return host_view(bytearray(1)), host_view(bytearray(1))
+
+
 def raise_mismatch(group, line: str, tag: int) -> None:
     """Called on every rank once the exchange showed a difference: gather the
     records alone (now the same size everywhere) and raise, naming what differs.

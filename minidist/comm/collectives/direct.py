@@ -50,17 +50,14 @@ import os
 from typing import Any
 
 from minidist.backend import xp
-from minidist.comm.collectives.alltoall import reads_done
-from minidist.comm.collectives.check import (bruck_rounds, describe, encode, gather_rows,
-                                             host_table, raise_mismatch)
+from minidist.comm.collectives.check import CheckTable, agree, describe, one_byte_flags
 from minidist.comm.collectives.ring import chunk_bounds
-from minidist.comm.collectives.small import MAX_PLANS
+from minidist.comm.collectives.small import cached_plan
 from minidist.comm.errors import CommError
 from minidist.comm.transport import cma
-from minidist.comm.transport.base import host_view
 from minidist.comm.transport.reduce_op import ReduceOp, combine_fn, finish
 
-PIECE_BYTES = 524288  # read and folded at a time: a piece and its buffers stay in cache
+PIECE_BYTES = 512 * 1024  # read and folded at a time: a piece and its buffers stay in cache
 
 
 class DirectPlan:
@@ -72,15 +69,9 @@ class DirectPlan:
         n = group.size
         self.fields = dict(op=op.name, algorithm="direct", dtype=dtype.name, shape=shape)
         self.line = describe("all_reduce", **self.fields)
-        self.record = encode(self.line)
-        head = len(self.record)
-        self.table = host_table(n, head + 16)                # row i: rank r + i
-        self.table[0, :head] = host_view(self.record)
-        self.records = self.table[:, :head]                  # (N, 128)
-        self.expected = self.record * n                      # what they hold if all agree
-        self.sources = self.table[:, head:].view("int64")    # (N, 2): pid, address
-        self.rounds = bruck_rounds(group, self.table)
-        self.flags = (host_view(bytearray(1)), host_view(bytearray(1)))  # the two rounds
+        self.check = CheckTable(group, self.line, 16)        # row i: rank r + i
+        self.sources = self.check.payload.view("int64")      # (N, 2): pid, address
+        self.flags = one_byte_flags()                        # the two rounds
         count = 1
         for s in shape:
             count *= s
@@ -93,13 +84,8 @@ class DirectPlan:
 
 def direct_plan(group, tensor: Any, op: ReduceOp) -> DirectPlan:
     """The plan for a direct all-reduce of ``tensor`` with ``op``, made on first use."""
-    key = ("direct", tensor.shape, tensor.dtype, op)
-    plan = group.small_plans.get(key)
-    if plan is None:
-        if len(group.small_plans) >= MAX_PLANS:
-            group.small_plans.clear()
-        plan = group.small_plans[key] = DirectPlan(group, tensor.shape, tensor.dtype, op)
-    return plan
+    return cached_plan(group, ("direct", tensor.shape, tensor.dtype, op), DirectPlan,
+                       group, tensor.shape, tensor.dtype, op)
 
 
 def offer(group, flat: Any) -> tuple[int, int]:
@@ -118,9 +104,7 @@ def direct_all_reduce(group, flat: Any, plan: DirectPlan, tag: int) -> bool:
     some rank cannot be read: the caller then takes the ring."""
     n, r = group.size, group.rank
     plan.sources[0] = offer(group, flat)
-    whole = gather_rows(group, plan.rounds, tag, "direct all-reduce check")
-    if not whole or plan.records.tobytes() != plan.expected:
-        raise_mismatch(group, plan.line, tag)                # raises on every rank
+    plan.check.gather(group, tag, "direct all-reduce check")  # raises on every rank
     rows = plan.sources.tolist()
     peers = [rows[(q - r) % n] for q in range(n)]            # rank q's [pid, address]
     if not all(pid for pid, _ in peers):
@@ -128,21 +112,21 @@ def direct_all_reduce(group, flat: Any, plan: DirectPlan, tag: int) -> bool:
     if group.direct_reads is None:                           # first call: may we read?
         ok = flat.size == 0 or all(_read(group, peers, q, 0, plan.tmp[:1], raising=False)
                                    for q in range(n) if q != r)
-        group.direct_reads = reads_done(group, ok, tag, plan.flags)
+        group.direct_reads = agree(group, ok, tag, plan.flags, "direct all-reduce probe")
         if not group.direct_reads:
             return False
     mine = _pieces(plan.bounds[r], plan.piece)               # 1. reduce-scatter
     arrivals = {q: _arrivals(group, q, mine, flat.itemsize) for q in range(n) if q != r}
     for i, (start, stop) in enumerate(mine):
         _fold_piece(group, flat, plan, peers, start, stop, {q: a[i] for q, a in arrivals.items()})
-    reads_done(group, True, tag, plan.flags)                 # 2. "reduced"
+    agree(group, True, tag, plan.flags, "direct all-reduce reduced")  # 2. "reduced"
     order = [(r - s) % n for s in range(1, n)]               # not all reading rank 0 first
     theirs = {q: _pieces(plan.bounds[q], plan.piece) for q in order}
     arrivals = {q: _arrivals(group, q, theirs[q], flat.itemsize) for q in order}
     for q in order:                                          # 3. all-gather
         for (start, stop), arrival in zip(theirs[q], arrivals[q]):
             _read(group, peers, q, start, flat[start:stop], arrival)
-    reads_done(group, True, tag, plan.flags)                 # 4. "done"
+    agree(group, True, tag, plan.flags, "direct all-reduce done")     # 4. "done"
     _count(group, flat, plan)
     return True
 

@@ -35,10 +35,8 @@ from __future__ import annotations
 from typing import Any
 
 from minidist import backend
-from minidist.comm.collectives.check import (bruck_rounds, describe, encode, gather_rows, host_table,
-                                 raise_mismatch)
+from minidist.comm.collectives.check import CheckTable, describe
 from minidist.comm.transport.reduce_op import ReduceOp, combine_fn, finish
-from minidist.comm.transport.base import host_view
 
 # Plans kept per group: a training loop all-reduces a handful of shapes. Only
 # plans whose table is small are kept (an explicit algorithm="allgather" on big
@@ -55,19 +53,14 @@ class SmallPlan:
         # The call, as the stats record it and the check compares it.
         self.fields = dict(op=op.name, algorithm="allgather", dtype=dtype.name, shape=shape)
         self.line = describe("all_reduce", **self.fields)
-        self.record = encode(self.line) if group.check else b""
         count = 1
         for s in shape:
             count *= s
         self.payload_bytes = count * dtype.itemsize   # M
-        head = len(self.record)
         # Row i: the block of rank r + i (mod N): [record | array bytes].
-        self.table = host_table(n, head + self.payload_bytes)
-        self.table[0, :head] = host_view(self.record)
-        self.rounds = bruck_rounds(group, self.table)
-        self.records = self.table[:, :head]           # (N, 128): every rank's record
-        self.expected = self.records[0].tobytes() * n  # what they hold if all agree
-        arrays = self.table[:, head:].view(dtype)     # (N, count): row i = x of rank r + i
+        self.check = CheckTable(group, self.line, self.payload_bytes, with_record=group.check)
+        self.table = self.check.table
+        arrays = self.check.payload.view(dtype)       # (N, count): row i = x of rank r + i
         self.mine = arrays[0]
         self.by_rank = [arrays[(q - r) % n] for q in range(n)]  # x_0, x_1, ..., x_{N-1}
         # On the CPU backends from_host gives a view: made once here. On CuPy it
@@ -77,33 +70,38 @@ class SmallPlan:
             self.by_rank = [backend.from_host(x) for x in self.by_rank]
         self.combine = combine_fn(op)
         self.op = op
-        self.messages = len(self.rounds)              # ceil(log2 N)
+        self.messages = len(self.check.rounds)        # ceil(log2 N)
         self.bytes_moved = (n - 1) * self.payload_bytes  # sent, and received, per rank
 
 
-def plan_for(group, tensor: Any, op: ReduceOp) -> SmallPlan:
-    """The plan for an all-reduce of ``tensor`` with ``op`` on ``group``, made on first use."""
-    key = (tensor.shape, tensor.dtype, op)
+def cached_plan(group, key: tuple, make, *args, keep=None):
+    """``group``'s plan for ``key``: ``make(*args)`` on first use, kept unless
+    ``keep(plan)`` says no (at most MAX_PLANS per group: a loop has a handful)."""
     plan = group.small_plans.get(key)
     if plan is None:
-        plan = SmallPlan(group, tensor.shape, tensor.dtype, op)
-        if plan.table.nbytes <= MAX_KEPT_TABLE_BYTES:
+        plan = make(*args)
+        if keep is None or keep(plan):
             if len(group.small_plans) >= MAX_PLANS:
                 group.small_plans.clear()
             group.small_plans[key] = plan
     return plan
 
 
+def _small_table(plan: SmallPlan) -> bool:
+    return plan.table.nbytes <= MAX_KEPT_TABLE_BYTES
+
+
+def plan_for(group, tensor: Any, op: ReduceOp) -> SmallPlan:
+    """The plan for an all-reduce of ``tensor`` with ``op`` on ``group``, made on first use."""
+    return cached_plan(group, (tensor.shape, tensor.dtype, op), SmallPlan,
+                       group, tensor.shape, tensor.dtype, op, keep=_small_table)
+
+
 def allgather_all_reduce(group, flat: Any, plan: SmallPlan, tag: int) -> None:
     """Reduce the 1-D contiguous ``flat`` in place: gather every rank's copy with
     the call check, then fold them in rank order (formula in the module docstring)."""
     plan.mine[...] = backend.to_host(flat)        # our block's array part
-    if plan.record:
-        whole = gather_rows(group, plan.rounds, tag, "small all-reduce")
-        if not whole or plan.records.tobytes() != plan.expected:
-            raise_mismatch(group, plan.line, tag)  # raises on every rank
-    else:  # the check is off: a block of another size is an error where it arrives
-        gather_rows(group, plan.rounds, tag, "small all-reduce", strict=True)
+    plan.check.gather(group, tag, "small all-reduce")  # raises on every rank on a mismatch
     stats = group.stats
     stats.bytes_sent += plan.bytes_moved
     stats.bytes_recv += plan.bytes_moved

@@ -112,8 +112,13 @@ class EmulatedLink:
 
     def stamp(self, dst: int, nbytes: int) -> int:
         """The arrival time (ns) of ``nbytes`` sent now to ``dst``."""
-        start = max(time.monotonic_ns(), self.free_at[dst])
-        self.free_at[dst] = arrival = start + int(nbytes * self.ns_per_byte[dst])
+        return self._carry(self.free_at, dst, nbytes)
+
+    def _carry(self, free_at: list, peer: int, nbytes: int) -> int:
+        """The link to or from ``peer`` is busy until free_at[peer], then carries
+        ``nbytes`` for nbytes / beta: when they arrive (ns), now its new free_at."""
+        start = max(time.monotonic_ns(), free_at[peer])
+        free_at[peer] = arrival = start + int(nbytes * self.ns_per_byte[peer])
         return arrival
 
     def arrived(self, arrival: int) -> bool:
@@ -137,9 +142,7 @@ class EmulatedLink:
     def stamp_read(self, src: int, nbytes: int) -> int:
         """The arrival time (ns) of ``nbytes`` asked of ``src`` now, after what was
         asked of it before."""
-        start = max(time.monotonic_ns(), self.read_free_at[src])
-        self.read_free_at[src] = arrival = start + int(nbytes * self.ns_per_byte[src])
-        return arrival
+        return self._carry(self.read_free_at, src, nbytes)
 
     @staticmethod
     def sleep_until(arrival: int, check_abort) -> None:
