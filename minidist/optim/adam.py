@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from minidist.autograd.ops._blocks import blocked
 from minidist.backend import xp
 from minidist.optim.optimizer import Optimizer, check_non_negative
 
@@ -37,8 +38,22 @@ def adam_direction(grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int, *, beta1
     ``step`` is t, counting from 1. ``out`` is a scratch array shaped like
     ``grad`` (it may not alias grad or the moments). Shared by Adam, AdamW and LAMB.
     With ``max_exp_avg_sq`` (AMSGrad) that running maximum of v is updated in
-    place and takes v's place in the denominator.
+    place and takes v's place in the denominator. The arrays are swept block by
+    block, so that ``out`` stays in the cache (autograd/ops/_blocks.py).
     """
+    def chain(grad, exp_avg, exp_avg_sq, out, *max_exp_avg_sq):
+        _adam_direction_chain(grad, exp_avg, exp_avg_sq, out, *max_exp_avg_sq, step=step,
+                              beta1=beta1, beta2=beta2, eps=eps)
+
+    amsgrad = () if max_exp_avg_sq is None else (max_exp_avg_sq,)
+    blocked(chain, grad, exp_avg, exp_avg_sq, out, *amsgrad)
+    return out
+
+
+def _adam_direction_chain(grad: Any, exp_avg: Any, exp_avg_sq: Any, out: Any,
+                          max_exp_avg_sq: Any = None, *, step: int, beta1: float,
+                          beta2: float, eps: float) -> None:
+    """adam_direction's arithmetic on one block of its arrays."""
     # m_t = beta1 * m_{t-1} + (1 - beta1) * g_t   (out is scratch here)
     exp_avg *= beta1
     xp.multiply(grad, 1 - beta1, out=out)
@@ -60,7 +75,6 @@ def adam_direction(grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int, *, beta1
     out += eps
     xp.divide(exp_avg, out, out=out)
     out /= bias_correction1
-    return out
 
 
 def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int, *,

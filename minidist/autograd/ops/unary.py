@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from minidist.autograd.function import Function
+from minidist.autograd.ops._blocks import blocked
 from minidist.backend import xp
 
 
@@ -95,39 +96,52 @@ class Sigmoid(Function):
 _GELU_C = math.sqrt(2.0 / math.pi)
 
 
+def _gelu_forward(a, t, out):
+    """t = tanh(u), out = 0.5 a (1 + t), in place on the buffers t and out."""
+    xp.multiply(a, a, out=t)                        # a^2
+    t *= 0.044715 * _GELU_C
+    t += _GELU_C
+    t *= a                                          # u = sqrt(2/pi) (a + 0.044715 a^3)
+    xp.tanh(t, out=t)                               # t = tanh(u)
+    xp.add(t, 1, out=out)
+    out *= a
+    out *= 0.5                                      # 0.5 a (1 + t)
+
+
+def _gelu_backward(a, t, grad, d, one_minus_t2):
+    """d = grad * dGELU/da, in place on the buffers d and one_minus_t2."""
+    # d/da = 0.5 (1 + t) + 0.5 a (1 - t^2) du/da,  du/da = sqrt(2/pi) (1 + 3 * 0.044715 a^2)
+    xp.multiply(a, a, out=d)
+    d *= 3 * 0.044715 * _GELU_C
+    d += _GELU_C                                    # du/da
+    d *= a
+    xp.multiply(t, t, out=one_minus_t2)
+    xp.subtract(1, one_minus_t2, out=one_minus_t2)
+    d *= one_minus_t2                               # a (1 - t^2) du/da
+    d += t
+    d += 1
+    d *= 0.5
+    d *= grad
+
+
 class Gelu(Function):
     """GELU, tanh approximation (``torch.nn.functional.gelu(approximate='tanh')``).
 
-    The arithmetic is done in place on one or two buffers: this op runs on the
-    widest activation of a transformer (B, T, 4C), where every temporary costs.
+    This op runs on the widest activation of a transformer (B, T, 4C), where
+    every sweep over memory costs: the arithmetic is done in place on one or two
+    buffers, and block by block so that those stay in the cache (_blocks.py).
     """
 
     @staticmethod
     def forward(ctx, a):
-        t = a * a                                   # a^2
-        t *= 0.044715 * _GELU_C
-        t += _GELU_C
-        t *= a                                      # u = sqrt(2/pi) (a + 0.044715 a^3)
-        xp.tanh(t, out=t)                           # t = tanh(u)
+        t, out = xp.empty(a.shape, a.dtype), xp.empty(a.shape, a.dtype)
+        blocked(_gelu_forward, a, t, out)
         ctx.save_for_backward(a, t)
-        out = t + 1
-        out *= a
-        out *= 0.5                                  # 0.5 a (1 + t)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         a, t = ctx.saved
-        # d/da = 0.5 (1 + t) + 0.5 a (1 - t^2) du/da,  du/da = sqrt(2/pi) (1 + 3 * 0.044715 a^2)
-        d = a * a
-        d *= 3 * 0.044715 * _GELU_C
-        d += _GELU_C                                # du/da
-        d *= a
-        one_minus_t2 = t * t
-        xp.subtract(1, one_minus_t2, out=one_minus_t2)
-        d *= one_minus_t2                           # a (1 - t^2) du/da
-        d += t
-        d += 1
-        d *= 0.5
-        d *= grad
+        d, scratch = xp.empty(a.shape, a.dtype), xp.empty(a.shape, a.dtype)
+        blocked(_gelu_backward, a, t, grad, d, scratch)
         return d
