@@ -29,8 +29,11 @@ same bits on every rank. The algorithms differ in how many steps they take
 ``naive`` is the oracle the others are tested against; ``auto`` picks
 ``allgather`` while the (N-1) * M bytes it sends stay within ``GATHER_BYTES``
 (its rounds are the check's, so the check costs no extra message), recursive
-doubling below ``SMALL_BYTES``, and the ring above, as NCCL and MPI libraries
-switch algorithms by size. The cost model of each is in cost.py; the demo
+doubling below ``SMALL_BYTES``, the ring up to ``DIRECT_BYTES``, and direct
+from there (which is the ring wherever ranks cannot read each other: another
+transport, device arrays), as NCCL and MPI libraries switch algorithms by size.
+Below DIRECT_BYTES the ring is faster: its pieces flow while the direct
+all-reduce still pays its three dissemination rounds. The cost model of each is in cost.py; the demo
 demos/03_ring_allreduce.py prints the ring's bytes next to 2(N-1)/N * M.
 """
 from __future__ import annotations
@@ -47,6 +50,7 @@ ALGORITHMS = ("auto", "ring", "tree", "recursive_doubling", "naive", "allgather"
               "hierarchical", "direct")
 GATHER_BYTES = 32 * 1024  # auto: allgather while (N-1) * M is at most this
 SMALL_BYTES = 64 * 1024   # auto: recursive doubling below this, the ring from here
+DIRECT_BYTES = 4 * 1024 * 1024  # auto: direct from here (bench_collectives, docs/collectives.md)
 
 
 def naive_all_reduce(group, flat: Any, op: ReduceOp, tag: int) -> None:
@@ -90,7 +94,9 @@ def choose(algorithm: str, nbytes: int, group_size: int) -> str:
         return algorithm
     if nbytes * (group_size - 1) <= GATHER_BYTES:
         return "allgather"
-    return "recursive_doubling" if nbytes < SMALL_BYTES else "ring"
+    if nbytes < SMALL_BYTES:
+        return "recursive_doubling"
+    return "ring" if nbytes < DIRECT_BYTES else "direct"
 
 
 def all_reduce_flat(group, flat: Any, op: ReduceOp, algorithm: str, tag: int) -> None:

@@ -3,7 +3,8 @@ on every rank, the bits of the naive all-reduce, which folds in the same rank
 order: for real-valued floats, where the order of additions shows, over worlds
 1-8, several pieces per chunk, every op. It counts 2(N-1)/N M bytes each way
 (equal chunks), takes the ring on every rank when one rank cannot read its
-peers, and raises a mismatch against a rank that called another algorithm."""
+peers, and raises a mismatch against a rank that called another algorithm. ``auto``
+takes it from DIRECT_BYTES."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -115,3 +116,17 @@ def test_direct_over_an_emulated_link_and_without_the_check():
         return x.tolist() == (2 * np.arange(5000.0) + 1).tolist()
     with World(2, timeout=20.0, run_timeout=60.0, link_gbps=1.0) as w:
         assert all(w.run(fn, True)) and all(w.run(fn, False))
+
+
+def test_auto_takes_direct_from_direct_bytes_and_the_ring_below():
+    from minidist.comm.collectives.all_reduce import (DIRECT_BYTES, GATHER_BYTES, SMALL_BYTES,
+                                                      choose)
+    assert choose("auto", GATHER_BYTES, 2) == "allgather"
+    assert choose("auto", GATHER_BYTES + 4, 2) == "recursive_doubling"
+    assert choose("auto", SMALL_BYTES - 4, 4) == "recursive_doubling"
+    assert choose("auto", SMALL_BYTES, 4) == "ring"
+    assert choose("auto", DIRECT_BYTES - 4, 4) == "ring"
+    assert choose("auto", DIRECT_BYTES, 4) == "direct"
+    assert choose("ring", DIRECT_BYTES, 4) == "ring"      # a named algorithm is kept
+    with pytest.raises(ValueError, match="unknown all_reduce algorithm"):
+        choose("fastest", 8, 2)
