@@ -108,14 +108,14 @@ def _gelu_forward(a, t, out):
     out *= 0.5                                      # 0.5 a (1 + t)
 
 
-def _gelu_backward(a, t, grad, d, one_minus_t2):
-    """d = grad * dGELU/da, in place on the buffers d and one_minus_t2."""
+def _gelu_backward(a, t, grad, d):
+    """d = grad * dGELU/da, in place on the buffer d."""
     # d/da = 0.5 (1 + t) + 0.5 a (1 - t^2) du/da,  du/da = sqrt(2/pi) (1 + 3 * 0.044715 a^2)
     xp.multiply(a, a, out=d)
     d *= 3 * 0.044715 * _GELU_C
     d += _GELU_C                                    # du/da
     d *= a
-    xp.multiply(t, t, out=one_minus_t2)
+    one_minus_t2 = t * t                            # a block's worth: stays in cache
     xp.subtract(1, one_minus_t2, out=one_minus_t2)
     d *= one_minus_t2                               # a (1 - t^2) du/da
     d += t
@@ -142,6 +142,6 @@ class Gelu(Function):
     @staticmethod
     def backward(ctx, grad):
         a, t = ctx.saved
-        d, scratch = xp.empty(a.shape, a.dtype), xp.empty(a.shape, a.dtype)
-        blocked(_gelu_backward, a, t, grad, d, scratch)
+        d = xp.empty(a.shape, a.dtype)
+        blocked(_gelu_backward, a, t, grad, d)
         return d
