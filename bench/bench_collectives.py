@@ -230,20 +230,25 @@ def best_of(sweeps: list, repeats: int, best: dict | None = None) -> dict:
     return best
 
 
+COLLECTIVES = ("all_reduce", "all_to_all")
+
+
 def main() -> None:
-    if "--collective" in sys.argv:  # all_to_all: bench_alltoall.py, with the other flags
-        i = sys.argv.index("--collective")
-        if sys.argv[i + 1] == "all_to_all":
-            import bench_alltoall
-            bench_alltoall.main(sys.argv[1:i] + sys.argv[i + 2:])
-            return
-        del sys.argv[i:i + 2]
+    which = argparse.ArgumentParser(add_help=False)  # all_to_all: bench_alltoall.py, with the rest
+    which.add_argument("--collective", choices=COLLECTIVES, default="all_reduce")
+    known, rest = which.parse_known_args()
+    if known.collective == "all_to_all":
+        import bench_alltoall
+        bench_alltoall.main(rest)
+        return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
     p.add_argument("--min-size", type=parse_size, default=1 << 10)
     p.add_argument("--max-size", type=parse_size, default=256 << 20)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--no-mpi", action="store_true", help="skip the MPICH reference")
+    p.add_argument("--collective", choices=COLLECTIVES, default="all_reduce",
+                   help="all_to_all: run bench_alltoall.py (vs MPI_Alltoallv) with the other flags")
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--sizes", help=argparse.SUPPRESS)
     args = p.parse_args()
