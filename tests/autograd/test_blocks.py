@@ -90,3 +90,9 @@ def test_adam_step_in_blocks_equals_adam_step_whole(amsgrad, monkeypatch):
 
     for got, want in zip(direction(200), direction(1 << 40)):
         np.testing.assert_array_equal(got, want)
+
+
+def test_arrays_of_different_shapes_are_refused():
+    with pytest.raises(ValueError, match="one shape"):
+        _blocks.blocked(_chain, xp.zeros((4, 3)), xp.zeros((4, 3)), xp.zeros((3, 4)),
+                        xp.zeros((4, 3)))

@@ -29,6 +29,9 @@ def blocked(chain: Callable[..., None], *arrays: Any) -> None:
     The blocks are flat views of C-contiguous arrays; if any array has another
     layout (a transposed view, say), the chain runs once on the whole arrays.
     """
+    if any(a.shape != arrays[0].shape for a in arrays):
+        raise ValueError(f"blocked: the arrays must have one shape, got "
+                         f"{[tuple(a.shape) for a in arrays]}")
     if (backend.get_backend() == "cupy" or arrays[0].nbytes <= BLOCK_BYTES
             or not all(a.flags.c_contiguous for a in arrays)):
         chain(*arrays)
