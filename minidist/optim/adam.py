@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from minidist.autograd.ops._blocks import blocked
+from minidist.backend.blocks import blocked
 from minidist.backend import xp
 from minidist.optim.optimizer import Optimizer, check_non_negative
 
@@ -39,7 +39,7 @@ def adam_direction(grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int, *, beta1
     ``grad`` (it may not alias grad or the moments). Shared by Adam, AdamW and LAMB.
     With ``max_exp_avg_sq`` (AMSGrad) that running maximum of v is updated in
     place and takes v's place in the denominator. The arrays are swept block by
-    block, so that ``out`` stays in the cache (autograd/ops/_blocks.py).
+    block, so that ``out`` stays in the cache (backend/blocks.py).
     """
     def chain(grad, exp_avg, exp_avg_sq, out, *max_exp_avg_sq):
         _adam_direction_chain(grad, exp_avg, exp_avg_sq, out, *max_exp_avg_sq, step=step,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from minidist.autograd.function import Function
-from minidist.autograd.ops._blocks import blocked
+from minidist.backend.blocks import blocked
 from minidist.backend import xp
 
 
@@ -129,7 +129,7 @@ class Gelu(Function):
 
     This op runs on the widest activation of a transformer (B, T, 4C), where
     every sweep over memory costs: the arithmetic is done in place on one or two
-    buffers, and block by block so that those stay in the cache (_blocks.py).
+    buffers, and block by block so that those stay in the cache (backend/blocks.py).
     """
 
     @staticmethod

@@ -1,25 +1,24 @@
-"""Cache blocking (ops/_blocks.py) changes the order of the sweeps, never a result.
+"""Cache blocking (backend/blocks.py) changes the order of the sweeps, never a result.
 
 A chain run block by block must give the bits of the same chain run on the whole
 arrays: for sizes that straddle block edges, for an input of another layout (which
-runs whole), and for the ops built on it (GELU forward and backward, Adam's step).
-BLOCK_BYTES is made tiny here so that small arrays are cut into many blocks with a
-ragged last one.
+runs whole), and for what is built on it (GELU forward and backward, Adam's step,
+quantize). BLOCK_BYTES is made tiny here so that small arrays are cut into many
+blocks with a ragged last one.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minidist import backend
-from minidist.autograd.ops import _blocks
 from minidist.autograd.ops.unary import Gelu
+from minidist.backend import blocks as _blocks  # BLOCK_BYTES is patched on the module
 from minidist.backend import xp
 from minidist.optim.adam import adam_direction
-
-from .strategies import FAST, seeds
+from minidist.precision import quantize
 
 
 def _chain(a, b, out, scratch):
@@ -42,8 +41,8 @@ def _gelu_both_ways(x, g, block_bytes, monkeypatch):
     return backend.to_host(y), backend.to_host(Gelu.backward(ctx, g))
 
 
-@FAST
-@given(n=st.integers(1, 200), transposed=st.booleans(), seed=seeds)
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 200), transposed=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_blocked_chain_equals_whole_chain(n, transposed, seed):
     rng = np.random.default_rng(seed)
     a_host = rng.standard_normal((n, 3)).astype(np.float32)
@@ -96,3 +95,32 @@ def test_arrays_of_different_shapes_are_refused():
     with pytest.raises(ValueError, match="one shape"):
         _blocks.blocked(_chain, xp.zeros((4, 3)), xp.zeros((4, 3)), xp.zeros((3, 4)),
                         xp.zeros((4, 3)))
+
+
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "e4m3fn", "e5m2"])
+@pytest.mark.parametrize("saturate", [False, True])
+def test_quantize_in_blocks_equals_quantize_whole(fmt, saturate, monkeypatch):
+    rng = np.random.default_rng(11)
+    host = (rng.standard_normal(1001) * 10.0 ** rng.integers(-9, 9, 1001)).astype(np.float32)
+    host[:4] = [np.inf, -np.inf, np.nan, -0.0]
+    x = backend.from_host(host)
+
+    def rounded(block_bytes):
+        monkeypatch.setattr(_blocks, "BLOCK_BYTES", block_bytes)
+        return backend.to_host(quantize(x, fmt, saturate=saturate)).view(np.uint32)
+
+    np.testing.assert_array_equal(rounded(200), rounded(1 << 40))
+
+
+def test_blockwise_maps_a_function_block_by_block(monkeypatch):
+    monkeypatch.setattr(_blocks, "BLOCK_BYTES", 40)              # blocks of 10 float32
+    x = backend.from_host(np.arange(95, dtype=np.float32))
+    seen = []
+
+    def fn(block):
+        seen.append(block.size)
+        return block * 2 + 1
+
+    got = backend.to_host(_blocks.blockwise(fn, x))
+    np.testing.assert_array_equal(got, np.arange(95, dtype=np.float32) * 2 + 1)
+    assert seen == [10] * 9 + [5]
