@@ -3,7 +3,7 @@
 A chain run block by block must give the bits of the same chain run on the whole
 arrays: for sizes that straddle block edges, for an input of another layout (which
 runs whole), and for what is built on it (GELU forward and backward, Adam's step,
-quantize). BLOCK_BYTES is made tiny here so that small arrays are cut into many
+quantize, attention's dropout hash). BLOCK_BYTES is made tiny here so that small arrays are cut into many
 blocks with a ragged last one.
 """
 from __future__ import annotations
@@ -124,3 +124,13 @@ def test_blockwise_maps_a_function_block_by_block(monkeypatch):
     got = backend.to_host(_blocks.blockwise(fn, x))
     np.testing.assert_array_equal(got, np.arange(95, dtype=np.float32) * 2 + 1)
     assert seen == [10] * 9 + [5]
+
+
+def test_attention_dropout_in_blocks_equals_dropout_whole(monkeypatch):
+    from minidist.attention.common import dropout_scale
+
+    def scale(block_bytes):
+        monkeypatch.setattr(_blocks, "BLOCK_BYTES", block_bytes)
+        return backend.to_host(dropout_scale(2024, 0.3, 3, (5, 22), (0, 19), 40, 19, "float32"))
+
+    np.testing.assert_array_equal(scale(200), scale(1 << 40))   # uint64 blocks of 25

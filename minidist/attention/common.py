@@ -17,6 +17,7 @@ from typing import Any
 from minidist import backend
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
+from minidist.backend.blocks import blockwise
 from minidist.precision.autocast import autocast_matmul
 
 NEG_INF = -math.inf
@@ -123,7 +124,13 @@ def dropout_scale(seed: int, p: float, n: int, rows: tuple[int, int], cols: tupl
     i = xp.arange(rows[0], rows[1], dtype="uint64")[None, :, None]
     j = xp.arange(cols[0], cols[1], dtype="uint64")[None, None, :]
     b = xp.arange(n, dtype="uint64")[:, None, None]
-    x = (b * lq + i) * lk + j                                           # flat index
+    index = (b * lq + i) * lk + j                                       # flat index
+    # the hash is a chain of elementwise steps: one cache-sized block at a time
+    return blockwise(lambda x: _keep_scale(x, seed, p, dtype), index, dtype)
+
+
+def _keep_scale(x: Any, seed: int, p: float, dtype: Any) -> Any:
+    """keep / (1 - p) for flat indices x (uint64): splitmix64's finaliser of the seeded index."""
     x = x * _GOLDEN + seed                                              # wraps mod 2^64
     x ^= x >> 30
     x *= 0xBF58476D1CE4E5B9

@@ -55,13 +55,13 @@ def blocked(chain: Callable[..., None], *arrays: Any) -> None:
         chain(*(a[block] for a in flat))
 
 
-def blockwise(fn: Callable[[Any], Any], x: Any) -> Any:
-    """``fn(x)`` for an elementwise ``fn`` whose result has x's shape and dtype,
-    computed one block at a time into a new array."""
+def blockwise(fn: Callable[[Any], Any], x: Any, dtype: Any = None) -> Any:
+    """``fn(x)`` for an elementwise ``fn`` whose result has x's shape and ``dtype``
+    (default: x's), computed one block at a time into a new array."""
     blocks = _flat_blocks((x,))
     if blocks is None:
         return fn(x)
-    out = xp.empty(x.shape, x.dtype)
+    out = xp.empty(x.shape, x.dtype if dtype is None else dtype)
     flat_x, flat_out = x.reshape(-1), out.reshape(-1)
     for block in blocks:
         flat_out[block] = fn(flat_x[block])
