@@ -98,7 +98,7 @@ class ProcessGroup:
         self.rank = self.ranks.index(transport.rank)
         self.size = len(self.ranks)
         self.stats = CommStats()
-        self.small_plans: dict = {}           # (shape, dtype, op) -> plan of collectives/small.py
+        self.small_plans: dict = {}           # plans and check tables: check.py, cached_plan
         self.direct_reads: bool | None = None  # may ranks read each other? (collectives/direct.py)
         self._calls = 0
 

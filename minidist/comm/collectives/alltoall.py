@@ -56,8 +56,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from minidist.comm.collectives.check import CheckTable, agree, describe, one_byte_flags
-from minidist.comm.collectives.small import cached_plan
+from minidist.comm.collectives.check import (CheckTable, agree, cached_plan, describe,
+                                             one_byte_flags)
 from minidist.comm.errors import CollectiveMismatchError
 from minidist.comm.transport import cma
 

@@ -114,13 +114,26 @@ def verify_same_call(group, line: str, tag: int) -> None:
     """Raise CollectiveMismatchError on every rank unless all ranks passed the same line."""
     if group.size == 1:
         return
-    record = encode(line)
-    table = host_table(group.size, RECORD_BYTES)
-    table[0] = host_view(record)
-    if gather_rows(group, bruck_rounds(group, table), tag, "the collective check") and \
-            table.tobytes() == record * group.size:
-        return  # every rank made the same call
-    raise_mismatch(group, line, tag)
+    cached_plan(group, ("check", line), CheckTable, group, line, 0).gather(
+        group, tag, "the collective check")
+
+
+# Plans kept per group (tables of the check, plans of small.py, direct.py and
+# alltoall.py): a training loop makes the same handful of calls again and again.
+MAX_PLANS = 32
+
+
+def cached_plan(group, key: tuple, make, *args, keep=None):
+    """``group``'s plan for ``key``: ``make(*args)`` on first use, kept unless
+    ``keep(plan)`` says no (at most MAX_PLANS per group: a loop has a handful)."""
+    plan = group.small_plans.get(key)
+    if plan is None:
+        plan = make(*args)
+        if keep is None or keep(plan):
+            if len(group.small_plans) >= MAX_PLANS:
+                group.small_plans.clear()
+            group.small_plans[key] = plan
+    return plan
 
 
 class CheckTable:

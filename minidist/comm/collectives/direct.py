@@ -50,9 +50,9 @@ import os
 from typing import Any
 
 from minidist.backend import xp
-from minidist.comm.collectives.check import CheckTable, agree, describe, one_byte_flags
+from minidist.comm.collectives.check import (CheckTable, agree, cached_plan, describe,
+                                             one_byte_flags)
 from minidist.comm.collectives.ring import chunk_bounds
-from minidist.comm.collectives.small import cached_plan
 from minidist.comm.errors import CommError
 from minidist.comm.transport import cma
 from minidist.comm.transport.reduce_op import ReduceOp, combine_fn, finish

@@ -35,13 +35,12 @@ from __future__ import annotations
 from typing import Any
 
 from minidist import backend
-from minidist.comm.collectives.check import CheckTable, describe
+from minidist.comm.collectives.check import CheckTable, cached_plan, describe
 from minidist.comm.transport.reduce_op import ReduceOp, combine_fn, finish
 
-# Plans kept per group: a training loop all-reduces a handful of shapes. Only
-# plans whose table is small are kept (an explicit algorithm="allgather" on big
-# arrays makes its plan afresh), so the cache stays under 32 x 64 KiB.
-MAX_PLANS = 32
+# Only plans whose table is small are kept (an explicit algorithm="allgather" on
+# big arrays makes its plan afresh), so the cache (check.py's cached_plan, at most
+# MAX_PLANS per group) stays under 32 x 64 KiB.
 MAX_KEPT_TABLE_BYTES = 64 * 1024
 
 
@@ -72,19 +71,6 @@ class SmallPlan:
         self.op = op
         self.messages = len(self.check.rounds)        # ceil(log2 N)
         self.bytes_moved = (n - 1) * self.payload_bytes  # sent, and received, per rank
-
-
-def cached_plan(group, key: tuple, make, *args, keep=None):
-    """``group``'s plan for ``key``: ``make(*args)`` on first use, kept unless
-    ``keep(plan)`` says no (at most MAX_PLANS per group: a loop has a handful)."""
-    plan = group.small_plans.get(key)
-    if plan is None:
-        plan = make(*args)
-        if keep is None or keep(plan):
-            if len(group.small_plans) >= MAX_PLANS:
-                group.small_plans.clear()
-            group.small_plans[key] = plan
-    return plan
 
 
 def _small_table(plan: SmallPlan) -> bool:
