@@ -41,12 +41,11 @@ def adam_direction(grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int, *, beta1
     place and takes v's place in the denominator. The arrays are swept block by
     block, so that ``out`` stays in the cache (backend/blocks.py).
     """
-    def chain(grad, exp_avg, exp_avg_sq, out, *max_exp_avg_sq):
-        _adam_direction_chain(grad, exp_avg, exp_avg_sq, out, *max_exp_avg_sq, step=step,
-                              beta1=beta1, beta2=beta2, eps=eps)
-
-    amsgrad = () if max_exp_avg_sq is None else (max_exp_avg_sq,)
-    blocked(chain, grad, exp_avg, exp_avg_sq, out, *amsgrad)
+    arrays = (grad, exp_avg, exp_avg_sq, out)
+    if max_exp_avg_sq is not None:
+        arrays += (max_exp_avg_sq,)
+    blocked(lambda *blocks: _adam_direction_chain(*blocks, step=step, beta1=beta1,
+                                                  beta2=beta2, eps=eps), *arrays)
     return out
 
 
