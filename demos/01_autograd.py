@@ -26,17 +26,18 @@ from minidist import backend
 from minidist.nn import GPT, GPTConfig
 from minidist.optim import AdamW, WarmupCosine, clip_grad_norm_
 from _progress import Progress
+from _args import non_negative_int, positive, positive_int, probability
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-parser.add_argument("--steps", type=int, default=600, help="optimizer steps")
-parser.add_argument("--batch", type=int, default=16, help="sequences per step")
-parser.add_argument("--block", type=int, default=64, help="context length (characters)")
-parser.add_argument("--n-layer", type=int, default=2)
-parser.add_argument("--n-head", type=int, default=4)
-parser.add_argument("--n-embd", type=int, default=128)
-parser.add_argument("--dropout", type=float, default=0.2, help="fights memorising the corpus")
-parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
-parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--steps", type=positive_int, default=600, help="optimizer steps")
+parser.add_argument("--batch", type=positive_int, default=16, help="sequences per step")
+parser.add_argument("--block", type=positive_int, default=64, help="context length (characters)")
+parser.add_argument("--n-layer", type=positive_int, default=2)
+parser.add_argument("--n-head", type=positive_int, default=4)
+parser.add_argument("--n-embd", type=positive_int, default=128)
+parser.add_argument("--dropout", type=probability, default=0.2, help="fights memorising the corpus")
+parser.add_argument("--lr", type=positive, default=3e-3, help="peak learning rate")
+parser.add_argument("--seed", type=non_negative_int, default=0)
 parser.add_argument("--figure", metavar="PATH", help="save the curves as a PNG (default: none)")
 args = parser.parse_args()
 
@@ -62,8 +63,11 @@ def batch(data, rng=rng):
 
 
 # -- model and optimizer ------------------------------------------------------
-cfg = GPTConfig(block_size=args.block, vocab_size=len(chars), n_layer=args.n_layer,
-                n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, seed=args.seed)
+try:
+    cfg = GPTConfig(block_size=args.block, vocab_size=len(chars), n_layer=args.n_layer,
+                    n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, seed=args.seed)
+except ValueError as e:                           # n_embd not divisible by n_head, say
+    parser.error(str(e))
 model = GPT(cfg)
 print(f"GPT: {cfg.n_layer} layers, {cfg.n_head} heads, width {cfg.n_embd}, "
       f"{model.num_parameters():,} parameters, backend {backend.get_backend()}")

@@ -21,6 +21,7 @@ import numpy as np
 import minidist
 import minidist.distributed as dist
 from minidist import backend
+from _args import positive_int
 
 
 def rank_data(rank: int) -> np.ndarray:
@@ -107,7 +108,7 @@ def expected(n: int) -> dict:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("-n", "--world-size", type=int, default=4)
+    parser.add_argument("-n", "--world-size", type=positive_int, default=4)
     args = parser.parse_args()
     n = args.world_size
 

@@ -28,6 +28,7 @@ import minidist
 import minidist.distributed as dist
 from minidist.backend import xp
 from minidist.comm.collectives import cost
+from _args import positive_int
 
 
 def bytes_per_rank(m_bytes: int) -> list:
@@ -57,12 +58,14 @@ def sweep(sizes: list, algorithm: str) -> list:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("-n", "--world-size", type=int, default=4)
-    parser.add_argument("--mib", type=int, default=8, help="M for part 1, in MiB")
-    parser.add_argument("--max-mib", type=int, default=16, help="largest size of the sweep")
+    parser.add_argument("-n", "--world-size", type=positive_int, default=4)
+    parser.add_argument("--mib", type=positive_int, default=8, help="M for part 1, in MiB")
+    parser.add_argument("--max-mib", type=positive_int, default=16, help="largest size of the sweep")
     parser.add_argument("--figure", metavar="PATH", help="save the sweep as a PNG (default: none)")
     args = parser.parse_args()
     n = args.world_size
+    if n < 2:
+        parser.error("-n must be at least 2: with one process nothing travels")
 
     with minidist.comm.World(n) as world:
         m = args.mib << 20

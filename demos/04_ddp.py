@@ -39,6 +39,7 @@ from minidist.nn import MLP, Sequential
 from minidist.comm.transport.link import ENV as LINK_ENV, link_bytes_per_s
 from minidist.optim import AdamW
 from minidist.parallel.data.timeline import render
+from _args import positive, positive_int
 
 TOLERANCE = 1e-12
 
@@ -111,14 +112,14 @@ def train_single(args):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("-n", "--world-size", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=8, help="samples per rank per step")
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4, help="MLP blocks, 4 tensors each")
-    parser.add_argument("--bucket-mb", type=float, default=4.5)
+    parser.add_argument("-n", "--world-size", type=positive_int, default=4)
+    parser.add_argument("--steps", type=positive_int, default=10)
+    parser.add_argument("--batch", type=positive_int, default=8, help="samples per rank per step")
+    parser.add_argument("--width", type=positive_int, default=256)
+    parser.add_argument("--layers", type=positive_int, default=4, help="MLP blocks, 4 tensors each")
+    parser.add_argument("--bucket-mb", type=positive, default=4.5)
     parser.add_argument("--figure", metavar="PATH", help="save the timeline as a PNG (default: none)")
-    parser.add_argument("--link-gbps", type=float, default=None,
+    parser.add_argument("--link-gbps", type=positive, default=None,
                         help="emulate a link of this many GB/s between ranks (comm/transport/link.py)")
     args = parser.parse_args()
 

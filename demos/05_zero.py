@@ -27,6 +27,7 @@ import numpy as np
 
 from minidist.calc.memory import model_state_bytes_per_param
 from minidist.comm import World
+from _args import positive_int
 
 TOLERANCE = 1e-12
 NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
@@ -77,9 +78,9 @@ def train_on_rank(width, stage, steps):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("-n", "--world-size", type=int, default=4)
-    parser.add_argument("--width", type=int, default=128, help="MLP(width, 4 * width)")
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("-n", "--world-size", type=positive_int, default=4)
+    parser.add_argument("--width", type=positive_int, default=128, help="MLP(width, 4 * width)")
+    parser.add_argument("--steps", type=positive_int, default=5)
     parser.add_argument("--figure", metavar="PATH", help="save part 1 as a PNG (default: none)")
     args = parser.parse_args()
     n = args.world_size

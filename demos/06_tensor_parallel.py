@@ -33,6 +33,7 @@ from minidist.comm import World
 from minidist.distributed import get_stats
 from minidist.nn import GPT, GPTConfig
 from minidist.parallel import TensorParallelGPT, shard_state_dict
+from _args import positive_int
 
 TOLERANCE = 1e-12
 
@@ -55,16 +56,23 @@ def on_rank(cfg, idx, tgt, dense_grads, sequence_parallel):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("-n", "--tp", type=int, default=2, help="tensor-parallel size")
-    parser.add_argument("--n-layer", type=int, default=2)
-    parser.add_argument("--n-head", type=int, default=4)
-    parser.add_argument("--n-embd", type=int, default=32)
-    parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("-n", "--tp", type=positive_int, default=2, help="tensor-parallel size")
+    parser.add_argument("--n-layer", type=positive_int, default=2)
+    parser.add_argument("--n-head", type=positive_int, default=4)
+    parser.add_argument("--n-embd", type=positive_int, default=32)
+    parser.add_argument("--block-size", type=positive_int, default=16)
+    parser.add_argument("--batch", type=positive_int, default=4)
     parser.add_argument("--figure", metavar="PATH", help="save a PNG (default: none)")
     args = parser.parse_args()
-    cfg = GPTConfig(block_size=args.block_size, vocab_size=64, n_layer=args.n_layer,
-                    n_head=args.n_head, n_embd=args.n_embd, dtype="float64")
+    if 64 % args.tp or args.n_head % args.tp or args.block_size % args.tp:
+        parser.error(f"--tp ({args.tp}) must divide the vocabulary (64), --n-head "
+                     f"({args.n_head}) and --block-size ({args.block_size}): each rank holds "
+                     "a slice of each")
+    try:
+        cfg = GPTConfig(block_size=args.block_size, vocab_size=64, n_layer=args.n_layer,
+                        n_head=args.n_head, n_embd=args.n_embd, dtype="float64")
+    except ValueError as e:                       # n_embd not divisible by n_head, say
+        parser.error(str(e))
     rng = np.random.default_rng(0)
     idx = rng.integers(0, cfg.vocab_size, (args.batch, cfg.block_size))
     tgt = rng.integers(0, cfg.vocab_size, (args.batch, cfg.block_size))

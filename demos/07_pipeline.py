@@ -36,6 +36,7 @@ from _pipeline_piece import Piece, reference_gpt
 from minidist.nn import GPT
 from minidist.parallel import (make_schedule, measured_bubble, pieces_of_rank, render_timeline,
                                run_pipeline, simulate, split_gpt, sync_tied_gradients)
+from _args import non_negative, positive_int
 
 MARGIN = 0.06      # measured bubbles run high: message and wake-up latency only add idle time
 TOLERANCE = 1e-12
@@ -68,14 +69,16 @@ def gpt_grads(cfg, schedule, m, v, idx, tgt):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("-p", "--stages", type=int, default=4)
-    parser.add_argument("-m", "--microbatches", type=int, default=8)
-    parser.add_argument("-v", "--virtual", type=int, default=2, help="chunks per rank (interleaved)")
-    parser.add_argument("--op-ms", type=float, default=20.0, help="forward cost of a stage (ms)")
+    parser.add_argument("-p", "--stages", type=positive_int, default=4)
+    parser.add_argument("-m", "--microbatches", type=positive_int, default=8)
+    parser.add_argument("-v", "--virtual", type=positive_int, default=2, help="chunks per rank (interleaved)")
+    parser.add_argument("--op-ms", type=non_negative, default=20.0, help="forward cost of a stage (ms)")
     parser.add_argument("--figure", metavar="PATH",
                         help="save the measured timelines as a PNG (default: none)")
     args = parser.parse_args()
     p, m, v, op_s = args.stages, args.microbatches, args.virtual, args.op_ms / 1e3
+    if m % p:
+        parser.error(f"the interleaved schedule needs -m ({m}) to be a multiple of -p ({p})")
     runs = [("gpipe", 1), ("1f1b", 1), ("interleaved", v)]
 
     cfg, idx, tgt, want = reference_gpt(p * v, m)

@@ -33,6 +33,7 @@ from minidist.comm import DeviceMesh, World
 from minidist.nn import GPT, GPTConfig
 from minidist.optim import SGD
 from minidist.parallel import ThreeDParallelGPT
+from _args import positive, positive_int
 
 TOLERANCE = 1e-12
 
@@ -51,15 +52,17 @@ def on_rank(cfg, shape, schedule, microbatches, batches, lr, dense_final):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dp", type=int, default=2)
-    parser.add_argument("--pp", type=int, default=2)
-    parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--dp", type=positive_int, default=2)
+    parser.add_argument("--pp", type=positive_int, default=2)
+    parser.add_argument("--tp", type=positive_int, default=2)
     parser.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"])
-    parser.add_argument("--microbatches", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=0.3)
+    parser.add_argument("--microbatches", type=positive_int, default=2)
+    parser.add_argument("--steps", type=positive_int, default=3)
+    parser.add_argument("--lr", type=positive, default=0.3)
     parser.add_argument("--figure", metavar="PATH", help="save a PNG (default: none)")
     args = parser.parse_args()
+    if 32 % args.tp:
+        parser.error(f"--tp ({args.tp}) must divide the vocabulary (32): each rank holds a slice")
     shape = dict(dp=args.dp, pp=args.pp, tp=args.tp)
     world = args.dp * args.pp * args.tp
     cfg = GPTConfig(block_size=8, vocab_size=32, n_layer=2 * args.pp, n_head=2 * args.tp,

@@ -38,29 +38,33 @@ from minidist.optim import AdamW, WarmupCosine, clip_grad_norm_
 from minidist.precision import (AmpPolicy, DelayedScaling, GradScaler, MasterWeights,
                                 fp8_autocast, quantize, use_policy)
 from _progress import Progress
+from _args import non_negative_int, positive, positive_int
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-parser.add_argument("--steps", type=int, default=150, help="optimizer steps per run")
-parser.add_argument("--batch", type=int, default=16, help="sequences per step")
-parser.add_argument("--block", type=int, default=64, help="context length (characters)")
-parser.add_argument("--n-layer", type=int, default=2)
-parser.add_argument("--n-head", type=int, default=4)
-parser.add_argument("--n-embd", type=int, default=64)
-parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
-parser.add_argument("--growth-interval", type=int, default=50,
+parser.add_argument("--steps", type=positive_int, default=150, help="optimizer steps per run")
+parser.add_argument("--batch", type=positive_int, default=16, help="sequences per step")
+parser.add_argument("--block", type=positive_int, default=64, help="context length (characters)")
+parser.add_argument("--n-layer", type=positive_int, default=2)
+parser.add_argument("--n-head", type=positive_int, default=4)
+parser.add_argument("--n-embd", type=positive_int, default=64)
+parser.add_argument("--lr", type=positive, default=3e-3, help="peak learning rate")
+parser.add_argument("--growth-interval", type=positive_int, default=50,
                     help="GradScaler's clean steps before S doubles (PyTorch: 2000; "
                          "shorter here so a short run shows S growing back)")
 parser.add_argument("--figure", metavar="PATH",
                     help="save the loss curves and the loss-scale trace as a PNG (default: none)")
-parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--seed", type=non_negative_int, default=0)
 args = parser.parse_args()
 
 # -- data: characters -> integers (as demo 01) --------------------------------
 text = (pathlib.Path(__file__).parent / "data" / "corpus.txt").read_text()
 chars = sorted(set(text))
 data = np.array([{c: i for i, c in enumerate(chars)}[c] for c in text], dtype=np.int64)
-cfg = GPTConfig(block_size=args.block, vocab_size=len(chars), n_layer=args.n_layer,
-                n_head=args.n_head, n_embd=args.n_embd, seed=args.seed)
+try:
+    cfg = GPTConfig(block_size=args.block, vocab_size=len(chars), n_layer=args.n_layer,
+                    n_head=args.n_head, n_embd=args.n_embd, seed=args.seed)
+except ValueError as e:                           # n_embd not divisible by n_head, say
+    parser.error(str(e))
 
 
 def batches(seed):

@@ -31,6 +31,7 @@ from minidist.autograd import Tensor
 from minidist.backend import from_host, to_host
 from minidist.distributed import get_rank, get_stats, get_world_size
 from minidist.parallel import plan_work, ring_attention, shard_sequence, unshard_sequence
+from _args import non_negative_int, positive_int
 
 
 def on_rank(arrays, causal, layout):
@@ -48,15 +49,18 @@ def on_rank(arrays, causal, layout):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("-n", "--world-size", type=int, default=4)
-    parser.add_argument("--length", type=int, default=2048, help="whole sequence length")
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--d", type=int, default=32, help="head dim")
+    parser.add_argument("-n", "--world-size", type=positive_int, default=4)
+    parser.add_argument("--length", type=positive_int, default=2048, help="whole sequence length")
+    parser.add_argument("--heads", type=positive_int, default=4)
+    parser.add_argument("--d", type=positive_int, default=32, help="head dim")
     parser.add_argument("--no-causal", dest="causal", action="store_false")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--figure", metavar="PATH", help="save the work per rank as a PNG")
     args = parser.parse_args()
     n = args.world_size
+    if args.length % (2 * n):
+        parser.error(f"--length ({args.length}) must be divisible by 2 x -n ({2 * n}): "
+                     "the zigzag layout gives each rank two chunks")
     rng = np.random.default_rng(args.seed)
     arrays = [rng.standard_normal((1, args.heads, args.length, args.d)) for _ in range(4)]
 

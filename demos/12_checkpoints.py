@@ -30,6 +30,7 @@ import tempfile
 import numpy as np
 
 from minidist.comm import World
+from _args import non_negative_int, positive_int
 
 GLOBAL_BATCH = 12          # divisible by 4, 3 and 2: equal rows per rank at every size
 
@@ -70,12 +71,14 @@ def mean_losses(results):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--width", type=int, default=32, help="MLP(width, 2 * width)")
-    parser.add_argument("--steps", type=int, default=8, help="steps of the whole run")
-    parser.add_argument("--save-at", type=int, default=4, help="the step the checkpoint is taken")
+    parser.add_argument("--width", type=positive_int, default=32, help="MLP(width, 2 * width)")
+    parser.add_argument("--steps", type=positive_int, default=8, help="steps of the whole run")
+    parser.add_argument("--save-at", type=non_negative_int, default=4, help="the step the checkpoint is taken")
     parser.add_argument("--figure", metavar="PATH", help="save a PNG (default: none)")
     args = parser.parse_args()
     k, steps = args.save_at, args.steps
+    if k >= steps:
+        parser.error(f"--save-at ({k}) must be a step below --steps ({steps})")
     directory = tempfile.mkdtemp(prefix="minidist_ckpt_")       # removed at the end
 
     with World(4) as world:

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from minidist.comm import World
+from _args import non_negative_int, positive_int
 
 
 def train_rank(args):
@@ -66,13 +67,17 @@ def train_rank(args):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("-n", "--world-size", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--batch", type=int, default=16, help="samples per rank per step")
-    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("-n", "--world-size", type=positive_int, default=4)
+    parser.add_argument("--steps", type=positive_int, default=6)
+    parser.add_argument("--batch", type=positive_int, default=16, help="samples per rank per step")
+    parser.add_argument("--width", type=positive_int, default=128)
     parser.add_argument("--bug-step", type=int, default=3, help="-1: no bug")
-    parser.add_argument("--bug-rank", type=int, default=1)
+    parser.add_argument("--bug-rank", type=non_negative_int, default=1)
     args = parser.parse_args()
+    if not -1 <= args.bug_step < args.steps or args.bug_rank >= args.world_size:
+        parser.error(f"--bug-step must be -1 or a step below --steps ({args.steps}), and "
+                     f"--bug-rank a rank below -n ({args.world_size}); got {args.bug_step}, "
+                     f"{args.bug_rank}")
 
     with World(args.world_size) as world:
         results = world.run(train_rank, args)

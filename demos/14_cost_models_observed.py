@@ -23,6 +23,7 @@ import sys
 from minidist.calc import (activation_memory_per_layer, minidist_layer_activation_bytes,
                            training_flops_per_iteration)
 from minidist.nn.cost_probe import layer_saved_bytes, step_matmul_flops
+from _args import positive_int
 
 TOLERANCE = 0.10
 
@@ -84,9 +85,9 @@ def main() -> int:
     ap.add_argument("--points", nargs="+", type=parse_point,
                     default=[(128, 64, 4), (256, 128, 8), (512, 128, 4)],
                     help="(s, h, a) points as s,h,a (default: three)")
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--vocab", type=int, default=65)
+    ap.add_argument("--batch", type=positive_int, default=2)
+    ap.add_argument("--layers", type=positive_int, default=2)
+    ap.add_argument("--vocab", type=positive_int, default=65)
     args = ap.parse_args()
     worst_memory = memory_table(args.points, args.batch)
     worst_flops = flops_table(args.points, args.batch, args.layers, args.vocab)

@@ -31,6 +31,7 @@ from minidist.calc import moe_all_to_all_bytes
 from minidist.distributed import get_rank, get_world_size
 from minidist.nn import GPT, GPTConfig
 from minidist.optim import AdamW
+from _args import positive, positive_int
 
 
 def config(args, **changes):
@@ -80,19 +81,25 @@ def on_rank(args):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("-n", "--world-size", type=int, default=2)
-    p.add_argument("--experts", type=int, default=4)
-    p.add_argument("--top-k", type=int, default=2)
-    p.add_argument("--n-embd", type=int, default=16)
-    p.add_argument("--seq", type=int, default=16)
-    p.add_argument("--batch", type=int, default=8, help="global batch (sequences)")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--capacity", type=float, default=1.25, help="capacity factor of part 3")
+    p.add_argument("-n", "--world-size", type=positive_int, default=2)
+    p.add_argument("--experts", type=positive_int, default=4)
+    p.add_argument("--top-k", type=positive_int, default=2)
+    p.add_argument("--n-embd", type=positive_int, default=16)
+    p.add_argument("--seq", type=positive_int, default=16)
+    p.add_argument("--batch", type=positive_int, default=8, help="global batch (sequences)")
+    p.add_argument("--steps", type=positive_int, default=30)
+    p.add_argument("--capacity", type=positive, default=1.25, help="capacity factor of part 3")
     p.add_argument("--figure", metavar="PATH")
     args = p.parse_args()
     n, E, k = args.world_size, args.experts, args.top_k
     if args.batch % n or E % n:
-        sys.exit(f"--batch ({args.batch}) and --experts ({E}) must be divisible by -n ({n})")
+        p.error(f"--batch ({args.batch}) and --experts ({E}) must be divisible by -n ({n})")
+    if k > E:
+        p.error(f"--top-k ({k}) can be at most --experts ({E})")
+    try:
+        config(args)
+    except ValueError as e:                       # n_embd not divisible by n_head, say
+        p.error(str(e))
 
     print(f"1. dropped assignments vs capacity factor ({E} experts, top-{k}, "
           f"{args.batch * args.seq} tokens)")

@@ -29,6 +29,7 @@ from minidist.calc import sequence_parallel_bytes
 from minidist.distributed import barrier, get_rank, get_stats, get_world_size
 from minidist.parallel import (ring_attention, shard_sequence, split_sequence,
                                ulysses_attention, unshard_sequence)
+from _args import positive_int
 
 
 def on_rank(arrays, method):
@@ -54,15 +55,17 @@ def on_rank(arrays, method):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("-n", "--world-size", type=int, default=4)
-    p.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024])
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--d", type=int, default=16, help="head dim")
+    p.add_argument("-n", "--world-size", type=positive_int, default=4)
+    p.add_argument("--lengths", type=positive_int, nargs="+", default=[256, 512, 1024])
+    p.add_argument("--heads", type=positive_int, default=4)
+    p.add_argument("--d", type=positive_int, default=16, help="head dim")
     p.add_argument("--figure", metavar="PATH")
     args = p.parse_args()
     n, H, D = args.world_size, args.heads, args.d
-    if H % n:
-        sys.exit(f"Ulysses needs the heads ({H}) divisible by -n ({n})")
+    if n < 2 or H % n:
+        p.error(f"Ulysses needs -n ({n}) of at least 2 that divides --heads ({H})")
+    if any(length % n for length in args.lengths):
+        p.error(f"every --lengths value must be divisible by -n ({n}), got {args.lengths}")
     print(f"{n} processes, {H} heads of d = {D}, float64, forward + backward, not causal")
     print(f"{'length':>7} | {'Ulysses KiB/rank':>17} {'formula':>8} {'ms':>7} | "
           f"{'ring KiB/rank':>14} {'formula':>8} {'ms':>7} | ring/Ulysses bytes")

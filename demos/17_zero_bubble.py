@@ -37,6 +37,7 @@ from minidist.parallel import (chunks_per_rank, make_schedule, measured_bubble, 
                                placement, render_timeline, run_pipeline, simulate, split_gpt,
                                sync_tied_gradients)
 from minidist.parallel.pipeline.schedule import virtual_stage
+from _args import non_negative, positive_int
 
 SCHEDULES = ("1f1b", "zb_h1", "zb_h2", "zb_v")
 DRAWN = ("1f1b", "zb_h1", "zb_v")
@@ -84,9 +85,9 @@ def formula(name, p, m):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("-p", "--stages", type=int, default=4)
-    parser.add_argument("-m", "--microbatches", type=int, default=8)
-    parser.add_argument("--op-ms", type=float, default=20.0,
+    parser.add_argument("-p", "--stages", type=positive_int, default=4)
+    parser.add_argument("-m", "--microbatches", type=positive_int, default=8)
+    parser.add_argument("--op-ms", type=non_negative, default=20.0,
                         help="cost of each F, B and W of a whole stage (ms)")
     parser.add_argument("--unequal", default="1,1.5,0.5", metavar="F,B,W",
                         help="relative costs of F, B and W for the second table, measured "

@@ -23,6 +23,7 @@ import sys
 import time
 
 from minidist.comm import World
+from _args import positive, positive_int
 
 
 def train_rank(args, hook):
@@ -71,13 +72,13 @@ def train_rank(args, hook):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("-n", "--world-size", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=64, help="samples per rank per step")
-    parser.add_argument("--lr", type=float, default=1.0)
-    parser.add_argument("--bucket-mb", type=float, default=1.0)
-    parser.add_argument("--link-gbps", type=float, default=0.5,
+    parser.add_argument("-n", "--world-size", type=positive_int, default=2)
+    parser.add_argument("--steps", type=positive_int, default=60)
+    parser.add_argument("--width", type=positive_int, default=256)
+    parser.add_argument("--batch", type=positive_int, default=64, help="samples per rank per step")
+    parser.add_argument("--lr", type=positive, default=1.0)
+    parser.add_argument("--bucket-mb", type=positive, default=1.0)
+    parser.add_argument("--link-gbps", type=positive, default=0.5,
                         help="the emulated link between ranks, GB/s (comm/transport/link.py)")
     parser.add_argument("--figure", metavar="PATH", help="save the three panels as a PNG")
     args = parser.parse_args()

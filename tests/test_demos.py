@@ -72,3 +72,31 @@ def test_the_readme_starts_demo_02_under_a_launcher(launcher):
     checks = [line for line in lines if line.startswith("check:")]
     assert len(checks) == 1 and checks[0].endswith("ok"), proc.stdout[-3000:]
     assert "3 processes" in proc.stdout
+
+
+# a bad number, or numbers that do not fit together, and the reason the demo gives
+BAD_ARGS = [
+    ("02_collectives.py", ["-n", "0"], "positive integer"),
+    ("01_autograd.py", ["--n-head", "3"], "not divisible by n_head"),
+    ("01_autograd.py", ["--dropout", "1"], "[0, 1)"),
+    ("03_ring_allreduce.py", ["-n", "1"], "at least 2"),
+    ("04_ddp.py", ["--bucket-mb", "0"], "> 0"),
+    ("06_tensor_parallel.py", ["--tp", "3"], "must divide"),
+    ("07_pipeline.py", ["-p", "3"], "multiple of -p"),
+    ("08_3d_parallel.py", ["--tp", "3"], "must divide"),
+    ("11_ring_attention.py", ["-n", "3"], "divisible by 2 x -n"),
+    ("12_checkpoints.py", ["--steps", "3"], "below --steps"),
+    ("13_diagnostics.py", ["--bug-rank", "9"], "rank below -n"),
+    ("15_moe.py", ["--top-k", "9"], "at most --experts"),
+    ("16_ulysses.py", ["--lengths", "3"], "divisible by -n"),
+    ("18_compression.py", ["--steps", "-2"], "positive integer"),
+]
+
+
+@pytest.mark.parametrize("name,args,reason", BAD_ARGS, ids=[f"{n} {' '.join(a)}" for n, a, _ in BAD_ARGS])
+def test_a_bad_argument_is_a_usage_error_not_a_traceback(name, args, reason):
+    proc = subprocess.run([sys.executable, str(DEMOS / name), *args], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "usage:" in proc.stderr, proc.stderr[-2000:]
+    assert reason in proc.stderr, proc.stderr[-2000:]

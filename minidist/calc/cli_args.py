@@ -49,6 +49,7 @@ non_negative_int = _checked(int, lambda v: v >= 0, ">= 0")                 # 0: 
 positive = _checked(float, lambda v: v > 0, "> 0")                         # size, time, rate
 non_negative = _checked(float, lambda v: v >= 0, ">= 0")                   # latency; 0: none
 fraction = _checked(float, lambda v: 0 <= v <= 1, "between 0 and 1")       # utilization
+probability = _checked(float, lambda v: 0 <= v < 1, "in [0, 1)")        # dropout: 1 drops all
 
 
 def add_topic_parser(topics: Any, name: str, topic: Topic) -> argparse.ArgumentParser:

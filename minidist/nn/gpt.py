@@ -52,6 +52,18 @@ class GPTConfig:
     moe_z_coef: float = 0.0     # router z-loss weight beta
     moe_bias_rate: float = 0.0  # DeepSeek-V3 bias step gamma (0: off); see GPT.update_moe_bias
 
+    def __post_init__(self):
+        """Refuse a shape no model can have, when the config is made (not deep in GPT())."""
+        for name in ("block_size", "vocab_size", "n_head", "n_embd"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.n_layer < 0:
+            raise ValueError(f"n_layer must be at least 0, got {self.n_layer}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
 
 class Block(Module):
     """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
