@@ -29,9 +29,10 @@ import sys
 import time
 
 import numpy as np
+from _args import positive_int, size
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_collectives import (SIZES, best_of, human, iterations, parse_size, row_cells,  # noqa: E402
+from bench_collectives import (SIZES, best_of, human, iterations, row_cells,  # noqa: E402
                                run_mpi, slowest_rank, usable_cores, windows)
 
 
@@ -124,10 +125,10 @@ def table(n: int, sizes: list[int], best: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--min-size", type=parse_size, default=1 << 10)
-    p.add_argument("--max-size", type=parse_size, default=256 << 20)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--worlds", type=positive_int, nargs="+", default=[2, 4])
+    p.add_argument("--min-size", type=size, default=1 << 10)
+    p.add_argument("--max-size", type=size, default=256 << 20)
+    p.add_argument("--repeats", type=positive_int, default=2)
     p.add_argument("--no-mpi", action="store_true", help="skip the MPICH reference")
     p.add_argument("--no-pairwise", action="store_true",
                    help="skip the pairwise (two-copy) column")

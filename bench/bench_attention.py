@@ -21,18 +21,22 @@ time at most 1.2x naive's.
 import argparse
 import os
 import statistics
+from _args import positive_int
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
-parser.add_argument("--d", type=int, default=64, help="head dim")
-parser.add_argument("--batch", type=int, default=1)
-parser.add_argument("--heads", type=int, default=2)
+parser.add_argument("--lengths", type=positive_int, nargs="+", default=[1024, 2048, 4096, 8192])
+parser.add_argument("--d", type=positive_int, default=64, help="head dim")
+parser.add_argument("--batch", type=positive_int, default=1)
+parser.add_argument("--heads", type=positive_int, default=2)
 parser.add_argument("--dtype", default="float32")
 parser.add_argument("--causal", action="store_true")
-parser.add_argument("--block-q", type=int, default=None, help="flash tile rows (default: op's)")
-parser.add_argument("--block-k", type=int, default=None, help="flash tile cols (default: op's)")
-parser.add_argument("--repeats", type=int, default=3)
-parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="BLAS threads")
+parser.add_argument("--block-q", type=positive_int, default=None,
+                    help="flash tile rows (default: op's)")
+parser.add_argument("--block-k", type=positive_int, default=None,
+                    help="flash tile cols (default: op's)")
+parser.add_argument("--repeats", type=positive_int, default=3)
+parser.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1,
+                    help="BLAS threads")
 args = parser.parse_args()
 
 # thread counts must be fixed before NumPy loads its BLAS thread pool

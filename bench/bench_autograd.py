@@ -16,12 +16,14 @@ import os
 import sys
 
 import gpt_race
+from _args import positive_int
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-parser.add_argument("--steps", type=int, default=15, help="timed steps per framework")
+parser.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1)
+parser.add_argument("--steps", type=positive_int, default=15, help="timed steps per framework")
 gpt_race.add_gpt_size_arguments(parser)  # the same GPT as bench_gpu.py
 args = parser.parse_args()
+gpt_race.check_gpt_size(parser, args)
 
 # thread counts must be fixed before NumPy / PyTorch load their thread pools
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):

@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 from minidist.calc.comm import BUS_FACTORS, bus_bandwidth
+from _args import positive_int, size
 
 SIZES = [1 << k for k in range(10, 29, 2)]  # 1 KiB, 4 KiB, ..., 256 MiB
 LATENCY_SIZE = 1 << 10
@@ -64,11 +65,6 @@ def human(nbytes: float) -> str:
             return f"{nbytes:.0f} {unit}"
         nbytes /= 1024
     return f"{nbytes:.0f} TiB"
-
-
-def parse_size(text: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * mult[text[-1].upper()] if text[-1].upper() in mult else int(text)
 
 
 # -- minidist, on every rank of a World ---------------------------------------------
@@ -242,10 +238,10 @@ def main() -> None:
         bench_alltoall.main(rest)
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--min-size", type=parse_size, default=1 << 10)
-    p.add_argument("--max-size", type=parse_size, default=256 << 20)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--worlds", type=positive_int, nargs="+", default=[2, 4])
+    p.add_argument("--min-size", type=size, default=1 << 10)
+    p.add_argument("--max-size", type=size, default=256 << 20)
+    p.add_argument("--repeats", type=positive_int, default=2)
     p.add_argument("--no-mpi", action="store_true", help="skip the MPICH reference")
     p.add_argument("--collective", choices=COLLECTIVES, default="all_reduce",
                    help="all_to_all: run bench_alltoall.py (vs MPI_Alltoallv) with the other flags")

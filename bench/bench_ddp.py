@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+from _args import non_negative, positive, positive_int
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")   # before NumPy loads, here and in the spawned ranks
@@ -114,17 +115,17 @@ def measure(world, variants, args, last: dict | None = None) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--width", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=32, help="samples per rank")
-    ap.add_argument("--bucket-mb", type=float, default=8.0)
-    ap.add_argument("--steps", type=int, default=5, help="timed steps per measurement")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--spin-s", type=float, default=None,
+    ap.add_argument("--world", type=positive_int, default=2)
+    ap.add_argument("--layers", type=positive_int, default=8)
+    ap.add_argument("--width", type=positive_int, default=1024)
+    ap.add_argument("--batch", type=positive_int, default=32, help="samples per rank")
+    ap.add_argument("--bucket-mb", type=positive, default=8.0)
+    ap.add_argument("--steps", type=positive_int, default=5, help="timed steps per measurement")
+    ap.add_argument("--rounds", type=positive_int, default=5)
+    ap.add_argument("--spin-s", type=non_negative, default=None,
                     help="seconds a waiting receive polls before sleeping (default: the "
                          "transport's); 0 frees the core for compute at once")
-    ap.add_argument("--link-gbps", type=float, default=2.0,
+    ap.add_argument("--link-gbps", type=non_negative, default=2.0,
                     help="the emulated link of the second run, GB/s (0: skip that run)")
     args = ap.parse_args()
     from minidist.comm import World

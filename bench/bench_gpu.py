@@ -30,20 +30,26 @@ import sys
 import time
 
 import gpt_race
+from _args import positive_int, size
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-parser.add_argument("--steps", type=int, default=15, help="timed GPT steps per framework")
+parser.add_argument("--steps", type=positive_int, default=15, help="timed GPT steps per framework")
 gpt_race.add_gpt_size_arguments(parser)  # the same GPT as bench_autograd.py
-parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096],
+parser.add_argument("--lengths", type=positive_int, nargs="+", default=[1024, 4096],
                     help="attention sequence lengths")
-parser.add_argument("--heads", type=int, default=8, help="attention heads (batch 1, d = --d)")
-parser.add_argument("--d", type=int, default=64, help="attention head dim")
-parser.add_argument("--block-q", type=int, default=None, help="flash tile rows (default: op's)")
-parser.add_argument("--block-k", type=int, default=None, help="flash tile cols (default: op's)")
-parser.add_argument("--repeats", type=int, default=5, help="timed attention / all-reduce runs")
-parser.add_argument("--sizes", nargs="+", default=["1M", "16M", "64M"],
+parser.add_argument("--heads", type=positive_int, default=8,
+                    help="attention heads (batch 1, d = --d)")
+parser.add_argument("--d", type=positive_int, default=64, help="attention head dim")
+parser.add_argument("--block-q", type=positive_int, default=None,
+                    help="flash tile rows (default: op's)")
+parser.add_argument("--block-k", type=positive_int, default=None,
+                    help="flash tile cols (default: op's)")
+parser.add_argument("--repeats", type=positive_int, default=5,
+                    help="timed attention / all-reduce runs")
+parser.add_argument("--sizes", type=size, nargs="+", default=[1 << 20, 16 << 20, 64 << 20],
                     help="all-reduce message sizes in bytes (K, M suffixes)")
 args = parser.parse_args()
+gpt_race.check_gpt_size(parser, args)
 
 # The backend is chosen below, once we know CuPy can run: importing minidist with
 # MINIDIST_BACKEND=cupy on a machine without it would stop with a traceback.
@@ -166,11 +172,6 @@ def attention() -> dict:
 
 # -- 3. all-reduce between 2 ranks ---------------------------------------------------------
 
-def parse_size(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
-
-
 def all_reduce_times(sizes: list, repeats: int, port: int, torch_backend: str) -> dict:
     """On each rank: median seconds of minidist's and torch's all-reduce per size."""
     import torch.distributed as tdist
@@ -221,7 +222,7 @@ def all_reduce() -> dict:
         torch_backend = "gloo"
         why = ("both ranks share GPU 0 and NCCL refuses two ranks on one device" if gpus < 2
                else "this PyTorch has no NCCL")
-    sizes = [parse_size(s) for s in args.sizes]
+    sizes = args.sizes
     with World(2) as world:
         per_rank = world.run(all_reduce_times, sizes, args.repeats, free_port(), torch_backend)
     print(f"\n3. all-reduce of float32 device arrays, 2 ranks on {gpus} GPU(s); torch.distributed "

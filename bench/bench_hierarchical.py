@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from _args import positive, positive_int
 
 
 def time_all_reduce(count: int, algorithm: str, repeats: int) -> tuple[float, int]:
@@ -35,10 +36,10 @@ def time_all_reduce(count: int, algorithm: str, repeats: int) -> tuple[float, in
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--intra-gbps", type=float, default=20.0)
-    ap.add_argument("--inter-gbps", type=float, default=2.0)
-    ap.add_argument("--mb", type=float, nargs="+", default=[4.0, 16.0, 64.0])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--intra-gbps", type=positive, default=20.0)
+    ap.add_argument("--inter-gbps", type=positive, default=2.0)
+    ap.add_argument("--mb", type=positive, nargs="+", default=[4.0, 16.0, 64.0])
+    ap.add_argument("--repeats", type=positive_int, default=5)
     args = ap.parse_args()
     from minidist.calc import comm
     from minidist.comm import World

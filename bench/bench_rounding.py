@@ -22,10 +22,11 @@ import numpy as np
 
 from minidist import backend
 from minidist.precision import quantize
+from _args import positive_int
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-parser.add_argument("--n", type=int, default=10_000_000, help="float32 values")
-parser.add_argument("--repeats", type=int, default=7)
+parser.add_argument("--n", type=positive_int, default=10_000_000, help="float32 values")
+parser.add_argument("--repeats", type=positive_int, default=7)
 args = parser.parse_args()
 
 CASES = [  # format, reference dtype, target ratio (None: no target)

@@ -9,15 +9,22 @@ before NumPy loads its thread pool; ``build`` imports what it needs when called.
 import argparse
 import pathlib
 import sys
+from _args import positive_int
 
 
 def add_gpt_size_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--block", type=int, default=128)
-    parser.add_argument("--n-layer", type=int, default=4)
-    parser.add_argument("--n-head", type=int, default=4)
-    parser.add_argument("--n-embd", type=int, default=256)
-    parser.add_argument("--vocab", type=int, default=65)
+    parser.add_argument("--batch", type=positive_int, default=16)
+    parser.add_argument("--block", type=positive_int, default=128)
+    parser.add_argument("--n-layer", type=positive_int, default=4)
+    parser.add_argument("--n-head", type=positive_int, default=4)
+    parser.add_argument("--n-embd", type=positive_int, default=256)
+    parser.add_argument("--vocab", type=positive_int, default=65)
+
+
+def check_gpt_size(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, as a usage error, sizes no GPT can have (before NumPy is loaded)."""
+    if args.n_embd % args.n_head:
+        parser.error(f"--n-embd ({args.n_embd}) must be divisible by --n-head ({args.n_head})")
 
 
 def build(args: argparse.Namespace, device=None):

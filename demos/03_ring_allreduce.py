@@ -60,7 +60,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-n", "--world-size", type=positive_int, default=4)
     parser.add_argument("--mib", type=positive_int, default=8, help="M for part 1, in MiB")
-    parser.add_argument("--max-mib", type=positive_int, default=16, help="largest size of the sweep")
+    parser.add_argument("--max-mib", type=positive_int, default=16,
+                        help="largest size of the sweep")
     parser.add_argument("--figure", metavar="PATH", help="save the sweep as a PNG (default: none)")
     args = parser.parse_args()
     n = args.world_size

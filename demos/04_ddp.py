@@ -118,7 +118,8 @@ if __name__ == "__main__":
     parser.add_argument("--width", type=positive_int, default=256)
     parser.add_argument("--layers", type=positive_int, default=4, help="MLP blocks, 4 tensors each")
     parser.add_argument("--bucket-mb", type=positive, default=4.5)
-    parser.add_argument("--figure", metavar="PATH", help="save the timeline as a PNG (default: none)")
+    parser.add_argument("--figure", metavar="PATH",
+                        help="save the timeline as a PNG (default: none)")
     parser.add_argument("--link-gbps", type=positive, default=None,
                         help="emulate a link of this many GB/s between ranks (comm/transport/link.py)")
     args = parser.parse_args()

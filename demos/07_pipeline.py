@@ -71,8 +71,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-p", "--stages", type=positive_int, default=4)
     parser.add_argument("-m", "--microbatches", type=positive_int, default=8)
-    parser.add_argument("-v", "--virtual", type=positive_int, default=2, help="chunks per rank (interleaved)")
-    parser.add_argument("--op-ms", type=non_negative, default=20.0, help="forward cost of a stage (ms)")
+    parser.add_argument("-v", "--virtual", type=positive_int, default=2,
+                        help="chunks per rank (interleaved)")
+    parser.add_argument("--op-ms", type=non_negative, default=20.0,
+                        help="forward cost of a stage (ms)")
     parser.add_argument("--figure", metavar="PATH",
                         help="save the measured timelines as a PNG (default: none)")
     args = parser.parse_args()

@@ -28,7 +28,8 @@ from minidist.autograd import Tensor
 from _args import non_negative_int, positive_int
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-parser.add_argument("--row", type=non_negative_int, default=8, help="scores in the tiny example row")
+parser.add_argument("--row", type=non_negative_int, default=8,
+                    help="scores in the tiny example row")
 parser.add_argument("--tile", type=positive_int, default=3, help="tile width in the tiny example")
 parser.add_argument("--lengths", type=positive_int, nargs="+", default=[256, 512, 1024, 2048])
 parser.add_argument("--heads", type=positive_int, default=4)
@@ -36,7 +37,8 @@ parser.add_argument("--d", type=positive_int, default=64, help="head dim")
 parser.add_argument("--block", type=positive_int, default=128, help="flash tile size (rows = cols)")
 parser.add_argument("--causal", action="store_true")
 parser.add_argument("--seed", type=non_negative_int, default=0)
-parser.add_argument("--figure", metavar="PATH", help="save part 2's memory as a PNG (default: none)")
+parser.add_argument("--figure", metavar="PATH",
+                    help="save part 2's memory as a PNG (default: none)")
 args = parser.parse_args()
 rng = np.random.default_rng(args.seed)
 ok = True

@@ -73,7 +73,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--width", type=positive_int, default=32, help="MLP(width, 2 * width)")
     parser.add_argument("--steps", type=positive_int, default=8, help="steps of the whole run")
-    parser.add_argument("--save-at", type=non_negative_int, default=4, help="the step the checkpoint is taken")
+    parser.add_argument("--save-at", type=non_negative_int, default=4,
+                        help="the step the checkpoint is taken")
     parser.add_argument("--figure", metavar="PATH", help="save a PNG (default: none)")
     args = parser.parse_args()
     k, steps = args.save_at, args.steps

@@ -144,3 +144,21 @@ def test_calc_mfu_and_hfu_differ_by_the_recomputed_forward(capsys):
     out = capsys.readouterr().out
     assert f"MFU (model FLOPs, no recomputation): {100 * u.mfu:.2f}%" in out
     assert f"{100 * u.hfu:.2f}%" in out and u.hfu > u.mfu
+
+
+BAD_BENCH_ARGS = [
+    ("bench_autograd", ["--steps", "0"], "positive integer"),
+    ("bench_autograd", ["--n-head", "3"], "divisible by --n-head"),
+    ("bench_collectives", ["--worlds", "0"], "positive integer"),
+    ("bench_collectives", ["--max-size", "4Q"], "not an integer"),
+    ("bench_ddp", ["--bucket-mb", "0"], "> 0"),
+    ("bench_rounding", ["--n", "0"], "positive integer"),
+]
+
+
+@pytest.mark.parametrize("name,args,reason", BAD_BENCH_ARGS,
+                         ids=[f"{n} {' '.join(a)}" for n, a, _ in BAD_BENCH_ARGS])
+def test_a_bad_benchmark_argument_is_a_usage_error(name, args, reason, capfd):
+    assert main(["bench", name, *args]) == 2               # the script runs as a child
+    err = capfd.readouterr().err
+    assert "usage:" in err and reason in err and "Traceback" not in err, err
