@@ -33,7 +33,9 @@ doubling below ``SMALL_BYTES``, the ring up to ``DIRECT_BYTES``, and direct
 from there (which is the ring wherever ranks cannot read each other: another
 transport, device arrays), as NCCL and MPI libraries switch algorithms by size.
 Below DIRECT_BYTES the ring is faster: its pieces flow while the direct
-all-reduce still pays its three dissemination rounds. The cost model of each is in cost.py; the demo
+all-reduce still pays its three dissemination rounds; below SMALL_BYTES recursive
+doubling is: log2 N messages of M instead of 2(N-1) of M/N (measured crossings,
+docs/collectives.md). The cost model of each is in cost.py; the demo
 demos/03_ring_allreduce.py prints the ring's bytes next to 2(N-1)/N * M.
 """
 from __future__ import annotations
@@ -49,7 +51,7 @@ from minidist.comm.collectives.tree import (binomial_broadcast, binomial_reduce,
 ALGORITHMS = ("auto", "ring", "tree", "recursive_doubling", "naive", "allgather",
               "hierarchical", "direct")
 GATHER_BYTES = 32 * 1024  # auto: allgather while (N-1) * M is at most this
-SMALL_BYTES = 64 * 1024   # auto: recursive doubling below this, the ring from here
+SMALL_BYTES = 256 * 1024  # auto: recursive doubling below this, the ring from here
 DIRECT_BYTES = 4 * 1024 * 1024  # auto: direct from here (bench_collectives, docs/collectives.md)
 
 
