@@ -50,7 +50,7 @@ from minidist.comm.collectives.tree import (binomial_broadcast, binomial_reduce,
 
 ALGORITHMS = ("auto", "ring", "tree", "recursive_doubling", "naive", "allgather",
               "hierarchical", "direct")
-GATHER_BYTES = 32 * 1024  # auto: allgather while (N-1) * M is at most this
+GATHER_BYTES = 192 * 1024  # auto: allgather while (N-1) * M is at most this
 SMALL_BYTES = 256 * 1024  # auto: recursive doubling below this, the ring from here
 DIRECT_BYTES = 4 * 1024 * 1024  # auto: direct from here (bench_collectives, docs/collectives.md)
 
