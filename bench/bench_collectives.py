@@ -1,4 +1,4 @@
-"""All-reduce bandwidth: minidist's ring, direct and naive vs MPICH, in one run.
+"""All-reduce bandwidth: minidist's auto, ring, direct and naive vs MPICH, in one run.
 
     python bench/bench_collectives.py                 # worlds 2 and 4, 1 KiB .. 256 MiB
     python bench/bench_collectives.py --max-size 16M --worlds 2
@@ -9,8 +9,9 @@ float32 data, its algorithm bandwidth algbw = M / t, and the bus bandwidth
 busbw = algbw * 2(N-1)/N (the nccl-tests convention: what each link carries,
 comparable across N), for
 
-- minidist ``ring``, ``direct`` (each rank reads its peers' arrays in one copy,
-  comm/collectives/direct.py) and ``naive`` on the local shared-memory
+- minidist ``auto`` (what ``all_reduce`` takes by default; the last column says
+  which algorithm that is at each size), ``ring``, ``direct`` (each rank reads
+  its peers' arrays in one copy, comm/collectives/direct.py) and ``naive`` on the local shared-memory
   transport (``minidist.launch`` world, default options: the same-call check
   included);
 - mpi4py's native ``Allreduce`` (in place) under MPICH's ``mpiexec``: the
@@ -21,8 +22,8 @@ comparable across N), for
 Each configuration is measured ``--repeats`` times, alternating minidist and
 MPICH so that a burst of other load on the machine hits both; the best time of
 the repeats is reported, each run's time being its best of 5 timed windows (3
-above 16 MiB), on both sides alike. The last columns are minidist ring's and
-direct's busbw over MPICH's.
+above 16 MiB), on both sides alike. The ratio columns are minidist auto's,
+ring's and direct's busbw over MPICH's.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ import time
 import numpy as np
 
 from minidist.calc.comm import BUS_FACTORS, bus_bandwidth
+from minidist.comm.collectives.all_reduce import choose
 from _args import positive_int, size
 
 SIZES = [1 << k for k in range(10, 29, 2)]  # 1 KiB, 4 KiB, ..., 256 MiB
@@ -102,8 +104,10 @@ def run_minidist(n: int, sizes: list[int]) -> dict:
     from minidist.comm import World
     out = {}
     with World(n) as world:
-        out.update(slowest_rank(world.run(minidist_sweep, sizes, ["ring", "direct", "naive"])))
-        out.update(slowest_rank(world.run(minidist_sweep, [LATENCY_SIZE], ["auto"])))
+        out.update(slowest_rank(world.run(minidist_sweep, sizes,
+                                          ["auto", "ring", "direct", "naive"])))
+        if LATENCY_SIZE not in sizes:
+            out.update(slowest_rank(world.run(minidist_sweep, [LATENCY_SIZE], ["auto"])))
     with World(n, check=False) as world:  # what the same-call check costs
         out.update(slowest_rank(world.run(minidist_sweep, [LATENCY_SIZE], ["auto"]), "nocheck:"))
     return out
@@ -184,12 +188,13 @@ def row_cells(best: dict, size: int, n: int, keys: list[str], collective: str
 
 def table(n: int, sizes: list[int], best: dict) -> str:
     factor = BUS_FACTORS["all_reduce"](n)
-    sides = (("ring", "minidist ring"), ("direct", "minidist direct"),
+    sides = (("auto", "minidist auto"), ("ring", "minidist ring"), ("direct", "minidist direct"),
              ("naive", "minidist naive"), ("mpi", "MPICH Allreduce"))
     head = (f"{'size':>8} | " + " | ".join(f"{title:^26}" for _, title in sides)
-            + f" | {'memcpy':>7} | {'ring/MPICH':>10} | {'direct/MPICH':>12}")
+            + f" | {'memcpy':>7} | {'auto/MPICH':>10} | {'ring/MPICH':>10} | {'direct/MPICH':>12}"
+            + " | auto takes")
     sub = (f"{'':>8} | " + " | ".join([f"{'time':>9} {'algbw':>7} {'busbw':>8}"] * len(sides))
-           + f" | {'GB/s':>7} | {'busbw':>10} | {'busbw':>12}")
+           + f" | {'GB/s':>7} | {'busbw':>10} | {'busbw':>10} | {'busbw':>12} |")
     lines = [f"world {n}  (busbw = algbw * 2(N-1)/N = algbw * {factor:.2f}; GB/s = 1e9 B/s)"]
     cores = usable_cores()
     if n > cores:
@@ -200,9 +205,10 @@ def table(n: int, sizes: list[int], best: dict) -> str:
         cells, busbws = row_cells(best, size, n, [key for key, _ in sides], "all_reduce")
         mc = best.get(f"memcpy:{size}")
         ratios = [f"{busbws[k] / busbws['mpi']:{w - 1}.2f}x" if "mpi" in busbws and k in busbws
-                  else f"{'-':>{w}}" for k, w in (("ring", 10), ("direct", 12))]
+                  else f"{'-':>{w}}" for k, w in (("auto", 10), ("ring", 10), ("direct", 12))]
         lines.append(f"{human(size):>8} | " + " | ".join(cells)
-                     + f" | {size / mc / 1e9 if mc else 0:7.2f} | " + " | ".join(ratios))
+                     + f" | {size / mc / 1e9 if mc else 0:7.2f} | " + " | ".join(ratios)
+                     + f" | {choose('auto', size, n)}")
     key = f"auto:{LATENCY_SIZE}"
     if key in best and f"mpi:{LATENCY_SIZE}" in best:
         mpi = best[f"mpi:{LATENCY_SIZE}"]
