@@ -27,7 +27,7 @@ positive = _number(float, lambda v: v > 0, "> 0")                             # 
 non_negative = _number(float, lambda v: v >= 0 and v == v, ">= 0")            # 0: off
 
 
-def size(text: str) -> int:
+def byte_size(text: str) -> int:
     """A message size in bytes, with an optional K, M or G suffix (powers of 2): 4K, 16M."""
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     scale = mult.get(text[-1:].upper(), 1)

@@ -29,7 +29,7 @@ import sys
 import time
 
 import numpy as np
-from _args import positive_int, size
+from _args import byte_size, positive_int
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_collectives import (SIZES, best_of, human, iterations, row_cells,  # noqa: E402
@@ -126,8 +126,8 @@ def table(n: int, sizes: list[int], best: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worlds", type=positive_int, nargs="+", default=[2, 4])
-    p.add_argument("--min-size", type=size, default=1 << 10)
-    p.add_argument("--max-size", type=size, default=256 << 20)
+    p.add_argument("--min-size", type=byte_size, default=1 << 10)
+    p.add_argument("--max-size", type=byte_size, default=256 << 20)
     p.add_argument("--repeats", type=positive_int, default=2)
     p.add_argument("--no-mpi", action="store_true", help="skip the MPICH reference")
     p.add_argument("--no-pairwise", action="store_true",

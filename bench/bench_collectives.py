@@ -39,7 +39,7 @@ import numpy as np
 
 from minidist.calc.comm import BUS_FACTORS, bus_bandwidth
 from minidist.comm.collectives.all_reduce import choose
-from _args import positive_int, size
+from _args import byte_size, positive_int
 
 SIZES = [1 << k for k in range(10, 29, 2)]  # 1 KiB, 4 KiB, ..., 256 MiB
 LATENCY_SIZE = 1 << 10
@@ -245,8 +245,8 @@ def main() -> None:
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worlds", type=positive_int, nargs="+", default=[2, 4])
-    p.add_argument("--min-size", type=size, default=1 << 10)
-    p.add_argument("--max-size", type=size, default=256 << 20)
+    p.add_argument("--min-size", type=byte_size, default=1 << 10)
+    p.add_argument("--max-size", type=byte_size, default=256 << 20)
     p.add_argument("--repeats", type=positive_int, default=2)
     p.add_argument("--no-mpi", action="store_true", help="skip the MPICH reference")
     p.add_argument("--collective", choices=COLLECTIVES, default="all_reduce",

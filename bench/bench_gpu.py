@@ -30,7 +30,7 @@ import sys
 import time
 
 import gpt_race
-from _args import positive_int, size
+from _args import byte_size, positive_int
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--steps", type=positive_int, default=15, help="timed GPT steps per framework")
@@ -46,7 +46,8 @@ parser.add_argument("--block-k", type=positive_int, default=None,
                     help="flash tile cols (default: op's)")
 parser.add_argument("--repeats", type=positive_int, default=5,
                     help="timed attention / all-reduce runs")
-parser.add_argument("--sizes", type=size, nargs="+", default=[1 << 20, 16 << 20, 64 << 20],
+parser.add_argument("--sizes", type=byte_size, nargs="+",
+                    default=[1 << 20, 16 << 20, 64 << 20],
                     help="all-reduce message sizes in bytes (K, M suffixes)")
 args = parser.parse_args()
 gpt_race.check_gpt_size(parser, args)

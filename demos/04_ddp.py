@@ -147,8 +147,8 @@ if __name__ == "__main__":
     print(f"{'all-reduces per step':<22}{naive_calls / args.steps:>8.0f}"
           f"{bucket_calls / args.steps:>10.0f}")
     print(f"{'all-reduces in all':<22}{naive_calls:>8}{bucket_calls:>10}")
-    print(f"\nbucket timeline of the last step on rank 0 (ms after forward ended; "
-          f"'.' ready and queued, '#' all-reducing, '|' backward ended):")
+    print("\nbucket timeline of the last step on rank 0 (ms after forward ended; "
+          "'.' ready and queued, '#' all-reducing, '|' backward ended):")
     print(render(timeline))
     if args.figure:
         from _figures import bucket_timeline

@@ -35,7 +35,7 @@ import minidist.distributed as dist
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn.module import Module
-from minidist.nn.moe import Experts, MoE, dispatch_order, index_add, rows_per_expert, run_experts
+from minidist.nn.moe import Experts, MoE, dispatch_order, index_add, run_experts
 from minidist.parallel.expert.dispatch import all_to_all, exchange_counts, host_ints
 
 _SETTINGS = ("n_expert", "top_k", "capacity_factor", "normalize", "aux_coef", "z_coef",
