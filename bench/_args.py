@@ -8,28 +8,28 @@ first, and importing minidist (whose calc/cli_args.py has the same types for
 the command line) would load NumPy.
 """
 import argparse
+import math
 
 
 def _number(kind, ok, rule):
+    """A flag type: parse the text as ``kind`` (finite), then require ``ok(value)``."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}")
-        if not ok(value):
+        if not math.isfinite(value) or not ok(value):
             raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
         return value
     return parse
 
 
 positive_int = _number(int, lambda v: v >= 1, "a positive integer")           # a count
-positive = _number(float, lambda v: v > 0, "> 0")                             # a rate, a size
-non_negative = _number(float, lambda v: v >= 0 and v == v, ">= 0")            # 0: off
+positive = _number(float, lambda v: v > 0, "a finite number > 0")             # a rate, a size
+non_negative = _number(float, lambda v: v >= 0, "a finite number >= 0")       # 0: off
 
 
 def byte_size(text: str) -> int:
     """A message size in bytes, with an optional K, M or G suffix (powers of 2): 4K, 16M."""
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    scale = mult.get(text[-1:].upper(), 1)
-    value = positive_int(text[:-1] if scale > 1 else text) * scale
-    return value
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    return positive_int(text[:-1] if scale > 1 else text) * scale

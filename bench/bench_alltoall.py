@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> None:
         mpi_worker([int(s) for s in args.sizes.split(",")])
         return
     sizes = [s for s in SIZES if args.min_size <= s <= args.max_size]
+    if not sizes:
+        p.error(f"no size between --min-size {args.min_size} and --max-size {args.max_size}: "
+                "the sizes are 1K, 4K, 16K, ... 256M (powers of 4)")
     print(f"all-to-all of float32, {usable_cores()} CPU cores, best of {args.repeats} repeats")
     for n in args.worlds:
         sweeps = [lambda: run_minidist(n, sizes)]

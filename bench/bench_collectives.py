@@ -258,6 +258,9 @@ def main() -> None:
         mpi_worker([int(s) for s in args.sizes.split(",")])
         return
     sizes = [s for s in SIZES if args.min_size <= s <= args.max_size]
+    if not sizes:
+        p.error(f"no size between --min-size {args.min_size} and --max-size {args.max_size}: "
+                "the sizes are 1K, 4K, 16K, ... 256M (powers of 4)")
     cores = usable_cores()
     print(f"all-reduce of float32, {cores} CPU core{'s' * (cores > 1)}, "
           f"best of {args.repeats} repeats")

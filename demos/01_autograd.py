@@ -26,7 +26,7 @@ from minidist import backend
 from minidist.nn import GPT, GPTConfig
 from minidist.optim import AdamW, WarmupCosine, clip_grad_norm_
 from _progress import Progress
-from _args import non_negative_int, positive, positive_int, probability
+from _args import non_negative_int, or_usage_error, positive, positive_int, probability
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--steps", type=positive_int, default=600, help="optimizer steps")
@@ -63,11 +63,9 @@ def batch(data, rng=rng):
 
 
 # -- model and optimizer ------------------------------------------------------
-try:
-    cfg = GPTConfig(block_size=args.block, vocab_size=len(chars), n_layer=args.n_layer,
-                    n_head=args.n_head, n_embd=args.n_embd, dropout=args.dropout, seed=args.seed)
-except ValueError as e:                           # n_embd not divisible by n_head, say
-    parser.error(str(e))
+cfg = or_usage_error(parser, GPTConfig, block_size=args.block, vocab_size=len(chars),
+                     n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                     dropout=args.dropout, seed=args.seed)
 model = GPT(cfg)
 print(f"GPT: {cfg.n_layer} layers, {cfg.n_head} heads, width {cfg.n_embd}, "
       f"{model.num_parameters():,} parameters, backend {backend.get_backend()}")

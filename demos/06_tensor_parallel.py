@@ -33,7 +33,7 @@ from minidist.comm import World
 from minidist.distributed import get_stats
 from minidist.nn import GPT, GPTConfig
 from minidist.parallel import TensorParallelGPT, shard_state_dict
-from _args import positive_int
+from _args import or_usage_error, positive_int
 
 TOLERANCE = 1e-12
 
@@ -68,11 +68,9 @@ def main() -> int:
         parser.error(f"--tp ({args.tp}) must divide the vocabulary (64), --n-head "
                      f"({args.n_head}) and --block-size ({args.block_size}): each rank holds "
                      "a slice of each")
-    try:
-        cfg = GPTConfig(block_size=args.block_size, vocab_size=64, n_layer=args.n_layer,
-                        n_head=args.n_head, n_embd=args.n_embd, dtype="float64")
-    except ValueError as e:                       # n_embd not divisible by n_head, say
-        parser.error(str(e))
+    cfg = or_usage_error(parser, GPTConfig, block_size=args.block_size, vocab_size=64,
+                         n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                         dtype="float64")
     rng = np.random.default_rng(0)
     idx = rng.integers(0, cfg.vocab_size, (args.batch, cfg.block_size))
     tgt = rng.integers(0, cfg.vocab_size, (args.batch, cfg.block_size))

@@ -38,7 +38,7 @@ from minidist.optim import AdamW, WarmupCosine, clip_grad_norm_
 from minidist.precision import (AmpPolicy, DelayedScaling, GradScaler, MasterWeights,
                                 fp8_autocast, quantize, use_policy)
 from _progress import Progress
-from _args import non_negative_int, positive, positive_int
+from _args import non_negative_int, or_usage_error, positive, positive_int
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--steps", type=positive_int, default=150, help="optimizer steps per run")
@@ -60,11 +60,9 @@ args = parser.parse_args()
 text = (pathlib.Path(__file__).parent / "data" / "corpus.txt").read_text()
 chars = sorted(set(text))
 data = np.array([{c: i for i, c in enumerate(chars)}[c] for c in text], dtype=np.int64)
-try:
-    cfg = GPTConfig(block_size=args.block, vocab_size=len(chars), n_layer=args.n_layer,
-                    n_head=args.n_head, n_embd=args.n_embd, seed=args.seed)
-except ValueError as e:                           # n_embd not divisible by n_head, say
-    parser.error(str(e))
+cfg = or_usage_error(parser, GPTConfig, block_size=args.block, vocab_size=len(chars),
+                     n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                     seed=args.seed)
 
 
 def batches(seed):

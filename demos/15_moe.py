@@ -31,7 +31,7 @@ from minidist.calc import moe_all_to_all_bytes
 from minidist.distributed import get_rank, get_world_size
 from minidist.nn import GPT, GPTConfig
 from minidist.optim import AdamW
-from _args import positive, positive_int
+from _args import or_usage_error, positive, positive_int
 
 
 def config(args, **changes):
@@ -96,10 +96,7 @@ def main() -> int:
         p.error(f"--batch ({args.batch}) and --experts ({E}) must be divisible by -n ({n})")
     if k > E:
         p.error(f"--top-k ({k}) can be at most --experts ({E})")
-    try:
-        config(args)
-    except ValueError as e:                       # n_embd not divisible by n_head, say
-        p.error(str(e))
+    or_usage_error(p, config, args)               # the ranks build the same config
 
     print(f"1. dropped assignments vs capacity factor ({E} experts, top-{k}, "
           f"{args.batch * args.seq} tokens)")
