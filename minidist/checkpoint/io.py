@@ -21,9 +21,11 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import time
 from typing import Any
 
 from minidist import backend
+from minidist.trace import recorder as trace
 
 
 class CheckpointError(RuntimeError):
@@ -117,8 +119,12 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
 
 def save_file(path: str, obj: dict) -> str:
     """Atomically write ``obj`` (arrays copied to the host); returns the sha256 hex digest."""
+    start = time.perf_counter()
     data = pickle.dumps(_to_host(obj), protocol=pickle.HIGHEST_PROTOCOL)
     atomic_write_bytes(path, data)
+    if trace.active is not None:   # the write's span (trace/)
+        trace.active.span("checkpoint write", "checkpoint", start, time.perf_counter(),
+                          dict(path=path, bytes=len(data)))
     return hashlib.sha256(data).hexdigest()
 
 

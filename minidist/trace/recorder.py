@@ -96,6 +96,11 @@ class Recorder:
                        "args": {"sort_index": tid}})
         return tid
 
+    def tid_of(self, ident: int | None) -> int:
+        """The tid of the thread ``ident`` (a ``Work.thread``); this thread's if unknown."""
+        tid = self._tids.get(ident)
+        return self.tid() if tid is None else tid
+
     now = staticmethod(time.perf_counter)
 
     def next_step(self, kind: str) -> int:

@@ -48,6 +48,7 @@ from minidist.autograd.weight_grad import backward_split
 from minidist.backend import xp
 from minidist.nn.module import Module
 from minidist.parallel.pipeline.schedule import Op, rank_and_chunk, virtual_stage
+from minidist.trace import recorder as trace
 
 _TAG_BASE = 1 << 20   # pipeline tags: base + ((kind P + sending piece) m + micro-batch)
 _KINDS = ("F", "B", "F clock", "B clock")   # activations, gradients, their send times
@@ -111,6 +112,8 @@ def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
     sends: list = []          # pending isends; their arrays must live until waited on
     weights = [list(chunk.parameters()) for chunk in chunks]
     clock = 0.0               # the logical clock (op_costs)
+    traced = trace.active is not None and op_costs is None   # op spans in a trace (trace/)
+    step = trace.active.next_step("pipeline") if traced else 0
 
     def tag(kind: str, sender: int, mb: int) -> int:
         """One tag per message: activations ("F") or gradients ("B") or their
@@ -187,10 +190,21 @@ def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
         elif op.kind == "B" and not first:
             send(x.grad, "B", s, s - 1, i)
         stats.timeline.append((op, start, end))
+        if traced:
+            trace_op(op, start, end, step, group, p)
     for handle, _ in sends:
         handle.wait()
     return stats
 
+
+
+def trace_op(op: Op, start: float, end: float, step: int, group: Any, p: int) -> None:
+    """The op as a span of the trace (the same start and end as ``stats.timeline``,
+    so the trace's bubble is ``measured_bubble``'s: trace/summary.py)."""
+    ranks = list(range(p)) if group is None else list(group.ranks)
+    trace.active.span(f"{op.kind}{op.microbatch}" + (f" c{op.chunk}" if op.chunk else ""),
+                      "pipeline", start, end, dict(kind=op.kind, microbatch=op.microbatch,
+                                                   chunk=op.chunk, step=step, group=ranks))
 
 
 def _sleep_until(deadline: float) -> None:
