@@ -59,6 +59,7 @@ def _check_event(k: int, e: dict) -> list[str]:
 
 
 def _check_flows(events: list[dict]) -> list[str]:
+    events = [e for e in events if e.get("ph") in ("s", "f") and not _check_event(0, e)]
     starts = Counter(e["id"] for e in events if e.get("ph") == "s")
     ends = Counter(e["id"] for e in events if e.get("ph") == "f")
     start_pid = {e["id"]: e["pid"] for e in events if e.get("ph") == "s"}
@@ -77,8 +78,8 @@ def _check_flows(events: list[dict]) -> list[str]:
 
 def _check_nesting(events: list[dict]) -> list[str]:
     threads = defaultdict(list)
-    for e in events:
-        if e.get("ph") == "X":
+    for e in events:   # the spans whose keys are right (the others are reported already)
+        if e.get("ph") == "X" and not _check_event(0, e):
             threads[(e["pid"], e["tid"])].append(e)
     found = []
     for (pid, tid), spans in threads.items():

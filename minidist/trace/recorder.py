@@ -26,8 +26,8 @@ DDP timeline and the pipeline executor already stamp. A rank under MPI also
 notes its offset to rank 0's clock (``note_rank``), which the merge adds.
 
 Each process appends its events to ``<path>.<pid>.part``, one JSON object a
-line, flushed every ``FLUSH_S`` seconds and when it ends: a rank that is killed
-leaves what it recorded up to a moment before. The pid of the events is set at
+line, written by a thread every ``FLUSH_S`` seconds and when recording ends: a
+rank that is killed leaves what it recorded up to ``FLUSH_S`` before. The pid of the events is set at
 the merge (merge.py), from the rank the process noted.
 """
 from __future__ import annotations
@@ -74,9 +74,12 @@ class Recorder:
         self._names: dict[tuple, str] = {}     # (id(parent), id(child)) -> dotted name
         self._modules: list[str] = []          # names of the module calls in progress
         self._steps: dict[str, int] = {}       # per kind: how many steps so far
-        self._last_flush = time.perf_counter()
         self._file = open(self.part, "a")
         self.tid()  # names the thread that started recording
+        # A thread writes the buffered events every FLUSH_S: a rank killed while it
+        # computes or sleeps still leaves what it recorded up to then.
+        self._closed = threading.Event()
+        threading.Thread(target=self._flush_every, name="minidist-trace", daemon=True).start()
 
     # -- threads and clocks ------------------------------------------------------
     def tid(self) -> int:
@@ -201,10 +204,10 @@ class Recorder:
         key = (id(parent), id(module))
         path = self._names.get(key)
         if path is None:
-            path = type(module).__name__   # called from its parent without being its child
-            for attr, child in parent._modules.items():
-                if child is module:
-                    path = f"{parent_path}.{attr}" if parent_path else attr
+            path = type(module).__name__   # called from a module it does not belong to
+            for name, inner in parent.named_modules():   # a child, or inside a ModuleList
+                if inner is module and name:
+                    path = f"{parent_path}.{name}" if parent_path else name
                     break
             self._names[key] = path
         return path
@@ -239,22 +242,27 @@ class Recorder:
         self._add({"ph": "M", "name": "minidist_coords", "tid": 0, "args": coords})
 
     def _add(self, event: dict) -> None:
-        self._events.append(event)
-        if time.perf_counter() - self._last_flush > FLUSH_S:
+        self._events.append(event)   # no lock: list.append is atomic, flush deletes a prefix
+
+    def _flush_every(self) -> None:
+        while not self._closed.wait(FLUSH_S):
             self.flush()
 
     def flush(self) -> None:
+        """Write the buffered events to the part file."""
         with self._lock:
-            events, self._events = self._events, []
-            self._last_flush = time.perf_counter()
-            if self._file is None or not events:
+            n = len(self._events)
+            if self._file is None or n == 0:
                 return
+            events = self._events[:n]
+            del self._events[:n]      # events appended meanwhile stay for the next flush
             self._file.write("".join(json.dumps(e, separators=(",", ":")) + "\n"
                                      for e in events))
             self._file.flush()
 
     def close(self) -> None:
         """Write what is left and mark the part complete (``{"end": true}``)."""
+        self._closed.set()
         self.landed()
         self.flush()
         with self._lock:
@@ -283,7 +291,7 @@ def start(path: str) -> Recorder:
     if not path:
         raise ValueError("give the trace a file name, e.g. run.json or run.json.gz")
     active = Recorder(path)
-    atexit.register(stop)
+    atexit.register(_at_exit)
     _flush_on_sigterm()
     return active
 
@@ -294,8 +302,15 @@ def stop() -> Recorder | None:
     rec, active = active, None
     if rec is not None:
         rec.close()
-        atexit.unregister(stop)
+        atexit.unregister(_at_exit)
     return rec
+
+
+def _at_exit() -> None:
+    """A process that ends while recording: its part is complete, and rank 0 merges
+    (a script under mpiexec that never calls destroy_process_group)."""
+    from minidist.trace.session import finish
+    finish()
 
 
 def start_from_env(rank: int, world_size: int) -> None:

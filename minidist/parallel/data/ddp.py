@@ -40,7 +40,7 @@ from minidist.nn.module import Module
 from minidist.optim.optimizer import optimizer_bytes
 from minidist.parallel.data.buckets import DEFAULT_BUCKET_CAP_MB, Bucket, assign_buckets
 from minidist.parallel.data.hooks import Future, GradBucket, allreduce_hook
-from minidist.parallel.data.timeline import bucket_event, hidden_fraction
+from minidist.parallel.data.timeline import bucket_event, hidden_fraction, trace_buckets
 from minidist.parallel.data.sync_check import verify_parameter_sync
 from minidist.parallel.data.naive import broadcast_parameters
 from minidist.trace import recorder as trace
