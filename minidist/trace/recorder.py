@@ -212,18 +212,15 @@ class Recorder:
             self._names[key] = path
         return path
 
-    def module_call(self, module: Any, args: tuple, kwargs: dict) -> Any:
-        """Run ``module.forward`` inside a span named by its dotted path (the class
-        name for the outermost module)."""
+    def enter_module(self, module: Any) -> str:
+        """A module's forward starts: returns the span's name (its dotted path; the
+        class name for the outermost module). ``exit_module`` when it returns."""
         path = self.module_name(module)
         self._modules.append((path, module))
-        start = self.now()
-        try:
-            return module.forward(*args, **kwargs)
-        finally:
-            self._modules.pop()
-            kind = type(module).__name__
-            self.span(path or kind, "module", start, self.now(), {"module": kind})
+        return path or type(module).__name__
+
+    def exit_module(self) -> None:
+        self._modules.pop()
 
     # -- rank, files ----------------------------------------------------------------
     def note_rank(self, rank: int, world_size: int, clock_offset_s: float = 0.0,

@@ -138,7 +138,8 @@ def test_trace_ddp_hidden_fraction_equals_the_bucket_timelines(traced):
 def test_modules_optimizer_and_checkpoint_have_spans(traced):
     t, _ = traced
     names = {(e["cat"], e["name"]) for e in t["traceEvents"] if e["ph"] == "X"}
-    for want in [("module", "module.0"), ("module", "module.3"), ("optim", "SGD.step"),
+    for want in [("module", "module.0"), ("module", "module.3"), ("module", "module.3 backward"),
+                 ("module", "lin backward"), ("optim", "SGD.step"),
                  ("checkpoint", "checkpoint write"), ("pipeline", "F0"), ("pipeline", "B3"),
                  ("comm", "send"), ("comm", "recv"), ("comm", "isend"), ("comm", "irecv")]:
         assert want in names
