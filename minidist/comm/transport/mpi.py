@@ -12,6 +12,10 @@ keeps its messages apart, as the context does on the local transport. Waiting
 polls ``Testall`` with the same spin-yield-sleep backoff, so a missing message
 raises ``CommTimeoutError`` instead of hanging. An uncaught exception calls
 ``MPI_Abort``, which makes mpiexec stop every rank.
+
+At start every rank all-gathers the host names, from which ``topology`` finds
+the nodes (topology.py): ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and the node
+layout of the hierarchical all-reduce and the device mesh.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from typing import Any
 
 from minidist import backend
 from minidist.comm.errors import CommTimeoutError, MessageMismatchError
+from minidist.comm.transport import topology
 from minidist.comm.transport.reduce_op import ReduceOp, combine_fn
 from minidist.comm.transport.base import (Backoff, Handle, Transport, flat_target, host_bytes,
                                      host_view, spin_seconds)
@@ -107,6 +112,9 @@ class MpiTransport(Transport):
             0: (self.world, {r: r for r in range(self.world_size)})}
         self._next_ctx = 1
         _abort_on_uncaught_exception(self.world)
+        # Which ranks share a machine (topology.py): every rank's host name, to all.
+        hosts = self.world.allgather(MPI.Get_processor_name())
+        self.topology = topology.from_hosts(hosts, topology.env_node_size())
 
     def _comm(self, ctx: int, peer: int) -> tuple[Any, int]:
         comm, ranks = self._comms[ctx]
