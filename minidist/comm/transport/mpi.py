@@ -19,6 +19,7 @@ layout of the hierarchical all-reduce and the device mesh.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
@@ -38,6 +39,7 @@ class _MpiHandle(Handle):
         self.on_done, self.expect, self.buf = on_done, expect, buf
         self.status = None
         self.done = False
+        self.world_peer = None    # the world rank at the other end, to name it on a timeout
 
     def wait(self, timeout: float | None = None) -> None:
         self.transport.wait_all([self], timeout)
@@ -115,6 +117,7 @@ class MpiTransport(Transport):
         # Which ranks share a machine (topology.py): every rank's host name, to all.
         hosts = self.world.allgather(MPI.Get_processor_name())
         self.topology = topology.from_hosts(hosts, topology.env_node_size())
+        _unlink_mpich_segments()       # every rank has mapped them: the all-gather returned
 
     def _comm(self, ctx: int, peer: int) -> tuple[Any, int]:
         comm, ranks = self._comms[ctx]
@@ -124,7 +127,9 @@ class MpiTransport(Transport):
         comm, peer = self._comm(ctx, dst)
         data = host_bytes(arr)
         request = comm.Isend([data, self.MPI.BYTE], dest=peer, tag=tag)
-        return _MpiHandle(self, request, f"send to rank {dst} (tag {tag})", buf=data)
+        h = _MpiHandle(self, request, f"send to rank {dst} (tag {tag})", buf=data)
+        h.world_peer = dst
+        return h
 
     def irecv(self, arr: Any, src: int, tag: int, ctx: int = 0,
               op: ReduceOp | None = None) -> Handle:
@@ -150,7 +155,7 @@ class MpiTransport(Transport):
         request = comm.Irecv([target, self.MPI.BYTE], source=peer, tag=tag)
         h = _MpiHandle(self, request, f"recv from rank {src} (tag {tag})", on_done,
                        expect=arr.nbytes, buf=target)
-        h.status = status
+        h.status, h.world_peer = status, src
         return h
 
     def wait_all(self, handles: list, timeout: float | None = None, what: str = "",
@@ -172,7 +177,15 @@ class MpiTransport(Transport):
                 where = f" in {what}" if what else ""
                 raise CommTimeoutError(
                     f"rank {self.rank}: waited {timeout:g} s{where} without progress on: "
-                    + "; ".join(h.describe() for h in pending))
+                    + "; ".join(h.describe() for h in pending) + self._missing(pending))
+
+    def _missing(self, pending: list) -> str:
+        """'; no word from rank 2 (on hostb), ...': the peers a timed-out wait waited for."""
+        peers = sorted({h.world_peer for h in pending if h.world_peer is not None})
+        if not peers:
+            return ""
+        hosts = self.topology.hosts
+        return "; no word from " + ", ".join(f"rank {r} (on {hosts[r]})" for r in peers)
 
     def exchange(self, data: Any, dst: int, inbox: Any, src: int, tag: int, ctx: int = 0,
                  timeout: float | None = None, what: str = "", abortable: bool = True) -> bool:
@@ -181,6 +194,7 @@ class MpiTransport(Transport):
                           f"send to rank {dst} (tag {tag})", buf=data)
         comm, peer = self._comm(ctx, src)
         recv = _MpiBytesRecv(self, comm, peer, tag, inbox, f"recv from rank {src} (tag {tag})")
+        send.world_peer, recv.world_peer = dst, src
         self.wait_all([send, recv], timeout, what, abortable)
         return not recv.mismatch
 
@@ -203,6 +217,27 @@ class MpiTransport(Transport):
             if ctx != 0:
                 comm.Free()
         self._comms = {}
+
+
+def _unlink_mpich_segments() -> None:
+    """Unlink the /dev/shm segments MPICH mapped into this process.
+
+    MPICH unlinks its shared-memory segment at ``MPI_Finalize``: ranks that are
+    killed leave it in /dev/shm. Once every rank of the host has mapped it (all
+    of them have passed ``MPI_Init`` when an all-gather over the world returns),
+    its name is no longer needed; the memory stays until the last rank unmaps it
+    or dies, as with the local transport's segment (shm.py)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(None, 5)[5].strip() for line in maps
+                     if "/dev/shm/mpich" in line and not line.rstrip().endswith("(deleted)")}
+    except OSError:          # no /proc: not Linux, nothing mapped from /dev/shm to tidy
+        return
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:      # another rank of this host unlinked it first
+            pass
 
 
 def _abort_on_uncaught_exception(world) -> None:
