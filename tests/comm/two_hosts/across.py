@@ -93,10 +93,10 @@ def _counters() -> tuple[int, int]:
         return int(tx.read()), int(rx.read())
 
 
-def _crossed(algorithm: str | None) -> dict:
+def _crossed(algorithm: str | None, count: int = BYTES_COUNT) -> dict:
     """host -> bytes its md0 sent while every rank ran ``REPEATS`` all-reduces of M bytes
     (None: none), between two barriers; read by each host's local rank 0."""
-    x = backend.xp.ones(BYTES_COUNT)
+    x = backend.xp.ones(count)
     dist.barrier()
     before = _counters()
     dist.barrier()
@@ -124,8 +124,36 @@ def bytes_part() -> None:
            hier_per_rank=2 * (k - 1) / k * m / local, ring_per_rank=2 * (n - 1) / n * m)
 
 
+def bytes_table(mib: list[float]) -> None:
+    """``--bytes 1,4,16``: the table of docs/running.md, one row per size and algorithm."""
+    topo = dist.get_topology()
+    n, k, local = dist.get_world_size(), topo.num_nodes, topo.node_size
+    base = _crossed(None)
+    if dist.get_rank() == 0:
+        print(f"{n} ranks, {k} hosts x {local}; bytes sent by each host's md0 per all-reduce")
+        print(f"{'M':>8} {'algorithm':<13} {'formula':>12} {'hosta':>12} {'hostb':>12} "
+              f"{'overhead':>9}")
+    for size in mib:
+        count = int(size * 2 ** 20) // 8
+        m = count * 8
+        formula = {"hierarchical": 2 * (k - 1) / k * m,          # L ranks x 2(K-1)/K M/L
+                   "ring": 2 * (n - 1) / n * m}   # the one rank whose neighbour is away
+        for algorithm in ("hierarchical", "ring"):
+            got = _crossed(algorithm, count)
+            sent = {h: (got[h] - base[h]) / REPEATS for h in got}
+            if dist.get_rank() == 0:
+                over = max(sent.values()) / formula[algorithm] - 1
+                print(f"{size:>6g}Mi {algorithm:<13} {formula[algorithm]:>12,.0f} "
+                      f"{sent['hosta']:>12,.0f} {sent['hostb']:>12,.0f} {over:>8.2%}",
+                      flush=True)
+
+
 def main() -> None:
     dist.init_process_group(timeout=60.0)
+    if "--bytes" in sys.argv:
+        bytes_table([float(v) for v in sys.argv[sys.argv.index("--bytes") + 1].split(",")])
+        dist.destroy_process_group()
+        return
     topology_part()
     collectives_part()
     ddp_part()
