@@ -180,7 +180,7 @@ class TwoHosts:
 
     def _hold(self, ns: str, host: str) -> subprocess.Popen:
         """A process that holds the host's UTS and mount namespaces for ``lifetime`` s."""
-        inside = (f"hostname {host} && mount -t tmpfs -o size=1g tmpfs /dev/shm && "
+        inside = (f"echo {host} > /proc/sys/kernel/hostname && mount -t tmpfs -o size=1g tmpfs /dev/shm && "
                   f"mount --bind {self.state}/hosts /etc/hosts && "
                   f"echo $$ > {self._pid_file(host)}.tmp && "
                   f"mv {self._pid_file(host)}.tmp {self._pid_file(host)} && "

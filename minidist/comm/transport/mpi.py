@@ -26,7 +26,7 @@ import traceback
 from typing import Any
 
 from minidist import backend
-from minidist.comm.errors import CommTimeoutError, MessageMismatchError
+from minidist.comm.errors import CommError, CommTimeoutError, MessageMismatchError
 from minidist.comm.transport import topology
 from minidist.comm.transport.reduce_op import ReduceOp, combine_fn
 from minidist.comm.transport.base import (Backoff, Handle, Transport, flat_target, host_bytes,
@@ -165,7 +165,7 @@ class MpiTransport(Transport):
         start = time.monotonic()
         pending = [h for h in handles if not h.done]
         while pending:
-            still = [h for h in pending if not h.test()]
+            still = [h for h in pending if not self._test(h)]
             if len(still) < len(pending):
                 backoff.reset()
                 start = time.monotonic()
@@ -178,6 +178,15 @@ class MpiTransport(Transport):
                 raise CommTimeoutError(
                     f"rank {self.rank}: waited {timeout:g} s{where} without progress on: "
                     + "; ".join(h.describe() for h in pending) + self._missing(pending))
+
+    def _test(self, h: Handle) -> bool:
+        """``h.test()``, an MPI error (a peer whose connection broke) turned into a
+        CommError that names the peer and its host."""
+        try:
+            return h.test()
+        except self.MPI.Exception as e:
+            raise CommError(f"rank {self.rank}: {h.describe()} failed: "
+                            f"{e.Get_error_string()}{self._missing([h])}") from e
 
     def _missing(self, pending: list) -> str:
         """'; no word from rank 2 (on hostb), ...': the peers a timed-out wait waited for."""

