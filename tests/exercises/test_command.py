@@ -83,3 +83,11 @@ def test_titles_speak_python_and_the_docs_state_every_exercise():
     docs = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "exercises.md").read_text()
     missing = [e.id for e in every if f"\n| {e.id} |" not in docs]
     assert not missing, f"docs/exercises.md has no row for {missing}"
+
+
+def test_the_default_workspace_is_ignored_by_git():
+    """`minidist exercise start` in a checkout must not leave `git status` dirty."""
+    import pathlib
+    from minidist.exercises.workspace import DEFAULT_DIR
+    ignore = (pathlib.Path(__file__).resolve().parents[2] / ".gitignore").read_text().split()
+    assert f"/{DEFAULT_DIR}/" in ignore or f"{DEFAULT_DIR}/" in ignore
