@@ -63,6 +63,9 @@ def _add_script_runner(folder: str, pattern: str, what: str):
             if ns.name is None:
                 for stem, path in scripts.items():
                     print(f"  {stem:<28} {_first_doc_line(path)}")
+                first = next(iter(scripts), None)
+                if first is not None:
+                    print(_run_line(ns.command, first, folder))
                 return 0
             matches = [p for stem, p in scripts.items()
                        if stem == ns.name or stem.startswith(ns.name + "_") or ns.name in stem]
@@ -74,6 +77,13 @@ def _add_script_runner(folder: str, pattern: str, what: str):
             return subprocess.call([sys.executable, str(matches[0]), *ns.args])
         return run
     return add
+
+
+def _run_line(command: str, stem: str, folder: str) -> str:
+    """What to type next, under a listing: run one, and see its options."""
+    short = stem.split("_")[0] if command == "demo" else stem.removeprefix("bench_")
+    return (f"\nrun one: minidist {command} {short}  (or python {folder}/{stem}.py); "
+            f"minidist {command} {short} --help lists its options")
 
 
 def _add_calc(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -126,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     runners = {}
     for name, (help_text, add) in SUBCOMMANDS.items():
-        runners[name] = add(sub.add_parser(name, help=help_text))
+        runners[name] = add(sub.add_parser(name, help=help_text,
+                                           description=help_text[0].upper() + help_text[1:] + "."))
     ns = parser.parse_args(argv)
     try:
         return runners[ns.command](ns)

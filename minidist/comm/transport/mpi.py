@@ -21,7 +21,7 @@ import traceback
 from typing import Any
 
 from minidist import backend
-from minidist.comm.errors import CommTimeoutError, MessageMismatchError
+from minidist.comm.errors import TIMEOUT_HINT, CommTimeoutError, MessageMismatchError
 from minidist.comm.transport.reduce_op import ReduceOp, combine_fn
 from minidist.comm.transport.base import (Backoff, Handle, Transport, flat_target, host_bytes,
                                      host_view, spin_seconds)
@@ -164,7 +164,7 @@ class MpiTransport(Transport):
                 where = f" in {what}" if what else ""
                 raise CommTimeoutError(
                     f"rank {self.rank}: waited {timeout:g} s{where} without progress on: "
-                    + "; ".join(h.describe() for h in pending))
+                    + "; ".join(h.describe() for h in pending) + "\n" + TIMEOUT_HINT)
 
     def exchange(self, data: Any, dst: int, inbox: Any, src: int, tag: int, ctx: int = 0,
                  timeout: float | None = None, what: str = "", abortable: bool = True) -> bool:
