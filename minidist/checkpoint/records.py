@@ -49,11 +49,14 @@ def _label(path: tuple) -> str:
 
 def _unsigned_view(a: np.ndarray) -> tuple[np.ndarray, str]:
     """The array as .npy can store it, and the dtype name to restore."""
-    dt = a.dtype
-    if dt.kind == "V" and dt.names is None and dt.subdtype is None and \
-            not dt.name.startswith("void"):         # an ml_dtypes type (bfloat16, fp8)
-        return a.view(f"u{dt.itemsize}"), dt.name
-    return a, dt.name
+    try:                                # can a .npy header say this dtype?
+        header_ok = np.lib.format.descr_to_dtype(np.lib.format.dtype_to_descr(a.dtype)) \
+            == a.dtype
+    except (TypeError, ValueError):
+        header_ok = False
+    if not header_ok:                   # an ml_dtypes type: bfloat16 is '<V2', fp8 '<f1'
+        return a.view(f"u{a.dtype.itemsize}"), a.dtype.name
+    return a, a.dtype.name
 
 
 def _restore_dtype(array: np.ndarray, name: str) -> np.ndarray:

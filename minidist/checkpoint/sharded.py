@@ -43,7 +43,7 @@ from minidist.checkpoint.tree import FormatError, flatten, key_path, unflatten
 FORMAT = "minidist-sharded-2"     # 1: shard files were pickles
 
 
-def _shard_name(rank: int, world: int) -> str:
+def shard_name(rank: int, world: int) -> str:
     return f"shard-{rank:05d}-of-{world:05d}.npz"
 
 
@@ -59,6 +59,13 @@ def save_sharded(path: str, zero: Any, sampler: Any = None, extra: dict | None =
     """Every rank writes its shard of ``zero`` (Zero1/2/3) under ``path``; returns the
     version directory. A collective: every rank of ``zero.group`` must call it."""
     group, rank, world = zero.group, zero.rank, zero.world_size
+    # the manifest's values, checked on every rank before any file is written, so a
+    # value a manifest cannot hold is an error on every rank, not a hang in barrier()
+    hyper = {k: v for k, v in zero.optimizer.param_groups[0].items() if k != "params"}
+    values = dict(hyperparameters=manifest_value(hyper, "the hyperparameters"),
+                  sampler=manifest_value(sampler.state_dict() if sampler is not None else None,
+                                         "the sampler's state"),
+                  extra=manifest_value(extra or {}, "extra"))
     version = backend.from_host([_next_version(path) if rank == 0 else 0])
     dist.broadcast(version, src=0 if group is None else group.global_rank(0), group=group)
     vdir = os.path.join(path, f"v{int(backend.to_host(version)[0])}")
@@ -66,7 +73,7 @@ def save_sharded(path: str, zero: Any, sampler: Any = None, extra: dict | None =
     for shard in zero.shards:
         state = zero.optimizer.state.get(shard, {})
         shards.append(dict(param=shard.data, state=dict(state)))
-    name = _shard_name(rank, world)
+    name = shard_name(rank, world)
     digest = save_file(os.path.join(vdir, name), dict(
         rank=rank, world_size=world, groups=shards,
         rng=backend.default_generator().get_state()))
@@ -78,17 +85,12 @@ def save_sharded(path: str, zero: Any, sampler: Any = None, extra: dict | None =
     dist.all_gather_into_tensor(everyone, mine, group=group)
     if rank == 0:
         table = bytes(int(b) for b in backend.to_host(everyone))
-        files = [dict(name=_shard_name(r, world), sha256=table[40 * r:40 * r + 32].hex(),
+        files = [dict(name=shard_name(r, world), sha256=table[40 * r:40 * r + 32].hex(),
                       bytes=int.from_bytes(table[40 * r + 32:40 * r + 40], "little"))
                  for r in range(world)]
-        hyper = {k: v for k, v in zero.optimizer.param_groups[0].items() if k != "params"}
         manifest = dict(format=FORMAT, world_size=world, stage=zero.stage,
                         precision=zero.precision, groups=_group_info(zero), files=files,
-                        optimizer=type(zero.optimizer).__name__,
-                        hyperparameters=_plain(hyper, "the hyperparameters"),
-                        sampler=_plain(sampler.state_dict() if sampler is not None else None,
-                                       "the sampler's state"),
-                        extra=_plain(extra or {}, "extra"))
+                        optimizer=type(zero.optimizer).__name__, **values)
         atomic_write_bytes(os.path.join(vdir, "manifest.json"),
                            json.dumps(manifest, indent=1, allow_nan=False).encode())
         _publish(path, os.path.basename(vdir))
@@ -96,7 +98,7 @@ def save_sharded(path: str, zero: Any, sampler: Any = None, extra: dict | None =
     return vdir
 
 
-def _plain(value: Any, what: str) -> Any:
+def manifest_value(value: Any, what: str) -> Any:
     """``value`` as the manifest's JSON (tree.py's tags): plain values only, no arrays."""
     try:
         structure, arrays = flatten(value)

@@ -58,7 +58,10 @@ def flatten(obj: Any) -> tuple[Any, list[tuple[tuple, np.ndarray]]]:
 
 def _encode(obj: Any, path: tuple, arrays: list) -> Any:
     if backend.is_array(obj) or isinstance(obj, np.ndarray):
-        arrays.append((path, np.ascontiguousarray(backend.to_host(obj))))
+        if obj.dtype.kind == "O":             # .npy would pickle its elements
+            raise FormatError(f"an array of Python objects at {key_path(path)} cannot be "
+                              "saved: a checkpoint holds arrays of numbers and bools")
+        arrays.append((path, backend.to_host(obj)))
         return {"$array": len(arrays) - 1}
     if isinstance(obj, np.generic):          # before float: np.float64 is a float
         arrays.append((path, np.asarray(obj)))
