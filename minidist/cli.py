@@ -7,6 +7,7 @@
     minidist plan --model llama3-8b --gpus 64   # the best parallel layouts, explained
     minidist selftest [--backend cupy]       # this backend against NumPy, and the test suite
     minidist exercise list|start|check [ID]  # the documents' exercises, graded by property tests
+    minidist checkpoint convert OLD NEW --trust-pickle   # an old pickled checkpoint -> data-only
 
 ``run`` starts N processes like torchrun (its flags: --nproc-per-node,
 --max-restarts, --log-dir, --redirects, --tee); minidist/comm/launch/script.py
@@ -101,6 +102,11 @@ def _add_exercise(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
     return add_arguments(parser)
 
 
+def _add_checkpoint(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    from minidist.checkpoint.convert import add_arguments
+    return add_arguments(parser)
+
+
 def _add_selftest(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     from minidist.selftest.command import add_arguments
     return add_arguments(parser)
@@ -117,6 +123,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable]] = {
     "selftest": ("this backend against NumPy: the comparison checks and the property suite",
                  _add_selftest),
     "exercise": ("the documents' exercises: list, start one, check it", _add_exercise),
+    "checkpoint": ("convert an old (pickled) checkpoint to the data-only format",
+                   _add_checkpoint),
 }
 
 
