@@ -36,6 +36,7 @@ SMOKE_ARGS = {
     "18_compression.py": ["--steps", "8", "--width", "64"],
     "24_planner.py": ["--model", "llama3-8b", "--gpus", "16", "--batch-tokens", "262144",
                       "--seq", "4096", "--no-published"],
+    "19_topology.py": ["-n", "4", "--node-size", "2"],
 }
 
 
@@ -93,6 +94,7 @@ BAD_ARGS = [
     ("16_ulysses.py", ["--lengths", "3"], "divisible by -n"),
     ("18_compression.py", ["--steps", "-2"], "positive integer"),
     ("24_planner.py", ["--model", "gpt9"], "unknown model preset"),
+    ("19_topology.py", ["-n", "3"], "must divide"),
 ]
 
 
