@@ -48,7 +48,7 @@ from typing import Any
 
 from minidist.comm.transport import cma, flight, shm, topology
 from minidist.comm.transport.doorbell import Doorbells
-from minidist.comm.errors import CommTimeoutError, WorldAbortedError
+from minidist.comm.errors import TIMEOUT_HINT, CommTimeoutError, WorldAbortedError
 from minidist.comm.transport.link import EmulatedLink
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.comm.transport.pending import SMALL_COPY, TAG_BITS, Channel, Recv, Send, Unexpected
@@ -323,7 +323,7 @@ class LocalTransport(ShortWays, Transport):
         report = flight.hang_report(shm.flight_records(self._seg), self.rank)
         return CommTimeoutError(
             f"rank {self.rank}: waited {timeout:g} s{where} without progress on: "
-            + "; ".join(pending) + "\n" + report)
+            + "; ".join(pending) + "\n" + report + "\n" + TIMEOUT_HINT)
 
     # -- the flight recorder (flight.py) -------------------------------------
     def record_begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:

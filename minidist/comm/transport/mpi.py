@@ -26,7 +26,7 @@ import traceback
 from typing import Any
 
 from minidist import backend
-from minidist.comm.errors import CommError, CommTimeoutError, MessageMismatchError
+from minidist.comm.errors import TIMEOUT_HINT, CommError, CommTimeoutError, MessageMismatchError
 from minidist.comm.transport import topology
 from minidist.comm.transport.reduce_op import ReduceOp, combine_fn
 from minidist.comm.transport.base import (Backoff, Handle, Transport, flat_target, host_bytes,
@@ -177,7 +177,8 @@ class MpiTransport(Transport):
                 where = f" in {what}" if what else ""
                 raise CommTimeoutError(
                     f"rank {self.rank}: waited {timeout:g} s{where} without progress on: "
-                    + "; ".join(h.describe() for h in pending) + self._missing(pending))
+                    + "; ".join(h.describe() for h in pending) + self._missing(pending)
+                    + "\n" + TIMEOUT_HINT)
 
     def _test(self, h: Handle) -> bool:
         """``h.test()``, an MPI error (a peer whose connection broke) turned into a

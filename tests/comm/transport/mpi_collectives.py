@@ -41,9 +41,18 @@ def check_all(rounds: int) -> int:
     for _ in range(rounds):
         for name in cases.COLLECTIVES:
             case = cases.random_case(rng, n, name)
+            if case.get("algorithm") == "direct":  # not over MPI: tested below
+                case["algorithm"] = "auto"
             _check(case, rank, MPI.COMM_WORLD)
             checked += 1
         for algorithm in cases.ALGORITHMS:  # every algorithm and op of all_reduce
+            if algorithm == "direct":  # MPI ranks do not read each other: it says so
+                try:
+                    dist.all_reduce(backend.xp.ones(4), algorithm="direct")
+                    raise AssertionError("all_reduce(algorithm='direct') ran over MPI")
+                except ValueError as e:
+                    assert "cannot read its peers' memory" in str(e), str(e)
+                continue
             for op in cases.OPS:
                 case = cases.random_case(rng, n, "all_reduce")
                 case.update(algorithm=algorithm, op=op, real=False)
