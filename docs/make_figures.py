@@ -40,7 +40,8 @@ FIGURES = {
     "15_moe.png": ("15_moe.py", [], {}),
     "16_ulysses.png": ("16_ulysses.py", [], {}),
     "17_zero_bubble.png": ("17_zero_bubble.py", [], {}),
-    "19_trace.png": ("19_trace.py", [], {}),
+    "24_planner.png": ("24_planner.py", [], {}),
+    "25_trace.png": ("25_trace.py", [], {}),
 }
 
 

@@ -18,9 +18,11 @@ script wrote, so a script that saves checkpoints resumes from its last one::
         start = load_checkpoint(CKPT, model, opt)["step"] + 1
 
 Exit status, as torchrun's: 0 when an attempt finishes; 1 when a rank failed
-and no restart is left (the message names the first failing rank and prints
-its traceback, once); 124 when ``--timeout`` stopped the world (no rank is
-blamed: the message lists the ranks still running and each one's last
+and no restart is left (the first line names the first failing rank and the
+ranks that failed too or were stopped; then its traceback, once, ending with
+the message: for minidist's own errors only the script's frames, all of them
+with ``--verbose``, report.py); 124 when ``--timeout`` stopped the world (no
+rank is blamed: the message lists the ranks still running and each one's last
 communication call); 130 on Ctrl-C; 2 for a usage error.
 """
 from __future__ import annotations
@@ -103,6 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
     parser.add_argument("--tee", type=_streams, default=None, metavar="{0,1,2,3}",
                         help="streams that go to the log files and the console "
                              "(default with --log-dir: 3, both)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="report a failing rank's whole traceback, minidist's own "
+                             "frames included (as MINIDIST_VERBOSE=1 does)")
     parser.add_argument("--trace", default=None, metavar="FILE",
                         help="record a trace of every rank into FILE (run.json, or run.json.gz "
                              "gzipped) for ui.perfetto.dev; `minidist trace summary FILE` reads it")
@@ -117,13 +122,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
         tee = ns.tee if ns.tee is not None else (3 if ns.log_dir else 0)
         return run_elastic(ns.script, ns.args, ns.nproc, max_restarts=ns.max_restarts,
                            timeout=ns.timeout, log_dir=ns.log_dir, redirects=ns.redirects,
-                           tee=tee & ~ns.redirects, trace=ns.trace)
+                           tee=tee & ~ns.redirects, verbose=ns.verbose, trace=ns.trace)
     return run
 
 
 def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
                 timeout: float | None = None, log_dir: str | None = None, redirects: int = 0,
-                tee: int = 0, trace: str | None = None) -> int:
+                tee: int = 0, verbose: bool = False, trace: str | None = None) -> int:
     """Run ``script`` on ``nproc`` ranks, restarting the world after a failure up to
     ``max_restarts`` times; returns the exit status (module docstring). ``trace``:
     merge the ranks' traces of every attempt into that file, failures included."""
@@ -133,7 +138,7 @@ def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
         remove_parts(trace)   # left by an earlier run that was killed
     try:
         return _run_attempts(script, args, nproc, max_restarts, timeout, log_dir, redirects,
-                             tee, trace, failures)
+                             tee, verbose, trace, failures)
     finally:
         if trace is not None:
             _merge_trace(trace, failures)
@@ -141,13 +146,15 @@ def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
 
 def _run_attempts(script: str, args: list[str], nproc: int, max_restarts: int,
                   timeout: float | None, log_dir: str | None, redirects: int, tee: int,
-                  trace: str | None, failures: list) -> int:
+                  verbose: bool, trace: str | None, failures: list) -> int:
     from minidist.comm.errors import RankFailedError, WorldTimeoutError
     from minidist.comm.launch.output import RankOutput
     from minidist.comm.launch.world import World
     name = os.path.basename(script)
     for attempt in range(max_restarts + 1):
         env = dict(MINIDIST_RESTART_COUNT=str(attempt), MINIDIST_MAX_RESTARTS=str(max_restarts))
+        if verbose:
+            env["MINIDIST_VERBOSE"] = "1"    # read where the traceback is written (report.py)
         if trace is not None:   # every rank records; this process merges (trace/session.py)
             env.update(MINIDIST_TRACE=trace, MINIDIST_TRACE_MERGE="parent")
         output = RankOutput(nproc, log_dir, attempt, redirects, tee)
@@ -159,10 +166,7 @@ def _run_attempts(script: str, args: list[str], nproc: int, max_restarts: int,
         except RankFailedError as e:
             failures.append(dict(rank=e.rank, at=time.perf_counter(), attempt=attempt,
                                  message=f"{e.exc_type}\n{e.remote_traceback}"))
-            _say(f"rank {e.rank} failed ({e.exc_type}):\n{e.remote_traceback}", end="")
-            others = [r for r in e.failures if r != e.rank]
-            if others:
-                _say(f"ranks {others} were stopped")
+            _say(f"{_who_failed(e)}:\n{e.remote_traceback}", end="")  # ends with the message
             if attempt == max_restarts:
                 if max_restarts:
                     _say(f"{name} failed in each of its {max_restarts + 1} attempts")
@@ -190,6 +194,22 @@ def _merge_trace(path: str, failures: list) -> None:
     merge(path, failures)
     _say(f"trace of every rank in {path}: `minidist trace summary {path}`, or open it "
          "in ui.perfetto.dev")
+
+
+def _who_failed(e) -> str:
+    """"rank 0 failed (CollectiveMismatchError); rank 1 failed too; ranks [2, 3] were
+    stopped": the first line of a failure, so that the report ends with the message."""
+    line = f"rank {e.rank} failed ({e.exc_type})"
+    stopped = [r for r, (kind, _) in e.failures.items()
+               if r != e.rank and kind in ("Stopped", "WorldAbortedError")]
+    failed = [r for r in e.failures if r != e.rank and r not in stopped]
+    if len(failed) == 1:
+        line += f"; rank {failed[0]} failed too"
+    elif failed:
+        line += f"; ranks {failed} failed too"
+    if stopped:
+        line += f"; ranks {stopped} were stopped"
+    return line
 
 
 def _say(message: str, end: str = "\n") -> None:
