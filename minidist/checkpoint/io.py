@@ -134,7 +134,7 @@ def load_file(path: str, sha256: str | None = None, size: int | None = None) -> 
                               "manifest: corrupt, or from another checkpoint")
     refuse_pickle(data, path)
     try:
-        return from_bytes(data)
+        return from_bytes(data, check_records=sha256 is None)   # else checked above
     except FormatError as e:
         raise CheckpointError(f"checkpoint file {path} is unreadable: {e}") from None
     except RecursionError:

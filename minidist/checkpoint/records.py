@@ -98,9 +98,11 @@ def to_bytes(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def from_bytes(data: bytes) -> Any:
+def from_bytes(data: bytes, check_records: bool = True) -> Any:
     """Inverse of ``to_bytes``; arrays land on the active backend. A file that is not
-    one, or whose records do not match the index, is a ``FormatError`` saying which."""
+    one, or whose records do not match the index, is a ``FormatError`` saying which.
+    ``check_records=False`` skips the records' sha256s (the caller checked the whole
+    file's); their dtypes, shapes and zip CRCs are still checked."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
         index = json.loads(archive.read(INDEX))
@@ -116,11 +118,24 @@ def from_bytes(data: bytes) -> Any:
     records = index.get("records")
     if not isinstance(records, list):
         raise FormatError(f"{INDEX} has no list of records")
-    arrays = [_read_record(archive, r) for r in records]
+    arrays = [_read_record(archive, r, check_records) for r in records]
     return unflatten(index.get("structure"), arrays)
 
 
-def _read_record(archive: zipfile.ZipFile, record: Any) -> np.ndarray:
+class _HashingReader:
+    """A file wrapper that hashes what is read through it (one pass over the bytes)."""
+
+    def __init__(self, f: Any, check: bool):
+        self.f, self.hash = f, hashlib.sha256() if check else None
+
+    def read(self, n: int = -1) -> bytes:
+        chunk = self.f.read(n)
+        if self.hash is not None:
+            self.hash.update(chunk)
+        return chunk
+
+
+def _read_record(archive: zipfile.ZipFile, record: Any, check: bool) -> np.ndarray:
     """One .npy record, checked against its index entry; never unpickles."""
     try:
         name, dtype, shape, digest = (record[k] for k in ("name", "dtype", "shape", "sha256"))
@@ -131,18 +146,19 @@ def _read_record(archive: zipfile.ZipFile, record: Any) -> np.ndarray:
     if info.compress_type != zipfile.ZIP_STORED:
         raise FormatError(f"record {name} is compressed; checkpoint records are stored")
     try:
-        raw = archive.read(name)
-    except (zipfile.BadZipFile, OSError, EOFError) as e:
-        raise FormatError(f"record {name} is unreadable ({e}): truncated or corrupt") from None
-    if hashlib.sha256(raw).hexdigest() != digest:
-        raise FormatError(f"record {name} does not match its sha256 in {INDEX}: corrupt")
-    try:
-        array = np.lib.format.read_array(io.BytesIO(raw), allow_pickle=False)
+        with archive.open(name) as f:
+            reader = _HashingReader(f, check)
+            array = np.lib.format.read_array(reader, allow_pickle=False)
+            rest = reader.read()                # to the end: the zip checks its CRC there
     except ValueError as e:             # "Object arrays cannot be loaded when ..."
         raise FormatError(f"record {name} is not a plain .npy array ({e})") from None
+    except (zipfile.BadZipFile, OSError, EOFError) as e:
+        raise FormatError(f"record {name} is unreadable ({e}): truncated or corrupt") from None
+    if check and reader.hash.hexdigest() != digest:
+        raise FormatError(f"record {name} does not match its sha256 in {INDEX}: corrupt")
     if isinstance(dtype, str):
         array = _restore_dtype(array, dtype)
-    if array.dtype.name != dtype or list(array.shape) != shape:
-        raise FormatError(f"record {name} holds {array.dtype.name} {list(array.shape)}, "
-                          f"{INDEX} says {dtype} {shape}")
+    if rest or array.dtype.name != dtype or list(array.shape) != shape:
+        raise FormatError(f"record {name} holds {array.dtype.name} {list(array.shape)}"
+                          f"{' and more bytes' if rest else ''}, {INDEX} says {dtype} {shape}")
     return array
