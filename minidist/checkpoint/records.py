@@ -14,10 +14,12 @@
 Records are stored, not compressed (ZIP_STORED, as ``numpy.savez`` does), so
 ``numpy.load("ckpt.npz")`` opens the file too. Why loading cannot run code:
 the index is parsed by ``json``, which builds only dicts, lists, str, numbers,
-bools and None; every record is read by ``numpy.lib.format.read_array`` with
-``allow_pickle=False``, which refuses object arrays (the one place .npy
-pickles); a record must match its index entry (sha256 of its bytes, dtype,
-shape) before it is used. Nothing in the file names a function or a class.
+bools and None; a record's header is parsed by NumPy's .npy header readers, an
+object dtype (the one place .npy pickles, what ``allow_pickle=False`` refuses)
+is refused, and its bytes become numbers through ``numpy.frombuffer``. A record
+must say the dtype and shape its index entry says, and be that long, before
+anything is allocated (a crafted header cannot ask for a terabyte), and match
+its sha256. Nothing in the file names a function or a class.
 
 Dtypes NumPy's .npy header cannot name (bfloat16 and the fp8 formats of
 ``ml_dtypes``) are stored as unsigned ints of the same width, bit for bit,
@@ -61,7 +63,7 @@ def _unsigned_view(a: np.ndarray) -> tuple[np.ndarray, str]:
 
 def _restore_dtype(array: np.ndarray, name: str) -> np.ndarray:
     """Undo ``_unsigned_view``: the unsigned ints of a record back to dtype ``name``."""
-    if array.dtype.name == name or array.dtype.kind != "u":
+    if array.dtype.name == name:
         return array
     try:
         dtype = np.dtype(name)          # known once ml_dtypes is imported
@@ -76,7 +78,9 @@ def _restore_dtype(array: np.ndarray, name: str) -> np.ndarray:
             raise FormatError(f"a record has dtype {name!r}, which neither NumPy nor "
                               "ml_dtypes knows") from None
         dtype = np.dtype(found)
-    return array.view(dtype) if dtype.itemsize == array.dtype.itemsize else array
+    if dtype.itemsize != array.dtype.itemsize:
+        raise FormatError(f"a record of {array.dtype.name} cannot hold {name}")
+    return array.view(dtype)
 
 
 def to_bytes(obj: Any) -> bytes:
@@ -136,7 +140,8 @@ class _HashingReader:
 
 
 def _read_record(archive: zipfile.ZipFile, record: Any, check: bool) -> np.ndarray:
-    """One .npy record, checked against its index entry; never unpickles."""
+    """One .npy record, checked against its index entry before any array is allocated;
+    never unpickles (an object dtype is refused)."""
     try:
         name, dtype, shape, digest = (record[k] for k in ("name", "dtype", "shape", "sha256"))
         info = archive.getinfo(name)
@@ -148,17 +153,45 @@ def _read_record(archive: zipfile.ZipFile, record: Any, check: bool) -> np.ndarr
     try:
         with archive.open(name) as f:
             reader = _HashingReader(f, check)
-            array = np.lib.format.read_array(reader, allow_pickle=False)
+            header = _read_header(reader, name)
+            stored, order = _check_header(header, name, dtype, shape, info.file_size)
+            data = reader.read(stored.itemsize * int(np.prod(shape)))
             rest = reader.read()                # to the end: the zip checks its CRC there
-    except ValueError as e:             # "Object arrays cannot be loaded when ..."
-        raise FormatError(f"record {name} is not a plain .npy array ({e})") from None
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         raise FormatError(f"record {name} is unreadable ({e}): truncated or corrupt") from None
     if check and reader.hash.hexdigest() != digest:
         raise FormatError(f"record {name} does not match its sha256 in {INDEX}: corrupt")
-    if isinstance(dtype, str):
-        array = _restore_dtype(array, dtype)
-    if rest or array.dtype.name != dtype or list(array.shape) != shape:
-        raise FormatError(f"record {name} holds {array.dtype.name} {list(array.shape)}"
-                          f"{' and more bytes' if rest else ''}, {INDEX} says {dtype} {shape}")
-    return array
+    if rest:
+        raise FormatError(f"record {name} has bytes after its array: corrupt")
+    array = np.frombuffer(data, dtype=stored).reshape(shape, order=order).copy(order=order)
+    return _restore_dtype(array, dtype)
+
+
+def _read_header(reader: Any, name: str) -> tuple:
+    """(shape, fortran_order, dtype) from a .npy header, versions 1.0 and 2.0."""
+    try:
+        version = np.lib.format.read_magic(reader)
+        if version == (1, 0):
+            return np.lib.format.read_array_header_1_0(reader)
+        if version == (2, 0):
+            return np.lib.format.read_array_header_2_0(reader)
+    except ValueError as e:
+        raise FormatError(f"record {name} is not a .npy array ({e})") from None
+    raise FormatError(f"record {name} is .npy version {version}; 1.0 and 2.0 are read")
+
+
+def _check_header(header: tuple, name: str, dtype: Any, shape: Any,
+                  file_size: int) -> tuple[np.dtype, str]:
+    """The header must say what the index says, and the record must be that long."""
+    got_shape, fortran, stored = header
+    if stored.hasobject:                # elements would be pickles: never read
+        raise FormatError(f"record {name} is an array of Python objects, which a "
+                          "checkpoint never holds: refused")
+    if not isinstance(dtype, str) or list(got_shape) != shape or \
+            stored.name not in (dtype, f"uint{8 * stored.itemsize}"):
+        raise FormatError(f"record {name} holds {stored.name} {list(got_shape)}, {INDEX} "
+                          f"says {dtype} {shape}")
+    if stored.itemsize * int(np.prod(got_shape)) > file_size:
+        raise FormatError(f"record {name} is shorter than a {stored.name} "
+                          f"{list(got_shape)} array: truncated or corrupt")
+    return stored, "F" if fortran else "C"

@@ -1,5 +1,7 @@
 """The data-only format keeps every value bit for bit, with its type, and refuses
 what it cannot hold, naming the key path."""
+import hashlib
+import io
 import json
 import math
 import re
@@ -141,4 +143,27 @@ def test_a_record_that_does_not_match_its_index_is_refused(tmp_path):
         z.writestr("checkpoint.json", index)
         z.writestr("00000-w.npy", raw[:-8] + np.float64(math.pi).tobytes())
     with pytest.raises(CheckpointError, match="00000-w.npy does not match its sha256"):
+        load_file(str(path))
+
+
+@pytest.mark.parametrize("shape", [[2**40], [3, 1]])
+def test_a_record_header_that_disagrees_with_the_index_or_its_length_is_refused(tmp_path,
+                                                                                shape):
+    """Checked before anything is allocated: a header asking for 8 TiB is an error, not
+    a MemoryError; a header of another shape than the index's is refused."""
+    path = tmp_path / "c.npz"
+    save_file(str(path), dict(w=backend.from_host(np.arange(3.0))))
+    with zipfile.ZipFile(path) as z:
+        index, raw = json.loads(z.read("checkpoint.json")), z.read("00000-w.npy")
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, dict(descr="<f8", fortran_order=False,
+                                                      shape=tuple(shape)))
+    record = header.getvalue() + raw[-24:]                 # the 3 doubles
+    index["records"][0].update(shape=shape, sha256=hashlib.sha256(record).hexdigest())
+    if shape == [3, 1]:
+        index["records"][0]["shape"] = [3]                 # the index says otherwise
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("checkpoint.json", json.dumps(index))
+        z.writestr("00000-w.npy", record)
+    with pytest.raises(CheckpointError, match="shorter than" if shape[0] > 3 else "says"):
         load_file(str(path))
