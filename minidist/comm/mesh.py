@@ -10,7 +10,14 @@ then data, then pipeline (pp outermost)::
     rank = ((pp_i * dp + dp_i) * cp + cp_i) * tp + tp_i
 
 so the ranks of one TP group are neighbours (on one machine, where the
-bandwidth is), and pipeline stages are the farthest apart. The group of
+bandwidth is), and pipeline stages are the farthest apart. "rank" here is a
+place on the grid; the places are filled node by node with the world's ranks
+(``mesh.order``: sorted by node, then local rank, from the topology found under
+MPI), so a TP group whose size divides the node size lies inside one node even
+when mpiexec placed the ranks round-robin. Without a topology, or with nodes of
+consecutive ranks, place p holds rank p. A group numbers its ranks in increasing
+order (``new_group``), so a layout where a group's ranks would come out of grid
+order is refused with the nodes it found. The group of
 dimension d holds the ranks that share every coordinate except d. Every rank
 builds every group, in the same order, as ``new_group`` requires.
 """
@@ -18,7 +25,8 @@ from __future__ import annotations
 
 import itertools
 
-from minidist.comm.group import ProcessGroup, get_world_size, new_group, world_group
+from minidist.comm.group import (ProcessGroup, get_topology, get_world_size, new_group,
+                                 world_group)
 
 DIMS = ("pp", "dp", "cp", "tp")  # outermost to innermost
 
@@ -33,6 +41,10 @@ class DeviceMesh:
             raise ValueError(f"mesh {self.shape} has {size} ranks but the world has "
                              f"{get_world_size()}")
         self.rank = world_group().rank
+        topo = get_topology()
+        self.order = list(range(size))           # place on the grid -> global rank
+        if topo is not None:                     # node by node, then by local rank
+            self.order.sort(key=lambda r: (topo.node_of[r], topo.local_ranks[r]))
         self.coord = self.coords_of(self.rank)
         self._groups: dict[str, ProcessGroup] = {}
         for dim in DIMS:
@@ -42,12 +54,15 @@ class DeviceMesh:
                     self._groups[dim] = g
 
     def rank_of(self, coord: dict[str, int]) -> int:
-        r = 0
+        """The global rank at ``coord``."""
+        place = 0
         for dim in DIMS:
-            r = r * self.shape[dim] + coord.get(dim, 0)
-        return r
+            place = place * self.shape[dim] + coord.get(dim, 0)
+        return self.order[place]
 
     def coords_of(self, rank: int) -> dict[str, int]:
+        """The coordinates of global rank ``rank``."""
+        rank = self.order.index(rank)            # its place on the grid
         coord = {}
         for dim in reversed(DIMS):
             rank, coord[dim] = divmod(rank, self.shape[dim])
@@ -58,7 +73,14 @@ class DeviceMesh:
         groups = []
         for fixed in itertools.product(*(range(self.shape[d]) for d in others)):
             base = dict(zip(others, fixed))
-            groups.append([self.rank_of({**base, dim: i}) for i in range(self.shape[dim])])
+            ranks = [self.rank_of({**base, dim: i}) for i in range(self.shape[dim])]
+            if ranks != sorted(ranks):  # a group numbers its ranks in increasing order
+                raise ValueError(
+                    f"mesh {self.shape}: the {dim} group at places {ranks} would not number "
+                    "its ranks in grid order with the nodes found (ranks of a node: "
+                    f"{get_topology().nodes()}); start the ranks node by node "
+                    "(mpiexec -hosts a:L,b:L) or choose another mesh shape")
+            groups.append(ranks)
         return groups
 
     def group(self, dim: str) -> ProcessGroup:
