@@ -42,14 +42,15 @@ FORMAT = "minidist-checkpoint-1"
 INDEX = "checkpoint.json"
 
 
-def _label(path: tuple) -> str:
-    """A file-name-safe reminder of a record's key path: ('model', 'fc1.weight') ->
-    'model.fc1.weight' (the index, not the name, says where the record goes)."""
+def record_name(i: int, path: tuple) -> str:
+    """Record i's name, with a file-name-safe reminder of its key path:
+    (3, ('model', 'fc1.weight')) -> '00003-model.fc1.weight' (the index, not the
+    name, says where the record goes)."""
     text = ".".join(str(k) for k in path)
-    return re.sub(r"[^A-Za-z0-9._-]", "_", text)[:80] or "value"
+    return f"{i:05d}-" + (re.sub(r"[^A-Za-z0-9._-]", "_", text)[:80] or "value")
 
 
-def _unsigned_view(a: np.ndarray) -> tuple[np.ndarray, str]:
+def unsigned_view(a: np.ndarray) -> tuple[np.ndarray, str]:
     """The array as .npy can store it, and the dtype name to restore."""
     try:                                # can a .npy header say this dtype?
         header_ok = np.lib.format.descr_to_dtype(np.lib.format.dtype_to_descr(a.dtype)) \
@@ -61,8 +62,8 @@ def _unsigned_view(a: np.ndarray) -> tuple[np.ndarray, str]:
     return a, a.dtype.name
 
 
-def _restore_dtype(array: np.ndarray, name: str) -> np.ndarray:
-    """Undo ``_unsigned_view``: the unsigned ints of a record back to dtype ``name``."""
+def restore_dtype(array: np.ndarray, name: str) -> np.ndarray:
+    """Undo ``unsigned_view``: the unsigned ints of a record back to dtype ``name``."""
     if array.dtype.name == name:
         return array
     try:
@@ -90,10 +91,10 @@ def to_bytes(obj: Any) -> bytes:
     records = []
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
         for i, (path, array) in enumerate(arrays):
-            stored, dtype = _unsigned_view(array)
+            stored, dtype = unsigned_view(array)
             record = io.BytesIO()
             np.lib.format.write_array(record, stored, allow_pickle=False)
-            name = f"{i:05d}-{_label(path)}.npy"
+            name = record_name(i, path) + ".npy"
             archive.writestr(name, record.getbuffer())
             records.append(dict(name=name, dtype=dtype, shape=list(array.shape),
                                 sha256=hashlib.sha256(record.getbuffer()).hexdigest()))
@@ -116,14 +117,19 @@ def from_bytes(data: bytes, check_records: bool = True) -> Any:
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
         raise FormatError(f"not a complete checkpoint archive ({type(e).__name__}: {e}): "
                           "truncated, or another kind of file") from None
+    arrays = [_read_record(archive, r, check_records) for r in check_index(index)]
+    return unflatten(index.get("structure"), arrays)
+
+
+def check_index(index: Any) -> list:
+    """The records of a checkpoint index, once its format is known."""
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         got = index.get("format") if isinstance(index, dict) else type(index).__name__
         raise FormatError(f"{INDEX} says format {got!r}, expected {FORMAT!r}")
     records = index.get("records")
     if not isinstance(records, list):
         raise FormatError(f"{INDEX} has no list of records")
-    arrays = [_read_record(archive, r, check_records) for r in records]
-    return unflatten(index.get("structure"), arrays)
+    return records
 
 
 class _HashingReader:
@@ -164,7 +170,7 @@ def _read_record(archive: zipfile.ZipFile, record: Any, check: bool) -> np.ndarr
     if rest:
         raise FormatError(f"record {name} has bytes after its array: corrupt")
     array = np.frombuffer(data, dtype=stored).reshape(shape, order=order).copy(order=order)
-    return _restore_dtype(array, dtype)
+    return restore_dtype(array, dtype)
 
 
 def _read_header(reader: Any, name: str) -> tuple:

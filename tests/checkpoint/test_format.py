@@ -167,3 +167,31 @@ def test_a_record_header_that_disagrees_with_the_index_or_its_length_is_refused(
         z.writestr("00000-w.npy", record)
     with pytest.raises(CheckpointError, match="shorter than" if shape[0] > 3 else "says"):
         load_file(str(path))
+
+
+@settings(max_examples=25, deadline=None)
+@given(tree=trees)
+def test_a_safetensors_checkpoint_keeps_every_value_bit_for_bit(tmp_path_factory, tree):
+    pytest.importorskip("safetensors")
+    path = str(tmp_path_factory.mktemp("ckpt") / "ckpt.safetensors")
+    digest = save_file(path, dict(tree=tree))
+    identical(dict(tree=tree), load_file(path))
+    identical(dict(tree=tree), load_file(path, sha256=digest))
+
+
+def test_a_safetensors_checkpoint_is_readable_by_safetensors(tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    path = tmp_path / "c.safetensors"
+    save_file(str(path), {"model": {"fc.weight": backend.from_host(np.eye(2, dtype="float32"))},
+                          "step": 3})
+    tensors = safetensors_numpy.load_file(str(path))
+    assert list(tensors) == ["00000-model.fc.weight"]
+    assert np.array_equal(tensors["00000-model.fc.weight"], np.eye(2, dtype="float32"))
+
+
+def test_safetensors_weights_without_the_index_are_not_a_checkpoint(tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    path = tmp_path / "weights.safetensors"
+    safetensors_numpy.save_file({"w": np.zeros(2)}, str(path))
+    with pytest.raises(CheckpointError, match="not a minidist checkpoint"):
+        load_file(str(path))
