@@ -79,7 +79,7 @@ def restore_dtype(array: np.ndarray, name: str) -> np.ndarray:
             raise FormatError(f"a record has dtype {name!r}, which neither NumPy nor "
                               "ml_dtypes knows") from None
         dtype = np.dtype(found)
-    if dtype.itemsize != array.dtype.itemsize:
+    if dtype.hasobject or dtype.itemsize != array.dtype.itemsize:
         raise FormatError(f"a record of {array.dtype.name} cannot hold {name}")
     return array.view(dtype)
 
