@@ -111,8 +111,9 @@ def convert(old: str, new: str, trust_pickle: bool = False) -> list[str]:
         raise CheckpointError(f"{old} would be unpickled, and unpickling can run any code "
                               "the file names: convert only a checkpoint you trust, and say "
                               "so with --trust-pickle (trust_pickle=True)")
-    if os.path.abspath(old) == os.path.abspath(new):
-        raise CheckpointError("OLD and NEW are the same path: write the new format elsewhere")
+    if os.path.exists(new):
+        raise CheckpointError(f"{new} exists: give a new path for the converted checkpoint "
+                              "(nothing is overwritten)")
     if not os.path.isdir(old):
         _convert_file(old, new)
         return [new]

@@ -161,6 +161,8 @@ def test_convert_with_trust_pickle_keeps_every_value(tmp_path, monkeypatch, caps
     assert main(["checkpoint", "convert", str(old), str(new), "--trust-pickle"]) == 0
     assert f"wrote {new}" in capsys.readouterr().out
     identical(tree, load_file(str(new)))
+    assert main(["checkpoint", "convert", str(old), str(new), "--trust-pickle"]) == 1
+    assert "exists" in capsys.readouterr().err             # nothing is overwritten
 
 
 def test_convert_refuses_a_pickle_that_names_anything_else_even_when_trusted(tmp_path,
