@@ -163,6 +163,9 @@ def test_convert_with_trust_pickle_keeps_every_value(tmp_path, monkeypatch, caps
     identical(tree, load_file(str(new)))
     assert main(["checkpoint", "convert", str(old), str(new), "--trust-pickle"]) == 1
     assert "exists" in capsys.readouterr().err             # nothing is overwritten
+    assert main(["checkpoint", "convert", str(tmp_path / "none.pkl"), str(tmp_path / "x.npz"),
+                 "--trust-pickle"]) == 1
+    assert "none.pkl: no such file" in capsys.readouterr().err
 
 
 def test_convert_refuses_a_pickle_that_names_anything_else_even_when_trusted(tmp_path,
