@@ -195,3 +195,38 @@ def test_safetensors_weights_without_the_index_are_not_a_checkpoint(tmp_path):
     safetensors_numpy.save_file({"w": np.zeros(2)}, str(path))
     with pytest.raises(CheckpointError, match="not a minidist checkpoint"):
         load_file(str(path))
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False),
+              st.text(alphabet="$0123456789-abxfint", max_size=6),
+              st.sampled_from(["1" * 5000, "-", "0x7ff8000000000000"])),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3),
+        st.dictionaries(st.sampled_from(["$dict", "$tuple", "$int", "$float", "$scalar",
+                                         "$array", "a", "b"]), children, max_size=2)),
+    max_leaves=10)
+
+
+@settings(max_examples=150, deadline=None)
+@given(structure=json_values, wrong=st.one_of(st.none(), st.sampled_from([
+    ("shape", []), ("shape", [1, 2]), ("shape", "x"), ("dtype", "bfloat16"),
+    ("dtype", "object"), ("dtype", "uint64"), ("dtype", 3), ("name", "other.npy")])))
+def test_any_index_is_either_read_or_a_checkpoint_error(tmp_path_factory, structure, wrong):
+    """Whatever checkpoint.json says (tags in any shape, records that do not match),
+    loading returns data or raises CheckpointError: never another exception."""
+    path = tmp_path_factory.mktemp("ckpt") / "c.npz"
+    record = io.BytesIO()
+    np.lib.format.write_array(record, np.arange(2.0))
+    entry = dict(name="r.npy", dtype="float64", shape=[2],
+                 sha256=hashlib.sha256(record.getvalue()).hexdigest())
+    if wrong is not None:
+        entry[wrong[0]] = wrong[1]
+    index = dict(format="minidist-checkpoint-1", structure=structure, records=[entry])
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("checkpoint.json", json.dumps(index))
+        z.writestr("r.npy", record.getvalue())
+    try:
+        load_file(str(path))
+    except CheckpointError:
+        pass
