@@ -103,11 +103,17 @@ def plant_and_load(directory, where, marker):
     return "loaded"
 
 
+@pytest.fixture(scope="module")
+def world1():
+    w = World(1, timeout=20.0, run_timeout=60.0)
+    yield w
+    w.close()
+
+
 @pytest.mark.parametrize("where", ["shard", "manifest"])
-def test_a_crafted_pickle_in_a_sharded_checkpoint_is_refused(tmp_path, where):
+def test_a_crafted_pickle_in_a_sharded_checkpoint_is_refused(world1, tmp_path, where):
     marker = tmp_path / "marker"
-    with World(1, timeout=20.0, run_timeout=60.0) as w:
-        (message,) = w.run(plant_and_load, str(tmp_path / "ckpt"), where, str(marker))
+    (message,) = world1.run(plant_and_load, str(tmp_path / "ckpt"), where, str(marker))
     assert "is a pickle" in message and "--trust-pickle" in message, message
     assert ("shard-00000-of-00001.npz" if where == "shard" else "manifest.json") in message
     assert not marker.exists()
@@ -235,10 +241,9 @@ def _wrap_old(obj):
     return obj
 
 
-def test_convert_turns_an_old_sharded_checkpoint_into_one_that_loads(tmp_path):
-    with World(1, timeout=20.0, run_timeout=60.0) as w:
-        ((refused, written, extra, betas, same),) = w.run(
-            save_old_sharded_convert_and_load, str(tmp_path / "old"), str(tmp_path / "new"))
+def test_convert_turns_an_old_sharded_checkpoint_into_one_that_loads(world1, tmp_path):
+    ((refused, written, extra, betas, same),) = world1.run(
+        save_old_sharded_convert_and_load, str(tmp_path / "old"), str(tmp_path / "new"))
     assert "old-format" in refused and "--trust-pickle" in refused
     assert [os.path.basename(p) for p in written] == ["shard-00000-of-00001.npz",
                                                       "manifest.json"]
