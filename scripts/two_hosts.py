@@ -20,7 +20,7 @@ left in the two namespaces and deletes them (the veth goes with them), whatever
 happened. Names carry this process's id (``mdh<pid>a``): a later start deletes
 the namespaces of a run whose process is gone (a SIGKILLed test).
 
-``TwoHosts`` is also what tests/comm/two_hosts/ use::
+``TwoHosts`` is also what tests/comm/across_hosts/ use::
 
     with TwoHosts() as hosts:
         out = hosts.mpiexec(["demos/19_topology.py"], n=4)

@@ -16,14 +16,17 @@ place on the grid; the places are filled node by node with the world's ranks
 MPI), so a TP group whose size divides the node size lies inside one node even
 when mpiexec placed the ranks round-robin. Without a topology, or with nodes of
 consecutive ranks, place p holds rank p. A group numbers its ranks in increasing
-order (``new_group``), so a layout where a group's ranks would come out of grid
-order is refused with the nodes it found. The group of
+order (``new_group``), so where filling node by node would put some group's
+ranks out of grid order (``mpiexec -hosts a,b -n 4`` with ``DeviceMesh(dp=4)``),
+the mesh keeps place p = rank p, as without a topology, and warns if a TP group
+then spans nodes. The group of
 dimension d holds the ranks that share every coordinate except d. Every rank
 builds every group, in the same order, as ``new_group`` requires.
 """
 from __future__ import annotations
 
 import itertools
+import warnings
 
 from minidist.comm.group import (ProcessGroup, get_topology, get_world_size, new_group,
                                  world_group)
@@ -45,6 +48,9 @@ class DeviceMesh:
         self.order = list(range(size))           # place on the grid -> global rank
         if topo is not None:                     # node by node, then by local rank
             self.order.sort(key=lambda r: (topo.node_of[r], topo.local_ranks[r]))
+            if not all(g == sorted(g) for dim in DIMS for g in self._all_groups(dim)):
+                self.order = list(range(size))   # keep each group in grid order
+            _warn_if_tp_spans_nodes(self, topo)
         self.coord = self.coords_of(self.rank)
         self._groups: dict[str, ProcessGroup] = {}
         for dim in DIMS:
@@ -73,14 +79,7 @@ class DeviceMesh:
         groups = []
         for fixed in itertools.product(*(range(self.shape[d]) for d in others)):
             base = dict(zip(others, fixed))
-            ranks = [self.rank_of({**base, dim: i}) for i in range(self.shape[dim])]
-            if ranks != sorted(ranks):  # a group numbers its ranks in increasing order
-                raise ValueError(
-                    f"mesh {self.shape}: the {dim} group at places {ranks} would not number "
-                    "its ranks in grid order with the nodes found (ranks of a node: "
-                    f"{get_topology().nodes()}); start the ranks node by node "
-                    "(mpiexec -hosts a:L,b:L) or choose another mesh shape")
-            groups.append(ranks)
+            groups.append([self.rank_of({**base, dim: i}) for i in range(self.shape[dim])])
         return groups
 
     def group(self, dim: str) -> ProcessGroup:
@@ -94,3 +93,14 @@ class DeviceMesh:
     def __repr__(self) -> str:
         dims = " x ".join(f"{d}={self.shape[d]}" for d in DIMS)
         return f"DeviceMesh({dims}, rank {self.rank} at {self.coord})"
+
+
+def _warn_if_tp_spans_nodes(mesh: DeviceMesh, topo) -> None:
+    """Tensor parallelism talks in every layer: say so when a TP group crosses nodes."""
+    for ranks in mesh._all_groups("tp"):
+        nodes = sorted({topo.node_of[r] for r in ranks})
+        if len(nodes) > 1:
+            warnings.warn(f"DeviceMesh {mesh.shape}: the tp group {ranks} spans nodes {nodes} "
+                          f"(ranks of each node: {topo.nodes()}); start the ranks node by "
+                          "node (mpiexec -hosts a:L,b:L) with tp dividing L", stacklevel=3)
+            return

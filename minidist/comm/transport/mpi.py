@@ -116,8 +116,8 @@ class MpiTransport(Transport):
         _abort_on_uncaught_exception(self.world)
         # Which ranks share a machine (topology.py): every rank's host name, to all.
         hosts = self.world.allgather(MPI.Get_processor_name())
-        self.topology = topology.from_hosts(hosts, topology.env_node_size())
         _unlink_mpich_segments()       # every rank has mapped them: the all-gather returned
+        self.topology = topology.from_hosts(hosts, topology.env_node_size())
 
     def _comm(self, ctx: int, peer: int) -> tuple[Any, int]:
         comm, ranks = self._comms[ctx]

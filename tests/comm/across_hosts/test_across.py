@@ -78,3 +78,14 @@ def test_the_flat_ring_puts_more_on_the_link_by_the_docs_factor(parts):
         ratio = sent / b["sent"]["hierarchical"][host]
         factor = (N - 1) / N * 2 / (2 - 1)             # (N-1)/N * K/(K-1) = 1.75
         assert abs(ratio / factor - 1) <= OVERHEAD, (host, ratio, factor)
+
+
+def test_round_robin_ranks_make_nodes_of_every_other_rank_and_tp_stays_inside(hosts):
+    out = hosts.mpiexec([os.path.join(HERE, "round_robin.py")], 4, hosts="hosta,hostb",
+                        timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-4000:]
+    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
+    got = json.loads(line[len("RESULT "):])
+    assert got["hosts"] == ["hosta", "hostb", "hosta", "hostb"]
+    assert got["nodes"] == [[0, 2], [1, 3]] and got["local_ranks"] == [0, 0, 1, 1]
+    assert got["tp"] == [0, 2]

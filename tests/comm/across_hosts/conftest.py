@@ -18,13 +18,18 @@ SKIP_ENV = "MINIDIST_SKIP_TWO_HOST"
 
 
 @pytest.fixture(scope="module")
-def hosts():
+def can_make_hosts():
+    """Skip on purpose, fail with the reason, or go on."""
     if os.environ.get(SKIP_ENV) == "1":
         pytest.skip(f"{SKIP_ENV}=1: the two-host tests are skipped on purpose")
     reason = two_hosts.why_unavailable()
     if reason:
         pytest.fail(f"two hosts cannot be made here: {reason} "
                     f"(set {SKIP_ENV}=1 to skip these tests)", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def hosts(can_make_hosts):
     with two_hosts.TwoHosts(lifetime=400) as made:
         yield made
 
