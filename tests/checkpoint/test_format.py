@@ -87,16 +87,22 @@ def test_optimizer_sampler_and_rng_states_round_trip(tmp_path):
     from minidist.autograd import Tensor
     from minidist.nn import Linear
     from minidist.optim import AdamW
+    from minidist.optim import WarmupCosine
     from minidist.parallel import DistributedSampler
+    from minidist.precision import GradScaler
     model = Linear(3, 2, dtype="float32", generator=backend.Generator(1))
     opt = AdamW(model.parameters(), lr=0.1, betas=(0.8, 0.9))
+    schedule = WarmupCosine(opt, warmup_steps=2, total_steps=10)
     model(Tensor(backend.from_host(np.ones((2, 3), "float32")))).sum().backward()
     opt.step()
+    schedule.step()
     gen = backend.Generator(7)
     gen.normal(5)                                      # the 128-bit words move past 2^53
     sampler = DistributedSampler(10, num_replicas=1, rank=0, seed=3)
     state = dict(model=dict(model.state_dict()), optimizer=opt.state_dict(),
-                 sampler=sampler.state_dict(), rng=gen.get_state(), extra=dict(step=4))
+                 sampler=sampler.state_dict(), rng=gen.get_state(),
+                 extra=dict(step=4, scheduler=schedule.state_dict(),
+                            scaler=GradScaler(init_scale=2.0 ** 15).state_dict()))
     save_file(str(tmp_path / "c.npz"), state)
     loaded = load_file(str(tmp_path / "c.npz"))
     identical(state, loaded)
