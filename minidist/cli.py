@@ -4,8 +4,10 @@
     minidist demo [NAME] [args...]           # list the numbered demos, or run one
     minidist bench [NAME] [args...]          # list the benchmarks, or run one
     minidist calc TOPIC --flags              # the cost models (see `minidist calc --help`)
+    minidist plan --model llama3-8b --gpus 64   # the best parallel layouts, explained
     minidist selftest [--backend cupy]       # this backend against NumPy, and the test suite
     minidist exercise list|start|check [ID]  # the documents' exercises, graded by property tests
+    minidist checkpoint convert OLD NEW --trust-pickle   # an old pickled checkpoint -> data-only
 
 ``run`` starts N processes like torchrun (its flags: --nproc-per-node,
 --max-restarts, --log-dir, --redirects, --tee); minidist/comm/launch/script.py
@@ -90,8 +92,18 @@ def _add_calc(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     return add_calc_parser(parser)
 
 
+def _add_plan(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    from minidist.calc.planner.command import add_arguments
+    return add_arguments(parser)
+
+
 def _add_exercise(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     from minidist.exercises.command import add_arguments
+    return add_arguments(parser)
+
+
+def _add_checkpoint(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    from minidist.checkpoint.convert import add_arguments
     return add_arguments(parser)
 
 
@@ -106,9 +118,13 @@ SUBCOMMANDS: dict[str, tuple[str, Callable]] = {
     "demo": ("list the numbered demos, or run one", _add_script_runner("demos", "[0-9]*.py", "demo")),
     "bench": ("list the benchmarks, or run one", _add_script_runner("bench", "bench_*.py", "benchmark")),
     "calc": ("closed-form cost models: memory, communication, bubbles, FLOPs", _add_calc),
+    "plan": ("which parallel layout for this model on these GPUs: memory and step time "
+             "of every one", _add_plan),
     "selftest": ("this backend against NumPy: the comparison checks and the property suite",
                  _add_selftest),
     "exercise": ("the documents' exercises: list, start one, check it", _add_exercise),
+    "checkpoint": ("convert an old (pickled) checkpoint to the data-only format",
+                   _add_checkpoint),
 }
 
 

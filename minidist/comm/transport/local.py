@@ -46,7 +46,7 @@ import time
 from collections import deque
 from typing import Any
 
-from minidist.comm.transport import cma, flight, shm
+from minidist.comm.transport import cma, flight, shm, topology
 from minidist.comm.transport.doorbell import Doorbells
 from minidist.comm.errors import TIMEOUT_HINT, CommTimeoutError, WorldAbortedError
 from minidist.comm.transport.link import EmulatedLink
@@ -98,6 +98,7 @@ class LocalTransport(ShortWays, Transport):
         self._unexpected: dict[int, list] = {}   # src -> messages stashed early
         # An emulated link (link.py): pieces take time on the wire, the CPU is free.
         self.node_size, inter_bps = shm.read_topology(self._seg)  # 0: one level (link.py)
+        self.topology = topology.declared(self.world_size, self.node_size)  # None: one level
         self._link = (EmulatedLink(link_bps, self.world_size, rank, self.node_size, inter_bps)
                       if link_bps or inter_bps else None)
         # Peers may read our arrays in one copy (cma.py). All-to-all does so only
