@@ -193,8 +193,10 @@ def pipeline_timelines(path, measured, p):
         t0 = min(s for row in timelines for _, s, _ in row)
         for r, row in enumerate(timelines):
             for op, s, e in row:
+                # a white edge round each op: consecutive ops of one kind (GPipe's
+                # forwards) stay separate bars instead of merging into one
                 ax.broken_barh([(s - t0, e - s)], (r - 0.4, 0.8),
-                               color=OP_COLORS[op.kind])
+                               facecolor=OP_COLORS[op.kind], edgecolor="white", linewidth=0.8)
         ax.set_title(name, fontsize=10)
         ax.set_ylabel("stage")
         ax.set_yticks(range(p))
@@ -202,7 +204,7 @@ def pipeline_timelines(path, measured, p):
     split = any(op.kind == "W" for rows in measured.values() for row in rows for op, _, _ in row)
     ax.set_xlabel("seconds (blue: forward, orange: backward"
                   + (" (B: input gradient), green: W (weight gradient)" if split else "")
-                  + ", white: the bubble)")
+                  + "; one bar per op, white space: the bubble)")
     _save(plt, fig, path)
 
 
