@@ -37,6 +37,7 @@ SMOKE_ARGS = {
     "24_planner.py": ["--model", "llama3-8b", "--gpus", "16", "--batch-tokens", "262144",
                       "--seq", "4096", "--no-published"],
     "19_topology.py": ["-n", "4", "--node-size", "2"],
+    "20_trace.py": ["--dp", "1", "--pp", "2", "--tp", "1", "--steps", "1"],
 }
 
 

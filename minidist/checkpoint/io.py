@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from typing import Any
 
 from minidist.checkpoint import records, safetensors_file
 from minidist.checkpoint.tree import FormatError
+from minidist.trace import recorder as trace
 
 
 class CheckpointError(RuntimeError):
@@ -111,11 +113,15 @@ def save_file(path: str, obj: dict) -> str:
     A zip of .npy records (records.py), or safetensors if ``path`` ends in .safetensors.
     A value a checkpoint cannot hold is a ``CheckpointError`` naming its key path."""
     container = safetensors_file if path.endswith(safetensors_file.SUFFIX) else records
+    start = time.perf_counter()
     try:
         data = container.to_bytes(obj)
     except FormatError as e:
         raise CheckpointError(f"cannot save {path}: {e}") from None
     atomic_write_bytes(path, data)
+    if trace.active is not None:   # the write's span (trace/)
+        trace.active.span("checkpoint write", "checkpoint", start, time.perf_counter(),
+                          dict(path=path, bytes=len(data)))
     return hashlib.sha256(data).hexdigest()
 
 
