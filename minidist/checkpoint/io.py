@@ -141,9 +141,12 @@ def load_file(path: str, sha256: str | None = None, size: int | None = None) -> 
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise CheckpointError(f"checkpoint file {path} does not match its sha256 in the "
                               "manifest: corrupt, or from another checkpoint")
-    refuse_pickle(data, path)
+    # a safetensors file starts with its header's length, whose bytes may look like a
+    # pickle's opening (0x80, protocol): ask the pickle question of the other files only
+    container = safetensors_file if safetensors_file.is_safetensors(data) else records
+    if container is records:
+        refuse_pickle(data, path)
     try:
-        container = safetensors_file if safetensors_file.is_safetensors(data) else records
         return container.from_bytes(data, check_records=sha256 is None)  # else checked above
     except FormatError as e:
         raise CheckpointError(f"checkpoint file {path} is unreadable: {e}") from None
