@@ -18,11 +18,11 @@ from typing import Any
 
 from minidist import backend
 from minidist.autograd.activation_checkpoint import checkpoint
-from minidist.autograd.grad_mode import no_grad
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn import functional as F
 from minidist.nn.attention import CausalSelfAttention
+from minidist.nn.generate import generate
 from minidist.nn.layers import MLP, Dropout, Embedding, LayerNorm, Linear
 from minidist.nn.module import Module, ModuleList
 from minidist.nn.moe import MoE
@@ -135,25 +135,8 @@ class GPT(Module):
         for moe in self.moe_layers():
             moe.update_bias()
 
-    @no_grad()
     def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, seed: int = 0) -> Any:
+                 top_k: int | None = None, seed: int = 0, do_sample: bool = True) -> Any:
         """Sample ``max_new_tokens`` tokens after ``idx`` (B, T); returns (B, T + new)."""
-        gen = backend.Generator(seed)
-        was_training = self.training
-        self.eval()
-        for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size:]
-            logits, _ = self(context)
-            logits = logits.data[:, -1, :] / temperature                # (B, vocab)
-            if top_k is not None:
-                kth = xp.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
-                logits = xp.where(logits < kth, -xp.inf, logits)
-            probs = F.softmax(Tensor(logits), axis=-1).data
-            # inverse-CDF sampling with a uniform draw: same on every backend
-            u = gen.random((probs.shape[0], 1), dtype=probs.dtype)
-            nxt = (xp.cumsum(probs, axis=-1) < u).sum(axis=-1, keepdims=True)
-            nxt = xp.minimum(nxt, probs.shape[-1] - 1)
-            idx = xp.concatenate([idx, nxt.astype(idx.dtype)], axis=1)
-        self.train(was_training)
-        return idx
+        return generate(self, idx, max_new_tokens, self.config.block_size, temperature,
+                        top_k, seed, do_sample)
