@@ -146,9 +146,11 @@ def positions_in_documents(document_ids: Any) -> Any:
     ids [[0, 0, 0, 1, 1, 2]] -> [[0, 1, 2, 0, 1, 0]] (each document's tokens contiguous)."""
     ids = document_ids if document_ids.ndim == 2 else document_ids[None, :]
     B, T = ids.shape
-    index = xp.broadcast_to(xp.arange(T), (B, T))
     starts = xp.concatenate([xp.ones((B, 1), dtype=bool), ids[:, 1:] != ids[:, :-1]], axis=1)
-    start_of = xp.maximum.accumulate(xp.where(starts, index, 0), axis=1)  # (B, T)
+    count = xp.cumsum(starts, axis=1)                  # document number, nondecreasing
+    # the first index of each token's document: where its number first appears
+    start_of = xp.stack([xp.searchsorted(count[b], count[b], side="left") for b in range(B)])
+    index = xp.arange(T)[None, :]                                       # (1, T)
     return index - start_of
 
 
