@@ -27,10 +27,11 @@ from typing import Any
 from minidist.attention import flash_attention, naive_attention
 from minidist.autograd.functional import split
 from minidist.autograd.tensor import Tensor
+from minidist.backend import xp
 from minidist.nn import functional as F
 from minidist.nn.layers import Dropout, Linear
 from minidist.nn.module import Module
-from minidist.nn.rotary import apply_rotary
+from minidist.nn.rotary import RotaryEmbedding, apply_rotary
 from minidist.precision.autocast import get_autocast_policy
 
 
@@ -73,13 +74,15 @@ class CausalSelfAttention(Module):
 class GroupedQueryAttention(Module):
     """Llama's attention: q/k/v/o projections, rotary positions, nkv key/value heads.
 
-    ``forward(x, cos, sin, document_ids=None)``: cos, sin the rotary table of the
-    tokens' positions, (T, hd) or (B, T, hd). ``window``: sliding window (keys per row).
+    ``forward(x, position_ids=None, document_ids=None)``: position_ids (T,) or (B, T),
+    default 0 .. T-1 over the T positions q_proj returns (under sequence parallelism
+    those are the whole sequence, gathered). ``window``: sliding window (keys per row).
     """
 
     def __init__(self, n_embd: int, n_head: int, n_kv_head: int, head_dim: int,
                  bias: bool = False, dtype: str = "float32", std: float | None = None,
-                 generator: Any = None, attention: str = "naive", window: int | None = None):
+                 generator: Any = None, attention: str = "naive", window: int | None = None,
+                 rope_theta: float = 10000.0):
         super().__init__()
         if attention not in ("naive", "flash"):
             raise ValueError(f"attention must be 'naive' or 'flash', got {attention!r}")
@@ -88,17 +91,22 @@ class GroupedQueryAttention(Module):
                              f"num_attention_heads={n_head}")
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
         self.attention, self.window = attention, window
+        self.rope = RotaryEmbedding(head_dim, rope_theta)
         self.q_proj = Linear(n_embd, n_head * head_dim, bias, dtype, std, generator)
         self.k_proj = Linear(n_embd, n_kv_head * head_dim, bias, dtype, std, generator)
         self.v_proj = Linear(n_embd, n_kv_head * head_dim, bias, dtype, std, generator)
         self.o_proj = Linear(n_head * head_dim, n_embd, bias, dtype, std, generator)
 
-    def forward(self, x: Tensor, cos: Any, sin: Any, document_ids: Any = None) -> Tensor:
-        B, T, _ = x.shape
+    def forward(self, x: Tensor, position_ids: Any = None, document_ids: Any = None) -> Tensor:
         nh, nkv, hd = self.n_head, self.n_kv_head, self.head_dim
-        q = self.q_proj(x).reshape(B, T, nh, hd).transpose(1, 2)     # (B, nh, T, hd)
+        q = self.q_proj(x)                                            # (B, T, nh * hd)
+        B, T, _ = q.shape
+        q = q.reshape(B, T, nh, hd).transpose(1, 2)                   # (B, nh, T, hd)
         k = self.k_proj(x).reshape(B, T, nkv, hd).transpose(1, 2)    # (B, nkv, T, hd)
         v = self.v_proj(x).reshape(B, T, nkv, hd).transpose(1, 2)
+        if position_ids is None:
+            position_ids = xp.arange(T)
+        cos, sin = self.rope(position_ids, q.dtype)                   # (T or B,T, hd)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         op = flash_attention if self.attention == "flash" else naive_attention
         y = op(q, k, v, is_causal=True, enable_gqa=True, window=self.window,

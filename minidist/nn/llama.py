@@ -35,7 +35,6 @@ from minidist.nn.attention import GroupedQueryAttention
 from minidist.nn.generate import generate
 from minidist.nn.layers import Embedding, Linear, RMSNorm, SwiGLU
 from minidist.nn.module import Module, ModuleList
-from minidist.nn.rotary import RotaryEmbedding
 
 
 @dataclass
@@ -113,18 +112,15 @@ class LlamaDecoderLayer(Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         self.self_attn = GroupedQueryAttention(
             cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-            cfg.attention_bias, cfg.dtype, std, generator, cfg.attention, cfg.sliding_window)
+            cfg.attention_bias, cfg.dtype, std, generator, cfg.attention, cfg.sliding_window,
+            cfg.rope_theta)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.dtype, std,
                           generator)
-        self.rope = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
 
     def forward(self, x: Tensor, position_ids: Any = None, document_ids: Any = None) -> Tensor:
         """x (B, T, C); position_ids (T,) or (B, T), default 0 .. T-1."""
-        if position_ids is None:
-            position_ids = xp.arange(x.shape[1])
-        cos, sin = self.rope(position_ids, x.dtype)                   # (T or B,T, hd)
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, document_ids)
+        x = x + self.self_attn(self.input_layernorm(x), position_ids, document_ids)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
