@@ -107,21 +107,33 @@ class GPT(Module):
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight
 
-    def forward(self, idx: Any, targets: Any = None) -> tuple[Tensor, Tensor | None]:
-        """idx: integer (B, T) -> logits (B, T, vocab), and the loss if targets given."""
-        idx = idx.data if isinstance(idx, Tensor) else idx
-        B, T = idx.shape
+    def embed(self, idx: Any) -> Tensor:
+        """Token + position embeddings: (B, T) ids -> (B, T, C)."""
+        T = idx.shape[1]
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size "
                              f"{self.config.block_size}")
         pos = xp.arange(T)
-        x = self.drop(self.wte(idx) + self.wpe(pos))                  # (B, T, C)
+        return self.drop(self.wte(idx) + self.wpe(pos))                # (B, T, C)
+
+    def head(self, x: Tensor, targets: Any = None) -> tuple[Tensor, Tensor | None]:
+        """ln_f, the logits (B, T, vocab), and the cross-entropy if targets are given."""
+        logits = self.lm_head(self.ln_f(x))
+        loss = None if targets is None else F.cross_entropy(logits, targets)
+        return logits, loss
+
+    def stage_ends(self) -> tuple[dict, dict]:
+        """The modules a pipeline's first piece holds (embeddings) and its last (head)."""
+        return {"wte": self.wte, "wpe": self.wpe}, {"ln_f": self.ln_f, "lm_head": self.lm_head}
+
+    def forward(self, idx: Any, targets: Any = None) -> tuple[Tensor, Tensor | None]:
+        """idx: integer (B, T) -> logits (B, T, vocab), and the loss if targets given."""
+        idx = idx.data if isinstance(idx, Tensor) else idx
+        x = self.embed(idx)                                           # (B, T, C)
         for block in self.blocks:
             x = checkpoint(block, x) if self.config.checkpoint and self.training else block(x)
-        logits = self.lm_head(self.ln_f(x))                           # (B, T, vocab)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits, targets)
+        logits, loss = self.head(x, targets)                          # (B, T, vocab)
+        if loss is not None:
             for moe in self.moe_layers():  # the balancing losses join the objective
                 loss = loss + moe.aux_loss
         return logits, loss

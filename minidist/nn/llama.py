@@ -17,7 +17,7 @@ checkpoint in and out with no renaming: ``Llama.from_pretrained(directory)`` rea
 what ``transformers``' ``save_pretrained`` writes, ``save_pretrained`` the reverse.
 
 The strategies meet the model through the interface the GPT has: ``blocks``,
-``embed(idx)``, ``head(x, targets)``, ``config.tie_weights``.
+``embed(idx)``, ``head(x, targets)``, ``stage_ends()``, ``config.tie_weights``.
 Docs: docs/llama.md.
 """
 from __future__ import annotations
@@ -176,6 +176,11 @@ class Llama(Module):
         logits = self.lm_head(self.model.norm(x))
         loss = None if targets is None else F.cross_entropy(logits, targets)
         return logits, loss
+
+    def stage_ends(self) -> tuple[dict, dict]:
+        """The modules a pipeline's first piece holds (embeddings) and its last (head)."""
+        return {"embed_tokens": self.model.embed_tokens}, {"norm": self.model.norm,
+                                                            "lm_head": self.lm_head}
 
     def forward(self, idx: Any, targets: Any = None, position_ids: Any = None,
                 document_ids: Any = None) -> tuple[Tensor, Tensor | None]:
