@@ -77,6 +77,8 @@ class GroupedQueryAttention(Module):
     ``forward(x, position_ids=None, document_ids=None)``: position_ids (T,) or (B, T),
     default 0 .. T-1 over the T positions q_proj returns (under sequence parallelism
     those are the whole sequence, gathered). ``window``: sliding window (keys per row).
+    ``attention``: "naive", "flash", or a function with ``naive_attention``'s arguments
+    (context parallelism puts ring attention or Ulysses there).
     """
 
     def __init__(self, n_embd: int, n_head: int, n_kv_head: int, head_dim: int,
@@ -84,8 +86,9 @@ class GroupedQueryAttention(Module):
                  generator: Any = None, attention: str = "naive", window: int | None = None,
                  rope_theta: float = 10000.0):
         super().__init__()
-        if attention not in ("naive", "flash"):
-            raise ValueError(f"attention must be 'naive' or 'flash', got {attention!r}")
+        if not callable(attention) and attention not in ("naive", "flash"):
+            raise ValueError(f"attention must be 'naive', 'flash' or a function, "
+                             f"got {attention!r}")
         if n_head % n_kv_head:
             raise ValueError(f"num_key_value_heads={n_kv_head} must divide "
                              f"num_attention_heads={n_head}")
@@ -108,7 +111,9 @@ class GroupedQueryAttention(Module):
             position_ids = xp.arange(T)
         cos, sin = self.rope(position_ids, q.dtype)                   # (T or B,T, hd)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        op = flash_attention if self.attention == "flash" else naive_attention
+        op = self.attention       # a function: context parallelism sets one (parallel/context)
+        if not callable(op):
+            op = flash_attention if op == "flash" else naive_attention
         y = op(q, k, v, is_causal=True, enable_gqa=True, window=self.window,
                document_ids=document_ids)                            # (B, nh, T, hd)
         y = y.transpose(1, 2).reshape(B, T, nh * hd)                  # heads side by side
