@@ -183,3 +183,25 @@ def test_gqa_heads_must_divide():
         flash_attention(q, k, k, enable_gqa=True)
     with pytest.raises(ValueError, match="leading"):
         naive_attention(q, k, k)       # without the flag, as PyTorch
+
+
+def test_flash_gqa_peak_memory_is_below_repeated_kv_by_their_copies():
+    """Forward + backward with 2 kv heads for 8 query heads holds less, by at least the
+    repeated K and V and their gradients, than with K/V repeated to 8 heads first."""
+    h, kv, n, e = 8, 2, 256, 16
+    rng = np.random.default_rng(0)
+    q, do = (backend.from_host(rng.standard_normal((1, h, n, e))) for _ in range(2))
+    k, v = (backend.from_host(rng.standard_normal((1, kv, n, e))) for _ in range(2))
+
+    def peak(repeat):
+        with backend.MemoryTracker() as mem:
+            keys, values = k, v
+            if repeat:
+                keys, values = (backend.xp.repeat(a, h // kv, axis=1) for a in (k, v))
+            qt, kt, vt = (Tensor(a, requires_grad=True) for a in (q, keys, values))
+            flash_attention(qt, kt, vt, is_causal=True, enable_gqa=not repeat, block_q=64,
+                            block_k=64).backward(do)
+        return mem.peak
+
+    copies = 2 * 2 * (h - kv) * n * e * 8        # K, V and dK, dV at h - kv more heads
+    assert peak(False) <= peak(True) - copies
