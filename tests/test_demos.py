@@ -34,6 +34,7 @@ SMOKE_ARGS = {
     "15_moe.py": ["-n", "2", "--steps", "5"],
     "16_ulysses.py": ["-n", "2", "--lengths", "64", "128"],
     "18_compression.py": ["--steps", "8", "--width", "64"],
+    "19_llama.py": ["--steps", "4"],
 }
 
 
@@ -90,6 +91,7 @@ BAD_ARGS = [
     ("15_moe.py", ["--top-k", "9"], "at most --experts"),
     ("16_ulysses.py", ["--lengths", "3"], "divisible by -n"),
     ("18_compression.py", ["--steps", "-2"], "positive integer"),
+    ("19_llama.py", ["--tp", "4"], "must divide the 2 key/value heads"),
 ]
 
 
