@@ -371,7 +371,7 @@ def compression(path, runs):
 
 
 def llama_runs(path, single, mesh, shape):
-    """Demo 19: the Llama's loss in one process and on the mesh, and their difference."""
+    """Demo 25: the Llama's loss in one process and on the mesh, and their difference."""
     plt = _pyplot()
     if plt is None:
         return

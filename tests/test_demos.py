@@ -34,7 +34,10 @@ SMOKE_ARGS = {
     "15_moe.py": ["-n", "2", "--steps", "5"],
     "16_ulysses.py": ["-n", "2", "--lengths", "64", "128"],
     "18_compression.py": ["--steps", "8", "--width", "64"],
-    "19_llama.py": ["--steps", "4"],
+    "24_planner.py": ["--model", "llama3-8b", "--gpus", "16", "--batch-tokens", "262144",
+                      "--seq", "4096", "--no-published"],
+    "19_topology.py": ["-n", "4", "--node-size", "2"],
+    "25_llama.py": ["--steps", "4"],
 }
 
 
@@ -91,7 +94,9 @@ BAD_ARGS = [
     ("15_moe.py", ["--top-k", "9"], "at most --experts"),
     ("16_ulysses.py", ["--lengths", "3"], "divisible by -n"),
     ("18_compression.py", ["--steps", "-2"], "positive integer"),
-    ("19_llama.py", ["--tp", "4"], "must divide the 2 key/value heads"),
+    ("24_planner.py", ["--model", "gpt9"], "unknown model preset"),
+    ("19_topology.py", ["-n", "3"], "must divide"),
+    ("25_llama.py", ["--tp", "4"], "must divide the 2 key/value heads"),
 ]
 
 

@@ -17,6 +17,7 @@ it reproduces. See docs/cost_models.md.
     precision  format ranges, dynamic loss scaling
     moe        MoE total vs active parameters, all-to-all bytes, Ulysses vs ring attention
     llama      a Llama's parameters (GQA, SwiGLU), training FLOPs, KV-cache bytes
+    planner/   every parallel layout of a model on a cluster, priced with the above (plan)
 """
 from minidist.calc import units
 from minidist.calc.activations import (activation_memory_per_layer,
@@ -42,7 +43,7 @@ from minidist.calc.gpt import (Utilization, flops_utilization, gpt_layer_params,
                               training_flops_per_iteration)
 from minidist.calc.llama import (LLAMA3_8B, LLAMA3_70B, LlamaParams, kv_cache_bytes,
                                  llama_flops_per_token, llama_params, llama_training_flops)
-from minidist.calc.memory import (STATE_BYTES, activation_memory, checkpoint_bytes,
+from minidist.calc.memory import (STATE_BYTES, model_state_bytes_split, activation_memory, checkpoint_bytes,
                                   checkpoint_peak_fraction, checkpoint_stored_fraction,
                                   checkpoint_write_seconds, ddp_memory_per_gpu,
                                   layer_inputs_memory,
@@ -67,3 +68,4 @@ from minidist.calc.tensor import (attention_params, column_parallel_shard,
                                   row_parallel_shard, tp_all_reduce_bytes,
                                   tp_comm_bytes_per_layer, tp_overhead,
                                   tp_weight_bytes_per_gpu)
+from minidist.calc.planner import plan
