@@ -13,7 +13,10 @@ Parameters. No biases; per layer
 
 Llama-3 8B (V 128256, h 4096, L 32, nh 32, nkv 8, H 14336, untied): 8,030,261,248;
 Llama-3 70B (h 8192, L 80, nh 64, nkv 8, H 28672): 70,553,706,496 -- the counts the
-released checkpoints hold.
+released checkpoints hold. The pieces are ``calc.tensor``'s (attention_params with
+head_dim = h / nh, ffn_params gated), which the planner's model sizes use too; this
+module adds what a Llama checkpoint holds besides them (norms, an explicit head_dim)
+and the KV cache.
 
 Training FLOPs (model FLOPs, no recomputation; 2 per multiply-add, backward twice the
 forward). With N_mm the parameters that multiply activations (every matrix but the
@@ -32,6 +35,8 @@ GQA divides it by nh / nkv. Llama-3 8B in bf16: 131,072 bytes per token (128 KiB
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from minidist.calc import tensor
 
 # the shapes of the released configs (config.json)
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, num_hidden_layers=32,
@@ -74,8 +79,11 @@ def llama_params(vocab_size: int, hidden_size: int, num_hidden_layers: int,
         raise ValueError(f"num_key_value_heads={num_key_value_heads} must divide "
                          f"num_attention_heads={num_attention_heads}")
     h, d = hidden_size, _head_dim(hidden_size, num_attention_heads, head_dim)
-    attention = h * num_attention_heads * d * 2 + 2 * h * num_key_value_heads * d
-    mlp = 3 * h * intermediate_size
+    if d * num_attention_heads == h:
+        attention = tensor.attention_params(h, num_attention_heads, num_key_value_heads)
+    else:       # an explicit head_dim: q and o are h x (nh d), k and v h x (nkv d)
+        attention = 2 * h * num_attention_heads * d + 2 * h * num_key_value_heads * d
+    mlp = tensor.ffn_params(h, intermediate_size, gated=True)
     layer = attention + mlp + 2 * h
     embedding = vocab_size * h
     head = 0 if tie_word_embeddings else embedding

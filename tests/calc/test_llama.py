@@ -63,3 +63,11 @@ def test_cli_prints_the_8b_count_and_refuses_a_missing_size(capsys):
         main(["calc", "llama", "--hidden", "64"])
     assert stop.value.code == 2
     assert "--vocab is needed" in capsys.readouterr().err
+
+
+def test_count_agrees_with_the_planners_model_sizes():
+    """The planner counts the same model (its total leaves the final norm out)."""
+    from minidist.calc.planner.model import total_params
+    from minidist.calc.planner.presets import MODELS
+    for name, config in (("llama3-8b", LLAMA3_8B), ("llama3-70b", LLAMA3_70B)):
+        assert llama_params(**config).total == total_params(MODELS[name]) + config["hidden_size"]
