@@ -370,3 +370,23 @@ def compression(path, runs):
     a3.set(xlabel="MB sent per rank", title="bytes sent")
     a1.legend(fontsize=8)
     _save(plt, fig, path)
+
+
+def llama_runs(path, single, mesh, shape):
+    """Demo 25: the Llama's loss in one process and on the mesh, and their difference."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    steps = np.arange(len(single))
+    ax1.plot(steps, single, "o-", markersize=3, label="one process")
+    ax1.plot(steps, mesh, "x--", markersize=6,
+             label=f"dp={shape['dp']} x tp={shape['tp']} x pp={shape['pp']}")
+    ax1.set(xlabel="step", ylabel="loss", title="tiny Llama on the corpus")
+    ax1.legend(fontsize=8)
+    diff = np.abs(np.asarray(mesh) - np.asarray(single))
+    ax2.semilogy(steps, np.maximum(diff, 1e-18), ".-")
+    ax2.axhline(1e-12, color="gray", ls=":", label="tolerance 1e-12")
+    ax2.set(xlabel="step", ylabel="|mesh - one process|", title="loss difference (float64)")
+    ax2.legend(fontsize=8)
+    _save(plt, fig, path)

@@ -38,6 +38,7 @@ SMOKE_ARGS = {
                       "--seq", "4096", "--no-published"],
     "19_topology.py": ["-n", "4", "--node-size", "2"],
     "20_trace.py": ["--dp", "1", "--pp", "2", "--tp", "1", "--steps", "1"],
+    "21_llama.py": ["--steps", "4"],
 }
 
 
@@ -96,6 +97,7 @@ BAD_ARGS = [
     ("18_compression.py", ["--steps", "-2"], "positive integer"),
     ("24_planner.py", ["--model", "gpt9"], "unknown model preset"),
     ("19_topology.py", ["-n", "3"], "must divide"),
+    ("21_llama.py", ["--tp", "4"], "must divide the 2 key/value heads"),
 ]
 
 
