@@ -26,6 +26,7 @@ from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import from_host, to_host, xp
 from minidist.comm.collectives.api import all_gather_into_tensor, broadcast
+from minidist.distributed.tensor._collectives import backward_phase
 from minidist.distributed.tensor._redistribute import (DTensorSpec, GradPlacements, Redistribute,
                                                        deliver_grad, normalize_for_grad,
                                                        redistribute_local)
@@ -183,7 +184,8 @@ class _ToLocal(Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return deliver_grad(grad, ctx.spec, ctx.grad_placements, ctx.box)
+        with backward_phase():
+            return deliver_grad(grad, ctx.spec, ctx.grad_placements, ctx.box)
 
 
 class _FromLocal(Function):
@@ -201,8 +203,9 @@ class _FromLocal(Function):
         wanted = normalize_for_grad(ctx.spec.placements)
         if arriving == wanted:
             return grad
-        return redistribute_local(grad, DTensorSpec(ctx.spec.mesh, arriving, ctx.spec.shape),
-                                  wanted)
+        with backward_phase():
+            return redistribute_local(grad, DTensorSpec(ctx.spec.mesh, arriving, ctx.spec.shape),
+                                      wanted)
 
 
 def _check_local_shapes(local: Tensor, spec: DTensorSpec) -> None:

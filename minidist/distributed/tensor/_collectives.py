@@ -31,6 +31,27 @@ from minidist.distributed.tensor.placement_types import (chunk_sizes, pad_to,
 
 REDUCE_OP = {"sum": ReduceOp.SUM, "avg": ReduceOp.AVG, "max": ReduceOp.MAX, "min": ReduceOp.MIN}
 
+# CommDebugMode's extension point (debug/comm_mode.py): the modes now counting, and
+# whether a collective runs for a forward or a backward (set by the backward ops)
+OBSERVERS: list = []
+PHASE = ["forward"]
+
+
+def _note(name: str, group: ProcessGroup, nbytes: int) -> None:
+    for mode in OBSERVERS:
+        mode.record(name, PHASE[0], group.size, nbytes)
+
+
+class backward_phase:
+    """``with backward_phase():`` collectives inside count as the backward's."""
+
+    def __enter__(self) -> None:
+        self.before = PHASE[0]
+        PHASE[0] = "backward"
+
+    def __exit__(self, *exc: object) -> None:
+        PHASE[0] = self.before
+
 
 def all_gather_shard(local: Any, dim: int, length: int, group: ProcessGroup) -> Any:
     """Shard(dim) -> Replicate: every rank's piece, side by side along ``dim``."""
@@ -43,6 +64,7 @@ def all_gather_shard(local: Any, dim: int, length: int, group: ProcessGroup) -> 
         shape[dim] = length
         return xp.zeros(tuple(shape), dtype=local.dtype)
     out = xp.empty((n,) + tuple(padded.shape), dtype=local.dtype)     # (n, .., c, ..)
+    _note("all_gather_into_tensor", group, padded.nbytes)
     all_gather_into_tensor(out, padded, group=group)
     pieces = []
     for r in range(n):
@@ -56,6 +78,7 @@ def all_reduce_partial(local: Any, reduce_op: str, group: ProcessGroup) -> Any:
     """Partial -> Replicate: the reduction of every rank's summand (a new array)."""
     out = local.copy()                               # C order; 0-d stays 0-d
     if out.size:
+        _note("all_reduce", group, out.nbytes)
         all_reduce(out, op=REDUCE_OP[reduce_op], group=group)
     return out
 
@@ -76,6 +99,7 @@ def reduce_scatter_partial(local: Any, reduce_op: str, dim: int,
     stacked = xp.stack([xp.ascontiguousarray(shard_slice(padded, dim, n, i))
                         for i in range(n)])                           # (n, .., c, ..)
     out = xp.empty(tuple(shape), dtype=local.dtype)
+    _note("reduce_scatter_tensor", group, stacked.nbytes)
     reduce_scatter_tensor(out, stacked, op=REDUCE_OP[reduce_op], group=group)
     index = [slice(None)] * local.ndim
     index[dim] = slice(0, sizes[r])
@@ -101,6 +125,7 @@ def all_to_all_shard(local: Any, src_dim: int, dst_dim: int, src_length: int,
         if d not in (src_dim, dst_dim):
             rest *= size
     if src_length * local.shape[dst_dim] * rest:       # the same answer on every rank
+        _note("all_to_all", group, sum(a.nbytes for a in inputs))
         all_to_all(outputs, inputs, group=group)
     return xp.concatenate(outputs, axis=src_dim)
 

@@ -163,5 +163,6 @@ class Redistribute(Function):
         arriving = ctx.dst_box.placements or normalize_for_grad(ctx.dst.placements)
         wanted = normalize_for_grad(ctx.src.placements)
         spec = DTensorSpec(ctx.src.mesh, arriving, ctx.src.shape)
-        dx = redistribute_local(grad, spec, wanted)
-        return deliver_grad(dx, ctx.src, wanted, ctx.src_box)
+        with coll.backward_phase():
+            dx = redistribute_local(grad, spec, wanted)
+            return deliver_grad(dx, ctx.src, wanted, ctx.src_box)
