@@ -1,0 +1,225 @@
+"""fully_shard (FSDP2): every parameter a Shard(0) DTensor, gathered around its use.
+
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)           # one unit per block
+    fully_shard(model, mesh=mesh)               # the root: what is left (embeddings, ln_f)
+
+Each parameter of a unit keeps only its dim-0 piece on each rank (torch.chunk's
+pieces: ``ceil(rows / N)`` rows, the last ranks fewer or none). Around the
+unit's forward:
+
+    forward:    Shard(0) -> Replicate   all-gather every parameter of the unit
+    backward:   Partial(avg) -> Shard(0)  reduce-scatter its gradient (the mean over
+                ranks of each rank's gradient of its own micro-batch)
+
+These are two redistributes of a DTensor: the gradient of the gathered
+parameter is a summand per rank, declared ``Partial("avg")``, and
+redistribute's backward turns it into this rank's piece by one reduce-scatter.
+
+``reshard_after_forward=True`` frees the gathered parameters once the unit's
+forward is done and gathers them again for its backward, which recomputes the
+unit's forward from its saved input (as ZeRO-3 here does: NumPy cannot free the
+memory under an array that the graph saved): per step two all-gathers and one
+reduce-scatter of (N-1)/N * M each, and only a unit's full weights at a time.
+``False`` keeps them from forward to backward: one all-gather, more memory. The
+root (a module holding units) always keeps its own until backward, as torch.
+
+Bytes per rank for parameters, gradients and Adam's two moments in float32:
+``16 P / N`` (the dim-0 pieces: at most N-1 rows of padding per parameter over
+ZeRO-3's flat shards), the same formula as ZeRO-3. The difference from ZeRO-3
+(parallel/zero/zero3.py, one flat buffer per unit cut into N equal parts): each
+parameter is cut on its own, so a rank's piece of a weight is a block of whole
+rows that a DTensor can describe, and the optimizer's state, the checkpoint
+and the gradient clipping work parameter by parameter (FSDP2's reason for the
+change).
+
+``MixedPrecisionPolicy(param_dtype=...)`` casts the gathered parameters (the
+compute copy; the sharded float master stays); ``reduce_dtype`` casts the
+gradient for the reduce-scatter and back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from minidist import backend
+from minidist.autograd.engine import backward as run_backward
+from minidist.autograd.function import Function
+from minidist.autograd.grad_mode import enable_grad, no_grad
+from minidist.autograd.tensor import Tensor
+from minidist.comm.group import get_world_size
+from minidist.distributed.device_mesh import init_device_mesh
+from minidist.distributed.tensor._api import DTensor, distribute_tensor
+from minidist.distributed.tensor._collectives import backward_phase
+from minidist.distributed.tensor._redistribute import (DTensorSpec, GradPlacements,
+                                                       redistribute_local)
+from minidist.distributed.tensor.placement_types import Partial, Replicate, Shard
+from minidist.nn.module import Module, Parameter
+
+
+@dataclass(frozen=True)
+class MixedPrecisionPolicy:
+    """Dtypes of the gathered parameters and of the gradients' reduce-scatter (None: the
+    parameter's own)."""
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+
+
+class FSDPState:
+    """What fully_shard keeps on a module: its mesh, its parameters' pieces and where
+    they are used (a tied parameter is used by two modules)."""
+
+    def __init__(self, mesh: Any, reshard_after_forward: bool, mp_policy: MixedPrecisionPolicy):
+        self.mesh, self.reshard, self.mp_policy = mesh, reshard_after_forward, mp_policy
+        self.params: list[tuple[Parameter, list[tuple[Module, str]], tuple[int, ...]]] = []
+        self.requires_gradient_sync = True
+
+    def spec(self, shape: tuple[int, ...], placement: Any) -> DTensorSpec:
+        return DTensorSpec(self.mesh, (placement,), shape)
+
+    def gather(self, shard: Parameter, shape: tuple[int, ...]) -> Any:
+        """The whole parameter (an array), by one all-gather."""
+        full = redistribute_local(shard.data, self.spec(shape, Shard(0)), (Replicate(),))
+        dtype = self.mp_policy.param_dtype
+        return full if dtype is None else full.astype(dtype)
+
+    def reduce(self, grad: Any, shard: Parameter, shape: tuple[int, ...]) -> Any:
+        """This rank's piece of the mean of every rank's gradient, by one reduce-scatter."""
+        dtype = self.mp_policy.reduce_dtype
+        grad = grad if dtype is None else grad.astype(dtype)
+        mine = redistribute_local(grad, self.spec(shape, Partial("avg")), (Shard(0),))
+        return mine.astype(shard.dtype)
+
+    def put(self, values: list[Any]) -> None:
+        """Make the modules use ``values`` (gathered tensors, or the shards back)."""
+        for value, (_, uses, _) in zip(values, self.params):
+            for module, name in uses:
+                object.__setattr__(module, name, value)
+
+    def shards(self) -> list[Parameter]:
+        return [shard for shard, _, _ in self.params]
+
+
+def _managed_parameters(module: Module) -> dict[int, tuple[Parameter, list]]:
+    """Parameters of ``module``'s subtree that no inner fully_shard unit holds."""
+    found: dict[int, tuple[Parameter, list]] = {}
+
+    def walk(m: Module) -> None:
+        for name, p in m._parameters.items():
+            if p is not None:
+                found.setdefault(id(p), (p, []))[1].append((m, name))
+        for child in m._modules.values():
+            if "_fsdp_state" not in child.__dict__:
+                walk(child)
+    walk(module)
+    return found
+
+
+class _ShardedUnit(Function):
+    """y = unit(x) with the unit's parameters gathered inside forward and again inside
+    backward (reshard_after_forward=True); the gradients leave as reduce-scattered pieces."""
+
+    @staticmethod
+    def forward(ctx, x, *shards, state=None, inner=None):
+        ctx.state, ctx.inner = state, inner
+        ctx.save_for_backward(x)
+        ctx.rng_state = backend.default_generator().get_state()
+        state.put([Tensor(state.gather(s, shape)) for s, _, shape in state.params])
+        try:
+            with no_grad():
+                out = inner(Tensor(x))
+        finally:
+            state.put(state.shards())
+        return out.data
+
+    @staticmethod
+    def backward(ctx, grad):
+        state, inner = ctx.state, ctx.inner
+        (x,) = ctx.saved
+        gen = backend.default_generator()
+        now = gen.get_state()
+        gen.set_state(ctx.rng_state)                  # replay the forward's random draws
+        x_in = Tensor(x, requires_grad=ctx.needs_input_grad[0])
+        with backward_phase():
+            full = [Tensor(state.gather(s, shape), requires_grad=True)
+                    for s, _, shape in state.params]
+        state.put(full)
+        try:
+            with enable_grad():
+                out = inner(x_in)
+            gen.set_state(now)
+            run_backward(out, grad)
+        finally:
+            state.put(state.shards())
+        with backward_phase():
+            pieces = [state.reduce(f.grad if f.grad is not None else f.data * 0, s, shape)
+                      for f, (s, _, shape) in zip(full, state.params)]
+        return (x_in.grad if ctx.needs_input_grad[0] else None, *pieces)
+
+
+def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool = True,
+                mp_policy: MixedPrecisionPolicy | None = None) -> Module:
+    """Shard ``module``'s parameters (those no inner unit holds) over the 1-D ``mesh``
+    (default: the world) as Shard(0), gathered around its forward and backward."""
+    if mesh is None:
+        mesh = init_device_mesh("cuda" if backend.get_backend() == "cupy" else "cpu",
+                                (get_world_size(),))
+    if mesh.ndim != 1:
+        raise ValueError(f"fully_shard takes a 1-D mesh, got {mesh.ndim} dimensions: pass "
+                         "mesh['dp'] (the data-parallel dimension)")
+    if not isinstance(reshard_after_forward, bool):
+        raise TypeError("reshard_after_forward must be True or False")
+    state = FSDPState(mesh, reshard_after_forward, mp_policy or MixedPrecisionPolicy())
+    for param, uses in _managed_parameters(module).values():
+        shape = tuple(param.shape)
+        if not shape:
+            raise ValueError(f"fully_shard cuts parameters along dim 0; {uses[0][1]} is a scalar")
+        piece = distribute_tensor(param.data, mesh, [Shard(0)]).to_local().data.copy()
+        shard = Parameter(piece)
+        for owner, name in uses:
+            setattr(owner, name, shard)
+        state.params.append((shard, uses, shape))
+    is_root = any("_fsdp_state" in m.__dict__ for m in module.modules() if m is not module)
+    inner = module.forward
+    object.__setattr__(module, "_fsdp_state", state)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        recompute = (state.reshard and not is_root and len(args) == 1 and not kwargs
+                     and isinstance(args[0], Tensor))
+        if recompute:
+            return _ShardedUnit.apply(args[0], *state.shards(), state=state, inner=inner)
+        gathered = []
+        for shard, _, shape in state.params:     # kept until backward: the graph holds them
+            d = DTensor(shard, state.spec(shape, Shard(0)), GradPlacements((Shard(0),), True))
+            full = d.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial("avg")])
+            dtype = state.mp_policy.param_dtype
+            gathered.append(full if dtype is None else full.astype(dtype))
+        state.put(gathered)
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            state.put(state.shards())
+    object.__setattr__(module, "forward", forward)
+    return module
+
+
+def sharded_state_dict(module: Module) -> dict[str, DTensor]:
+    """The parameters of a fully_shard module as Shard(0) DTensors, by name (torch's
+    ``model.state_dict()`` under FSDP2): ``.full_tensor()`` gives the whole one."""
+    out = {}
+    for name, p in module.named_parameters():
+        owner_name, attr = name.rsplit(".", 1) if "." in name else ("", name)
+        owner = dict(module.named_modules())[owner_name]
+        state = _state_of(module, owner)
+        shape = next(shape for s, _, shape in state.params if s is p)
+        out[name] = DTensor(p, state.spec(shape, Shard(0)), GradPlacements((Shard(0),), True))
+    return out
+
+
+def _state_of(root: Module, owner: Module) -> FSDPState:
+    """The unit that holds ``owner``'s parameters: the innermost fully_shard above it."""
+    best = None
+    for _, m in root.named_modules():
+        if "_fsdp_state" in m.__dict__ and any(x is owner for x in m.modules()):
+            best = m.__dict__["_fsdp_state"]     # named_modules goes outer to inner
+    return best
