@@ -368,3 +368,22 @@ def compression(path, runs):
     a3.set(xlabel="MB sent per rank", title="bytes sent")
     a1.legend(fontsize=8)
     _save(plt, fig, path)
+
+
+def placements_counts(path, runs):
+    """Demo 25: the collectives CommDebugMode counted, forward and backward, per run.
+
+    runs: label -> {"forward": {collective: count}, "backward": {...}}."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.4))
+    for ax, (label, counts) in zip(np.atleast_1d(axes), runs.items()):
+        names = sorted(set(counts["forward"]) | set(counts["backward"]))
+        x = np.arange(len(names))
+        ax.bar(x - 0.2, [counts["forward"].get(k, 0) for k in names], 0.4, label="forward")
+        ax.bar(x + 0.2, [counts["backward"].get(k, 0) for k in names], 0.4, label="backward")
+        ax.set_xticks(x, names, fontsize=8)
+        ax.set(title=label, ylabel="calls per step")
+        ax.legend(fontsize=8)
+    _save(plt, fig, path)

@@ -41,6 +41,7 @@ FIGURES = {
     "16_ulysses.png": ("16_ulysses.py", [], {}),
     "17_zero_bubble.png": ("17_zero_bubble.py", [], {}),
     "24_planner.png": ("24_planner.py", [], {}),
+    "25_placements.png": ("25_placements.py", [], {}),
 }
 
 

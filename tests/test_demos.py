@@ -37,6 +37,7 @@ SMOKE_ARGS = {
     "24_planner.py": ["--model", "llama3-8b", "--gpus", "16", "--batch-tokens", "262144",
                       "--seq", "4096", "--no-published"],
     "19_topology.py": ["-n", "4", "--node-size", "2"],
+    "25_placements.py": ["-n", "2", "--width", "4", "--n-embd", "8"],
 }
 
 
@@ -95,6 +96,7 @@ BAD_ARGS = [
     ("18_compression.py", ["--steps", "-2"], "positive integer"),
     ("24_planner.py", ["--model", "gpt9"], "unknown model preset"),
     ("19_topology.py", ["-n", "3"], "must divide"),
+    ("25_placements.py", ["-n", "3"], "must divide --width"),
 ]
 
 

@@ -37,14 +37,19 @@ def sharding_table(dtensor: Any) -> list[tuple[str, list[int]]]:
     return list(table.items())
 
 
-def visualize_sharding(dtensor: Any, header: str = "", all_ranks: bool = False) -> str:
-    """Print (on rank 0, or every rank) and return the table of blocks and their ranks."""
+def sharding_text(dtensor: Any, header: str = "") -> str:
+    """The table of blocks and the ranks that hold them, as text."""
     partial = [p for p in dtensor.placements if p.is_partial()]
     lines = [header] if header else []
     lines.append(f"{'block':<24}ranks" + ("   (each holds a summand: Partial)" if partial else ""))
     for block, ranks in sharding_table(dtensor):
         lines.append(f"{block:<24}{', '.join(str(r) for r in ranks)}")
-    text = "\n".join(lines)
+    return "\n".join(lines)
+
+
+def visualize_sharding(dtensor: Any, header: str = "", all_ranks: bool = False) -> str:
+    """Print (on rank 0, or on every rank) and return ``sharding_text``."""
+    text = sharding_text(dtensor, header)
     if all_ranks or dtensor.device_mesh.get_rank() == 0:
         print(text)
     return text
