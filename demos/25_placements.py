@@ -8,9 +8,10 @@ DTensor's redistribute issues (minidist/distributed/tensor/debug/):
    Partial output to Replicate) and one backward (f: the column layer's input
    gradient, a Partial summand per rank, to Replicate);
 2. a GPT under fully_shard (each block a unit, then the root): per step each
-   parameter is all-gathered in forward (Shard(0) -> Replicate), again in
-   backward for the recompute (reshard_after_forward=True), and its gradient
-   reduce-scattered (Partial(avg) -> Shard(0)).
+   unit's parameters are all-gathered in forward (Shard(0) -> Replicate, one
+   collective for all of them), again in backward for the recompute
+   (reshard_after_forward=True), and their gradients reduce-scattered
+   (Partial(avg) -> Shard(0)).
 
 Then visualize_sharding shows which rank holds which block of the MLP's c_fc weight.
 
@@ -90,8 +91,7 @@ def fsdp_gpt(n_layer, n_embd):
     diff = max(float(np.abs(to_host(d.full_tensor().data) - to_host(theirs[k].data)).max())
                for k, d in sharded_state_dict(model).items())
     params = len({id(p) for p in single.parameters()})
-    per_block = len(list(single.blocks[0].parameters()))
-    return diff, comm.get_phase_counts(), params, per_block
+    return diff, comm.get_phase_counts(), params
 
 
 def show(title, counts):
@@ -122,16 +122,17 @@ def main() -> int:
     print("   forward all_reduce = g (Partial -> Replicate), backward all_reduce = f\n")
     print(picture + "\n")
     fs = minidist.launch(fsdp_gpt, n, args.n_layer, args.n_embd)
-    diff_fs, counts_fs, params, per_block = fs[0]
+    diff_fs, counts_fs, params = fs[0]
     show(f"2. GPT ({args.n_layer} blocks, {params} parameters) under fully_shard over "
          f"{n} ranks:", counts_fs)
-    units = args.n_layer * per_block
-    print(f"   all-gathers: {params} forward + {units} backward (the blocks' recompute); "
-          f"reduce-scatters: {params}\n")
+    units = args.n_layer + 1
+    print(f"   one all-gather per unit ({args.n_layer} blocks + the root) forward, one per block "
+          f"backward (the recompute); one reduce-scatter per unit\n")
     want_tp = ({"forward": {"all_reduce": 1}, "backward": {"all_reduce": 1}} if n > 1
                else {"forward": {}, "backward": {}})
-    want_fs = ({"forward": {"all_gather_into_tensor": params},
-                "backward": {"all_gather_into_tensor": units, "reduce_scatter_tensor": params}}
+    want_fs = ({"forward": {"all_gather_into_tensor": units},
+                "backward": {"all_gather_into_tensor": args.n_layer,
+                             "reduce_scatter_tensor": units}}
                if n > 1 else {"forward": {}, "backward": {}})
     worst = max(max(r[0] for r in tp), max(r[0] for r in fs))
     ok = worst <= 1e-12 and counts_tp == want_tp and counts_fs == want_fs

@@ -8,13 +8,15 @@ Each parameter of a unit keeps only its dim-0 piece on each rank (torch.chunk's
 pieces: ``ceil(rows / N)`` rows, the last ranks fewer or none). Around the
 unit's forward:
 
-    forward:    Shard(0) -> Replicate   all-gather every parameter of the unit
-    backward:   Partial(avg) -> Shard(0)  reduce-scatter its gradient (the mean over
-                ranks of each rank's gradient of its own micro-batch)
+    forward:    Shard(0) -> Replicate       all-gather the unit's parameters
+    backward:   Partial(avg) -> Shard(0)    reduce-scatter their gradients (the mean over
+                                            ranks of each rank's gradient of its micro-batch)
 
-These are two redistributes of a DTensor: the gradient of the gathered
-parameter is a summand per rank, declared ``Partial("avg")``, and
-redistribute's backward turns it into this rank's piece by one reduce-scatter.
+Each is the change of placement of redistribute (tensor/_collectives.py), done
+for all the unit's parameters in one collective: their pieces, each padded to
+its ``ceil(rows / N)`` rows, lie side by side in one buffer (FSDP2's copy-in and
+copy-out), so a unit costs one all-gather and one reduce-scatter, not one per
+parameter.
 
 ``reshard_after_forward=True`` frees the gathered parameters once the unit's
 forward is done and gathers them again for its backward, which recomputes the
@@ -50,10 +52,11 @@ from minidist.autograd.tensor import Tensor
 from minidist.comm.group import get_world_size
 from minidist.distributed.device_mesh import init_device_mesh
 from minidist.distributed.tensor._api import DTensor, distribute_tensor
+from minidist.backend import xp
+from minidist.distributed.tensor import _collectives as coll
 from minidist.distributed.tensor._collectives import backward_phase
-from minidist.distributed.tensor._redistribute import (DTensorSpec, GradPlacements,
-                                                       redistribute_local)
-from minidist.distributed.tensor.placement_types import Partial, Replicate, Shard
+from minidist.distributed.tensor._redistribute import DTensorSpec, GradPlacements
+from minidist.distributed.tensor.placement_types import Shard
 from minidist.nn.module import Module, Parameter
 
 
@@ -77,18 +80,21 @@ class FSDPState:
     def spec(self, shape: tuple[int, ...], placement: Any) -> DTensorSpec:
         return DTensorSpec(self.mesh, (placement,), shape)
 
-    def gather(self, shard: Parameter, shape: tuple[int, ...]) -> Any:
-        """The whole parameter (an array), by one all-gather."""
-        full = redistribute_local(shard.data, self.spec(shape, Shard(0)), (Replicate(),))
+    def gather(self) -> list[Any]:
+        """Every parameter of the unit whole (arrays), by one all-gather."""
+        group = self.mesh.get_group(0)
+        fulls = coll.all_gather_dim0([s.data for s, _, _ in self.params],
+                                     [shape[0] for _, _, shape in self.params], group)
         dtype = self.mp_policy.param_dtype
-        return full if dtype is None else full.astype(dtype)
+        return fulls if dtype is None else [f.astype(dtype) for f in fulls]
 
-    def reduce(self, grad: Any, shard: Parameter, shape: tuple[int, ...]) -> Any:
-        """This rank's piece of the mean of every rank's gradient, by one reduce-scatter."""
-        dtype = self.mp_policy.reduce_dtype
-        grad = grad if dtype is None else grad.astype(dtype)
-        mine = redistribute_local(grad, self.spec(shape, Partial("avg")), (Shard(0),))
-        return mine.astype(shard.dtype)
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        """This rank's pieces of the mean over ranks of every gradient, by one
+        reduce-scatter (in ``reduce_dtype`` if the policy names one)."""
+        dtype = self.mp_policy.reduce_dtype or self.params[0][0].dtype
+        pieces = coll.reduce_scatter_dim0([g.astype(dtype) for g in grads], "avg",
+                                          self.mesh.get_group(0))
+        return [p.astype(s.dtype) for p, (s, _, _) in zip(pieces, self.params)]
 
     def put(self, values: list[Any]) -> None:
         """Make the modules use ``values`` (gathered tensors, or the shards back)."""
@@ -124,7 +130,7 @@ class _ShardedUnit(Function):
         ctx.state, ctx.inner = state, inner
         ctx.save_for_backward(x)
         ctx.rng_state = backend.default_generator().get_state()
-        state.put([Tensor(state.gather(s, shape)) for s, _, shape in state.params])
+        state.put([Tensor(f) for f in state.gather()])
         try:
             with no_grad():
                 out = inner(Tensor(x))
@@ -141,8 +147,7 @@ class _ShardedUnit(Function):
         gen.set_state(ctx.rng_state)                  # replay the forward's random draws
         x_in = Tensor(x, requires_grad=ctx.needs_input_grad[0])
         with backward_phase():
-            full = [Tensor(state.gather(s, shape), requires_grad=True)
-                    for s, _, shape in state.params]
+            full = [Tensor(f, requires_grad=True) for f in state.gather()]
         state.put(full)
         try:
             with enable_grad():
@@ -152,9 +157,28 @@ class _ShardedUnit(Function):
         finally:
             state.put(state.shards())
         with backward_phase():
-            pieces = [state.reduce(f.grad if f.grad is not None else f.data * 0, s, shape)
-                      for f, (s, _, shape) in zip(full, state.params)]
+            pieces = state.reduce([f.grad if f.grad is not None else f.data * 0 for f in full])
         return (x_in.grad if ctx.needs_input_grad[0] else None, *pieces)
+
+
+class _GatheredParameters(Function):
+    """The unit's parameters whole (one all-gather); backward: their gradients'
+    pieces (one reduce-scatter). For units that keep them from forward to backward."""
+
+    @staticmethod
+    def forward(ctx, *shards, state=None):
+        ctx.state = state
+        fulls = state.gather()
+        return tuple(fulls) if len(fulls) > 1 else fulls[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        state = ctx.state
+        grads = [g if g is not None else xp.zeros(shape, dtype=s.dtype)
+                 for g, (s, _, shape) in zip(grads, state.params)]
+        with backward_phase():
+            pieces = state.reduce(grads)
+        return tuple(pieces) if len(pieces) > 1 else pieces[0]
 
 
 def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool = True,
@@ -179,6 +203,12 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
         for owner, name in uses:
             setattr(owner, name, shard)
         state.params.append((shard, uses, shape))
+    if len({s.dtype for s in state.shards()}) > 1:
+        raise ValueError("fully_shard gathers a unit's parameters in one buffer: give them one "
+                         f"dtype, or shard the modules apart (got {sorted({str(s.dtype) for s in state.shards()})})")
+    if not state.params:
+        object.__setattr__(module, "_fsdp_state", state)
+        return module
     is_root = any("_fsdp_state" in m.__dict__ for m in module.modules() if m is not module)
     inner = module.forward
     object.__setattr__(module, "_fsdp_state", state)
@@ -188,13 +218,8 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
                      and isinstance(args[0], Tensor))
         if recompute:
             return _ShardedUnit.apply(args[0], *state.shards(), state=state, inner=inner)
-        gathered = []
-        for shard, _, shape in state.params:     # kept until backward: the graph holds them
-            d = DTensor(shard, state.spec(shape, Shard(0)), GradPlacements((Shard(0),), True))
-            full = d.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial("avg")])
-            dtype = state.mp_policy.param_dtype
-            gathered.append(full if dtype is None else full.astype(dtype))
-        state.put(gathered)
+        gathered = _GatheredParameters.apply(*state.shards(), state=state)  # kept to backward
+        state.put(list(gathered) if isinstance(gathered, tuple) else [gathered])
         try:
             return inner(*args, **kwargs)
         finally:

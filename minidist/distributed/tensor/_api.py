@@ -117,6 +117,8 @@ class DTensor:
             raise ValueError(f"redistribute: cannot move a DTensor from {self.device_mesh} to "
                              f"another mesh {mesh}; redistribute works within one mesh")
         placements = _check_placements(placements, mesh, self.ndim, "redistribute")
+        if placements == self.placements:
+            return self                      # nothing moves, forward or backward
         dst = DTensorSpec(mesh, placements, self.shape)
         box = GradPlacements()
         local = Redistribute.apply(self._local_tensor, src=self._spec, dst=dst,

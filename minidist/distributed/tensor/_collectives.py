@@ -136,3 +136,56 @@ def partition_replicate(local: Any, reduce_op: str, n: int) -> Any:
     if reduce_op == "sum":
         return local / n
     return local.copy()
+
+
+# -- many Shard(0) tensors in one collective (FSDP2's copy-in / copy-out) --------------
+
+def all_gather_dim0(locals_: list, lengths: list[int], group: ProcessGroup) -> list:
+    """Shard(0) -> Replicate for several tensors by one all-gather: each piece padded to
+    its c_i = ceil(L_i / n) rows, all flattened side by side, gathered, and cut apart."""
+    n = group.size
+    widths, flats = [], []
+    for local, length in zip(locals_, lengths):
+        c = chunk_sizes(length, n)[0]
+        padded = pad_to(local, 0, c)                                  # (c_i, ...)
+        widths.append(padded.size)
+        flats.append(xp.ascontiguousarray(padded).reshape(-1))
+    mine = xp.concatenate(flats) if flats else xp.empty(0)           # (sum c_i * row_i,)
+    out = xp.empty((n, mine.size), dtype=mine.dtype)                  # (n, sum ...)
+    if n == 1:
+        out[0] = mine
+    elif mine.size:
+        _note("all_gather_into_tensor", group, mine.nbytes)
+        all_gather_into_tensor(out, mine, group=group)
+    fulls, start = [], 0
+    for local, length, width in zip(locals_, lengths, widths):
+        c = chunk_sizes(length, n)[0]
+        block = out[:, start:start + width].reshape((n * c,) + tuple(local.shape[1:]))
+        fulls.append(block[:length])                                  # (L_i, ...)
+        start += width
+    return fulls
+
+
+def reduce_scatter_dim0(fulls: list, reduce_op: str, group: ProcessGroup) -> list:
+    """Partial -> Shard(0) for several tensors by one reduce-scatter (rank r keeps rows
+    of piece r of each)."""
+    n, r = group.size, group.rank
+    parts, shapes = [], []
+    for full in fulls:
+        sizes = chunk_sizes(full.shape[0], n)
+        padded = pad_to(full, 0, n * sizes[0])                        # (n * c_i, ...)
+        parts.append(xp.ascontiguousarray(padded).reshape(n, -1))     # (n, c_i * row_i)
+        shapes.append((sizes, tuple(full.shape[1:])))
+    stacked = xp.concatenate(parts, axis=1)                           # (n, sum ...)
+    mine = xp.empty(stacked.shape[1], dtype=stacked.dtype)
+    if n == 1:
+        mine[...] = stacked[0]
+    elif mine.size:
+        _note("reduce_scatter_tensor", group, stacked.nbytes)
+        reduce_scatter_tensor(mine, stacked, op=REDUCE_OP[reduce_op], group=group)
+    pieces, start = [], 0
+    for part, (sizes, rest) in zip(parts, shapes):
+        block = mine[start:start + part.shape[1]].reshape((sizes[0],) + rest)
+        pieces.append(block[:sizes[r]].copy())                        # (size(r), ...)
+        start += part.shape[1]
+    return pieces
