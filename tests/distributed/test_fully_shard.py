@@ -94,3 +94,40 @@ def test_fully_shard_trains_like_one_process_and_zero3(world, layers, steps, res
     # / N) per unit); a rank holds at most one row of padding more per parameter
     assert sum(pieces) == n_params
     assert max(pieces) <= sum(-(-rows // n) * width for rows, width in shapes)
+
+
+def accumulation_case(seed):
+    """Two micro-batches, the first with gradient sync off: the gradients equal one
+    process's accumulated over the two whole micro-batches; one reduce-scatter per unit."""
+    import minidist.distributed as dist
+    from minidist.distributed.fsdp import fully_shard, sharded_state_dict
+    from minidist.distributed.tensor.debug import CommDebugMode
+    from minidist.nn import GPT, GPTConfig
+    n, r = dist.get_world_size(), dist.get_rank()
+    cfg = GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8,
+                    dtype="float64", seed=seed)
+    single, model = GPT(cfg), GPT(cfg)
+    fully_shard(model.blocks[0])
+    fully_shard(model)
+    rng = np.random.default_rng(seed)
+    per = BATCH // n
+    with CommDebugMode() as comm:
+        for sync in (False, True):
+            idx, tgt = rng.integers(0, 11, (BATCH, 8)), rng.integers(0, 11, (BATCH, 8))
+            _, loss = single(backend.from_host(idx), backend.from_host(tgt))
+            loss.backward()
+            model.set_requires_gradient_sync(sync)
+            _, loss = model(*(backend.from_host(a[r * per:(r + 1) * per]) for a in (idx, tgt)))
+            loss.backward()
+    theirs = {k: backend.to_host(p.grad) for k, p in single.named_parameters()}
+    errors = {}
+    for name, d in sharded_state_dict(model).items():
+        grad = d.grad.full_tensor()
+        errors[name] = float(np.abs(backend.to_host(grad.data) - theirs[name]).max())
+    return errors, comm.get_comm_counts()
+
+
+def test_gradient_accumulation_without_sync_reduces_once(world):
+    for errors, counts in world.run(accumulation_case, 5):
+        assert max(errors.values()) <= TOL, errors
+        assert counts["reduce_scatter_tensor"] == 2          # the block and the root, once

@@ -37,7 +37,9 @@ change).
 
 ``MixedPrecisionPolicy(param_dtype=...)`` casts the gathered parameters (the
 compute copy; the sharded float master stays); ``reduce_dtype`` casts the
-gradient for the reduce-scatter and back.
+gradient for the reduce-scatter and back. ``module.set_requires_gradient_sync(False)``
+accumulates whole gradients without communication (gradient accumulation: N - 1 of N
+micro-batches), the next synced backward reduce-scatters their sum, once.
 """
 from __future__ import annotations
 
@@ -76,6 +78,19 @@ class FSDPState:
         self.mesh, self.reshard, self.mp_policy = mesh, reshard_after_forward, mp_policy
         self.params: list[tuple[Parameter, list[tuple[Module, str]], tuple[int, ...]]] = []
         self.requires_gradient_sync = True
+        self.unsharded_grads: list[Any] | None = None   # accumulated while sync is off
+
+    def reduce_or_keep(self, grads: list[Any]) -> list[Any] | None:
+        """With gradient sync on: the pieces of (grads + what was kept), by one
+        reduce-scatter. Off: add the whole gradients to what is kept, return None (no
+        communication; the next synced backward reduce-scatters the sum)."""
+        if self.unsharded_grads is not None:
+            grads = [g + kept for g, kept in zip(grads, self.unsharded_grads)]
+        if not self.requires_gradient_sync:
+            self.unsharded_grads = grads
+            return None
+        self.unsharded_grads = None
+        return self.reduce(grads)
 
     def spec(self, shape: tuple[int, ...], placement: Any) -> DTensorSpec:
         return DTensorSpec(self.mesh, (placement,), shape)
@@ -157,7 +172,10 @@ class _ShardedUnit(Function):
         finally:
             state.put(state.shards())
         with backward_phase():
-            pieces = state.reduce([f.grad if f.grad is not None else f.data * 0 for f in full])
+            pieces = state.reduce_or_keep([f.grad if f.grad is not None else f.data * 0
+                                           for f in full])
+        if pieces is None:
+            pieces = [None] * len(full)
         return (x_in.grad if ctx.needs_input_grad[0] else None, *pieces)
 
 
@@ -177,7 +195,9 @@ class _GatheredParameters(Function):
         grads = [g if g is not None else xp.zeros(shape, dtype=s.dtype)
                  for g, (s, _, shape) in zip(grads, state.params)]
         with backward_phase():
-            pieces = state.reduce(grads)
+            pieces = state.reduce_or_keep(grads)
+        if pieces is None:
+            pieces = [None] * len(grads)
         return tuple(pieces) if len(pieces) > 1 else pieces[0]
 
 
@@ -225,6 +245,15 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
         finally:
             state.put(state.shards())
     object.__setattr__(module, "forward", forward)
+
+    def set_requires_gradient_sync(requires_gradient_sync: bool, *, recurse: bool = True) -> None:
+        """Off: backward keeps whole gradients and skips the reduce-scatter (gradient
+        accumulation); the next backward with it on reduce-scatters their sum."""
+        units = [m for m in module.modules() if "_fsdp_state" in m.__dict__] if recurse \
+            else [module]
+        for m in units:
+            m.__dict__["_fsdp_state"].requires_gradient_sync = requires_gradient_sync
+    object.__setattr__(module, "set_requires_gradient_sync", set_requires_gradient_sync)
     return module
 
 
