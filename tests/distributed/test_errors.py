@@ -1,6 +1,4 @@
 """Bad input gets an error that names what was wrong, on every rank, without a hang."""
-import pytest
-
 from tests.distributed.worlds import world_fixture
 
 world = world_fixture([2])

@@ -9,8 +9,6 @@ more in backward for a block's recompute with reshard_after_forward, and one
 reduce-scatter. Every element lives on one rank; a rank holds at most a row
 of padding more per parameter than P / N.
 """
-import copy
-
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st

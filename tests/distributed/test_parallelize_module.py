@@ -32,8 +32,8 @@ def mlp_case(case):
     from minidist.distributed.tensor import Shard
     from minidist.distributed.tensor.debug import CommDebugMode
     from minidist.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                      SequenceParallel, parallelize_module)
-    from minidist.nn import MLP, LayerNorm, Sequential
+                                                      parallelize_module)
+    from minidist.nn import MLP
     from minidist.parallel import ParallelMLP, shard_state_dict
     t, r = dist.get_world_size(), dist.get_rank()
     C, sp = case["width"] * t, case["sp"]
@@ -126,3 +126,55 @@ def backend_world_size():
 def test_plan_naming_a_missing_module_is_an_error(world):
     for message in world.run(missing_case, None):
         assert "'c_fcc'" in message and "no such module" in message and "c_fc" in message
+
+
+def sequence_parallel_case(seed):
+    """LayerNorm under SequenceParallel, then the MLP's column / row layers taking and
+    giving Shard(1), and PrepareModuleInput turning a Replicate input into Shard(1)."""
+    import minidist.distributed as dist
+    from minidist.autograd import Tensor
+    from minidist.distributed.device_mesh import init_device_mesh
+    from minidist.distributed.tensor import Replicate, Shard
+    from minidist.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                      RowwiseParallel, SequenceParallel,
+                                                      parallelize_module)
+    from minidist.nn import MLP, LayerNorm, Module
+
+    class NormMLP(Module):
+        def __init__(self, C):
+            super().__init__()
+            self.ln = LayerNorm(C, dtype="float64")
+            self.mlp = MLP(C, 4 * C, 0.0, True, "float64", generator=backend.Generator(seed))
+
+        def forward(self, x):
+            return self.mlp(self.ln(x))
+
+    t, r = dist.get_world_size(), dist.get_rank()
+    C, T = 4, 2 * t
+    rng = np.random.default_rng(seed)
+    x_full, dy_full = rng.standard_normal((2, T, C)), rng.standard_normal((2, T, C))
+    dense = NormMLP(C)
+    dense.ln.weight.data[...] = backend.from_host(rng.standard_normal(C))
+    model = copy.deepcopy(dense)
+    mesh = init_device_mesh("cpu", (t,))
+    parallelize_module(model.ln, mesh, SequenceParallel())     # then its input, outside
+    parallelize_module(model, mesh, {
+        "ln": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1)),
+        "mlp.c_fc": ColwiseParallel(input_layouts=Shard(1)),
+        "mlp.c_proj": RowwiseParallel(output_layouts=Shard(1))})
+    out = []
+    for m, x in ((dense, x_full), (model, x_full)):
+        xt = Tensor(backend.from_host(x), requires_grad=True)
+        y = m(xt)
+        dy = dy_full if m is dense else np.split(dy_full, t, axis=1)[r]
+        y.backward(backend.from_host(dy))
+        out.append((_host(y), _host(xt.grad), _host(m.ln.weight.grad), _host(m.ln.bias.grad)))
+    return out
+
+
+def test_sequence_parallel_layer_norm_and_prepare_module_input(world):
+    t = world.world_size
+    for r, (dense, sp) in enumerate(world.run(sequence_parallel_case, 7)):
+        np.testing.assert_allclose(sp[0], np.split(dense[0], t, axis=1)[r], rtol=TOL, atol=TOL)
+        for got, want in zip(sp[1:], dense[1:]):     # dx (Replicate input), LN's grads
+            np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL)

@@ -32,7 +32,7 @@ from typing import Any
 
 from minidist.autograd.tensor import Tensor
 from minidist.nn import functional as F
-from minidist.nn.layers import Embedding, LayerNorm, Linear
+from minidist.nn.layers import Embedding, Linear
 from minidist.nn.module import Module, Parameter
 from minidist.distributed.tensor._api import DTensor, distribute_tensor
 from minidist.distributed.tensor._redistribute import DTensorSpec, GradPlacements
@@ -171,7 +171,7 @@ class RowwiseParallel(ParallelStyle):
 
 
 class SequenceParallel(ParallelStyle):
-    """LayerNorm (or any module of elementwise work per position) on this rank's positions:
+    """LayerNorm, Dropout (any module of work per position) on this rank's positions:
     input Shard(``sequence_dim``), output the same; the parameters stay whole and their
     gradients, summands of every rank's positions, are all-reduced backward."""
 
@@ -185,12 +185,15 @@ class SequenceParallel(ParallelStyle):
 
         def forward(x: Any) -> Any:
             x = _to_layout(x, device_mesh, seq, seq)
-            if isinstance(module, LayerNorm):
-                weight = _replicated(module, "weight", device_mesh, Partial())
-                bias = _replicated(module, "bias", device_mesh, Partial())
-                y = F.layer_norm(x, weight, bias, module.eps)
-            else:
-                y = inner(x)
+            names = [n for n, p in module._parameters.items() if p is not None]
+            for name in names:        # whole weights whose gradients are summands
+                object.__setattr__(module, name,
+                                   _replicated(module, name, device_mesh, Partial()))
+            try:
+                y = inner(x)                                            # (B, T/t, C)
+            finally:
+                for name in names:
+                    object.__setattr__(module, name, module._parameters[name])
             if self.use_local_output:
                 return y
             return DTensor.from_local(y, device_mesh, [seq])
