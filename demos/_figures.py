@@ -373,7 +373,7 @@ def compression(path, runs):
 
 
 def llama_runs(path, single, mesh, shape):
-    """Demo 25: the Llama's loss in one process and on the mesh, and their difference."""
+    """Demo 21: the Llama's loss in one process and on the mesh, and their difference."""
     plt = _pyplot()
     if plt is None:
         return
@@ -389,4 +389,23 @@ def llama_runs(path, single, mesh, shape):
     ax2.axhline(1e-12, color="gray", ls=":", label="tolerance 1e-12")
     ax2.set(xlabel="step", ylabel="|mesh - one process|", title="loss difference (float64)")
     ax2.legend(fontsize=8)
+    _save(plt, fig, path)
+
+
+def placements_counts(path, runs):
+    """Demo 22: the collectives CommDebugMode counted, forward and backward, per run.
+
+    runs: label -> {"forward": {collective: count}, "backward": {...}}."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 3.4))
+    for ax, (label, counts) in zip(np.atleast_1d(axes), runs.items()):
+        names = sorted(set(counts["forward"]) | set(counts["backward"]))
+        x = np.arange(len(names))
+        ax.bar(x - 0.2, [counts["forward"].get(k, 0) for k in names], 0.4, label="forward")
+        ax.bar(x + 0.2, [counts["backward"].get(k, 0) for k in names], 0.4, label="backward")
+        ax.set_xticks(x, names, fontsize=8)
+        ax.set(title=label, ylabel="calls per step")
+        ax.legend(fontsize=8)
     _save(plt, fig, path)

@@ -43,6 +43,7 @@ FIGURES = {
     "24_planner.png": ("24_planner.py", [], {}),
     "20_trace.png": ("20_trace.py", [], {}),
     "21_llama.png": ("21_llama.py", [], {}),
+    "22_placements.png": ("22_placements.py", [], {}),
 }
 
 

@@ -39,6 +39,7 @@ SMOKE_ARGS = {
     "19_topology.py": ["-n", "4", "--node-size", "2"],
     "20_trace.py": ["--dp", "1", "--pp", "2", "--tp", "1", "--steps", "1"],
     "21_llama.py": ["--steps", "4"],
+    "22_placements.py": ["-n", "2", "--width", "4", "--n-embd", "8"],
 }
 
 
@@ -98,6 +99,7 @@ BAD_ARGS = [
     ("24_planner.py", ["--model", "gpt9"], "unknown model preset"),
     ("19_topology.py", ["-n", "3"], "must divide"),
     ("21_llama.py", ["--tp", "4"], "must divide the 2 key/value heads"),
+    ("22_placements.py", ["-n", "3"], "must divide --width"),
 ]
 
 
