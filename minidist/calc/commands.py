@@ -16,7 +16,7 @@ import argparse
 import sys
 from typing import Callable
 
-from minidist.calc import (activations, comm, compute, gpt, memory, moe, pipeline,
+from minidist.calc import (activations, comm, compute, gpt, memory, moe, pipeline, precision,
                            recipes, tensor)
 from minidist.calc.cli_args import (Topic, add_topic_parser, fraction, non_negative,
                                     non_negative_int, positive, positive_int)
@@ -369,6 +369,27 @@ TOPICS["sequence-parallel"] = Topic(
      ("--heads", non_negative_int, 0, "H (checks N | H)"),
      ("--bytes-per-element", positive, 2.0, "")],
     _sequence_parallel)
+
+
+def _block_formats(a):
+    names = [a.format] if a.format else list(precision.BLOCK_FORMATS)
+    rows = []
+    for name in names:
+        bits = precision.block_format_bits(name, a.numel)
+        rows.append(f"{name:>20}: {bits:.4g} bits/element, {a.numel * bits / 8:,.0f} bytes"
+                    if a.numel else f"{name:>20}: {bits:.4g} bits/element (+ per-tensor scale)"
+                    if precision.BLOCK_FORMATS[name].tensor_scale_bits else
+                    f"{name:>20}: {bits:.4g} bits/element")
+    return rows
+
+
+TOPICS["block-formats"] = Topic(
+    "storage bits per element of block-scaled formats (MX, NVFP4, DeepSeek-V3 FP8)",
+    "bits = element_bits + scale_bits / block_size + tensor_scale_bits / numel",
+    "OCP MX v1.0; NVIDIA NVFP4; DeepSeek-V3 technical report, section 3.3",
+    [("--format", tuple(precision.BLOCK_FORMATS), "", "one format (default: all)"),
+     ("--numel", non_negative, 0.0, "elements of the tensor (adds the per-tensor scale)")],
+    _block_formats)
 
 
 def add_calc_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:

@@ -299,3 +299,25 @@ def test_nvfp4_equals_torchao(x):
     codes = unpack_fp4(ao_d.view(torch.uint8).numpy(), x.shape).reshape(-1, 16)
     assert np.array_equal(backend.to_host(encode(elems, "e2m1fn")).reshape(-1, 16)[keep],
                           codes[keep])
+
+
+# -- the tensor type and its storage cost ----------------------------------------------
+
+@pytest.mark.parametrize("recipe,calc_name", [("mxfp8", "mxfp8"), ("mxfp6", "mxfp6"),
+                                              ("mxfp4", "mxfp4"), ("nvfp4", "nvfp4"),
+                                              ("fp8_blockwise_tile", "fp8_blockwise_tile"),
+                                              ("fp8_blockwise_block", "fp8_blockwise_block")])
+def test_block_scaled_tensor_round_trips_and_reports_calcs_bits(recipe, calc_name):
+    from minidist.calc import block_format_bits
+    from minidist.precision import BlockScaledTensor
+    x = backend.from_host(np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32))
+    t = BlockScaledTensor.quantize(x, recipe)
+    assert t.bits_per_element == block_format_bits(calc_name, x.size)
+    y = t.dequantize()
+    again = backend.to_host(BlockScaledTensor.quantize(y, recipe).dequantize())
+    if recipe.startswith("mx"):       # power-of-two scales: a fixed point, to the bit
+        assert same(again, backend.to_host(y))
+    else:                             # FP32 / E4M3 scales: the products round in float32
+        np.testing.assert_allclose(again, backend.to_host(y), rtol=2e-7)
+    assert {"mxfp8": 8.25, "mxfp4": 4.25, "nvfp4": 4.5 + 32 / x.size}.get(
+        recipe, t.bits_per_element) == t.bits_per_element
