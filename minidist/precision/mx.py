@@ -91,10 +91,12 @@ def mx_quantize(x: Any, fmt: FloatFormat | str, block_size: int = MX_BLOCK_SIZE,
         amax = xp.max(xp.abs(blocks), axis=-1)               # (..., nb); NaN if any is NaN
         e = mx_shared_exponent(amax, fmt)                    # (..., nb)
         bad = xp.isnan(e)
-        scaled = xp.ldexp(blocks, -xp.where(bad, 0, e).astype(xp.int32)[..., None])  # V / X, exact
-        scaled[bad] = 0                                      # a NaN-scale block's elements: 0
+        e_int = xp.where(bad, 0, e).astype(xp.int32)
+        inverse = xp.ldexp(xp.ones(e.shape, x.dtype), -e_int)   # 1 / X: 2^-125 .. 2^127
+        scaled = blocks * inverse[..., None]                  # V / X: times a power of two
+        scaled[bad] = 0                                       # a NaN-scale block's elements: 0
     elements = quantize(scaled, fmt, rounding=rounding, saturate=True, rng=rng)
-    scales = xp.ldexp(xp.ones(e.shape, "float32"), xp.where(bad, 0, e).astype(xp.int32))
+    scales = xp.ldexp(xp.ones(e.shape, "float32"), e_int)
     scales[bad] = xp.nan
     return from_blocks(elements, x.shape[axis], axis), scales_from_blocks(scales, axis)
 
