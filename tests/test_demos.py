@@ -34,6 +34,7 @@ SMOKE_ARGS = {
     "15_moe.py": ["-n", "2", "--steps", "5"],
     "16_ulysses.py": ["-n", "2", "--lengths", "64", "128"],
     "18_compression.py": ["--steps", "8", "--width", "64"],
+    "19_block_scaling.py": ["--steps", "16", "--n-embd", "32"],
 }
 
 
