@@ -371,7 +371,7 @@ def compression(path, runs):
 
 
 def block_scaling_runs(path, runs):
-    """Demo 19: the loss curve of each format, block-scaled and not."""
+    """Demo 25: the loss curve of each format, block-scaled and not."""
     plt = _pyplot()
     if plt is None:
         return

@@ -19,7 +19,7 @@ from minidist.comm import (NON_GROUP_MEMBER, CollectiveMismatchError, CommError,
                            recv, recv_reduce, reduce, reduce_scatter, reduce_scatter_tensor,
                            scatter, send)
 from minidist.comm import all_to_all_single
-from minidist.comm.group import get_stats
+from minidist.comm.group import get_node_local_rank, get_stats, get_topology
 
 
 __all__ = ["init_process_group", "destroy_process_group", "is_initialized", "get_rank",
@@ -30,4 +30,4 @@ __all__ = ["init_process_group", "destroy_process_group", "is_initialized", "get
            "launched",
            "get_stats", "CommError", "CommTimeoutError", "CollectiveMismatchError",
            "MessageMismatchError", "RankFailedError", "WorldAbortedError"]
-__all__ += ["all_to_all_single"]
+__all__ += ["all_to_all_single", "get_node_local_rank", "get_topology"]

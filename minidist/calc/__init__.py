@@ -16,6 +16,7 @@ it reproduces. See docs/cost_models.md.
     recipes    effective batch, accumulation, LR scaling, warmup, Young's interval
     precision  format ranges, dynamic loss scaling, bits per element of block-scaled formats
     moe        MoE total vs active parameters, all-to-all bytes, Ulysses vs ring attention
+    planner/   every parallel layout of a model on a cluster, priced with the above (plan)
 """
 from minidist.calc import units
 from minidist.calc.activations import (activation_memory_per_layer,
@@ -39,7 +40,7 @@ from minidist.calc.compute import (achieved_flops, amdahl_speedup, arithmetic_in
 from minidist.calc.gpt import (Utilization, flops_utilization, gpt_layer_params, gpt_params,
                               mfu_from_throughput, palm_model_flops_per_token,
                               training_flops_per_iteration)
-from minidist.calc.memory import (STATE_BYTES, activation_memory, checkpoint_bytes,
+from minidist.calc.memory import (STATE_BYTES, model_state_bytes_split, activation_memory, checkpoint_bytes,
                                   checkpoint_peak_fraction, checkpoint_stored_fraction,
                                   checkpoint_write_seconds, ddp_memory_per_gpu,
                                   layer_inputs_memory,
@@ -65,3 +66,4 @@ from minidist.calc.tensor import (attention_params, column_parallel_shard,
                                   row_parallel_shard, tp_all_reduce_bytes,
                                   tp_comm_bytes_per_layer, tp_overhead,
                                   tp_weight_bytes_per_gpu)
+from minidist.calc.planner import plan

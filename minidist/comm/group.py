@@ -10,7 +10,9 @@ message they move (``group.stats``); the collectives are written on top of them.
 
 - ``MINIDIST_SHM`` set (by ``minidist.launch`` / ``minidist run``): the local
   shared-memory transport, rank from ``RANK``;
-- ``PMI_RANK`` / ``OMPI_COMM_WORLD_RANK`` set (under ``mpiexec``): MPI;
+- ``PMI_RANK`` / ``OMPI_COMM_WORLD_RANK`` set (under ``mpiexec``): MPI, which
+  also finds the nodes from the host names and sets LOCAL_RANK, LOCAL_WORLD_SIZE
+  and GROUP_RANK as torchrun would (transport/topology.py);
 - neither: a world of one process, so a script also runs on its own.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from minidist.comm.transport import shm
+from minidist.comm.transport import shm, topology
 from minidist.comm.transport.base import Handle, Transport
 
 DEFAULT_TIMEOUT = 60.0       # seconds a wait may go without progress before it fails
@@ -215,6 +217,8 @@ def init_process_group(backend: str | None = None, *, timeout: float = DEFAULT_T
         transport = LocalTransport(seg.name, 0, timeout)
     else:
         raise ValueError(f"unknown backend {backend!r}: choose 'shm', 'mpi' or None")
+    if backend == "mpi":
+        topology.export_env(transport.topology, transport.rank)
     _state["world"] = ProcessGroup(transport, list(range(transport.world_size)), 0, timeout, check)
     atexit.register(destroy_process_group)
     return _state["world"]
@@ -287,6 +291,23 @@ def get_rank(group: ProcessGroup | None = None) -> int:
     if group is NON_GROUP_MEMBER:
         return -1
     return resolve(group).rank
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """This process's rank on its machine (``LOCAL_RANK``, which ``minidist run``
+    sets and ``init_process_group`` sets under MPI); ``fallback_rank`` if unset."""
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"])
+    if fallback_rank is not None:
+        return fallback_rank
+    raise RuntimeError("LOCAL_RANK is not set: start under minidist run or mpiexec "
+                       "(after init_process_group), or pass fallback_rank")
+
+
+def get_topology() -> "topology.Topology | None":
+    """The world's nodes: found under MPI, declared by World(node_size=...) on a
+    local world, None for a local world of one level (transport/topology.py)."""
+    return getattr(world_group().transport, "topology", None)
 
 
 def get_world_size(group: ProcessGroup | None = None) -> int:

@@ -13,8 +13,8 @@ Arrays are arrays of the active backend. In-place where torch's are in place:
     collective       algorithm            bytes sent per rank (M = array bytes)
     broadcast        binomial tree        <= ceil(log2 N) * M (the root)
     reduce           binomial tree        M (every rank but the root)
-    all_reduce       ring/tree/rd/naive/  ring: 2(N-1)/N * M; allgather: (N-1) * M
-                     allgather
+    all_reduce       by size (auto), or   ring, direct: 2(N-1)/N * M; allgather: (N-1) * M
+                     the one named        (all_reduce.py has all seven)
     all_gather       ring                 (N-1) * M   (M = one rank's part)
     reduce_scatter   ring                 (N-1)/N * M (M = the whole input)
     gather, scatter  direct (linear)      the root receives / sends (N-1) * M
@@ -30,22 +30,24 @@ from typing import Any, Callable
 
 from minidist.backend import xp
 from minidist.comm.collectives import work
-from minidist.comm.collectives.all_reduce import all_reduce_flat, choose
+from minidist.comm.collectives.all_reduce import make_plan, runnable
+from minidist.comm.collectives.all_reduce import run as run_all_reduce
 from minidist.comm.collectives.alltoall import (check_splits, offsets, pairwise_all_to_all,
                                                 alltoall_plan, single_copy_all_to_all, source_of,
                                                 worth_single_copy)
 from minidist.comm.collectives.check import describe, verify_same_call
-from minidist.comm.collectives.direct import direct_all_reduce, direct_plan
 from minidist.comm.group import ProcessGroup, resolve
 from minidist.comm.transport.reduce_op import ReduceOp, finish
 from minidist.comm.collectives.ring import chunk_bounds, ring_all_gather, ring_reduce_scatter
-from minidist.comm.collectives.small import allgather_all_reduce, plan_for
 from minidist.comm.collectives.tree import binomial_broadcast, binomial_reduce
 
 
 def _run(group: ProcessGroup | None, name: str, fields: dict,
-         body: Callable[[ProcessGroup, int], None], async_op: bool, checks_itself: bool = False,
-         line: str | None = None):
+         body: Callable[..., None], async_op: bool, checks_itself: bool = False,
+         line: str | None = None, args: tuple = ()):
+    """Run ``body(group, tag, *args)`` as collective ``name``: the same-call check
+    first (unless the body's own messages carry it), the bytes it moved into
+    ``group.stats``, now or in the background (work.py)."""
     g = group if isinstance(group, ProcessGroup) else resolve(group)
     tag = g.next_collective_tag()  # taken now, in issue order, even if run later
     number = g.calls              # this call's number in the group, the same on every rank
@@ -57,7 +59,7 @@ def _run(group: ProcessGroup | None, name: str, fields: dict,
         if g.check and g.size > 1 and not checks_itself:
             verify_same_call(g, text, tag)
         before = g.stats.snapshot()
-        body(g, tag)
+        body(g, tag, *args)
         g.stats.record(name, before, fields, time.perf_counter() - start)
         g.transport.record_end()
 
@@ -127,40 +129,31 @@ def reduce(tensor: Any, dst: int, op: ReduceOp = ReduceOp.SUM,
 
 def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | None = None,
                async_op: bool = False, algorithm: str = "auto"):
-    """Reduce ``tensor`` across the group in place. Afterwards ``tensor`` is bitwise
-    identical in all processes. ``algorithm``: auto, ring, tree, recursive_doubling,
-    naive, allgather, hierarchical, direct (all_reduce.py)."""
+    """Reduce ``tensor`` in place across the group, the same bits on every rank,
+    with the algorithm all_reduce.py names: the one asked for (ring, tree,
+    recursive_doubling, naive, allgather, hierarchical, direct) or, for ``auto``
+    (the default), allgather while (N-1) * M <= 192 KiB, recursive doubling below
+    256 KiB, the ring below 4 MiB and direct from 4 MiB where the ranks can read
+    each other's memory (the ring where they cannot; an explicit ``direct`` there
+    raises, naming why). Its entry reduces a flat view of ``tensor`` after the
+    same-call check, which allgather and direct carry in their own first messages.
+
+    Runs now, or in the background with ``async_op=True`` (a ``Work`` to wait on)."""
     g = resolve(group)
-    alg = choose(algorithm, tensor.nbytes, g.size)
-    if alg == "direct" and g.size > 1 and g.check:
-        # Reads the peers' arrays; the addresses travel with the check (direct.py).
-        direct = direct_plan(g, tensor, op)
+    name = runnable(algorithm, tensor.nbytes, g)
+    plan = make_plan(g, name, tensor, op)  # allgather, direct: their check's table
+    if plan is None:
+        return _run(g, "all_reduce", dict(op=op.name, algorithm=name, **_sig(tensor)),
+                    _all_reduce, async_op, args=(tensor, op, name, None))
+    return _run(g, "all_reduce", plan.fields, _all_reduce, async_op,
+                args=(tensor, op, name, plan), checks_itself=True, line=plan.line)
 
-        def direct_body(g, tag):
-            flat, write_back = _flat(tensor)
-            if not direct_all_reduce(g, flat, direct, tag):
-                all_reduce_flat(g, flat, op, "ring", tag)   # some rank cannot be read
-            write_back()
-        return _run(g, "all_reduce", direct.fields, direct_body, async_op, checks_itself=True,
-                    line=direct.line)
-    if alg == "direct":
-        alg = "ring"  # one rank, or no check to carry the addresses: the ring
-    if alg == "allgather" and g.size > 1:
-        # The same-call check travels in the same messages as the data (small.py).
-        plan = plan_for(g, tensor, op)
 
-        def gather_body(g, tag):
-            flat, write_back = _flat(tensor)
-            allgather_all_reduce(g, flat, plan, tag)
-            write_back()
-        return _run(g, "all_reduce", plan.fields, gather_body, async_op, checks_itself=True,
-                    line=plan.line)
-
-    def body(g, tag):
-        flat, write_back = _flat(tensor)
-        all_reduce_flat(g, flat, op, alg, tag)
-        write_back()
-    return _run(g, "all_reduce", dict(op=op.name, algorithm=alg, **_sig(tensor)), body, async_op)
+def _all_reduce(g: ProcessGroup, tag: int, tensor: Any, op: ReduceOp, name: str,
+                plan: Any) -> None:
+    flat, write_back = _flat(tensor)
+    run_all_reduce(g, flat, op, name, tag, plan)
+    write_back()
 
 
 def all_gather_into_tensor(output: Any, input: Any, group: ProcessGroup | None = None,

@@ -37,19 +37,24 @@ GIL, for each piece's time on the wire from its peer (``Transport.read_peer``),
 so a read of n bytes costs n / beta like a send: the comm thread leaves the core
 to backward while the bytes are "on the wire", and copies them when they land.
 
-Whether the ranks may read each other at all (Yama's ptrace_scope, a container's
-seccomp filter may forbid it) is learned once per group: at the first call each
-rank reads one element of every peer and all agree, by a dissemination round,
-whether every read worked. Where one did not, the group takes the ring from then
-on. A read that fails later (a peer gone) raises. A group made with
-``check=False`` takes the ring: the addresses travel with the check.
+Whether the ranks may read each other at all is learned once per group, by
+``cannot_run``, before the first direct all-reduce is issued (all_reduce.py
+asks it): a group made with ``check=False`` cannot (the addresses travel with
+the check), nor a transport without peer reads (MPI), nor device arrays; and
+where Yama's ptrace_scope or a container's seccomp filter forbids the reads,
+the probe finds out: every rank offers a buffer's address in a same-call
+check, reads one byte of every peer's, and all agree, by a dissemination
+round, whether every read worked. A read that fails later (a peer gone) raises.
 """
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any
 
+from minidist import backend
 from minidist.backend import xp
+from minidist.comm.collectives import work
 from minidist.comm.collectives.check import (CheckTable, agree, cached_plan, describe,
                                              one_byte_flags)
 from minidist.comm.collectives.ring import chunk_bounds
@@ -88,33 +93,61 @@ def direct_plan(group, tensor: Any, op: ReduceOp) -> DirectPlan:
                        group, tensor.shape, tensor.dtype, op)
 
 
-def offer(group, flat: Any) -> tuple[int, int]:
-    """(pid, address of ``flat``) for the peers to read, or (0, 0) when they cannot:
-    a transport without peer reads, a device array, or a group that learned
-    that its ranks cannot read each other."""
-    if not group.transport.peer_reads or group.direct_reads is False:
-        return 0, 0
-    address = cma.host_address(flat)
-    return (os.getpid(), address) if address is not None else (0, 0)
+def cannot_run(group) -> str | None:
+    """Why the ranks of ``group`` cannot read each other's arrays, or None when
+    they can. The first time it gets that far, every rank of the group runs
+    the probe (the module docstring), a collective of its own."""
+    if not group.check:
+        return ("the group was made with check=False, and the addresses of the arrays "
+                "travel with the same-call check")
+    if not group.transport.peer_reads:
+        return (f"the {group.transport.name} transport cannot read its peers' "
+                f"memory (the local transport can, on one machine)")
+    if backend.get_backend() == "cupy":
+        return "the arrays are in device memory, which another process cannot read"
+    if group.direct_reads is None:
+        work.submit(partial(_probe, group, group.next_collective_tag()), async_op=False)
+    if not group.direct_reads:
+        return ("a rank could not read its peers' memory at the group's first direct "
+                "all-reduce (Yama's ptrace_scope or a container's seccomp filter forbids "
+                "cross-memory reads)")
+    return None
 
 
-def direct_all_reduce(group, flat: Any, plan: DirectPlan, tag: int) -> bool:
+PROBE_LINE = "direct all-reduce probe: may ranks read each other's memory?"
+
+
+def _probe(group, tag: int) -> None:
+    """group.direct_reads = whether every rank read one byte of every peer's table."""
+    n, r = group.size, group.rank
+    check = CheckTable(group, PROBE_LINE, 16)
+    sources = check.payload.view("int64")                    # (N, 2): pid, address
+    sources[0] = offer(group, check.table)
+    check.gather(group, tag, "direct all-reduce probe")      # raises on every rank
+    rows = sources.tolist()
+    peers = [rows[(q - r) % n] for q in range(n)]
+    byte = xp.empty(1, dtype="uint8")
+    ok = all(_read(group, peers, q, 0, byte, raising=False) for q in range(n) if q != r)
+    group.direct_reads = agree(group, ok, tag, one_byte_flags(), "direct all-reduce probe")
+
+
+def offer(group, arr: Any) -> tuple[int, int]:
+    """(pid, address of the host array ``arr``) for the peers to read."""
+    address = cma.host_address(arr)
+    if address is None:
+        raise CommError(f"rank {group.global_rank(group.rank)}: the direct all-reduce needs "
+                        f"a C-contiguous host array")
+    return os.getpid(), address
+
+
+def direct_all_reduce(group, flat: Any, plan: DirectPlan, tag: int) -> None:
     """Reduce the 1-D contiguous ``flat`` in place (the module docstring), after
-    the same-call check. False, on every rank and with nothing changed, when
-    some rank cannot be read: the caller then takes the ring."""
+    the same-call check; on a group whose ranks can read each other (``cannot_run``)."""
     n, r = group.size, group.rank
     plan.sources[0] = offer(group, flat)
     plan.check.gather(group, tag, "direct all-reduce check")  # raises on every rank
     rows = plan.sources.tolist()
     peers = [rows[(q - r) % n] for q in range(n)]            # rank q's [pid, address]
-    if not all(pid for pid, _ in peers):
-        return False
-    if group.direct_reads is None:                           # first call: may we read?
-        ok = flat.size == 0 or all(_read(group, peers, q, 0, plan.tmp[:1], raising=False)
-                                   for q in range(n) if q != r)
-        group.direct_reads = agree(group, ok, tag, plan.flags, "direct all-reduce probe")
-        if not group.direct_reads:
-            return False
     mine = _pieces(plan.bounds[r], plan.piece)               # 1. reduce-scatter
     arrivals = {q: _arrivals(group, q, mine, flat.itemsize) for q in range(n) if q != r}
     for i, (start, stop) in enumerate(mine):
@@ -128,7 +161,6 @@ def direct_all_reduce(group, flat: Any, plan: DirectPlan, tag: int) -> bool:
             _read(group, peers, q, start, flat[start:stop], arrival)
     agree(group, True, tag, plan.flags, "direct all-reduce done")     # 4. "done"
     _count(group, flat, plan)
-    return True
 
 
 def _pieces(bounds: tuple[int, int], piece: int) -> list[tuple[int, int]]:

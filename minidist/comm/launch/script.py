@@ -18,9 +18,11 @@ script wrote, so a script that saves checkpoints resumes from its last one::
         start = load_checkpoint(CKPT, model, opt)["step"] + 1
 
 Exit status, as torchrun's: 0 when an attempt finishes; 1 when a rank failed
-and no restart is left (the message names the first failing rank and prints
-its traceback, once); 124 when ``--timeout`` stopped the world (no rank is
-blamed: the message lists the ranks still running and each one's last
+and no restart is left (the first line names the first failing rank and the
+ranks that failed too or were stopped; then its traceback, once, ending with
+the message: for minidist's own errors only the script's frames, all of them
+with ``--verbose``, report.py); 124 when ``--timeout`` stopped the world (no
+rank is blamed: the message lists the ranks still running and each one's last
 communication call); 130 on Ctrl-C; 2 for a usage error.
 """
 from __future__ import annotations
@@ -97,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
     parser.add_argument("--tee", type=_streams, default=None, metavar="{0,1,2,3}",
                         help="streams that go to the log files and the console "
                              "(default with --log-dir: 3, both)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="report a failing rank's whole traceback, minidist's own "
+                             "frames included (as MINIDIST_VERBOSE=1 does)")
     parser.add_argument("script", help="the Python script every rank runs")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
 
@@ -108,13 +113,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
         tee = ns.tee if ns.tee is not None else (3 if ns.log_dir else 0)
         return run_elastic(ns.script, ns.args, ns.nproc, max_restarts=ns.max_restarts,
                            timeout=ns.timeout, log_dir=ns.log_dir, redirects=ns.redirects,
-                           tee=tee & ~ns.redirects)
+                           tee=tee & ~ns.redirects, verbose=ns.verbose)
     return run
 
 
 def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
                 timeout: float | None = None, log_dir: str | None = None, redirects: int = 0,
-                tee: int = 0) -> int:
+                tee: int = 0, verbose: bool = False) -> int:
     """Run ``script`` on ``nproc`` ranks, restarting the world after a failure up to
     ``max_restarts`` times; returns the exit status (module docstring)."""
     from minidist.comm.errors import RankFailedError, WorldTimeoutError
@@ -123,6 +128,8 @@ def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
     name = os.path.basename(script)
     for attempt in range(max_restarts + 1):
         env = dict(MINIDIST_RESTART_COUNT=str(attempt), MINIDIST_MAX_RESTARTS=str(max_restarts))
+        if verbose:
+            env["MINIDIST_VERBOSE"] = "1"    # read where the traceback is written (report.py)
         output = RankOutput(nproc, log_dir, attempt, redirects, tee)
         try:
             with World(nproc, init_group=False, run_timeout=timeout, env=env,
@@ -130,10 +137,7 @@ def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
                 world.run(run_script, script, args)
             return 0
         except RankFailedError as e:
-            _say(f"rank {e.rank} failed ({e.exc_type}):\n{e.remote_traceback}", end="")
-            others = [r for r in e.failures if r != e.rank]
-            if others:
-                _say(f"ranks {others} were stopped")
+            _say(f"{_who_failed(e)}:\n{e.remote_traceback}", end="")  # ends with the message
             if attempt == max_restarts:
                 if max_restarts:
                     _say(f"{name} failed in each of its {max_restarts + 1} attempts")
@@ -147,6 +151,22 @@ def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
             _say("interrupted, every rank stopped")
             return EXIT_INTERRUPTED
     return EXIT_FAILED
+
+
+def _who_failed(e) -> str:
+    """"rank 0 failed (CollectiveMismatchError); rank 1 failed too; ranks [2, 3] were
+    stopped": the first line of a failure, so that the report ends with the message."""
+    line = f"rank {e.rank} failed ({e.exc_type})"
+    stopped = [r for r, (kind, _) in e.failures.items()
+               if r != e.rank and kind in ("Stopped", "WorldAbortedError")]
+    failed = [r for r in e.failures if r != e.rank and r not in stopped]
+    if len(failed) == 1:
+        line += f"; rank {failed[0]} failed too"
+    elif failed:
+        line += f"; ranks {failed} failed too"
+    if stopped:
+        line += f"; ranks {stopped} were stopped"
+    return line
 
 
 def _say(message: str, end: str = "\n") -> None:

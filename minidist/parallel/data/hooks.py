@@ -13,7 +13,7 @@ returns a ``Future`` whose ``wait()`` (called by DDP after backward) gives the
 another array. Three hooks are here, PowerSGD is in powersgd.py:
 
     allreduce_hook        all-reduce (AVG) in float32: 2(N-1)/N * 4n bytes per rank
-                          (the direct algorithm: each rank reads its peers' buckets)
+                          (auto: the direct algorithm for buckets from 4 MiB)
     fp16_compress_hook    round to fp16, divide by N, all-reduce in fp16, widen:
                           half the bytes, 2(N-1)/N * 2n; the sum is rounded to fp16
                           at every addition, as in torch's hook on NCCL
@@ -104,13 +104,12 @@ class Future:
 
 
 def allreduce_hook(group: Any, bucket: GradBucket) -> Future:
-    """The default: average the bucket in place with one float32 all-reduce, the
-    direct one (each byte copied once, the CPU free while bytes are on an emulated
-    wire; comm/collectives/direct.py), which is the ring where ranks cannot read
-    each other."""
+    """The default: average the bucket in place with one float32 all-reduce,
+    chosen by size (``auto``): for buckets of 4 MiB and more the direct one (each
+    byte copied once, the CPU free while bytes are on an emulated wire;
+    comm/collectives/direct.py), or the ring where ranks cannot read each other."""
     buf = bucket.buffer()
-    work = dist.all_reduce(buf, op=ReduceOp.AVG, group=group, async_op=True,
-                           algorithm="direct")
+    work = dist.all_reduce(buf, op=ReduceOp.AVG, group=group, async_op=True)
     return Future(work, lambda: buf)
 
 

@@ -2,9 +2,9 @@
 on every rank, the bits of the naive all-reduce, which folds in the same rank
 order: for real-valued floats, where the order of additions shows, over worlds
 1-8, several pieces per chunk, every op. It counts 2(N-1)/N M bytes each way
-(equal chunks), takes the ring on every rank when one rank cannot read its
-peers, and raises a mismatch against a rank that called another algorithm. ``auto``
-takes it from DIRECT_BYTES."""
+(equal chunks); when one rank cannot read its peers, ``auto`` takes the ring
+on every rank and an explicit direct raises naming why; it raises a mismatch
+against a rank that called another algorithm. ``auto`` takes it from DIRECT_BYTES."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -56,39 +56,46 @@ def test_direct_all_reduce_has_the_bits_of_the_naive_one_on_every_rank(worlds, w
 
 def _one_rank_cannot_read():
     """Rank 1's reads fail (as where the kernel forbids them): every rank must
-    learn it at the first call, take the ring, and stop trying."""
+    learn it at the first call, take the ring under auto and stop trying, and
+    an explicit direct must then raise on every rank, naming why."""
     import minidist.distributed as dist
     from minidist.backend import xp
-    from minidist.comm.collectives import direct
+    from minidist.comm.collectives import all_reduce
+    from minidist.comm.collectives.all_reduce import DIRECT_BYTES
     from minidist.comm.group import resolve
     from minidist.comm.transport import cma
     read = cma.read
     if dist.get_rank() == 1:
         cma.read = lambda pid, address, out: False
     calls = []
-    ring = direct.direct_all_reduce
+    planned = all_reduce.PLANNED["direct"]
 
     def spy(*args):
-        calls.append(ring(*args))
-        return calls[-1]
-    import minidist.comm.collectives.api as api
-    api.direct_all_reduce = spy
+        calls.append(planned[1](*args))
+    all_reduce.PLANNED["direct"] = (planned[0], spy)
     try:
         out = []
         for _ in range(2):
-            x = xp.arange(6.0) * (dist.get_rank() + 1)
-            dist.all_reduce(x, algorithm="direct")
-            out.append(x.tolist())
-        return out, calls, resolve(None).direct_reads
+            x = xp.arange(DIRECT_BYTES // 8, dtype="float64") * (dist.get_rank() + 1)
+            dist.all_reduce(x)                                 # auto: direct by size
+            out.append(x[:6].tolist())
+            algorithm = dist.get_stats().last["algorithm"]
+        try:
+            dist.all_reduce(xp.ones(6), algorithm="direct")
+            why = None
+        except ValueError as e:
+            why = str(e)
+        return out, calls, resolve(None).direct_reads, algorithm, why
     finally:
-        cma.read, api.direct_all_reduce = read, ring
+        cma.read, all_reduce.PLANNED["direct"] = read, planned
 
 
 def test_a_rank_that_cannot_read_makes_every_rank_take_the_ring():
     with World(3, timeout=20.0, run_timeout=60.0) as w:
-        for out, calls, direct_reads in w.run(_one_rank_cannot_read):
+        for out, calls, direct_reads, algorithm, why in w.run(_one_rank_cannot_read):
             assert out == [(np.arange(6.0) * 6).tolist()] * 2
-            assert calls == [False, False] and direct_reads is False
+            assert calls == [] and direct_reads is False and algorithm == "ring"
+            assert why is not None and "could not read its peers' memory" in why
 
 
 def test_direct_against_another_algorithm_is_a_mismatch(worlds):
@@ -103,17 +110,27 @@ def test_direct_against_another_algorithm_is_a_mismatch(worlds):
 
 
 def test_direct_over_an_emulated_link_and_without_the_check():
-    """Over a link the reader waits out the wire (link.py), without the check the
-    group takes the ring: the same sums either way."""
+    """Over a link the reader waits out the wire (link.py); without the check
+    (which carries the addresses) auto takes the ring and an explicit direct
+    raises, naming why: the same sums either way."""
     def fn(check):
         import minidist.distributed as dist
         from minidist.backend import xp
+        from minidist.comm.collectives.all_reduce import DIRECT_BYTES
         from minidist.comm.group import new_group
         g = new_group([0, 1])
         g.check = check  # as in init_process_group(check=False)
-        x = xp.arange(5000.0) + dist.get_rank()
-        dist.all_reduce(x, algorithm="direct", group=g)
-        return x.tolist() == (2 * np.arange(5000.0) + 1).tolist()
+        count = 5000 if check else DIRECT_BYTES // 8
+        x = xp.arange(float(count)) + dist.get_rank()
+        dist.all_reduce(x, algorithm="direct" if check else "auto", group=g)
+        same = x.tolist() == (2 * np.arange(float(count)) + 1).tolist()
+        if check:
+            return same
+        try:
+            dist.all_reduce(x, algorithm="direct", group=g)
+        except ValueError as e:
+            return same and "check=False" in str(e) and g.stats.last["algorithm"] == "ring"
+        return False
     with World(2, timeout=20.0, run_timeout=60.0, link_gbps=1.0) as w:
         assert all(w.run(fn, True)) and all(w.run(fn, False))
 
