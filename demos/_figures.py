@@ -409,3 +409,18 @@ def placements_counts(path, runs):
         ax.set(title=label, ylabel="calls per step")
         ax.legend(fontsize=8)
     _save(plt, fig, path)
+
+
+def block_scaling_runs(path, runs):
+    """Demo 23: the loss curve of each format, block-scaled and not."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for mode, losses in runs.items():
+        style = "--" if "fp4" in mode else "-"
+        ax.plot(_mean10(losses), style, label=mode)
+    ax.set(xlabel="step", ylabel="loss (10-step mean)",
+           title="GPT training loss: matmuls in each format")
+    ax.legend(fontsize=8)
+    _save(plt, fig, path)

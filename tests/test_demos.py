@@ -40,6 +40,7 @@ SMOKE_ARGS = {
     "20_trace.py": ["--dp", "1", "--pp", "2", "--tp", "1", "--steps", "1"],
     "21_llama.py": ["--steps", "4"],
     "22_placements.py": ["-n", "2", "--width", "4", "--n-embd", "8"],
+    "23_block_scaling.py": ["--steps", "16", "--n-embd", "32"],
 }
 
 
