@@ -20,7 +20,10 @@ ALLOWED = {
     "nn": {"backend", "autograd", "precision", "attention"},
     "optim": {"backend", "autograd"},
     "comm": {"backend"},
-    "distributed": {"backend", "comm"},
+    # the facade (distributed/__init__) imports only comm; beside it DTensor, the TP styles
+    # and fully_shard build on autograd and nn, at the level of parallel (DESIGN.md)
+    "distributed": {"backend", "autograd", "precision", "attention", "nn", "optim", "comm",
+                    "launch"},
     "launch": {"backend", "comm", "distributed"},
     "parallel": {"backend", "autograd", "precision", "attention", "nn", "optim", "comm",
                  "distributed", "launch"},

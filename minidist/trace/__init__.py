@@ -28,7 +28,7 @@ Files, in reading order:
 - command.py   ``minidist trace summary | plot | merge | check``
 
 Imports nothing of minidist but ``backend``; every layer above records into it.
-Docs: docs/tracing.md. Demo: demos/25_trace.py. Tests: tests/trace/.
+Docs: docs/tracing.md. Demo: demos/20_trace.py. Tests: tests/trace/.
 """
 from minidist.trace.merge import load, merge
 from minidist.trace.recorder import start, stop

@@ -1,4 +1,4 @@
-"""Demo 25: seeing a run: a trace of every rank of a 3D-parallel GPT step, and its summary.
+"""Demo 20: seeing a run: a trace of every rank of a 3D-parallel GPT step, and its summary.
 
 A small GPT trains on a dp x pp x tp device mesh (default 2 x 2 x 2, 8
 processes) inside ``minidist.trace.record``: every rank records its collectives
@@ -11,9 +11,9 @@ communication per rank, the pipeline bubble) and checks two things: the file
 follows the Trace Event format (trace/check.py), and the bubble read off the
 trace equals ``measured_bubble`` of the executor's own timeline of the same run.
 
-    python demos/25_trace.py                          # 8 processes, ~15 s
-    python demos/25_trace.py --dp 1 --pp 2 --tp 2 --out /tmp/run.json.gz
-    python demos/25_trace.py --figure /tmp/trace.png  # also draw it (minidist trace plot)
+    python demos/20_trace.py                          # 8 processes, ~15 s
+    python demos/20_trace.py --dp 1 --pp 2 --tp 2 --out /tmp/run.json.gz
+    python demos/20_trace.py --figure /tmp/trace.png  # also draw it (minidist trace plot)
 
 Then: ``minidist trace summary /tmp/minidist_trace.json``, or drag the file into
 ui.perfetto.dev. Code: minidist/trace/ (recorder, merge, summary, plot).
