@@ -69,7 +69,7 @@ def worker() -> list:
     record("gather(dst=0)", np.stack([h(p) for p in parts]) if r == 0 else None)
 
     got = xp.zeros(4)
-    dist.scatter(got, [d(rank_data(i) * -1) for i in range(n)] if r == 0 else None, src=0)
+    dist.scatter(got, [d(rank_data(i) + 100) for i in range(n)] if r == 0 else None, src=0)
     record("scatter(src=0)", h(got))
 
     outs = [xp.zeros(1) for _ in range(n)]
@@ -93,13 +93,23 @@ def gathered_to_rank_0(mine: list) -> list:
                      for r in everyone[1:]]
 
 
+def shown_values(got: np.ndarray, most: int = 6) -> str:
+    """``[0, 1, 2, 3, 10, 11, ...] 16 values``: the first values (whole numbers here),
+    and how many there are when not all are shown."""
+    values = got.ravel()
+    text = ", ".join(f"{v:g}" for v in values[:most])
+    if values.size > most:
+        return f"[{text}, ...] {values.size} values"
+    return f"[{text}]"
+
+
 def expected(n: int) -> dict:
     """What rank 0 must hold after each collective, computed in one process."""
     xs = [rank_data(r) for r in range(n)]
     total = np.sum(xs, axis=0)
     want = {"broadcast(src=0)": xs[0], "reduce(dst=0)": total, "all_reduce(MAX)": np.max(xs, axis=0),
             "all_gather": np.stack(xs), "reduce_scatter": np.array([sum(x[0] for x in xs)]),
-            "gather(dst=0)": np.stack(xs), "scatter(src=0)": -xs[0],
+            "gather(dst=0)": np.stack(xs), "scatter(src=0)": xs[0] + 100,
             "all_to_all": np.array([100.0 * s + 0 for s in range(n)]), "barrier": None}
     for alg in ("naive", "tree", "recursive_doubling", "ring"):
         want[f"all_reduce({alg})"] = total
@@ -122,7 +132,7 @@ if __name__ == "__main__":
         results = minidist.launch(worker, n)
     want = expected(n)
     print(f"{n} processes; rank r starts with [10r, 10r+1, 10r+2, 10r+3]\n")
-    print(f"{'collective':<30} {'rank 0 got':<34} {'bytes sent':>10}  check")
+    print(f"{'collective':<30} {'rank 0 got':<36} {'bytes sent':>10}  check")
     worst = 0.0
     for name, got, sent in results[0]:
         w = want[name]
@@ -130,9 +140,9 @@ if __name__ == "__main__":
             err, shown = 0.0, "-"
         else:
             err = float(np.max(np.abs(got - w)))
-            shown = np.array2string(got.ravel()[:8], precision=0, separator=",")
+            shown = shown_values(got)
         worst = max(worst, err)
-        print(f"{name:<30} {shown:<34} {sent:>10}  max |got - want| = {err:.1e}")
+        print(f"{name:<30} {shown:<36} {sent:>10}  max |got - want| = {err:.1e}")
     ours = {name: got for name, got, _ in results[0]}
     same = all(np.array_equal(ours[name], got) for other in results[1:]
                for name, got, _ in other if name.startswith("all_reduce"))

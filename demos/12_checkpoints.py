@@ -2,7 +2,8 @@
 
 Four ranks train an MLP with ZeRO-2 (AdamW, clipping) for a few steps, and each
 writes its shard of the weights and of Adam's moments (save_sharded: shard
-files, a manifest with their sizes and sha256s, then LATEST, atomically). A
+files of .npy records and JSON -- data only, nothing is unpickled on load --, a
+manifest with their sizes and sha256s, then LATEST, atomically). A
 fresh world -- of 4, 2 or 3 ranks, each model built from other random weights
 so that loading must do the work -- loads the checkpoint (load_sharded cuts the
 flat vectors again for the new world size) and trains on. Every rank sees the
@@ -18,7 +19,8 @@ runs must end where the uninterrupted one does:
 
 With --figure PATH (no figure without it) it saves the loss per step of each
 run and the bytes of each shard file as a PNG (needs matplotlib).
-Code: minidist/checkpoint/sharded.py (save, load, reshard), io.py (atomic writes).
+Code: minidist/checkpoint/sharded.py (save, load, reshard), io.py (atomic writes),
+records.py and tree.py (the file format).
 """
 import argparse
 import json
@@ -26,6 +28,7 @@ import os
 import shutil
 import sys
 import tempfile
+import zipfile
 
 import numpy as np
 
@@ -90,6 +93,13 @@ def main() -> int:
     print(f"ZeRO-2 on 4 ranks, {k} steps, saved to {directory}/{latest}:")
     for f in manifest["files"]:
         print(f"  {f['name']}  {f['bytes']:>7,} bytes  sha256 {f['sha256'][:16]}...")
+    first = os.path.join(directory, latest, manifest["files"][0]["name"])
+    with zipfile.ZipFile(first) as archive:        # data only: .npy records and JSON
+        index = json.loads(archive.read("checkpoint.json"))
+    print(f"{manifest['files'][0]['name']} holds checkpoint.json (the structure) and "
+          f"{len(index['records'])} .npy records, e.g.")
+    for r in index["records"][:3]:
+        print(f"  {r['name']:<36} {r['dtype']} {r['shape']}")
 
     want, ok, resumed = straight[0][0], True, {}
     print(f"\nresumed at step {k}, trained to step {steps}; compared with one "

@@ -4,8 +4,11 @@
     minidist demo [NAME] [args...]           # list the numbered demos, or run one
     minidist bench [NAME] [args...]          # list the benchmarks, or run one
     minidist calc TOPIC --flags              # the cost models (see `minidist calc --help`)
+    minidist plan --model llama3-8b --gpus 64   # the best parallel layouts, explained
     minidist selftest [--backend cupy]       # this backend against NumPy, and the test suite
     minidist exercise list|start|check [ID]  # the documents' exercises, graded by property tests
+    minidist checkpoint convert OLD NEW --trust-pickle   # an old pickled checkpoint -> data-only
+    minidist trace summary|plot run.json     # a run's trace (minidist run --trace run.json)
 
 ``run`` starts N processes like torchrun (its flags: --nproc-per-node,
 --max-restarts, --log-dir, --redirects, --tee); minidist/comm/launch/script.py
@@ -62,6 +65,9 @@ def _add_script_runner(folder: str, pattern: str, what: str):
             if ns.name is None:
                 for stem, path in scripts.items():
                     print(f"  {stem:<28} {_first_doc_line(path)}")
+                first = next(iter(scripts), None)
+                if first is not None:
+                    print(_run_line(ns.command, first, folder))
                 return 0
             matches = [p for stem, p in scripts.items()
                        if stem == ns.name or stem.startswith(ns.name + "_") or ns.name in stem]
@@ -75,9 +81,21 @@ def _add_script_runner(folder: str, pattern: str, what: str):
     return add
 
 
+def _run_line(command: str, stem: str, folder: str) -> str:
+    """What to type next, under a listing: run one, and see its options."""
+    short = stem.split("_")[0] if command == "demo" else stem.removeprefix("bench_")
+    return (f"\nrun one: minidist {command} {short}  (or python {folder}/{stem}.py); "
+            f"minidist {command} {short} --help lists its options")
+
+
 def _add_calc(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     from minidist.calc.commands import add_calc_parser
     return add_calc_parser(parser)
+
+
+def _add_plan(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    from minidist.calc.planner.command import add_arguments
+    return add_arguments(parser)
 
 
 def _add_exercise(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -85,8 +103,18 @@ def _add_exercise(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
     return add_arguments(parser)
 
 
+def _add_checkpoint(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    from minidist.checkpoint.convert import add_arguments
+    return add_arguments(parser)
+
+
 def _add_selftest(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     from minidist.selftest.command import add_arguments
+    return add_arguments(parser)
+
+
+def _add_trace(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    from minidist.trace.command import add_arguments
     return add_arguments(parser)
 
 
@@ -96,9 +124,15 @@ SUBCOMMANDS: dict[str, tuple[str, Callable]] = {
     "demo": ("list the numbered demos, or run one", _add_script_runner("demos", "[0-9]*.py", "demo")),
     "bench": ("list the benchmarks, or run one", _add_script_runner("bench", "bench_*.py", "benchmark")),
     "calc": ("closed-form cost models: memory, communication, bubbles, FLOPs", _add_calc),
+    "plan": ("which parallel layout for this model on these GPUs: memory and step time "
+             "of every one", _add_plan),
     "selftest": ("this backend against NumPy: the comparison checks and the property suite",
                  _add_selftest),
     "exercise": ("the documents' exercises: list, start one, check it", _add_exercise),
+    "checkpoint": ("convert an old (pickled) checkpoint to the data-only format",
+                   _add_checkpoint),
+    "trace": ("read a run's trace (minidist run --trace run.json): summary, plot, merge, check",
+              _add_trace),
 }
 
 
@@ -118,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     runners = {}
     for name, (help_text, add) in SUBCOMMANDS.items():
-        runners[name] = add(sub.add_parser(name, help=help_text))
+        runners[name] = add(sub.add_parser(name, help=help_text,
+                                           description=help_text[0].upper() + help_text[1:] + "."))
     ns = parser.parse_args(argv)
     try:
         return runners[ns.command](ns)

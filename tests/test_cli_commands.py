@@ -24,6 +24,25 @@ def test_bench_lists_every_benchmark(capsys):
         assert path.stem in out
 
 
+@pytest.mark.parametrize("command, first", [("demo", "01_autograd"), ("bench", "bench_alltoall")])
+def test_a_listing_ends_with_how_to_run_one(command, first, capsys):
+    assert main([command]) == 0
+    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    short = first.split("_")[0] if command == "demo" else first.removeprefix("bench_")
+    assert last.startswith(f"run one: minidist {command} {short} "), last
+    folder = "demos" if command == "demo" else "bench"
+    assert f"python {folder}/{first}.py" in last and "--help" in last
+
+
+def test_every_subcommand_help_has_a_description_line(capsys):
+    from minidist.cli import SUBCOMMANDS
+    for name in SUBCOMMANDS:
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        lines = capsys.readouterr().out.split("\n\n")
+        assert len(lines) > 2 and not lines[1].startswith(("positional", "options")), name
+
+
 def test_an_unknown_demo_is_a_clear_error(capsys):
     assert main(["demo", "no_such_demo"]) == 2
     assert "matches none" in capsys.readouterr().err
@@ -149,6 +168,8 @@ def test_calc_mfu_and_hfu_differ_by_the_recomputed_forward(capsys):
 BAD_BENCH_ARGS = [
     ("bench_autograd", ["--steps", "0"], "positive integer"),
     ("bench_autograd", ["--n-head", "3"], "divisible by --n-head"),
+    ("bench_autograd", ["--model", "llama", "--n-kv-head", "3"], "must divide --n-head"),
+    ("bench_gqa_memory", ["--n-kv-head", "5"], "must divide --n-head"),
     ("bench_collectives", ["--worlds", "0"], "positive integer"),
     ("bench_collectives", ["--max-size", "4Q"], "not an integer"),
     ("bench_ddp", ["--bucket-mb", "0"], "> 0"),

@@ -85,3 +85,31 @@ def test_every_figure_in_the_table_is_committed_and_every_demo_draws_one():
     assert set(table) == on_disk, f"table only: {set(table) - on_disk}, disk only: {on_disk - set(table)}"
     for demo, _, _ in table.values():
         assert "--figure" in (REPO / "demos" / demo).read_text(), demo
+
+
+# -- the source documents: cited, never shipped, defined once in the index ------------------
+SOURCE_DEFINITION = "index.md#the-source-documents"
+CITES_SOURCES = re.compile(r"workbook|source documents?|worked solutions|\bquiz\b|"
+                           r"\bexercise (?:26|35)\.\d+|\bch26\b", re.IGNORECASE)
+
+
+def test_the_index_defines_the_source_documents():
+    index = (REPO / "docs" / "index.md").read_text()
+    assert "\n## The source documents\n" in index
+    for numbering in ("workbook 5.4", "exercise 26.10", "exercise 35.2", "quiz Q5",
+                      "worked solutions"):
+        assert numbering in index, f"docs/index.md does not say what {numbering!r} refers to"
+
+
+def test_every_page_that_cites_the_source_documents_links_their_definition():
+    undefined = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        if page.name == "index.md":
+            continue
+        text = page.read_text()
+        cited = CITES_SOURCES.search(text)
+        if cited and SOURCE_DEFINITION not in text:
+            line = text[:cited.start()].count("\n") + 1
+            undefined.append(f"{page.relative_to(REPO)}:{line}: {cited[0]!r} without a link "
+                             f"to {SOURCE_DEFINITION}")
+    assert not undefined, "\n".join(undefined)

@@ -264,7 +264,7 @@ def comm_compute_ratio(comm_seconds: float, compute_seconds: float) -> float:
 def dp_comm_compute_ratio(params: float, ranks: int, bandwidth: float,
                           step_flops: float, flops_per_second: float,
                           grad_bytes_per_param: float = 2.0) -> float:
-    """The workbook's commComputeRatio (ex. 4.5) for data parallelism.
+    """The workbook's comm_compute_ratio (its exercise 4.5) for data parallelism.
 
     S = params * grad bytes (FP16: 2); T_comm = 2S(N-1)/(N BW) (ring, no
     latency, no overlap); T_compute = step FLOPs / achieved FLOP/s.

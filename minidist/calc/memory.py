@@ -26,13 +26,12 @@ STATE_BYTES = {
 }
 
 
-def model_state_bytes_per_param(gpus: int = 1, stage: int = 0,
-                                precision: str = "mixed") -> float:
-    """Bytes per parameter held on each GPU for Adam under DDP (stage 0) or ZeRO-1/2/3.
+def model_state_bytes_split(gpus: int = 1, stage: int = 0,
+                            precision: str = "mixed") -> tuple[float, float, float]:
+    """(weights, gradients, optimizer state) bytes per parameter on each GPU.
 
     Stage s shards the optimizer state (s >= 1), then gradients (s >= 2), then
     weights (s = 3) across the N GPUs; see the table in the module docstring.
-    Workbook 1.2: 4 + 12/64 = 4.1875; 1.3: 2 + 14/64 = 2.21875; 1.4: 16/64 = 0.25.
     """
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage is 0 (plain DDP), 1, 2 or 3, got {stage}")
@@ -47,7 +46,17 @@ def model_state_bytes_per_param(gpus: int = 1, stage: int = 0,
         grads = grads / gpus
     if stage == 3:
         weights = weights / gpus
-    return weights + grads + optimizer
+    return weights, grads, optimizer
+
+
+def model_state_bytes_per_param(gpus: int = 1, stage: int = 0,
+                                precision: str = "mixed") -> float:
+    """Bytes per parameter held on each GPU for Adam under DDP (stage 0) or ZeRO-1/2/3.
+
+    The sum of ``model_state_bytes_split``; see the table in the module docstring.
+    Workbook 1.2: 4 + 12/64 = 4.1875; 1.3: 2 + 14/64 = 2.21875; 1.4: 16/64 = 0.25.
+    """
+    return sum(model_state_bytes_split(gpus, stage, precision))
 
 
 def zero_memory_per_gpu(params: float, gpus: int, stage: int,

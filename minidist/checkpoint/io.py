@@ -10,9 +10,13 @@ next write or read of the same name removes every ``.name.tmp-<pid>`` whose
 process is gone (``remove_stale_temporaries``), so nothing a killed save left
 survives the next save or load.
 
-A file holds a nested dict of arrays and plain values, pickled with the arrays
-copied to the host (so a checkpoint saved on a GPU loads on a CPU and back).
-Like ``torch.load``, loading unpickles: only load checkpoints you trust.
+A file holds a nested dict of arrays and plain values: a zip archive of .npy
+records and a JSON index (records.py, tree.py), or the same in a safetensors
+file (safetensors_file.py), with the arrays copied to the host, so a
+checkpoint saved on a GPU loads on a CPU and back. Loading reads
+data only and never unpickles, so a file from anywhere cannot run code: a
+pickle (an old-format checkpoint, or a crafted file) is refused with a
+``CheckpointError`` that says how to convert one you trust (convert.py).
 ``sha256`` of the bytes is returned on save and checked on load when given,
 so a truncated or swapped file is an error that names it.
 """
@@ -20,41 +24,30 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
+import time
 from typing import Any
 
-from minidist import backend
+from minidist.checkpoint import records, safetensors_file
+from minidist.checkpoint.tree import FormatError
+from minidist.trace import recorder as trace
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, truncated, corrupt or does not fit the model."""
+    """A checkpoint file is missing, truncated, corrupt, unsafe (a pickle) or does not
+    fit the model."""
 
 
-class _HostArray:
-    """An array on its way to or from disk (host copy), told apart from user values."""
-
-    def __init__(self, host: Any):
-        self.host = host
+CONVERT = "minidist checkpoint convert OLD NEW --trust-pickle"
 
 
-def _to_host(obj: Any) -> Any:
-    if backend.is_array(obj):
-        return _HostArray(backend.to_host(obj).copy())
-    if isinstance(obj, dict):
-        return {k: _to_host(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_host(v) for v in obj)
-    return obj
-
-
-def _from_host(obj: Any) -> Any:
-    if isinstance(obj, _HostArray):
-        return backend.from_host(obj.host)
-    if isinstance(obj, dict):
-        return {k: _from_host(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_from_host(v) for v in obj)
-    return obj
+def refuse_pickle(data: bytes, path: str) -> None:
+    """A ``CheckpointError`` if ``data`` starts like a pickle (protocol 2 to 5)."""
+    if len(data) >= 2 and data[0] == 0x80 and 2 <= data[1] <= 5:
+        raise CheckpointError(
+            f"{path} is a pickle, not a checkpoint in the data-only format. Loading a "
+            "pickle can run any code it names, so minidist never unpickles on load. If it "
+            "is an old minidist checkpoint from a source you trust, convert it once with "
+            f"`{CONVERT}` and load NEW")
 
 
 def _temporary_prefix(path: str) -> str:
@@ -116,15 +109,26 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
 
 
 def save_file(path: str, obj: dict) -> str:
-    """Atomically write ``obj`` (arrays copied to the host); returns the sha256 hex digest."""
-    data = pickle.dumps(_to_host(obj), protocol=pickle.HIGHEST_PROTOCOL)
+    """Atomically write ``obj`` (arrays copied to the host); returns the sha256 hex digest.
+    A zip of .npy records (records.py), or safetensors if ``path`` ends in .safetensors.
+    A value a checkpoint cannot hold is a ``CheckpointError`` naming its key path."""
+    container = safetensors_file if path.endswith(safetensors_file.SUFFIX) else records
+    start = time.perf_counter()
+    try:
+        data = container.to_bytes(obj)
+    except FormatError as e:
+        raise CheckpointError(f"cannot save {path}: {e}") from None
     atomic_write_bytes(path, data)
+    if trace.active is not None:   # the write's span (trace/)
+        trace.active.span("checkpoint write", "checkpoint", start, time.perf_counter(),
+                          dict(path=path, bytes=len(data)))
     return hashlib.sha256(data).hexdigest()
 
 
-def load_file(path: str, sha256: str | None = None, size: int | None = None) -> dict:
-    """Read a file written by ``save_file`` (arrays onto the active backend).
-    With ``sha256`` / ``size``, a file that does not match is a ``CheckpointError``."""
+def load_file(path: str, sha256: str | None = None, size: int | None = None) -> Any:
+    """Read a file written by ``save_file`` (arrays onto the active backend); never
+    unpickles. With ``sha256`` / ``size``, a file that does not match is a
+    ``CheckpointError``."""
     remove_stale_temporaries(path)
     try:
         with open(path, "rb") as f:
@@ -137,8 +141,14 @@ def load_file(path: str, sha256: str | None = None, size: int | None = None) -> 
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise CheckpointError(f"checkpoint file {path} does not match its sha256 in the "
                               "manifest: corrupt, or from another checkpoint")
+    # a safetensors file starts with its header's length, whose bytes may look like a
+    # pickle's opening (0x80, protocol): ask the pickle question of the other files only
+    container = safetensors_file if safetensors_file.is_safetensors(data) else records
+    if container is records:
+        refuse_pickle(data, path)
     try:
-        return _from_host(pickle.loads(data))
-    except Exception as e:  # truncated pickles raise several kinds of error
-        raise CheckpointError(f"checkpoint file {path} is unreadable "
-                              f"({type(e).__name__}: {e}): truncated or corrupt") from None
+        return container.from_bytes(data, check_records=sha256 is None)  # else checked above
+    except FormatError as e:
+        raise CheckpointError(f"checkpoint file {path} is unreadable: {e}") from None
+    except RecursionError:
+        raise CheckpointError(f"checkpoint file {path} is nested too deeply") from None

@@ -6,10 +6,10 @@ Layout of a checkpoint directory:
     path/v3/manifest.json             world size, stage, flat groups (numel, dtype,
                                       parameter names and shapes), optimizer
                                       hyperparameters, sampler state, and per file its
-                                      size and sha256
-    path/v3/shard-00001-of-00004.pkl  rank 1's shard of every flat group: master
+                                      size and sha256 (JSON; values as in tree.py)
+    path/v3/shard-00001-of-00004.npz  rank 1's shard of every flat group: master
                                       weights, optimizer buffers (exp_avg, ...), step
-                                      counts, and rank 1's RNG state
+                                      counts, and rank 1's RNG state (records.py)
 
 Saving writes a new version next to the old one and only then replaces LATEST
 (atomically, io.py), so a crash at any point leaves LATEST naming a complete
@@ -36,12 +36,15 @@ from typing import Any
 import minidist.distributed as dist
 from minidist import backend
 from minidist.backend import xp
-from minidist.checkpoint.io import (CheckpointError, atomic_write_bytes, load_file,
-                                   remove_stale_temporaries, save_file)
+from minidist.checkpoint.io import (CONVERT, CheckpointError, atomic_write_bytes, load_file,
+                                   refuse_pickle, remove_stale_temporaries, save_file)
+from minidist.checkpoint.tree import FormatError, flatten, key_path, unflatten
+
+FORMAT = "minidist-sharded-2"     # 1: shard files were pickles
 
 
-def _shard_name(rank: int, world: int) -> str:
-    return f"shard-{rank:05d}-of-{world:05d}.pkl"
+def shard_name(rank: int, world: int) -> str:
+    return f"shard-{rank:05d}-of-{world:05d}.npz"
 
 
 def _group_info(zero: Any) -> list[dict]:
@@ -56,6 +59,13 @@ def save_sharded(path: str, zero: Any, sampler: Any = None, extra: dict | None =
     """Every rank writes its shard of ``zero`` (Zero1/2/3) under ``path``; returns the
     version directory. A collective: every rank of ``zero.group`` must call it."""
     group, rank, world = zero.group, zero.rank, zero.world_size
+    # the manifest's values, checked on every rank before any file is written, so a
+    # value a manifest cannot hold is an error on every rank, not a hang in barrier()
+    hyper = {k: v for k, v in zero.optimizer.param_groups[0].items() if k != "params"}
+    values = dict(hyperparameters=manifest_value(hyper, "the hyperparameters"),
+                  sampler=manifest_value(sampler.state_dict() if sampler is not None else None,
+                                         "the sampler's state"),
+                  extra=manifest_value(extra or {}, "extra"))
     version = backend.from_host([_next_version(path) if rank == 0 else 0])
     dist.broadcast(version, src=0 if group is None else group.global_rank(0), group=group)
     vdir = os.path.join(path, f"v{int(backend.to_host(version)[0])}")
@@ -63,7 +73,7 @@ def save_sharded(path: str, zero: Any, sampler: Any = None, extra: dict | None =
     for shard in zero.shards:
         state = zero.optimizer.state.get(shard, {})
         shards.append(dict(param=shard.data, state=dict(state)))
-    name = _shard_name(rank, world)
+    name = shard_name(rank, world)
     digest = save_file(os.path.join(vdir, name), dict(
         rank=rank, world_size=world, groups=shards,
         rng=backend.default_generator().get_state()))
@@ -75,20 +85,30 @@ def save_sharded(path: str, zero: Any, sampler: Any = None, extra: dict | None =
     dist.all_gather_into_tensor(everyone, mine, group=group)
     if rank == 0:
         table = bytes(int(b) for b in backend.to_host(everyone))
-        files = [dict(name=_shard_name(r, world), sha256=table[40 * r:40 * r + 32].hex(),
+        files = [dict(name=shard_name(r, world), sha256=table[40 * r:40 * r + 32].hex(),
                       bytes=int.from_bytes(table[40 * r + 32:40 * r + 40], "little"))
                  for r in range(world)]
-        hyper = {k: v for k, v in zero.optimizer.param_groups[0].items() if k != "params"}
-        manifest = dict(format="minidist-sharded-1", world_size=world, stage=zero.stage,
+        manifest = dict(format=FORMAT, world_size=world, stage=zero.stage,
                         precision=zero.precision, groups=_group_info(zero), files=files,
-                        optimizer=type(zero.optimizer).__name__, hyperparameters=hyper,
-                        sampler=sampler.state_dict() if sampler is not None else None,
-                        extra=extra or {})
+                        optimizer=type(zero.optimizer).__name__, **values)
         atomic_write_bytes(os.path.join(vdir, "manifest.json"),
-                           json.dumps(manifest, indent=1).encode())
+                           json.dumps(manifest, indent=1, allow_nan=False).encode())
         _publish(path, os.path.basename(vdir))
     dist.barrier(group=group)
     return vdir
+
+
+def manifest_value(value: Any, what: str) -> Any:
+    """``value`` as the manifest's JSON (tree.py's tags): plain values only, no arrays."""
+    try:
+        structure, arrays = flatten(value)
+    except FormatError as e:
+        raise CheckpointError(f"cannot save {what} in a sharded checkpoint: {e}") from None
+    if arrays:
+        where = ", ".join(key_path(p) for p, _ in arrays)
+        raise CheckpointError(f"cannot save {what} in a sharded checkpoint: it holds arrays "
+                              f"(at {where}); the manifest holds plain values only")
+    return structure
 
 
 def _next_version(path: str) -> int:
@@ -128,21 +148,39 @@ def remove_partial_versions(path: str) -> list[str]:
 
 
 def read_manifest(path: str) -> tuple[str, dict]:
-    """The version directory LATEST names, and its manifest."""
+    """The version directory LATEST names, and its manifest (values decoded)."""
     latest = os.path.join(path, "LATEST")
     try:
         with open(latest) as f:
             vdir = os.path.join(path, f.read().strip())
     except FileNotFoundError:
         raise CheckpointError(f"no checkpoint at {path}: {latest} is missing") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{latest} does not name a version (v1, v2, ...)") from None
     mpath = os.path.join(vdir, "manifest.json")
     try:
-        with open(mpath) as f:
-            return vdir, json.load(f)
+        with open(mpath, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint manifest missing: {mpath}") from None
-    except json.JSONDecodeError as e:
+    refuse_pickle(data, mpath)
+    try:
+        manifest = json.loads(data)
+    except (ValueError, RecursionError) as e:   # not UTF-8, or not JSON
         raise CheckpointError(f"checkpoint manifest {mpath} is corrupt: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else None
+        if got == "minidist-sharded-1":
+            raise CheckpointError(f"{mpath} is an old-format checkpoint whose shard files are "
+                                  "pickles, which minidist never loads; if you trust it, "
+                                  f"convert it once: `{CONVERT}` (OLD, NEW: directories)")
+        raise CheckpointError(f"{mpath} says format {got!r}, expected {FORMAT!r}")
+    try:
+        for key in ("hyperparameters", "sampler", "extra"):
+            manifest[key] = unflatten(manifest.get(key), [])
+    except (FormatError, RecursionError) as e:
+        raise CheckpointError(f"checkpoint manifest {mpath} is corrupt: {e}") from None
+    return vdir, manifest
 
 
 def load_sharded(path: str, zero: Any, sampler: Any = None) -> dict:
@@ -160,6 +198,9 @@ def load_sharded(path: str, zero: Any, sampler: Any = None) -> dict:
         vdir, manifest, pieces, rng = _read_my_part(path, zero)
     except CheckpointError as e:
         error = e
+    except (KeyError, IndexError, TypeError, ValueError) as e:   # well-formed, wrong shape
+        error = CheckpointError(f"the checkpoint under {path} is not laid out as save_sharded "
+                                f"writes it ({type(e).__name__}: {e})")
     flag = backend.from_host([0 if error is None else 1], dtype="int64")
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=zero.group)
     if error is not None:

@@ -19,8 +19,8 @@ from minidist.comm.errors import (CollectiveMismatchError, CommError, CommTimeou
                                   MessageMismatchError, RankFailedError, WorldAbortedError,
                                   WorldTimeoutError)
 from minidist.comm.group import (NON_GROUP_MEMBER, ProcessGroup, destroy_process_group,
-                                 get_rank, get_world_size, init_process_group, is_initialized,
-                                 launched, new_group)
+                                 get_node_local_rank, get_rank, get_topology, get_world_size,
+                                 init_process_group, is_initialized, launched, new_group)
 from minidist.comm.launch import World, launch
 from minidist.comm.mesh import DeviceMesh
 from minidist.comm.transport.reduce_op import ReduceOp

@@ -11,7 +11,13 @@ class CommError(RuntimeError):
 
 
 class CommTimeoutError(CommError, TimeoutError):
-    """A send or receive waited longer than the group's timeout."""
+    """A send or receive waited longer than the group's timeout. Its message
+    ends with ``TIMEOUT_HINT``: where that timeout is set."""
+
+
+TIMEOUT_HINT = ("(a wait gives up after the group's timeout: 60 s unless "
+                "init_process_group(timeout=SECONDS) sets another; minidist run --timeout "
+                "SECONDS stops a whole run sooner, with the same table)")
 
 
 class CollectiveMismatchError(CommError):

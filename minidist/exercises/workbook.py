@@ -38,10 +38,10 @@ def _ring_time_worked(s):
 
 
 RING_TIME = Exercise(
-    id="0.5", title="implement ringAllReduceTime()", kind="implement",
+    id="0.5", title="implement ring_all_reduce_time_ms()", kind="implement",
     filename="ex_0_5_ring_all_reduce_time.py",
     docs="docs/cost_models.md; workbook chapter 0",
-    starter='''"""Workbook 0.5: implement ringAllReduceTime().
+    starter='''"""Workbook 0.5: implement ring_all_reduce_time_ms().
 
 Write a function that computes the ring all-reduce time in milliseconds,
 including both the bandwidth and the latency terms.
@@ -146,10 +146,10 @@ def _required_steps(s, target, micro, dp):
 
 
 EFFECTIVE_BATCH = Exercise(
-    id="2.4", title="implement effectiveBatch()", kind="implement",
+    id="2.4", title="implement effective_batch() and required_accum_steps()", kind="implement",
     filename="ex_2_4_effective_batch.py",
     docs="docs/ddp.md (gradient accumulation); workbook chapter 2",
-    starter='''"""Workbook 2.4: implement effectiveBatch().
+    starter='''"""Workbook 2.4: implement effective_batch() and required_accum_steps().
 
 Compute the effective batch from the micro-batch, the accumulation steps and
 the data-parallel degree, and the accumulation steps needed for a target.
@@ -214,10 +214,10 @@ def _ratio_matches(s, params_b, n, bw_gbs, flops_t, tflops):
 
 
 COMM_COMPUTE = Exercise(
-    id="4.5", title="implement commComputeRatio()", kind="implement",
+    id="4.5", title="implement comm_compute_ratio()", kind="implement",
     filename="ex_4_5_comm_compute_ratio.py",
     docs="docs/cost_models.md (communication overhead); workbook chapter 4",
-    starter='''"""Workbook 4.5: implement commComputeRatio().
+    starter='''"""Workbook 4.5: implement comm_compute_ratio().
 
 Given model and cluster parameters, compute the communication-to-compute
 ratio of one data-parallel step (no overlap, no latency):

@@ -71,10 +71,10 @@ def _interval_matches(s, mtbf_h, ckpt_s):
 
 
 CHECKPOINT_INTERVAL = Exercise(
-    id="7.5", title="implement optimalCheckpointInterval()", kind="implement",
+    id="7.5", title="implement optimal_checkpoint_interval()", kind="implement",
     filename="ex_7_5_checkpoint_interval.py",
     docs="docs/checkpoints.md; workbook chapter 7",
-    starter='''"""Workbook 7.5: implement optimalCheckpointInterval().
+    starter='''"""Workbook 7.5: implement optimal_checkpoint_interval().
 
 Given the MTBF and the time to write a checkpoint, return Young's optimal
 interval and the expected waste:
@@ -136,10 +136,10 @@ def _loss_scale_worked(s):
 
 
 LOSS_SCALE = Exercise(
-    id="8.6", title="implement dynamicLossScale()", kind="implement",
+    id="8.6", title="implement dynamic_loss_scale()", kind="implement",
     filename="ex_8_6_dynamic_loss_scale.py",
     docs="docs/precision.md (loss scaling); workbook chapter 8",
-    starter='''"""Workbook 8.6: implement dynamicLossScale().
+    starter='''"""Workbook 8.6: implement dynamic_loss_scale().
 
 Simulate the dynamic loss scaling protocol over a list of step results
 (True = the gradients overflowed):

@@ -10,7 +10,9 @@ A code packs ``sign | exponent field | mantissa field`` into ``fmt.bits`` bits
 Specials: "ieee" all-ones exponent = inf (m = 0) / NaN (encode writes the
 quiet NaN, top mantissa bit set: fp16 0x7E00, bf16 0x7FC0, e5m2 0x7E);
 "fn" all-ones exponent and mantissa = NaN (e4m3fn 0x7F / 0xFF);
-"fnuz" 0x80..0 (the -0 pattern) = NaN.
+"fnuz" 0x80..0 (the -0 pattern) = NaN; "finite" (FP6, FP4) has no specials,
+and encode refuses a NaN; "fnu" (E8M0) has no sign bit: the code is the
+biased exponent e + B, and all ones (0xFF) is NaN.
 
     >>> encode(from_host(np.array([1.0, -448.0, 2.0**-9], "float32")), "e4m3fn")
     array([ 56, 254,   1], dtype=uint8)
@@ -29,6 +31,9 @@ def encode(x: Any, fmt: FloatFormat | str, saturate: bool = False) -> Any:
     fmt = get_format(fmt)
     M, E = fmt.man_bits, fmt.exp_bits
     y = quantize(x, fmt, saturate=saturate)
+    if not fmt.has_nan and bool(xp.isnan(y).any()):
+        raise ValueError(f"{fmt.name} has no NaN and x holds one; replace NaN before encoding "
+                         "(MX block scaling marks a block holding NaN with a NaN scale)")
     mag = xp.abs(y)                              # a new array: zeroing specials is safe
     finite = xp.isfinite(mag)
     mag[~finite] = 0                            # specials get their codes below
@@ -47,6 +52,8 @@ def encode(x: Any, fmt: FloatFormat | str, saturate: bool = False) -> Any:
     code[xp.signbit(y)] |= 2 ** (E + M)
     if fmt.special == "fnuz":
         code[xp.isnan(y)] = 2 ** (E + M)        # no sign: the NaN is the -0 pattern
+    if fmt.special == "fnu":                    # exponent only: e + B, NaN all ones
+        code = xp.where(xp.isnan(y), 2 ** E - 1, k - 1 + fmt.bias)
     return code.astype(fmt.code_dtype)
 
 
@@ -61,6 +68,11 @@ def decode(codes: Any, fmt: FloatFormat | str, dtype: str = "float32") -> Any:
     c = codes.astype(xp.int64)
     if c.size and (int(c.min()) < 0 or int(c.max()) >= 2 ** fmt.bits):
         raise ValueError(f"codes must lie in [0, 2^{fmt.bits}) for {fmt}")
+    if fmt.special == "fnu":                    # exponent only, no sign
+        with quiet():                            # 0xFF's 2^128 overflows: it is NaN below
+            val = xp.ldexp(xp.ones(c.shape, dtype), (c - fmt.bias).astype(xp.int32))
+        val[c == 2 ** E - 1] = xp.nan
+        return val
     sign = (c >> (E + M)) & 1
     field = (c >> M) & (2 ** E - 1)
     mant = c & (2 ** M - 1)
@@ -74,6 +86,6 @@ def decode(codes: Any, fmt: FloatFormat | str, dtype: str = "float32") -> Any:
         val[top & (mant != 0)] = xp.nan
     elif fmt.special == "fn":
         val[(field == 2 ** E - 1) & (mant == 2 ** M - 1)] = xp.nan
-    else:
+    elif fmt.special == "fnuz":
         val[c == 2 ** (E + M)] = xp.nan
     return xp.where(sign == 1, -val, val)

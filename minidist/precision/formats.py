@@ -19,6 +19,14 @@ Formats differ in what the top of the exponent range encodes (``special``):
   max = 2^8 * 1.75 = 448 (0x7E), NaN = 0x7F / 0xFF.
 - ``"fnuz"`` (finite, NaN, unsigned zero): no inf and no -0; the pattern of -0
   (sign bit alone, 0x80) is the one NaN. All other patterns are numbers.
+- ``"finite"``: no inf and no NaN; every pattern is a number, and overflow
+  always saturates to +-max (the OCP MX element types FP6 E2M3 / E3M2 and FP4
+  E2M1: max 7.5, 28 and 6). These formats cannot hold a NaN: the emulation
+  (``quantize``) lets a NaN input through as NaN, ``encode`` refuses it.
+- ``"fnu"`` (finite, NaN, unsigned): exponent only (M = 0), no sign bit, no
+  zero: field e is 2^(e - B) for e < 2^E - 1, the all-ones field is NaN. E8M0,
+  the MX block scale: 2^-127 .. 2^127, NaN = 0xFF. Rounding is to the nearer
+  power of two, a tie 1.5 * 2^e going up (as ml_dtypes does).
 
     >>> FP8_E4M3FN.max, FP8_E5M2.max, FP16.max, FP16.smallest_subnormal
     (448.0, 57344.0, 65504.0, 5.960464477539063e-08)
@@ -27,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SPECIALS = ("ieee", "fn", "fnuz")
+SPECIALS = ("ieee", "fn", "fnuz", "finite", "fnu")
 
 
 @dataclass(frozen=True)
@@ -47,27 +55,35 @@ class FloatFormat:
             raise ValueError(f"exp_bits must be an int in [2, 11], got {self.exp_bits!r}")
         if not (isinstance(self.man_bits, int) and 0 <= self.man_bits <= 52):
             raise ValueError(f"man_bits must be an int in [0, 52], got {self.man_bits!r}")
-        if self.special != "fnuz" and self.man_bits == 0:
+        if self.special == "fnu":
+            if self.man_bits != 0:
+                raise ValueError("an 'fnu' format is exponent only: man_bits must be 0")
+        elif self.special != "fnuz" and self.man_bits == 0:
             # "ieee" needs a mantissa bit to tell NaN from inf, "fn" to have
-            # anything but NaN in its top binade
+            # anything but NaN in its top binade ("finite": use "fnu" or "fnuz")
             raise ValueError(f"an {self.special!r} format needs at least one mantissa bit")
 
     # -- the numbers that describe the range ------------------------------
     @property
+    def signed(self) -> bool:
+        """False for the exponent-only "fnu" formats (E8M0), which have no sign bit."""
+        return self.special != "fnu"
+
+    @property
     def bits(self) -> int:
-        """Total width: sign + exponent + mantissa."""
-        return 1 + self.exp_bits + self.man_bits
+        """Total width: sign (if any) + exponent + mantissa."""
+        return int(self.signed) + self.exp_bits + self.man_bits
 
     @property
     def emin(self) -> int:
-        """Exponent of the smallest normal number: 1 - B."""
-        return 1 - self.bias
+        """Exponent of the smallest normal number: 1 - B (-B for "fnu": no subnormals)."""
+        return -self.bias if self.special == "fnu" else 1 - self.bias
 
     @property
     def emax(self) -> int:
         """Exponent of the largest finite binade."""
         top = 2 ** self.exp_bits - 1          # the all-ones field
-        return top - 1 - self.bias if self.special == "ieee" else top - self.bias
+        return top - 1 - self.bias if self.special in ("ieee", "fnu") else top - self.bias
 
     @property
     def max_mantissa(self) -> int:
@@ -94,8 +110,12 @@ class FloatFormat:
         return self.special == "ieee"
 
     @property
+    def has_nan(self) -> bool:
+        return self.special != "finite"
+
+    @property
     def has_negative_zero(self) -> bool:
-        return self.special != "fnuz"
+        return self.special not in ("fnuz", "fnu")
 
     @property
     def code_dtype(self) -> str:
@@ -123,12 +143,22 @@ FP8_E5M2 = FloatFormat("fp8_e5m2", 5, 2)                          # IEEE-like, m
 FP8_E4M3FNUZ = FloatFormat("fp8_e4m3fnuz", 4, 3, bias=8, special="fnuz")   # max 240
 FP8_E5M2FNUZ = FloatFormat("fp8_e5m2fnuz", 5, 2, bias=16, special="fnuz")  # max 57344
 FP32 = FloatFormat("fp32", 8, 23)                                 # for completeness
+# the OCP Microscaling (MX) element and scale types
+FP6_E2M3FN = FloatFormat("fp6_e2m3fn", 2, 3, special="finite")   # max 7.5, no inf / NaN
+FP6_E3M2FN = FloatFormat("fp6_e3m2fn", 3, 2, special="finite")   # max 28
+FP4_E2M1FN = FloatFormat("fp4_e2m1fn", 2, 1, special="finite")   # 0 .5 1 1.5 2 3 4 6
+E8M0FNU = FloatFormat("fp8_e8m0fnu", 8, 0, special="fnu")        # 2^-127 .. 2^127, NaN
 
 PRESETS = {f.name: f for f in (FP16, BF16, FP8_E4M3FN, FP8_E5M2, FP8_E4M3FNUZ,
-                               FP8_E5M2FNUZ, FP32)}
+                               FP8_E5M2FNUZ, FP32, FP6_E2M3FN, FP6_E3M2FN, FP4_E2M1FN,
+                               E8M0FNU)}
 ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "e4m3": "fp8_e4m3fn",
            "e4m3fn": "fp8_e4m3fn", "e5m2": "fp8_e5m2", "float32": "fp32",
-           "e4m3fnuz": "fp8_e4m3fnuz", "e5m2fnuz": "fp8_e5m2fnuz"}
+           "e4m3fnuz": "fp8_e4m3fnuz", "e5m2fnuz": "fp8_e5m2fnuz",
+           "e2m3fn": "fp6_e2m3fn", "e3m2fn": "fp6_e3m2fn", "e2m1fn": "fp4_e2m1fn",
+           "e8m0fnu": "fp8_e8m0fnu", "e8m0": "fp8_e8m0fnu", "fp4": "fp4_e2m1fn"}
+# ml_dtypes' names: float8_e4m3fn, float4_e2m1fn, float8_e8m0fnu, ...
+ALIASES.update({"float" + name[2:]: name for name in PRESETS if name.startswith("fp") and "_" in name})
 
 
 def get_format(fmt: "FloatFormat | str") -> FloatFormat:

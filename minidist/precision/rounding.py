@@ -17,7 +17,15 @@ exact tie 128.5 that goes to the even 128: 1.0, the wrong answer.
 
 Overflow: a result above ``fmt.max`` becomes inf ("ieee" formats) or NaN ("fn",
 "fnuz"), or +-max with ``saturate=True`` (inf too; NaN stays NaN). "fnuz"
-formats have no -0: a negative value that rounds to zero gives +0.
+formats have no -0: a negative value that rounds to zero gives +0. "finite"
+formats (FP6, FP4) always saturate, inf included, as the OCP MX spec says; they
+have no NaN, and a NaN input stays NaN here (ml_dtypes writes -0's pattern).
+
+Exponent-only "fnu" formats (E8M0) hold 2^e for emin <= e <= emax and NaN:
+with x = f * 2^e, 1 <= f < 2, the result is 2^e for f < 1.5 and 2^(e+1) from
+1.5 up (ties up, as ml_dtypes rounds); below 2^emin it is 2^emin (there is no
+zero); zero, negative, inf and NaN inputs give NaN, and so does a result above
+2^emax unless ``saturate`` (then 2^emax). Stochastic: up with probability f - 1.
 
 Stochastic rounding: with ``lo <= |x| < lo + q`` the neighbours, |x| goes to
 ``lo + q`` with probability ``(|x| - lo) / q`` and to ``lo`` otherwise, so
@@ -79,6 +87,15 @@ def quantize(x: Any, fmt: FloatFormat | str, rounding: str = "nearest",
 
 def _quantize(x: Any, fmt: FloatFormat, dtype: str, rounding: str, saturate: bool,
               rng: backend.Generator | None) -> Any:
+    if rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
+    if fmt.special == "fnu":
+        u = None
+        if rounding == "stochastic":
+            u = (rng or backend.default_generator()).random(x.shape, dtype="float64")
+        elif rng is not None:
+            raise ValueError("rng is only used with rounding='stochastic'")
+        return _round_exponent_only(x, fmt, saturate, u)
     if rounding == "stochastic":
         u = (rng or backend.default_generator()).random(x.shape, dtype="float64")
         return _finish(_round_magnitude_reference(x, fmt, u), x, fmt, saturate)
@@ -98,6 +115,8 @@ def quantize_reference(x: Any, fmt: FloatFormat | str, saturate: bool = False) -
     fmt = get_format(fmt)
     _check_input(x, fmt)
     with quiet():
+        if fmt.special == "fnu":
+            return _round_exponent_only(x, fmt, saturate)
         return _finish(_round_magnitude_reference(x, fmt), x, fmt, saturate)
 
 
@@ -192,9 +211,25 @@ def _round_bf16_like(x: Any, fmt: FloatFormat, saturate: bool) -> Any:
     return y
 
 
+def _round_exponent_only(x: Any, fmt: FloatFormat, saturate: bool, u: Any = None) -> Any:
+    """x rounded to a power of two 2^emin .. 2^emax ("fnu" formats); NaN where none fits."""
+    f, k = xp.frexp(x)                          # x = f * 2^k, f in [0.5, 1) for x > 0
+    if u is None:
+        up = f >= 0.75                          # 2f >= 1.5: ties go up
+    else:
+        up = u < (2 * f - 1)                    # up with probability 2f - 1
+    e = xp.maximum(k - 1 + up, fmt.emin)        # no zero, no subnormals: 2^emin is the floor
+    y = xp.ldexp(xp.ones_like(x), e.astype(xp.int32))
+    if saturate:
+        xp.minimum(y, fmt.max, out=y)
+    y[~(x > 0) | (y > fmt.max)] = xp.nan        # zero, negative, NaN; overflow
+    y[x == xp.inf] = fmt.max if saturate else xp.nan
+    return y
+
+
 def _finish(mag: Any, x: Any, fmt: FloatFormat, saturate: bool) -> Any:
     """Overflow, then x's sign, onto a rounded magnitude (modified in place)."""
-    if saturate:
+    if saturate or fmt.special == "finite":
         xp.minimum(mag, fmt.max, out=mag)       # NaN stays NaN
     else:
         mag[mag > fmt.max] = xp.inf if fmt.has_inf else xp.nan

@@ -66,7 +66,7 @@ def run(case, directory, start, stop, save=True):
             if strategy != "zero3" else zcls(model, AdamW, max_grad_norm=0.5, **kw)
     if start > 0:
         if strategy == "ddp":
-            load_checkpoint(f"{directory}/ckpt.pkl", model, opt, sampler)
+            load_checkpoint(f"{directory}/ckpt.npz", model, opt, sampler)
         else:
             load_sharded(directory, wrapped, sampler)
     x, y = dataset(case["seed"])
@@ -86,7 +86,7 @@ def run(case, directory, start, stop, save=True):
             wrapped.zero_grad()
     if save:
         if strategy == "ddp":
-            save_checkpoint(f"{directory}/ckpt.pkl", model, opt, sampler)
+            save_checkpoint(f"{directory}/ckpt.npz", model, opt, sampler)
         else:
             save_sharded(directory, wrapped, sampler)
     if strategy == "zero3":

@@ -13,7 +13,7 @@ from . import resume_cases as R
 
 
 def test_a_crash_mid_write_leaves_the_previous_file(tmp_path, monkeypatch):
-    path = str(tmp_path / "ckpt.pkl")
+    path = str(tmp_path / "ckpt.npz")
     save_file(path, dict(w=backend.from_host(np.arange(3.0))))
 
     def crash(src, dst):
@@ -23,18 +23,18 @@ def test_a_crash_mid_write_leaves_the_previous_file(tmp_path, monkeypatch):
         save_file(path, dict(w=backend.from_host(np.zeros(3))))
     monkeypatch.undo()
     assert np.array_equal(backend.to_host(load_file(path)["w"]), np.arange(3.0))
-    assert os.listdir(tmp_path) == ["ckpt.pkl"]            # no temp file left behind
+    assert os.listdir(tmp_path) == ["ckpt.npz"]            # no temp file left behind
 
 
 def test_truncated_single_file_is_named(tmp_path):
-    path = str(tmp_path / "ckpt.pkl")
+    path = str(tmp_path / "ckpt.npz")
     save_file(path, dict(w=backend.from_host(np.arange(1000.0))))
     with open(path, "r+b") as f:
         f.truncate(100)
-    with pytest.raises(CheckpointError, match="ckpt.pkl"):
+    with pytest.raises(CheckpointError, match="ckpt.npz"):
         load_file(path)
     atomic_write_bytes(path, b"")
-    with pytest.raises(CheckpointError, match="ckpt.pkl"):
+    with pytest.raises(CheckpointError, match="ckpt.npz"):
         load_file(path)
 
 
@@ -47,7 +47,7 @@ def damage_and_load(directory, damage):
     case = dict(strategy="zero2", seed=3)
     R.run(case, directory, 0, 2)
     vdir, _ = read_manifest(directory)
-    shard1 = os.path.join(vdir, "shard-00001-of-00002.pkl")
+    shard1 = os.path.join(vdir, "shard-00001-of-00002.npz")
     dist.barrier()
     if dist.get_rank() == 0:
         if damage == "missing":
@@ -56,7 +56,7 @@ def damage_and_load(directory, damage):
             with open(shard1, "r+b") as f:
                 f.truncate(os.path.getsize(shard1) // 2)
         elif damage == "swapped":
-            with open(os.path.join(vdir, "shard-00000-of-00002.pkl"), "rb") as f:
+            with open(os.path.join(vdir, "shard-00000-of-00002.npz"), "rb") as f:
                 data = f.read()
             with open(shard1, "wb") as f:
                 f.write(data)
@@ -81,9 +81,9 @@ def world2():
     w.close()
 
 
-@pytest.mark.parametrize("damage,named", [("missing", "shard-00001-of-00002.pkl"),
-                                          ("truncated", "shard-00001-of-00002.pkl"),
-                                          ("swapped", "shard-00001-of-00002.pkl"),
+@pytest.mark.parametrize("damage,named", [("missing", "shard-00001-of-00002.npz"),
+                                          ("truncated", "shard-00001-of-00002.npz"),
+                                          ("swapped", "shard-00001-of-00002.npz"),
                                           ("manifest", "manifest.json"),
                                           ("other-model", "manifest.json")])
 def test_damaged_sharded_checkpoint_is_an_error_naming_the_file(world2, tmp_path, damage,
@@ -120,3 +120,22 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_readable(tmp_path):
         resumed = w.run(R.run, dict(strategy="zero1", seed=4), str(tmp_path), 2, 2, False)[0]
     for k in first:
         assert np.array_equal(resumed[k], first[k])
+
+
+def save_with_an_array_in_extra(directory):
+    from minidist.checkpoint import save_sharded
+    from minidist.optim import AdamW
+    from minidist.parallel import Zero1
+    zero = Zero1(R.TinyNet(R.D_IN, 6, R.D_OUT, "float64", seed=0), AdamW, lr=0.01)
+    try:
+        save_sharded(directory, zero, extra=dict(scale=backend.from_host(np.ones(2))))
+    except CheckpointError as e:
+        return str(e), os.path.exists(directory)
+    return "saved", os.path.exists(directory)
+
+
+def test_an_array_in_a_sharded_manifest_is_refused_on_every_rank_before_writing(world2,
+                                                                                tmp_path):
+    results = world2.run(save_with_an_array_in_extra, str(tmp_path / "ckpt"))
+    for message, wrote in results:
+        assert "holds arrays (at ['scale'])" in message and not wrote, results

@@ -122,7 +122,7 @@ def test_a_killed_save_leaves_nothing_after_the_next_load_or_save(world1, tmp_pa
     left_something = 0
     for trial in range(4):
         directory = str(tmp_path / f"{kind}{trial}")
-        path = os.path.join(directory, "ckpt.pkl") if kind == "single" else directory
+        path = os.path.join(directory, "ckpt.npz") if kind == "single" else directory
         _kill_at_a_random_point(kind, path, rng)
         left_something += bool(_debris(directory))
         # the next load finds the last complete checkpoint, and clears what the kill left

@@ -68,3 +68,26 @@ def test_the_command_line_exit_status(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "no exercise 'nope'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_titles_speak_python_and_the_docs_state_every_exercise():
+    """Titles name functions as Python does (ring_all_reduce_time_ms(), not
+    ringAllReduceTime()), and docs/exercises.md has a row for every exercise, so
+    that a reader without the source documents knows each task."""
+    import pathlib
+    import re
+    from minidist.exercises import DERIVE, EXERCISES
+    every = list(EXERCISES) + list(DERIVE)
+    camel = [e.title for e in every if re.search(r"\b[a-z]+[A-Z]\w*\(", e.title)]
+    assert not camel, camel
+    docs = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "exercises.md").read_text()
+    missing = [e.id for e in every if f"\n| {e.id} |" not in docs]
+    assert not missing, f"docs/exercises.md has no row for {missing}"
+
+
+def test_the_default_workspace_is_ignored_by_git():
+    """`minidist exercise start` in a checkout must not leave `git status` dirty."""
+    import pathlib
+    from minidist.exercises.workspace import DEFAULT_DIR
+    ignore = (pathlib.Path(__file__).resolve().parents[2] / ".gitignore").read_text().split()
+    assert f"/{DEFAULT_DIR}/" in ignore or f"{DEFAULT_DIR}/" in ignore

@@ -46,20 +46,23 @@ class SubRing:
 
 def node_layout(group: Any) -> tuple[list[int], list[int]]:
     """(the group ranks of my node, the group ranks with my local index on every
-    node), from the world's node size (``World(node_size=...)``)."""
-    node_size = getattr(group.transport, "node_size", 0)
-    if not node_size:
+    node), from the world's topology: found under MPI from the host names, declared
+    on a local world by ``World(node_size=...)`` (transport/topology.py)."""
+    topo = getattr(group.transport, "topology", None)
+    if topo is None:
         raise ValueError("all_reduce(algorithm='hierarchical') needs a two-level topology: "
                          "start the world with World(n, node_size=L, ...) or set "
-                         "MINIDIST_NODE_SIZE=L")
+                         "MINIDIST_NODE_SIZE=L (under mpiexec the nodes are found)")
     nodes: dict[int, list[int]] = {}
     for i, global_rank in enumerate(group.ranks):
-        nodes.setdefault(global_rank // node_size, []).append(i)
+        nodes.setdefault(topo.node_of[global_rank], []).append(i)
     sizes = {len(members) for members in nodes.values()}
     if len(sizes) != 1:
+        counts = ", ".join(f"node {k} ({topo.hosts[group.ranks[m[0]]]}): {len(m)}"
+                           for k, m in sorted(nodes.items()))
         raise ValueError(f"hierarchical all-reduce: group {group.ranks} has different numbers "
-                         f"of ranks on its nodes ({sorted(len(m) for m in nodes.values())}); "
-                         "use a group with the same number of ranks on every node")
+                         f"of ranks on its nodes ({counts}); use a group with the same "
+                         "number of ranks on every node")
     mine = next(m for m in nodes.values() if group.rank in m)
     local = mine.index(group.rank)
     peers = [members[local] for _, members in sorted(nodes.items())]

@@ -39,7 +39,6 @@ import os
 import signal
 import threading
 import time
-import traceback
 from typing import Any, Callable
 
 import dill
@@ -50,6 +49,7 @@ from minidist import backend
 from minidist.comm.transport import flight, shm
 from minidist.comm.errors import RankFailedError, WorldAbortedError, WorldTimeoutError
 from minidist.comm.launch.output import RankOutput, redirect_this_process
+from minidist.comm.launch.report import traceback_from_user_code
 from minidist.comm.transport.link import link_bytes_per_s, topology
 from minidist.comm.transport.base import cores_available
 
@@ -291,7 +291,7 @@ def _rank_main(rank: int, world_size: int, segment_name: str, conn, options: dic
                 aborted = isinstance(e, WorldAbortedError)
                 if not aborted:
                     shm.set_abort(segment, rank, f"{type(e).__name__}: {e}"[:500])
-                reply = ("error", type(e).__name__, _traceback_from_user_code(e), aborted)
+                reply = ("error", type(e).__name__, traceback_from_user_code(e), aborted)
             try:
                 conn.send(reply)
             except Exception as e:  # the result could not be pickled
@@ -312,19 +312,6 @@ def _exit_code(code: int | None) -> str:
         with contextlib.suppress(ValueError):
             return f"{code} ({signal.Signals(-code).name})"
     return str(code)
-
-
-_LAUNCHER_FILES = (os.path.dirname(os.path.abspath(__file__)), "<frozen runpy>")
-
-
-def _traceback_from_user_code(e: BaseException) -> str:
-    """The traceback without its first frames in the launcher (this file, script.py,
-    runpy): the user's code is where the story starts."""
-    tb = e.__traceback__
-    while tb is not None and tb.tb_next is not None and \
-            tb.tb_frame.f_code.co_filename.startswith(_LAUNCHER_FILES):
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(e), e, tb))
 
 
 def _watch_parent(segment_name: str) -> None:

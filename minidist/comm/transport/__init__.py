@@ -14,6 +14,7 @@ Files, in reading order:
 - short_way.py  the local transport's fast paths for ``exchange`` and ``sendrecv``
 - cma.py        single-copy reads of a peer's memory (Linux process_vm_readv), for all-to-all
 - link.py       an emulated link: bytes that take M / beta on the wire while the CPU is free
+- topology.py   which ranks share a machine: found from host names (MPI) or declared
 - mpi.py        ``MPITransport``: the same interface on mpi4py, across machines
 
 Docs: docs/collectives.md. Tests: tests/comm/transport/ and tests/comm/collectives/test_p2p.py.

@@ -55,8 +55,9 @@ from __future__ import annotations
 import os
 import time
 
+from minidist.comm.transport.topology import NODE_SIZE_ENV
+
 ENV = "MINIDIST_LINK_GBPS"
-NODE_SIZE_ENV = "MINIDIST_NODE_SIZE"
 INTER_ENV = "MINIDIST_INTER_NODE_GBPS"
 MAX_NAP_S = 0.05  # a waiting rank still looks at the abort flag this often
 

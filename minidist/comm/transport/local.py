@@ -46,13 +46,14 @@ import time
 from collections import deque
 from typing import Any
 
-from minidist.comm.transport import cma, flight, shm
+from minidist.comm.transport import cma, flight, shm, topology
 from minidist.comm.transport.doorbell import Doorbells
-from minidist.comm.errors import CommTimeoutError, WorldAbortedError
+from minidist.comm.errors import TIMEOUT_HINT, CommTimeoutError, WorldAbortedError
 from minidist.comm.transport.link import EmulatedLink
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.comm.transport.pending import SMALL_COPY, TAG_BITS, Channel, Recv, Send, Unexpected
 from minidist.comm.transport.short_way import ShortWays
+from minidist.trace import recorder as trace
 from minidist.comm.transport.base import (Handle, Transport, cores_available, dtype_code,
                                      host_bytes, host_view, in_background_thread, sched_yield)
 
@@ -98,6 +99,7 @@ class LocalTransport(ShortWays, Transport):
         self._unexpected: dict[int, list] = {}   # src -> messages stashed early
         # An emulated link (link.py): pieces take time on the wire, the CPU is free.
         self.node_size, inter_bps = shm.read_topology(self._seg)  # 0: one level (link.py)
+        self.topology = topology.declared(self.world_size, self.node_size)  # None: one level
         self._link = (EmulatedLink(link_bps, self.world_size, rank, self.node_size, inter_bps)
                       if link_bps or inter_bps else None)
         # Peers may read our arrays in one copy (cma.py). All-to-all does so only
@@ -320,9 +322,11 @@ class LocalTransport(ShortWays, Transport):
         pending = [h.describe() for h in handles if not h.done]
         where = f" in {what}" if what else ""
         report = flight.hang_report(shm.flight_records(self._seg), self.rank)
+        if trace.active is not None:   # the hang report as an instant event (trace/)
+            trace.active.instant("hang report", "failure", dict(report=report), scope="p")
         return CommTimeoutError(
             f"rank {self.rank}: waited {timeout:g} s{where} without progress on: "
-            + "; ".join(pending) + "\n" + report)
+            + "; ".join(pending) + "\n" + report + "\n" + TIMEOUT_HINT)
 
     # -- the flight recorder (flight.py) -------------------------------------
     def record_begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:

@@ -12,16 +12,22 @@ keeps its messages apart, as the context does on the local transport. Waiting
 polls ``Testall`` with the same spin-yield-sleep backoff, so a missing message
 raises ``CommTimeoutError`` instead of hanging. An uncaught exception calls
 ``MPI_Abort``, which makes mpiexec stop every rank.
+
+At start every rank all-gathers the host names, from which ``topology`` finds
+the nodes (topology.py): ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and the node
+layout of the hierarchical all-reduce and the device mesh.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
 from typing import Any
 
 from minidist import backend
-from minidist.comm.errors import CommTimeoutError, MessageMismatchError
+from minidist.comm.errors import TIMEOUT_HINT, CommError, CommTimeoutError, MessageMismatchError
+from minidist.comm.transport import topology
 from minidist.comm.transport.reduce_op import ReduceOp, combine_fn
 from minidist.comm.transport.base import (Backoff, Handle, Transport, flat_target, host_bytes,
                                      host_view, spin_seconds)
@@ -33,6 +39,7 @@ class _MpiHandle(Handle):
         self.on_done, self.expect, self.buf = on_done, expect, buf
         self.status = None
         self.done = False
+        self.world_peer = None    # the world rank at the other end, to name it on a timeout
 
     def wait(self, timeout: float | None = None) -> None:
         self.transport.wait_all([self], timeout)
@@ -107,6 +114,10 @@ class MpiTransport(Transport):
             0: (self.world, {r: r for r in range(self.world_size)})}
         self._next_ctx = 1
         _abort_on_uncaught_exception(self.world)
+        # Which ranks share a machine (topology.py): every rank's host name, to all.
+        hosts = self.world.allgather(MPI.Get_processor_name())
+        _unlink_mpich_segments()       # every rank has mapped them: the all-gather returned
+        self.topology = topology.from_hosts(hosts, topology.env_node_size())
 
     def _comm(self, ctx: int, peer: int) -> tuple[Any, int]:
         comm, ranks = self._comms[ctx]
@@ -116,7 +127,9 @@ class MpiTransport(Transport):
         comm, peer = self._comm(ctx, dst)
         data = host_bytes(arr)
         request = comm.Isend([data, self.MPI.BYTE], dest=peer, tag=tag)
-        return _MpiHandle(self, request, f"send to rank {dst} (tag {tag})", buf=data)
+        h = _MpiHandle(self, request, f"send to rank {dst} (tag {tag})", buf=data)
+        h.world_peer = dst
+        return h
 
     def irecv(self, arr: Any, src: int, tag: int, ctx: int = 0,
               op: ReduceOp | None = None) -> Handle:
@@ -142,7 +155,7 @@ class MpiTransport(Transport):
         request = comm.Irecv([target, self.MPI.BYTE], source=peer, tag=tag)
         h = _MpiHandle(self, request, f"recv from rank {src} (tag {tag})", on_done,
                        expect=arr.nbytes, buf=target)
-        h.status = status
+        h.status, h.world_peer = status, src
         return h
 
     def wait_all(self, handles: list, timeout: float | None = None, what: str = "",
@@ -152,7 +165,7 @@ class MpiTransport(Transport):
         start = time.monotonic()
         pending = [h for h in handles if not h.done]
         while pending:
-            still = [h for h in pending if not h.test()]
+            still = [h for h in pending if not self._test(h)]
             if len(still) < len(pending):
                 backoff.reset()
                 start = time.monotonic()
@@ -164,7 +177,25 @@ class MpiTransport(Transport):
                 where = f" in {what}" if what else ""
                 raise CommTimeoutError(
                     f"rank {self.rank}: waited {timeout:g} s{where} without progress on: "
-                    + "; ".join(h.describe() for h in pending))
+                    + "; ".join(h.describe() for h in pending) + self._missing(pending)
+                    + "\n" + TIMEOUT_HINT)
+
+    def _test(self, h: Handle) -> bool:
+        """``h.test()``, an MPI error (a peer whose connection broke) turned into a
+        CommError that names the peer and its host."""
+        try:
+            return h.test()
+        except self.MPI.Exception as e:
+            raise CommError(f"rank {self.rank}: {h.describe()} failed: "
+                            f"{e.Get_error_string()}{self._missing([h])}") from e
+
+    def _missing(self, pending: list) -> str:
+        """'; no word from rank 2 (on hostb), ...': the peers a timed-out wait waited for."""
+        peers = sorted({h.world_peer for h in pending if h.world_peer is not None})
+        if not peers:
+            return ""
+        hosts = self.topology.hosts
+        return "; no word from " + ", ".join(f"rank {r} (on {hosts[r]})" for r in peers)
 
     def exchange(self, data: Any, dst: int, inbox: Any, src: int, tag: int, ctx: int = 0,
                  timeout: float | None = None, what: str = "", abortable: bool = True) -> bool:
@@ -173,6 +204,7 @@ class MpiTransport(Transport):
                           f"send to rank {dst} (tag {tag})", buf=data)
         comm, peer = self._comm(ctx, src)
         recv = _MpiBytesRecv(self, comm, peer, tag, inbox, f"recv from rank {src} (tag {tag})")
+        send.world_peer, recv.world_peer = dst, src
         self.wait_all([send, recv], timeout, what, abortable)
         return not recv.mismatch
 
@@ -195,6 +227,27 @@ class MpiTransport(Transport):
             if ctx != 0:
                 comm.Free()
         self._comms = {}
+
+
+def _unlink_mpich_segments() -> None:
+    """Unlink the /dev/shm segments MPICH mapped into this process.
+
+    MPICH unlinks its shared-memory segment at ``MPI_Finalize``: ranks that are
+    killed leave it in /dev/shm. Once every rank of the host has mapped it (all
+    of them have passed ``MPI_Init`` when an all-gather over the world returns),
+    its name is no longer needed; the memory stays until the last rank unmaps it
+    or dies, as with the local transport's segment (shm.py)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(None, 5)[5].strip() for line in maps
+                     if "/dev/shm/mpich" in line and not line.rstrip().endswith("(deleted)")}
+    except OSError:          # no /proc: not Linux, nothing mapped from /dev/shm to tidy
+        return
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:      # another rank of this host unlinked it first
+            pass
 
 
 def _abort_on_uncaught_exception(world) -> None:

@@ -40,9 +40,10 @@ from minidist.nn.module import Module
 from minidist.optim.optimizer import optimizer_bytes
 from minidist.parallel.data.buckets import DEFAULT_BUCKET_CAP_MB, Bucket, assign_buckets
 from minidist.parallel.data.hooks import Future, GradBucket, allreduce_hook
-from minidist.parallel.data.timeline import bucket_event, hidden_fraction
+from minidist.parallel.data.timeline import bucket_event, hidden_fraction, trace_buckets
 from minidist.parallel.data.sync_check import verify_parameter_sync
 from minidist.parallel.data.naive import broadcast_parameters
+from minidist.trace import recorder as trace
 
 
 class DistributedDataParallel(Module):
@@ -149,7 +150,7 @@ class DistributedDataParallel(Module):
         for k, b in enumerate(self._launched):
             future = b.work
             if future is None:                               # overlap=False: now, in order
-                future = self._communicate(b, k == len(self._launched) - 1)
+                future = b.work = self._communicate(b, k == len(self._launched) - 1)
             averaged = future.wait()
             if averaged is not b.flat:
                 b.flat[...] = averaged                       # the hook's result, (numel,)
@@ -158,6 +159,8 @@ class DistributedDataParallel(Module):
             self.timeline.append(bucket_event(b, future, self._t0, backward_end))
         self.timeline.append(dict(backward_end_ms=1e3 * (backward_end - self._t0),
                                   hidden_fraction=hidden_fraction(self.timeline)))
+        if trace.active is not None:   # the timeline's buckets, on the thread that ran them
+            trace_buckets(trace.active, self._launched, backward_end)
         for b in self.buckets:
             b.reset()
         self._launched = []

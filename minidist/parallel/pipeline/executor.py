@@ -45,6 +45,7 @@ from minidist.backend import xp
 from minidist.nn.module import Module
 from minidist.parallel.pipeline.clock import OpClock
 from minidist.parallel.pipeline.op import Op, rank_and_chunk, virtual_stage
+from minidist.trace import recorder as trace
 
 _TAG_BASE = 1 << 20   # pipeline tags: base + ((kind P + sending piece) m + micro-batch)
 _KINDS = ("F", "B", "F clock", "B clock")   # activations, gradients, their send times
@@ -152,6 +153,8 @@ def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
     saved: dict[tuple[int, int], tuple[Tensor | None, Tensor]] = {}   # (mb, chunk) -> (x, y)
     w_todo: dict[tuple[int, int], Any] = {}   # (mb, chunk) -> its WeightGradients
     weights = [list(chunk.parameters()) for chunk in chunks]
+    traced = trace.active is not None and op_costs is None   # op spans in a trace (trace/)
+    step = trace.active.next_step("pipeline") if traced else 0
 
     for op in ops:
         s = virtual_stage(r, op.chunk, p, placement)    # this piece's place in the model
@@ -189,8 +192,19 @@ def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
             clock.begin()
             w_todo.pop(key).run()
             clock.end(op)
+        if traced:
+            trace_op(*clock.timeline[-1], step, group, p)
     link.wait()
     return stats
+
+
+def trace_op(op: Op, start: float, end: float, step: int, group: Any, p: int) -> None:
+    """The op as a span of the trace (the same start and end as ``stats.timeline``,
+    so the trace's bubble is ``measured_bubble``'s: trace/summary.py)."""
+    ranks = list(range(p)) if group is None else list(group.ranks)
+    trace.active.span(f"{op.kind}{op.microbatch}" + (f" c{op.chunk}" if op.chunk else ""),
+                      "pipeline", start, end, dict(kind=op.kind, microbatch=op.microbatch,
+                                                   chunk=op.chunk, step=step, group=ranks))
 
 
 def measured_bubble(timelines: Sequence[Sequence[tuple]]) -> float:

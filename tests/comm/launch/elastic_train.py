@@ -3,7 +3,7 @@
     python -m minidist.cli run -n 2 --max-restarts 2 elastic_train.py DIR [KILLS]
 
 Every step ends with a checkpoint (model, AdamW state, sampler position, RNG)
-in DIR/ckpt.pkl; a restarted world (``MINIDIST_RESTART_COUNT`` > 0) loads it
+in DIR/ckpt.npz; a restarted world (``MINIDIST_RESTART_COUNT`` > 0) loads it
 and goes on from the step after. KILLS is "attempt:rank:step,...": in that
 attempt, that rank kills itself with SIGKILL in the middle of that step (after
 the gradients were averaged, before the optimizer step), as a crashing
@@ -50,7 +50,7 @@ def main(directory: str, kills: str) -> None:
     ddp = DistributedDataParallel(model)
     opt = AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
     sampler = DistributedSampler(LENGTH, seed=3)
-    ckpt = os.path.join(directory, "ckpt.pkl")
+    ckpt = os.path.join(directory, "ckpt.npz")
     start = 0
     if os.path.exists(ckpt):  # a restart: resume where the last checkpoint left off
         start = load_checkpoint(ckpt, model, opt, sampler)["step"] + 1

@@ -159,3 +159,64 @@ def test_a_script_runs_alone_as_a_world_of_one(tmp_path):
                          timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     assert "1.0" in out.stdout
+
+
+MISMATCH = textwrap.dedent("""
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    dist.init_process_group(timeout=2.0)
+    rank = dist.get_rank()
+    x = xp.ones(4 if rank == 0 else 6)
+    if "hang" in __import__("sys").argv:
+        x = xp.ones(4)
+        dist.all_reduce(x)
+        if rank == 1:
+            __import__("time").sleep(20)   # never enters the second all-reduce
+    dist.all_reduce(x)
+""")
+
+
+def _run_failing(tmp_path, *args):
+    script = tmp_path / "user_script.py"
+    script.write_text(MISMATCH)
+    cmd = [sys.executable, "-m", "minidist.cli", "run", "-n", "2", *args, str(script)]
+    if "--hang" in args:
+        cmd = [c for c in cmd if c != "--hang"] + ["hang"]
+    env = {k: v for k, v in os.environ.items() if k != "MINIDIST_VERBOSE"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+
+
+def _minidist_frames(text):
+    import minidist
+    package = os.path.dirname(os.path.abspath(minidist.__file__))
+    return [line for line in text.splitlines() if line.strip().startswith(f'File "{package}')]
+
+
+def test_a_mismatch_reports_the_script_frames_then_the_message_with_each_ranks_call(tmp_path):
+    out = _run_failing(tmp_path)
+    assert out.returncode == 1
+    lines = out.stderr.splitlines()
+    assert lines[0].startswith("minidist run: rank 0 failed (CollectiveMismatchError)"), out.stderr
+    assert 'user_script.py", line 12, in <module>' in out.stderr
+    assert _minidist_frames(out.stderr) == [] and "frames inside minidist hidden" in out.stderr
+    assert lines[-3].startswith("minidist.comm.errors.CollectiveMismatchError: ")  # ends with it
+    assert "rank 0: all_reduce" in lines[-2] and "shape=(4,)" in lines[-2]
+    assert "rank 1: all_reduce" in lines[-1] and "shape=(6,)" in lines[-1]
+
+
+def test_verbose_shows_minidist_frames_of_the_same_failure(tmp_path):
+    out = _run_failing(tmp_path, "--verbose")
+    assert out.returncode == 1 and "CollectiveMismatchError" in out.stderr
+    assert _minidist_frames(out.stderr) and "hidden" not in out.stderr
+
+
+def test_a_hang_report_names_the_missing_rank_and_how_to_change_the_timeout(tmp_path):
+    out = _run_failing(tmp_path, "--hang")
+    assert out.returncode == 1
+    assert out.stderr.startswith("minidist run: rank 0 failed (CommTimeoutError); "
+                                 "ranks [1] were stopped:"), out.stderr
+    assert _minidist_frames(out.stderr) == [] and 'user_script.py", line 12' in out.stderr
+    assert "rank 1 did not enter all_reduce #2 of group [0, 1], which rank 0 waits in" in out.stderr
+    assert "rank 1: all_reduce #1 of group [0, 1]" in out.stderr     # each rank's last call
+    last = out.stderr.splitlines()[-1]
+    assert "init_process_group(timeout=SECONDS)" in last and "--timeout" in last

@@ -24,11 +24,21 @@ ROUNDS = int(os.environ.get("MINIDIST_MPI_ROUNDS", "6"))
 def main() -> None:
     group = dist.init_process_group()
     assert group.transport.name == "mpi", group.transport.name
+    checked = check_all(ROUNDS)
+    if dist.get_rank() == 0:
+        print(f"mpi: {checked} collective cases passed on {dist.get_world_size()} ranks",
+              flush=True)
+    dist.destroy_process_group()
+
+
+def check_all(rounds: int) -> int:
+    """Every collective, algorithm and op against NumPy, ``rounds`` times with new
+    draws, then the mismatch checks, point to point and groups; the cases checked."""
     from mpi4py import MPI
     rank, n = dist.get_rank(), dist.get_world_size()
     rng = np.random.default_rng(1234)
     checked = 0
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         for name in cases.COLLECTIVES:
             case = cases.random_case(rng, n, name)
             if case.get("algorithm") == "direct":  # not over MPI: tested below
@@ -79,9 +89,7 @@ def main() -> None:
         dist.all_reduce(y, group=mesh.group("dp"))
         assert float(backend.to_host(y)[0]) == sum(mesh.ranks("dp"))
     dist.barrier()
-    if rank == 0:
-        print(f"mpi: {checked} collective cases passed on {n} ranks", flush=True)
-    dist.destroy_process_group()
+    return checked
 
 
 def _check(case, rank, comm) -> None:

@@ -5,6 +5,7 @@ on PATH). Skipped only when those are absent; CI installs them.
 """
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -78,3 +79,40 @@ def test_a_missing_send_times_out_on_mpi(tmp_path, mpich_cleanup):
     out = _mpiexec(2, str(script), timeout=30)
     assert out.returncode != 0
     assert "CommTimeoutError" in out.stderr and "recv from rank 1 (tag 4)" in out.stderr
+
+
+DEMO_19 = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(HERE))), "demos",
+                       "19_topology.py")
+
+
+@pytest.mark.parametrize("node_size", [None, 2])
+def test_the_topology_is_found_under_mpiexec(node_size):
+    """One host: one node of 4 ranks, or, with MINIDIST_NODE_SIZE=2, two nodes of 2
+    on it; LOCAL_RANK / LOCAL_WORLD_SIZE follow, and the hierarchical all-reduce
+    runs on the nodes found (demo 19 checks its sum and its bytes between nodes)."""
+    extra = {} if node_size is None else {"MINIDIST_NODE_SIZE": str(node_size)}
+    os.environ.update(extra)
+    try:
+        out = _mpiexec(4, DEMO_19)
+    finally:
+        for k in extra:
+            os.environ.pop(k)
+    assert out.returncode == 0, out.stdout + out.stderr
+    local = node_size or 4
+    for rank in range(4):
+        want = (f"rank {rank}: host {socket.gethostname()}, node {rank // local} of "
+                f"{4 // local}, local rank {rank % local} of {local} (found from host names); "
+                f"LOCAL_RANK={rank % local} LOCAL_WORLD_SIZE={local}")
+        assert want in out.stdout, out.stdout
+    assert out.stdout.rstrip().endswith(": ok"), out.stdout
+
+
+def test_a_node_size_that_disagrees_with_the_hosts_is_an_error(mpich_cleanup):
+    os.environ["MINIDIST_NODE_SIZE"] = "3"
+    try:
+        out = _mpiexec(4, DEMO_19, timeout=30)
+    finally:
+        os.environ.pop("MINIDIST_NODE_SIZE")
+    assert out.returncode != 0
+    assert ("MINIDIST_NODE_SIZE=3 disagrees with the hosts found (ranks per host: "
+            f"{socket.gethostname()}: 4)") in out.stderr, out.stderr
