@@ -1,4 +1,4 @@
-"""Demo 25: train the small GPT with block-scaled matmuls (MX, NVFP4, DeepSeek-V3 FP8).
+"""Demo 23: train the small GPT with block-scaled matmuls (MX, NVFP4, DeepSeek-V3 FP8).
 
 Every run starts from the same weights and sees the same batches; only the
 format the Linears' matmuls run in differs (minidist/precision, docs/block_scaling.md):
@@ -18,9 +18,9 @@ one batch's real Linear inputs, weights and output gradients (from the bf16 run'
 model) are quantized in each format and the SQNR (signal to quantization noise,
 10 log10(sum x^2 / sum (x - Q(x))^2), in dB) is printed per kind of tensor.
 
-    python demos/25_block_scaling.py                   # about a minute on 2 cores
-    python demos/25_block_scaling.py --full            # 300 steps, a wider model
-    python demos/25_block_scaling.py --figure /tmp/block_scaling.png
+    python demos/23_block_scaling.py                   # about a minute on 2 cores
+    python demos/23_block_scaling.py --full            # 300 steps, a wider model
+    python demos/23_block_scaling.py --figure /tmp/block_scaling.png
 
 The checks: every run trains, MXFP8 and blockwise FP8 end near BF16, and the
 8-bit block formats keep more SQNR than the 4-bit ones.
