@@ -41,6 +41,7 @@ import time
 from typing import Any
 
 from minidist import backend
+from minidist.trace.merge import merge, wait_for_ranks
 
 FLUSH_S = 0.2             # seconds between writes of the buffered events
 _FLOW_MASK = (1 << 52) - 1  # flow ids stay exact in JavaScript's doubles
@@ -304,10 +305,27 @@ def stop() -> Recorder | None:
     return rec
 
 
+WAIT_S = 10.0   # how long the merging rank waits for the others' parts
+
+
+def finish() -> None:
+    """Stop recording; rank 0 (or a process that is no rank) merges unless a
+    parent process does."""
+    rec = stop()
+    if rec is None:
+        return
+    if os.environ.get("MINIDIST_TRACE_MERGE") == "parent" and rec.rank is not None:
+        return
+    if rec.rank not in (None, 0):
+        return
+    if rec.rank == 0:
+        wait_for_ranks(rec.path, rec.world_size, WAIT_S)
+    merge(rec.path)
+
+
 def _at_exit() -> None:
     """A process that ends while recording: its part is complete, and rank 0 merges
     (a script under mpiexec that never calls destroy_process_group)."""
-    from minidist.trace.session import finish
     finish()
 
 
