@@ -26,9 +26,10 @@ DDP timeline and the pipeline executor already stamp. A rank under MPI also
 notes its offset to rank 0's clock (``note_rank``), which the merge adds.
 
 Each process appends its events to ``<path>.<pid>.part``, a JSON list of
-events a line, written by a thread every ``FLUSH_S`` seconds and when recording ends: a
-rank that is killed leaves what it recorded up to ``FLUSH_S`` before. The pid of the events is set at
-the merge (merge.py), from the rank the process noted.
+events a line, written by a thread every ``FLUSH_S`` seconds and when
+recording ends: a rank that is killed leaves what it recorded up to ``FLUSH_S``
+before. The pid of the events is set at the merge (merge.py), from the rank the
+process noted.
 """
 from __future__ import annotations
 
@@ -117,8 +118,9 @@ class Recorder:
     def span(self, name: str, cat: str, start: float, end: float, args: dict | None = None,
              tid: int | None = None) -> None:
         """A complete span from ``start`` to ``end`` (perf_counter seconds)."""
-        event = {"ph": "X", "name": name, "cat": cat, "ts": _us(start),
-                 "dur": (int(end * 1e9) - int(start * 1e9)) / 1000, "tid": self.tid() if tid is None else tid}
+        dur = (int(end * 1e9) - int(start * 1e9)) / 1000     # whole nanoseconds, like ts
+        event = {"ph": "X", "name": name, "cat": cat, "ts": _us(start), "dur": dur,
+                 "tid": self.tid() if tid is None else tid}
         if args:
             event["args"] = args
         self._add(event)
