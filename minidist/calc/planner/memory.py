@@ -13,11 +13,21 @@
             1F1B, ZB-H1   min(m, p)                       (calc.pipeline.peak_inflight)
             interleaved   min(m, p) (1 + (p - 1) / (p v)) (Narayanan et al. 2021, sec. 2.2.2)
         Full recomputation also holds one layer's activations, rebuilt in its backward.
+        minidist's own GPT (``implementation="minidist"``, what ``plan --measure`` runs)
+        keeps what nn.gpt.Block saves (``minidist_layer_activation_bytes``): per layer
+        4 sbh + 2 sb whole (the LayerNorms' x_hat and 1/std, the QKV and MLP inputs)
+        and 16 sbh + a s^2 b split by tp (Q, K, V, the softmax P, the out-projection
+        input, GELU's input and tanh, the second MLP input), no sequence parallelism.
+        The temporaries of the op running (the scores before softmax, the cross
+        entropy's intermediates, a backward's partial products) are not counted:
+        docs/planner.md gives what they add in the runs.
     logits
         the last stage's logits and their gradient in fp32: 2 x 4 b (s / cp) V / tp.
     communication buffers
         DDP / ZeRO-1/2: two 25 MiB gradient buckets (torch's bucket_cap_mb), 2 bytes;
         ZeRO-3: the gathered parameters of two layers (the one running, the prefetched).
+        minidist's DDP reduces the gradients in place (its buckets are their memory): 0;
+        its ZeRO-2 copies them into a flat bucket of at most 25 MB first.
 """
 from __future__ import annotations
 
@@ -73,6 +83,20 @@ def stage_params(spec: ModelSpec, layout: Layout, which: str) -> tuple[float, fl
     return dense, experts
 
 
+def minidist_layer_bytes(spec: ModelSpec, seq: int, batch: int, *, tp: int = 1,
+                         sequence_parallel: bool = False, recompute: str = "none",
+                         bytes_per_element: float = 4) -> float:
+    """Bytes one nn.gpt.Block keeps for backward on one of tp ranks (module docstring):
+    (4 sbh + 2 sb + (16 sbh + a s^2 b) / tp) x bytes; full recomputation: its input, sbh.
+    At tp = 1 this is ``calc.activations.minidist_layer_activation_bytes`` (naive)."""
+    sbh, sb = seq * batch * spec.hidden, seq * batch
+    if recompute == "full":
+        return bytes_per_element * sbh
+    if recompute != "none":
+        raise ValueError(f"minidist's GPT recomputes 'none' or 'full', got {recompute!r}")
+    return bytes_per_element * (4 * sbh + 2 * sb + (16 * sbh + spec.heads * seq * sb) / tp)
+
+
 def memory_per_gpu(spec: ModelSpec, setup: TrainingSetup, layout: Layout) -> MemoryBreakdown:
     """The fullest stage's memory per GPU (module docstring), part by part."""
     m = microbatches(layout, setup)
@@ -80,10 +104,12 @@ def memory_per_gpu(spec: ModelSpec, setup: TrainingSetup, layout: Layout) -> Mem
     w = state_memory.STATE_BYTES[setup.precision][0]
     seq = setup.seq // layout.cp
     act_bytes = 2 if setup.precision == "mixed" else 4
-    one_layer = model.layer_activation_bytes(
+    layer_bytes = minidist_layer_bytes if spec.implementation == "minidist" else \
+        model.layer_activation_bytes
+    one_layer = layer_bytes(
         spec, seq, layout.micro_batch, tp=layout.tp, sequence_parallel=layout.tp > 1,
         recompute=layout.recompute, bytes_per_element=act_bytes)
-    full_layer = model.layer_activation_bytes(
+    full_layer = layer_bytes(
         spec, seq, layout.micro_batch, tp=layout.tp, sequence_parallel=layout.tp > 1,
         bytes_per_element=act_bytes)
     first, middle, last = stage_layers(spec, layout)
@@ -104,6 +130,10 @@ def memory_per_gpu(spec: ModelSpec, setup: TrainingSetup, layout: Layout) -> Mem
             if which == "last" else 0.0
         if layout.zero == 3:
             buffers = 2 * w * model.layer_params(spec) / layout.tp
+        elif spec.implementation == "minidist":
+            # DDP's buckets are the gradients' own memory; ZeRO-2 copies them flat into
+            # a bucket (at most 25 MB) to reduce-scatter it
+            buffers = min(25e6, w * (dense + experts)) if layout.zero == 2 else 0.0
         else:
             buffers = 2 * BUCKET_BYTES
         breakdown = MemoryBreakdown(params, grads, optim, activations, logits, buffers)

@@ -1,0 +1,214 @@
+"""The planner on this machine: a model scaled to run here, a cluster from measurements,
+and its predictions held against runs (``minidist plan --measure``).
+
+    model     minidist's own GPT (nn.gpt: LayerNorm, GELU MLP of 4h, tied embeddings,
+              learned positions, biases, naive attention, float32), small enough that a
+              step takes a fraction of a second on a core: ``scaled_gpt``
+    cluster   "this-machine" (``this_machine``): one rank per core as a GPU,
+              its memory taken as unlimited, and
+                peak x efficiency   measured: peak is the FLOP/s a float32 matmul of
+                                    1024 x 512 x 512 reaches on each rank while every
+                                    rank runs one; efficiency and the fixed cost per
+                                    layer and micro-batch c come from two calibration
+                                    steps of the whole model on every rank with no
+                                    communication, at micro-batch 1 (m_1 micro-batches)
+                                    and the largest b (m_b):
+                                        t = F / (peak x eff) + L m c
+                                    two equations, two unknowns
+                links               the emulated link (comm/transport/link.py):
+                                    MINIDIST_LINK_GBPS inside a node,
+                                    MINIDIST_INTER_NODE_GBPS between nodes of
+                                    MINIDIST_NODE_SIZE ranks
+    layouts   what minidist's strategies can run (``runnable``): dp x tp x pp = ranks;
+              tp = pp = 1 with DDP or ZeRO 1-3 and recomputation none or full; otherwise
+              ThreeDParallelGPT (ZeRO 0, no recomputation, 1F1B)
+    rows      the predicted five best, then the slowest and one from the middle
+              (``pick``), each run and compared (``compare``): step time and the
+              fullest rank's peak memory, predicted beside measured, and the order of
+              the top five by measured time against the predicted order.
+
+The runs themselves are minidist/parallel/measure.py (the command line passes it in:
+calc imports nothing of the package).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minidist.calc.planner import model
+from minidist.calc.planner.layouts import Layout, divisors, microbatches
+from minidist.calc.planner.presets import ClusterSpec, ModelSpec, TrainingSetup
+from minidist.calc.planner.search import Scored, score
+
+MEMORY_TARGET = 0.10       # |measured - predicted| / predicted, peak memory per rank
+TIME_TARGET = 0.25         # the same for step time
+UNLIMITED = 1e15           # bytes: this machine's memory, taken as no limit
+
+
+def scaled_gpt(layers: int = 4, hidden: int = 128, heads: int = 4, seq: int = 128,
+               vocab: int = 512) -> ModelSpec:
+    """minidist's GPT with these sizes, as the planner sees it."""
+    return ModelSpec("minidist-gpt", layers, hidden, heads, heads, 4 * hidden, vocab,
+                     gated=False, tied=True, positions=seq, biases=True,
+                     implementation="minidist")
+
+
+def gpt_kwargs(spec: ModelSpec, seq: int) -> dict:
+    """GPTConfig's keyword arguments for ``spec`` (what the runner builds)."""
+    return dict(block_size=seq, vocab_size=spec.vocab, n_layer=spec.layers,
+                n_head=spec.heads, n_embd=spec.hidden)
+
+
+def fit_compute(spec: ModelSpec, setup: TrainingSetup, ranks: int, peak: float,
+                calibration: list[tuple[int, float]]) -> tuple[float, float]:
+    """(efficiency, seconds per layer and micro-batch) from calibration steps: each
+    (micro-batch b, seconds) of every rank training the whole model alone on
+    B / ranks sequences. With F the FLOPs of one rank's share and m = B / (ranks b):
+        t = F / (peak x eff) + L m c
+    solved on the first and last pair (c = 0 with one pair)."""
+    per_rank = setup.sequences // ranks
+    work = per_rank * setup.seq * model.model_flops_per_token(spec, setup.seq)
+    (b1, t1), (b2, t2) = calibration[0], calibration[-1]
+    m1, m2 = per_rank // b1, per_rank // b2
+    c = (t1 - t2) / (spec.layers * (m1 - m2)) if m1 != m2 else 0.0
+    c = max(c, 0.0)
+    compute = t2 - spec.layers * m2 * c
+    return work / (peak * compute), c
+
+
+def this_machine(ranks: int, peak: float, efficiency: float, layer_overhead: float,
+                 link_bytes: float, inter_bytes: float = 0.0, node_size: int = 0,
+                 latency: float = 50e-6) -> ClusterSpec:
+    """The cluster these ranks make (module docstring); a link of 0 bytes/s (off) is
+    taken as 10 GB/s, about what a copy through shared memory moves."""
+    link = link_bytes or 10e9
+    return ClusterSpec("this-machine", node_size or ranks, UNLIMITED, peak,
+                       link, inter_bytes or link, latency, latency,
+                       matmul_efficiency=efficiency, layer_overhead=layer_overhead)
+
+
+def runnable(spec: ModelSpec, setup: TrainingSetup, ranks: int,
+             max_micro_batch: int) -> list[Layout]:
+    """Every layout minidist's strategies run (module docstring) that keeps the rules."""
+    out = []
+    for tp in divisors(ranks):
+        for pp in divisors(ranks // tp):
+            dp = ranks // (tp * pp)
+            simple = tp == 1 and pp == 1
+            for b in divisors(max_micro_batch):
+                for zero in ((0, 1, 2, 3) if simple else (0,)):
+                    for recompute in (("none", "full") if simple else ("none",)):
+                        layout = Layout(dp, tp, pp, 1, 1, zero, b, recompute,
+                                        "none" if pp == 1 else "1f1b")
+                        if microbatches(layout, setup):
+                            out.append(layout)
+    return out
+
+
+def pick(scored: list[Scored], top: int = 5) -> list[Scored]:
+    """The ``top`` fastest predicted, then the slowest and one from the middle."""
+    ranked = sorted(scored, key=lambda s: (s.time.total, s.memory.total))
+    rows = ranked[:top]
+    for extra in (ranked[(top + len(ranked)) // 2], ranked[-1]):
+        if extra not in rows:
+            rows.append(extra)
+    return rows
+
+
+def predictions(spec: ModelSpec, setup: TrainingSetup, cluster: ClusterSpec, ranks: int,
+                max_micro_batch: int) -> list[Scored]:
+    """Every runnable layout that keeps the rules, scored."""
+    scored = [score(spec, setup, layout, cluster, ranks)
+              for layout in runnable(spec, setup, ranks, max_micro_batch)]
+    return [s for s in scored if s.feasible]
+
+
+def runner_layout(layout: Layout) -> dict:
+    return dict(dp=layout.dp, tp=layout.tp, pp=layout.pp, zero=layout.zero,
+                micro_batch=layout.micro_batch, recompute=layout.recompute)
+
+
+@dataclass(frozen=True)
+class Row:
+    predicted: Scored
+    seconds: float            # measured step time, median of the timed steps
+    peak_bytes: float         # measured peak of the fullest rank
+
+    @property
+    def time_error(self) -> float:
+        return self.seconds / self.predicted.time.total - 1
+
+    @property
+    def memory_error(self) -> float:
+        return self.peak_bytes / self.predicted.memory.total - 1
+
+
+def order_holds(rows: list[Row], top: int = 5) -> bool:
+    """Do the predicted ``top`` come out in the same order by measured step time?"""
+    first = rows[:top]
+    return sorted(first, key=lambda r: r.seconds) == first
+
+
+def table(rows: list[Row], top: int = 5) -> list[str]:
+    """Predicted beside measured, one layout a line, and the verdict on the targets."""
+    MB = 1e6
+    lines = [f"{'':>3} {'layout':<36} {'step s':>7} {'measured':>8} {'error':>7}   "
+             f"{'peak MB':>7} {'measured':>8} {'error':>7}  {'measured rank':>13}"]
+    by_time = sorted(range(len(rows)), key=lambda i: rows[i].seconds)
+    for i, row in enumerate(rows):
+        p = row.predicted
+        lines.append(f"{i + 1:>3} {p.layout.short():<36} {p.time.total:7.3f} "
+                     f"{row.seconds:8.3f} {row.time_error:+7.1%}   "
+                     f"{p.memory.total / MB:7.2f} {row.peak_bytes / MB:8.2f} "
+                     f"{row.memory_error:+7.1%}  {by_time.index(i) + 1:>13}")
+    memory_ok = sum(abs(r.memory_error) <= MEMORY_TARGET for r in rows)
+    time_ok = sum(abs(r.time_error) <= TIME_TARGET for r in rows)
+    lines.append(f"peak memory within {MEMORY_TARGET:.0%}: {memory_ok}/{len(rows)}; "
+                 f"step time within {TIME_TARGET:.0%}: {time_ok}/{len(rows)}; "
+                 f"measured order of the predicted top {min(top, len(rows))}: "
+                 f"{'the same' if order_holds(rows, top) else 'different'}")
+    return lines
+
+
+def measure(bench, spec: ModelSpec, setup: TrainingSetup, ranks: int, *,
+            link_bytes: float, inter_bytes: float = 0.0, node_size: int = 0,
+            max_micro_batch: int = 4, top: int = 5, rounds: int = 2,
+            log=lambda line: None) -> tuple[ClusterSpec, list[Row]]:
+    """Calibrate on ``bench`` (parallel/measure.py's Bench), predict every runnable
+    layout, run the ones ``pick`` chooses ``rounds`` times (in turn, forwards then
+    backwards, so that a slow spell of a loaded machine spreads over all of them), and
+    return this machine's cluster and the rows, predicted order."""
+    kwargs = gpt_kwargs(spec, setup.seq)
+    peak = bench.matmul_flops()
+    sizes = sorted({1, max(b for b in divisors(max_micro_batch)
+                           if (setup.sequences // ranks) % b == 0)})
+    alone = [dict(alone=True, dp=ranks, tp=1, pp=1, zero=0, micro_batch=b,
+                  recompute="none") for b in sizes]
+    times: dict[int, list[float]] = {b: [] for b in sizes}
+    for r in range(rounds):          # calibrate in turn too, as often as the layouts run
+        for b, layout in zip(sizes, alone):
+            times[b] += bench.run(kwargs, layout, setup.sequences)["all_seconds"]
+    calibration = [(b, _median(times[b])) for b in sizes]
+    efficiency, overhead = fit_compute(spec, setup, ranks, peak, calibration)
+    log(f"calibration: matmul {peak / 1e9:.2f} GFLOP/s per rank (peak); whole model alone "
+        + ", ".join(f"b{b} {t:.3f} s" for b, t in calibration)
+        + f" -> efficiency {efficiency:.1%}, {overhead * 1e3:.2f} ms per layer and "
+        "micro-batch")
+    cluster = this_machine(ranks, peak, efficiency, overhead, link_bytes, inter_bytes,
+                           node_size)
+    rows = pick(predictions(spec, setup, cluster, ranks, max_micro_batch), top)
+    seconds: dict[int, list[float]] = {i: [] for i in range(len(rows))}
+    peaks: dict[int, float] = {}
+    for r in range(rounds):
+        order = range(len(rows)) if r % 2 == 0 else reversed(range(len(rows)))
+        for i in order:
+            got = bench.run(kwargs, runner_layout(rows[i].layout), setup.sequences)
+            seconds[i] += got["all_seconds"]
+            peaks.setdefault(i, got["peak_bytes"])
+            log(f"  round {r + 1}: {rows[i].layout.short()}  {got['seconds']:.3f} s")
+    return cluster, [Row(rows[i], _median(seconds[i]), peaks[i]) for i in range(len(rows))]
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

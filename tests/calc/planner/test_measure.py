@@ -1,0 +1,113 @@
+"""``minidist plan --measure``: this machine as a cluster, and the predictions beside runs.
+
+The run test checks the table's structure and that every row ran; no test here asserts
+how close a measured time is to the prediction (timings depend on the machine's load).
+"""
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minidist.calc import activations
+from minidist.calc.planner import machine, memory, presets, time
+from minidist.calc.planner.layouts import Layout, violations
+from minidist.cli import main
+
+
+@settings(max_examples=30, deadline=None)
+@given(eff=st.floats(0.05, 1.0), overhead=st.floats(0.0, 0.05), per_rank=st.sampled_from([4, 8]),
+       ranks=st.sampled_from([1, 2, 4]))
+def test_fit_compute_recovers_the_efficiency_and_overhead_that_made_the_times(
+        eff, overhead, per_rank, ranks):
+    spec = machine.scaled_gpt(layers=3, hidden=64, heads=2, seq=32, vocab=100)
+    setup = presets.TrainingSetup(per_rank * ranks * 32, 32, "fp32")
+    peak = 1e10
+    from minidist.calc.planner import model
+    flops = per_rank * 32 * model.model_flops_per_token(spec, 32)
+    times = [(b, flops / (peak * eff) + spec.layers * (per_rank // b) * overhead)
+             for b in (1, per_rank)]
+    got_eff, got_overhead = machine.fit_compute(spec, setup, ranks, peak, times)
+    assert got_eff == pytest.approx(eff, rel=1e-9)
+    assert got_overhead == pytest.approx(overhead, rel=1e-9, abs=1e-15)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seq=st.sampled_from([8, 16, 64]), batch=st.integers(1, 4), heads=st.sampled_from([1, 2, 4]),
+       recompute=st.sampled_from(["none", "full"]))
+def test_minidist_layer_bytes_at_tp1_is_the_calc_formula(seq, batch, heads, recompute):
+    spec = machine.scaled_gpt(hidden=16 * heads, heads=heads, seq=seq)
+    assert memory.minidist_layer_bytes(spec, seq, batch, recompute=recompute) == \
+        activations.minidist_layer_activation_bytes(seq, batch, spec.hidden, heads,
+                                                    recompute=recompute)
+
+
+def test_minidist_layer_bytes_splits_only_the_tensor_parallel_parts():
+    spec = machine.scaled_gpt(hidden=64, heads=4, seq=32)
+    whole = memory.minidist_layer_bytes(spec, 32, 2)
+    half = memory.minidist_layer_bytes(spec, 32, 2, tp=2)
+    sbh, sb = 32 * 2 * 64, 32 * 2
+    assert whole - half == 4 * (16 * sbh + 4 * 32 * sb) / 2
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_every_runnable_layout_uses_the_ranks_and_keeps_the_rules(ranks):
+    spec = machine.scaled_gpt()
+    setup = presets.TrainingSetup(8 * 128, 128, "fp32")
+    cluster = machine.this_machine(ranks, 1e10, 0.5, 1e-3, 1e9)
+    found = machine.runnable(spec, setup, ranks, 8)
+    assert found
+    for layout in found:
+        assert layout.dp * layout.tp * layout.pp == ranks
+        assert not violations(spec, setup, layout, ranks, cluster.gpus_per_node)
+        if layout.tp > 1 or layout.pp > 1:      # what ThreeDParallelGPT runs
+            assert layout.zero == 0 and layout.recompute == "none"
+
+
+def test_fp32_moves_twice_the_bytes_of_mixed_precision():
+    spec = machine.scaled_gpt()
+    cluster = machine.this_machine(2, 1e10, 0.5, 0.0, 1e9, latency=0.0)
+    layout = Layout(1, 2, 1, micro_batch=2, zero=0, schedule="none")
+    mixed = time.step_time(spec, presets.TrainingSetup(1024, 128, "mixed"), layout, cluster)
+    fp32 = time.step_time(spec, presets.TrainingSetup(1024, 128, "fp32"), layout, cluster)
+    assert fp32.tp == pytest.approx(2 * mixed.tp)
+
+
+def test_layer_overhead_adds_layers_times_microbatches():
+    spec = machine.scaled_gpt()
+    setup = presets.TrainingSetup(8 * 128, 128, "fp32")
+    layout = Layout(2, 1, 1, micro_batch=1, zero=0, schedule="none")
+    free = machine.this_machine(2, 1e10, 0.5, 0.0, 1e9)
+    costly = machine.this_machine(2, 1e10, 0.5, 0.01, 1e9)
+    extra = time.step_time(spec, setup, layout, costly).compute - \
+        time.step_time(spec, setup, layout, free).compute
+    assert extra == pytest.approx(spec.layers * 4 * 0.01)      # m = 8 / (2 x 1) = 4
+
+
+def test_measure_runs_every_row_and_prints_them_side_by_side(capsys):
+    assert main(["plan", "--measure", "--layers", "2", "--hidden", "32", "--heads", "2",
+                 "--vocab", "64", "--seq", "16", "--batch-tokens", str(4 * 16),
+                 "--steps", "1", "--rounds", "1", "--ranks", "2", "--link-gbps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "calibration: matmul" in out and "efficiency" in out
+    rows = [line for line in out.splitlines() if re.match(r"\s+\d+ dp\d", line)]
+    assert 3 <= len(rows) <= 7
+    for line in rows:
+        numbers = [float(x.rstrip("%")) for x in line.split()[10:]]
+        predicted_s, measured_s, _, predicted_mb, measured_mb, _, rank = numbers
+        assert predicted_s > 0 and measured_s > 0 and predicted_mb > 0 and measured_mb > 0
+        assert 1 <= rank <= len(rows)
+    assert sorted(int(line.split()[-1]) for line in rows) == list(range(1, len(rows) + 1))
+    assert "peak memory within 10%" in out and "measured order of the predicted top" in out
+
+
+@pytest.mark.parametrize("argv,reason", [
+    (["--ranks", "2", "--batch-tokens", "48", "--seq", "16"], "divides over --ranks"),
+    (["--heads", "3", "--hidden", "32"], "must divide --hidden"),
+    (["--ranks", "4", "--node-size", "3"], "must divide --ranks"),
+])
+def test_measure_usage_errors(argv, reason, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--measure", *argv])
+    assert exit_.value.code == 2
+    assert reason in capsys.readouterr().err
