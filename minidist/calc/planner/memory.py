@@ -17,12 +17,16 @@
         keeps what nn.gpt.Block saves (``minidist_layer_activation_bytes``): per layer
         4 sbh + 2 sb whole (the LayerNorms' x_hat and 1/std, the QKV and MLP inputs)
         and 16 sbh + a s^2 b split by tp (Q, K, V, the softmax P, the out-projection
-        input, GELU's input and tanh, the second MLP input), no sequence parallelism.
-        The temporaries of the op running (the scores before softmax, the cross
-        entropy's intermediates, a backward's partial products) are not counted:
-        docs/planner.md gives what they add in the runs.
+        input, GELU's input and tanh, the second MLP input), no sequence parallelism,
+        and 4 sbh more that a Block holds after its forward beyond what it saves
+        (the graph's references to the residual stream: tracemalloc on one Block
+        measures 4.08-4.4 sbh at four shapes).
     logits
         the last stage's logits and their gradient in fp32: 2 x 4 b (s / cp) V / tp.
+        minidist's GPT, measured with tracemalloc after its forward at three shapes
+        (within 2 %): 1.5 b s V (the logits and the cross-entropy's saved part) and
+        10 sbh (embedding output, final LayerNorm, output-layer input), plus one
+        b s V temporary of the cross-entropy at the peak: 4 (2.5 bsV / tp + 10 sbh).
     communication buffers
         DDP / ZeRO-1/2: two 25 MiB gradient buckets (torch's bucket_cap_mb), 2 bytes;
         ZeRO-3: the gathered parameters of two layers (the one running, the prefetched).
@@ -87,14 +91,15 @@ def minidist_layer_bytes(spec: ModelSpec, seq: int, batch: int, *, tp: int = 1,
                          sequence_parallel: bool = False, recompute: str = "none",
                          bytes_per_element: float = 4) -> float:
     """Bytes one nn.gpt.Block keeps for backward on one of tp ranks (module docstring):
-    (4 sbh + 2 sb + (16 sbh + a s^2 b) / tp) x bytes; full recomputation: its input, sbh.
-    At tp = 1 this is ``calc.activations.minidist_layer_activation_bytes`` (naive)."""
+    (8 sbh + 2 sb + (16 sbh + a s^2 b) / tp) x bytes; full recomputation: its input, sbh.
+    At tp = 1 this is ``calc.activations.minidist_layer_activation_bytes`` (naive, what
+    the Block saves) + 4 sbh (what its graph holds besides)."""
     sbh, sb = seq * batch * spec.hidden, seq * batch
     if recompute == "full":
         return bytes_per_element * sbh
     if recompute != "none":
         raise ValueError(f"minidist's GPT recomputes 'none' or 'full', got {recompute!r}")
-    return bytes_per_element * (4 * sbh + 2 * sb + (16 * sbh + spec.heads * seq * sb) / tp)
+    return bytes_per_element * (8 * sbh + 2 * sb + (16 * sbh + spec.heads * seq * sb) / tp)
 
 
 def memory_per_gpu(spec: ModelSpec, setup: TrainingSetup, layout: Layout) -> MemoryBreakdown:
@@ -126,8 +131,12 @@ def memory_per_gpu(spec: ModelSpec, setup: TrainingSetup, layout: Layout) -> Mem
         activations = layers * one_layer * held
         if layout.recompute == "full":
             activations += full_layer
-        logits = 2 * 4 * layout.micro_batch * seq * spec.vocab / layout.tp \
-            if which == "last" else 0.0
+        if spec.implementation == "minidist":
+            bsv, sbh = layout.micro_batch * seq * spec.vocab, layout.micro_batch * seq * spec.hidden
+            logits = 4 * (2.5 * bsv / layout.tp + 10 * sbh) if which == "last" else 0.0
+        else:
+            logits = 2 * 4 * layout.micro_batch * seq * spec.vocab / layout.tp \
+                if which == "last" else 0.0
         if layout.zero == 3:
             buffers = 2 * w * model.layer_params(spec) / layout.tp
         elif spec.implementation == "minidist":
