@@ -49,7 +49,30 @@ def test_minidist_layer_bytes_splits_only_the_tensor_parallel_parts():
     whole = memory.minidist_layer_bytes(spec, 32, 2)
     half = memory.minidist_layer_bytes(spec, 32, 2, tp=2)
     sbh, sb = 32 * 2 * 64, 32 * 2
-    assert whole - half == 4 * (16 * sbh + 4 * 32 * sb) / 2
+    assert whole - half == pytest.approx(4 * (16 * sbh + 4 * 32 * sb) / 2
+                                         - 4 * memory.TP_HELD_SBH * sbh)
+
+
+@settings(max_examples=4, deadline=None)
+@given(seq=st.sampled_from([64, 128]), batch=st.integers(2, 4), heads=st.sampled_from([2, 4]))
+def test_minidist_layer_bytes_is_what_a_block_holds_after_its_forward(seq, batch, heads):
+    """The oracle: tracemalloc's count of what one nn.gpt.Block's forward leaves held."""
+    import tracemalloc
+    from minidist import backend
+    from minidist.autograd.tensor import Tensor
+    from minidist.nn.gpt import Block, GPTConfig
+    hidden = 32 * heads
+    block = Block(GPTConfig(block_size=seq, n_embd=hidden, n_head=heads), backend.Generator(0))
+    x = Tensor(backend.Generator(1).normal((batch, seq, hidden), dtype="float32"),
+               requires_grad=True)
+    tracemalloc.start()
+    try:
+        y = block(x)
+        held = tracemalloc.get_traced_memory()[0] - y.data.nbytes
+    finally:
+        tracemalloc.stop()
+    spec = machine.scaled_gpt(hidden=hidden, heads=heads, seq=seq)
+    assert memory.minidist_layer_bytes(spec, seq, batch) == pytest.approx(held, rel=0.1)
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 4])
