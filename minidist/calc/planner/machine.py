@@ -42,6 +42,7 @@ from minidist.calc.planner.search import Scored, score
 MEMORY_TARGET = 0.10       # |measured - predicted| / predicted, peak memory per rank
 TIME_TARGET = 0.25         # the same for step time
 UNLIMITED = 1e15           # bytes: this machine's memory, taken as no limit
+TIE = 0.05                 # predicted step times closer than this are a tie
 
 
 def scaled_gpt(layers: int = 4, hidden: int = 128, heads: int = 4, seq: int = 128,
@@ -148,6 +149,19 @@ def order_holds(rows: list[Row], top: int = 5) -> bool:
     return sorted(first, key=lambda r: r.seconds) == first
 
 
+def pairs_in_order(rows: list[Row], top: int = 5, tie: float = TIE) -> tuple[int, int]:
+    """(pairs ordered as predicted, pairs compared) among the predicted ``top``: a pair
+    counts only if its predicted step times differ by more than ``tie`` (a share of the
+    faster): closer than that, the prediction does not say which is faster."""
+    first, held, compared = rows[:top], 0, 0
+    for i, fast in enumerate(first):
+        for slow in first[i + 1:]:
+            if slow.predicted.time.total > fast.predicted.time.total * (1 + tie):
+                compared += 1
+                held += slow.seconds > fast.seconds
+    return held, compared
+
+
 def table(rows: list[Row], top: int = 5) -> list[str]:
     """Predicted beside measured, one layout a line, and the verdict on the targets."""
     MB = 1e6
@@ -166,6 +180,10 @@ def table(rows: list[Row], top: int = 5) -> list[str]:
                  f"step time within {TIME_TARGET:.0%}: {time_ok}/{len(rows)}; "
                  f"measured order of the predicted top {min(top, len(rows))}: "
                  f"{'the same' if order_holds(rows, top) else 'different'}")
+    held, compared = pairs_in_order(rows, top)
+    lines.append(f"pairs of the top {min(top, len(rows))} predicted more than {TIE:.0%} "
+                 f"apart that ran in the predicted order: {held}/{compared} (closer pairs "
+                 "are ties)")
     return lines
 
 

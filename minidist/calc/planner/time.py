@@ -5,7 +5,9 @@
               T_c = F_hw x (L_stage p / L) / (GPUs x peak x efficiency)
                     + (1, or 4/3 with full recomputation) x L_stage x m x layer_overhead
               (the fixed cost per layer and micro-batch of a small model on a CPU;
-              0 on the GPU presets)
+              0 on the GPU presets). minidist's ZeRO-3 (parallel/zero/zero3.py) runs
+              each unit's forward again in backward, from the regathered weights: its
+              layers' matmuls, 2 N_layer FLOPs per token and layer, and 4/3 the overhead
     bubble    T_c x bubble_fraction(p, m, schedule, v)       (calc.pipeline)
     tp        per layer and micro-batch, 2 collectives of b (s / cp) h elements forward,
               2 backward, 2 more when full recomputation reruns the forward; each a ring
@@ -105,11 +107,15 @@ def step_time(spec: ModelSpec, setup: TrainingSetup, layout: Layout,
     seq = setup.seq // cp
     layers = max(stage_layers(spec, layout))
     tokens = setup.sequences * setup.seq
-    flops = tokens * (model.model_flops_per_token(spec, setup.seq)
-                      + model.recompute_flops_per_token(spec, setup.seq, layout.recompute))
+    again = model.recompute_flops_per_token(spec, setup.seq, layout.recompute)
+    unit_rerun = (spec.implementation == "minidist" and layout.zero == 3
+                  and layout.recompute != "full")
+    if unit_rerun:      # minidist's ZeRO-3 reruns every unit's forward: the layers' matmuls
+        again = spec.layers * 2 * model.active_matmul_params_per_layer(spec)
+    flops = tokens * (model.model_flops_per_token(spec, setup.seq) + again)
     share = layers * pp / spec.layers
     compute = flops * share / (layout.gpus * cluster.peak_flops * cluster.matmul_efficiency)
-    rerun = 4 / 3 if layout.recompute == "full" else 1   # a forward is 1/3 of fwd + bwd
+    rerun = 4 / 3 if layout.recompute == "full" or unit_rerun else 1   # fwd: 1/3 of fwd+bwd
     compute += rerun * layers * m * cluster.layer_overhead
     bubble = 0.0
     if pp > 1:

@@ -109,6 +109,27 @@ def test_layer_overhead_adds_layers_times_microbatches():
     assert extra == pytest.approx(spec.layers * 4 * 0.01)      # m = 8 / (2 x 1) = 4
 
 
+def _row(predicted_s, measured_s):
+    spec = machine.scaled_gpt()
+    setup = presets.TrainingSetup(8 * 128, 128, "fp32")
+    cluster = machine.this_machine(2, 1e10, 0.5, 0.0, 1e9)
+    scored = machine.score(spec, setup, Layout(2, 1, 1, zero=0, schedule="none"), cluster)
+    t = scored.time
+    import dataclasses
+    scored = dataclasses.replace(scored, time=dataclasses.replace(
+        t, compute=predicted_s, bubble=0, tp=0, cp=0, ep=0, pp=0, dp=0))
+    return machine.Row(scored, measured_s, 1.0)
+
+
+def test_order_counts_only_pairs_the_prediction_separates():
+    rows = [_row(1.0, 1.2), _row(1.01, 1.1), _row(2.0, 1.9), _row(3.0, 1.5)]
+    assert not machine.order_holds(rows)
+    # (1.0, 1.01) is a tie; of the other five pairs only (2.0, 3.0) ran the other way
+    assert machine.pairs_in_order(rows) == (4, 5)
+    in_order = [_row(1.0, 0.5), _row(1.5, 0.6), _row(2.0, 0.7)]
+    assert machine.order_holds(in_order) and machine.pairs_in_order(in_order) == (3, 3)
+
+
 def test_measure_runs_every_row_and_prints_them_side_by_side(capsys):
     assert main(["plan", "--measure", "--layers", "2", "--hidden", "32", "--heads", "2",
                  "--vocab", "64", "--seq", "16", "--batch-tokens", str(4 * 16),
@@ -124,6 +145,7 @@ def test_measure_runs_every_row_and_prints_them_side_by_side(capsys):
         assert 1 <= rank <= len(rows)
     assert sorted(int(line.split()[-1]) for line in rows) == list(range(1, len(rows) + 1))
     assert "peak memory within 10%" in out and "measured order of the predicted top" in out
+    assert re.search(r"in the predicted order: \d+/\d+", out)
 
 
 @pytest.mark.parametrize("argv,reason", [
