@@ -31,7 +31,9 @@
         b s V temporary of the cross-entropy at the peak: 4 (2.5 bsV / tp + 10 sbh).
         minidist frees the gradients between steps (``zero_grad`` sets them to None)
         everywhere but in DDP, whose buckets hold them (``gradient_as_bucket_view``),
-        and its peak is at the end of the forward: no gradients in the peak but DDP's.
+        and its peak is at the end of a forward: no gradients in the peak but DDP's,
+        unless a backward ran before it (m > 1 micro-batches without a pipeline, m > p
+        with 1F1B, whose stage 0 runs p forwards before its first backward).
     communication buffers
         DDP / ZeRO-1/2: two 25 MiB gradient buckets (torch's bucket_cap_mb), 2 bytes;
         ZeRO-3: the gathered parameters of two layers (the one running, the prefetched).
@@ -138,9 +140,9 @@ def memory_per_gpu(spec: ModelSpec, setup: TrainingSetup, layout: Layout) -> Mem
             split = state_memory.model_state_bytes_split(group, layout.zero, setup.precision)
             parts.append([share * x for x in split])
         params, grads, optim = (parts[0][i] + parts[1][i] for i in range(3))
-        if spec.implementation == "minidist" and not (layout.zero == 0 and layout.pp == 1
-                                                      and layout.tp == 1):
-            grads = 0.0     # freed by zero_grad; the peak is at the end of the forward
+        ddp = layout.zero == 0 and layout.pp == 1 and layout.tp == 1
+        if spec.implementation == "minidist" and not ddp and m <= layout.pp:
+            grads = 0.0     # freed by zero_grad, none made yet by the forward at the peak
         held = inflight_microbatches(layout, m) if which == "first" else \
             float(min(m, layout.pp - (1 if which == "middle" else layout.pp - 1)))
         activations = layers * one_layer * held
