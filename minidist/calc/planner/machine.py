@@ -65,7 +65,8 @@ def fit_compute(spec: ModelSpec, setup: TrainingSetup, ranks: int, peak: float,
     (micro-batch b, seconds) of every rank training the whole model alone on
     B / ranks sequences. With F the FLOPs of one rank's share and m = B / (ranks b):
         t = F / (peak x eff) + L m c
-    solved on the first and last pair (c = 0 with one pair)."""
+    solved on the first and last pair (c = 0 with one pair), with c >= 0 and
+    efficiency <= 1 (where noise would give more, efficiency 1 and c the rest)."""
     per_rank = setup.sequences // ranks
     work = per_rank * setup.seq * model.model_flops_per_token(spec, setup.seq)
     (b1, t1), (b2, t2) = calibration[0], calibration[-1]
@@ -73,6 +74,9 @@ def fit_compute(spec: ModelSpec, setup: TrainingSetup, ranks: int, peak: float,
     c = (t1 - t2) / (spec.layers * (m1 - m2)) if m1 != m2 else 0.0
     c = max(c, 0.0)
     compute = t2 - spec.layers * m2 * c
+    if compute < work / peak:       # noise made the overhead explain it all: no rate
+        compute = work / peak       # above peak (efficiency at most 1), the rest is c
+        c = max(0.0, (t2 - compute) / (spec.layers * m2))
     return work / (peak * compute), c
 
 
@@ -192,38 +196,49 @@ def measure(bench, spec: ModelSpec, setup: TrainingSetup, ranks: int, *,
             max_micro_batch: int = 4, top: int = 5, rounds: int = 2,
             log=lambda line: None) -> tuple[ClusterSpec, list[Row]]:
     """Calibrate on ``bench`` (parallel/measure.py's Bench), predict every runnable
-    layout, run the ones ``pick`` chooses ``rounds`` times (in turn, forwards then
-    backwards, so that a slow spell of a loaded machine spreads over all of them), and
-    return this machine's cluster and the rows, predicted order."""
+    layout, and run the ones ``pick`` chooses. Every round runs the two calibration
+    steps and then every layout (forwards, then backwards the next round), so that a
+    slow spell of a loaded machine falls on calibration and layouts alike; the rows
+    are picked with the first round's calibration, and predicted with the median of
+    all rounds'. Returns this machine's cluster and the rows, in predicted order."""
     kwargs = gpt_kwargs(spec, setup.seq)
     peak = bench.matmul_flops()
     sizes = sorted({1, max(b for b in divisors(max_micro_batch)
                            if (setup.sequences // ranks) % b == 0)})
-    alone = [dict(alone=True, dp=ranks, tp=1, pp=1, zero=0, micro_batch=b,
-                  recompute="none") for b in sizes]
     times: dict[int, list[float]] = {b: [] for b in sizes}
-    for r in range(rounds):          # calibrate in turn too, as often as the layouts run
-        for b, layout in zip(sizes, alone):
-            times[b] += bench.run(kwargs, layout, setup.sequences)["all_seconds"]
-    calibration = [(b, _median(times[b])) for b in sizes]
-    efficiency, overhead = fit_compute(spec, setup, ranks, peak, calibration)
-    log(f"calibration: matmul {peak / 1e9:.2f} GFLOP/s per rank (peak); whole model alone "
-        + ", ".join(f"b{b} {t:.3f} s" for b, t in calibration)
-        + f" -> efficiency {efficiency:.1%}, {overhead * 1e3:.2f} ms per layer and "
-        "micro-batch")
-    cluster = this_machine(ranks, peak, efficiency, overhead, link_bytes, inter_bytes,
-                           node_size)
-    rows = pick(predictions(spec, setup, cluster, ranks, max_micro_batch), top)
-    seconds: dict[int, list[float]] = {i: [] for i in range(len(rows))}
+
+    def calibrate() -> ClusterSpec:
+        for b in sizes:
+            alone = dict(alone=True, dp=ranks, tp=1, pp=1, zero=0, micro_batch=b,
+                         recompute="none")
+            times[b] += bench.run(kwargs, alone, setup.sequences)["all_seconds"]
+        efficiency, overhead = fit_compute(spec, setup, ranks, peak,
+                                           [(b, _median(times[b])) for b in sizes])
+        return this_machine(ranks, peak, efficiency, overhead, link_bytes, inter_bytes,
+                            node_size)
+
+    cluster = calibrate()
+    layouts = [s.layout for s in pick(predictions(spec, setup, cluster, ranks,
+                                                  max_micro_batch), top)]
+    seconds: dict[int, list[float]] = {i: [] for i in range(len(layouts))}
     peaks: dict[int, float] = {}
     for r in range(rounds):
-        order = range(len(rows)) if r % 2 == 0 else reversed(range(len(rows)))
+        if r:
+            cluster = calibrate()
+        order = range(len(layouts)) if r % 2 == 0 else reversed(range(len(layouts)))
         for i in order:
-            got = bench.run(kwargs, runner_layout(rows[i].layout), setup.sequences)
+            got = bench.run(kwargs, runner_layout(layouts[i]), setup.sequences)
             seconds[i] += got["all_seconds"]
             peaks.setdefault(i, got["peak_bytes"])
-            log(f"  round {r + 1}: {rows[i].layout.short()}  {got['seconds']:.3f} s")
-    return cluster, [Row(rows[i], _median(seconds[i]), peaks[i]) for i in range(len(rows))]
+            log(f"  round {r + 1}: {layouts[i].short()}  {got['seconds']:.3f} s")
+    log(f"calibration: matmul {peak / 1e9:.2f} GFLOP/s per rank (peak); whole model alone "
+        + ", ".join(f"b{b} {_median(times[b]):.3f} s" for b in sizes)
+        + f" -> efficiency {cluster.matmul_efficiency:.1%}, "
+        f"{cluster.layer_overhead * 1e3:.2f} ms per layer and micro-batch")
+    scored = [score(spec, setup, layout, cluster, ranks) for layout in layouts]
+    rows = [Row(scored[i], _median(seconds[i]), peaks[i]) for i in range(len(layouts))]
+    return cluster, sorted(rows, key=lambda row: (row.predicted.time.total,
+                                                  row.predicted.memory.total))
 
 
 def _median(values: list[float]) -> float:

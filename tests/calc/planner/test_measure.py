@@ -32,6 +32,16 @@ def test_fit_compute_recovers_the_efficiency_and_overhead_that_made_the_times(
     assert got_overhead == pytest.approx(overhead, rel=1e-9, abs=1e-15)
 
 
+@settings(max_examples=30, deadline=None)
+@given(t1=st.floats(1e-3, 1.0), t2=st.floats(1e-3, 1.0))
+def test_fit_compute_never_gives_a_rate_above_peak_or_a_negative_overhead(t1, t2):
+    """Noisy calibration times (any pair) still give 0 < efficiency <= 1 and c >= 0."""
+    spec = machine.scaled_gpt(layers=2, hidden=32, heads=2, seq=16, vocab=64)
+    setup = presets.TrainingSetup(8 * 16, 16, "fp32")
+    eff, overhead = machine.fit_compute(spec, setup, 2, 1e9, [(1, t1), (4, t2)])
+    assert 0 < eff <= 1 + 1e-12 and overhead >= 0
+
+
 @settings(max_examples=20, deadline=None)
 @given(seq=st.sampled_from([8, 16, 64]), batch=st.integers(1, 4), heads=st.sampled_from([1, 2, 4]),
        recompute=st.sampled_from(["none", "full"]))
