@@ -169,7 +169,7 @@ def _measure(ns: argparse.Namespace, parser: argparse.ArgumentParser, runner) ->
         cluster, rows = machine.measure(
             bench, spec, setup, ns.ranks, link_bytes=gbps[0] * 1e9,
             inter_bytes=gbps[1] * 1e9, node_size=node, max_micro_batch=ns.max_micro_batch,
-            rounds=ns.rounds, log=print)
+            rounds=ns.rounds, memory=ns.memory or machine.UNLIMITED, log=print)
     print()
     print("\n".join(machine.table(rows)))
     return 0

@@ -22,8 +22,9 @@ and its predictions held against runs (``minidist plan --measure``).
     layouts   what minidist's strategies can run (``runnable``): dp x tp x pp = ranks;
               tp = pp = 1 with DDP or ZeRO 1-3 and recomputation none or full; otherwise
               ThreeDParallelGPT (ZeRO 0, no recomputation, 1F1B)
-    rows      the predicted five best, then the slowest and one from the middle
-              (``pick``), each run and compared (``compare``): step time and the
+    rows      the predicted five best, then the slowest and one from the middle, and
+              the fastest that the planner excludes (tp across nodes, or more memory
+              than ``--memory``) (``pick``), each run and compared: step time and the
               fullest rank's peak memory, predicted beside measured, and the order of
               the top five by measured time against the predicted order.
 
@@ -37,7 +38,9 @@ from dataclasses import dataclass
 from minidist.calc.planner import model
 from minidist.calc.planner.layouts import Layout, divisors, microbatches
 from minidist.calc.planner.presets import ClusterSpec, ModelSpec, TrainingSetup
+from minidist.calc.planner.memory import memory_per_gpu
 from minidist.calc.planner.search import Scored, score
+from minidist.calc.planner.time import step_time
 
 MEMORY_TARGET = 0.10       # |measured - predicted| / predicted, peak memory per rank
 TIME_TARGET = 0.25         # the same for step time
@@ -82,11 +85,11 @@ def fit_compute(spec: ModelSpec, setup: TrainingSetup, ranks: int, peak: float,
 
 def this_machine(ranks: int, peak: float, efficiency: float, layer_overhead: float,
                  link_bytes: float, inter_bytes: float = 0.0, node_size: int = 0,
-                 latency: float = 50e-6) -> ClusterSpec:
+                 latency: float = 50e-6, memory: float = UNLIMITED) -> ClusterSpec:
     """The cluster these ranks make (module docstring); a link of 0 bytes/s (off) is
     taken as 10 GB/s, about what a copy through shared memory moves."""
     link = link_bytes or 10e9
-    return ClusterSpec("this-machine", node_size or ranks, UNLIMITED, peak,
+    return ClusterSpec("this-machine", node_size or ranks, memory, peak,
                        link, inter_bytes or link, latency, latency,
                        matmul_efficiency=efficiency, layer_overhead=layer_overhead)
 
@@ -110,21 +113,34 @@ def runnable(spec: ModelSpec, setup: TrainingSetup, ranks: int,
 
 
 def pick(scored: list[Scored], top: int = 5) -> list[Scored]:
-    """The ``top`` fastest predicted, then the slowest and one from the middle."""
-    ranked = sorted(scored, key=lambda s: (s.time.total, s.memory.total))
+    """The ``top`` fastest predicted that can run, then the slowest and one from the
+    middle; then the fastest excluded layout, if any (it runs all the same: what the
+    planner would not choose, measured)."""
+    ranked = sorted((s for s in scored if s.feasible),
+                    key=lambda s: (s.time.total, s.memory.total))
     rows = ranked[:top]
-    for extra in (ranked[(top + len(ranked)) // 2], ranked[-1]):
+    for extra in (ranked[(top + len(ranked)) // 2], ranked[-1]) if ranked else ():
         if extra not in rows:
             rows.append(extra)
-    return rows
+    excluded = sorted((s for s in scored if not s.feasible), key=lambda s: s.time.total)
+    return rows + excluded[:1]
 
 
 def predictions(spec: ModelSpec, setup: TrainingSetup, cluster: ClusterSpec, ranks: int,
                 max_micro_batch: int) -> list[Scored]:
-    """Every runnable layout that keeps the rules, scored."""
-    scored = [score(spec, setup, layout, cluster, ranks)
-              for layout in runnable(spec, setup, ranks, max_micro_batch)]
-    return [s for s in scored if s.feasible]
+    """Every runnable layout, scored: those that keep the rules, and those excluded only
+    by a rule that minidist's runs do not need (tp across nodes: the formulas still
+    apply, with the slower link) or by memory (``--memory``), with their reasons."""
+    out = []
+    for layout in runnable(spec, setup, ranks, max_micro_batch):
+        scored = score(spec, setup, layout, cluster, ranks)
+        if scored.time is None and all("spans nodes" in r for r in scored.reasons):
+            memory = memory_per_gpu(spec, setup, layout)
+            time = step_time(spec, setup, layout, cluster)
+            scored = Scored(layout, memory, time, 0.0, 0.0, scored.reasons)
+        if scored.time is not None:
+            out.append(scored)
+    return out
 
 
 def runner_layout(layout: Layout) -> dict:
@@ -149,7 +165,7 @@ class Row:
 
 def order_holds(rows: list[Row], top: int = 5) -> bool:
     """Do the predicted ``top`` come out in the same order by measured step time?"""
-    first = rows[:top]
+    first = [r for r in rows if r.predicted.feasible][:top]
     return sorted(first, key=lambda r: r.seconds) == first
 
 
@@ -157,7 +173,7 @@ def pairs_in_order(rows: list[Row], top: int = 5, tie: float = TIE) -> tuple[int
     """(pairs ordered as predicted, pairs compared) among the predicted ``top``: a pair
     counts only if its predicted step times differ by more than ``tie`` (a share of the
     faster): closer than that, the prediction does not say which is faster."""
-    first, held, compared = rows[:top], 0, 0
+    first, held, compared = [r for r in rows if r.predicted.feasible][:top], 0, 0
     for i, fast in enumerate(first):
         for slow in first[i + 1:]:
             if slow.predicted.time.total > fast.predicted.time.total * (1 + tie):
@@ -172,12 +188,17 @@ def table(rows: list[Row], top: int = 5) -> list[str]:
     lines = [f"{'':>3} {'layout':<36} {'step s':>7} {'measured':>8} {'error':>7}   "
              f"{'peak MB':>7} {'measured':>8} {'error':>7}  {'measured rank':>13}"]
     by_time = sorted(range(len(rows)), key=lambda i: rows[i].seconds)
+    notes = []
     for i, row in enumerate(rows):
         p = row.predicted
-        lines.append(f"{i + 1:>3} {p.layout.short():<36} {p.time.total:7.3f} "
+        mark = f"{i + 1}" if p.feasible else "x"
+        if not p.feasible:
+            notes.append(f"  x: excluded by the planner ({'; '.join(p.reasons)}), run anyway")
+        lines.append(f"{mark:>3} {p.layout.short():<36} {p.time.total:7.3f} "
                      f"{row.seconds:8.3f} {row.time_error:+7.1%}   "
                      f"{p.memory.total / MB:7.2f} {row.peak_bytes / MB:8.2f} "
                      f"{row.memory_error:+7.1%}  {by_time.index(i) + 1:>13}")
+    lines += notes
     memory_ok = sum(abs(r.memory_error) <= MEMORY_TARGET for r in rows)
     time_ok = sum(abs(r.time_error) <= TIME_TARGET for r in rows)
     lines.append(f"peak memory within {MEMORY_TARGET:.0%}: {memory_ok}/{len(rows)}; "
@@ -194,6 +215,7 @@ def table(rows: list[Row], top: int = 5) -> list[str]:
 def measure(bench, spec: ModelSpec, setup: TrainingSetup, ranks: int, *,
             link_bytes: float, inter_bytes: float = 0.0, node_size: int = 0,
             max_micro_batch: int = 4, top: int = 5, rounds: int = 2,
+            memory: float = UNLIMITED,
             log=lambda line: None) -> tuple[ClusterSpec, list[Row]]:
     """Calibrate on ``bench`` (parallel/measure.py's Bench), predict every runnable
     layout, and run the ones ``pick`` chooses. Every round runs the two calibration
@@ -215,7 +237,7 @@ def measure(bench, spec: ModelSpec, setup: TrainingSetup, ranks: int, *,
         efficiency, overhead = fit_compute(spec, setup, ranks, peak,
                                            [(b, _median(times[b])) for b in sizes])
         return this_machine(ranks, peak, efficiency, overhead, link_bytes, inter_bytes,
-                            node_size)
+                            node_size, memory=memory)
 
     cluster = calibrate()
     layouts = [s.layout for s in pick(predictions(spec, setup, cluster, ranks,
@@ -237,7 +259,8 @@ def measure(bench, spec: ModelSpec, setup: TrainingSetup, ranks: int, *,
         f"{cluster.layer_overhead * 1e3:.2f} ms per layer and micro-batch")
     scored = [score(spec, setup, layout, cluster, ranks) for layout in layouts]
     rows = [Row(scored[i], _median(seconds[i]), peaks[i]) for i in range(len(layouts))]
-    return cluster, sorted(rows, key=lambda row: (row.predicted.time.total,
+    return cluster, sorted(rows, key=lambda row: (not row.predicted.feasible,
+                                                  row.predicted.time.total,
                                                   row.predicted.memory.total))
 
 

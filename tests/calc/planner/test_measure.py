@@ -141,13 +141,22 @@ def test_order_counts_only_pairs_the_prediction_separates():
 
 
 def test_measure_runs_every_row_and_prints_them_side_by_side(capsys):
+    # a memory limit between the tiny layouts' predictions, so that one is excluded
+    spec = machine.scaled_gpt(layers=2, hidden=32, heads=2, seq=16, vocab=64)
+    setup = presets.TrainingSetup(4 * 16, 16, "fp32")
+    cluster = machine.this_machine(2, 1e10, 0.5, 0.0, 1e9)
+    needs = sorted(s.memory.total for s in machine.predictions(spec, setup, cluster, 2, 8))
+    limit = (needs[-1] + needs[-2]) / 2 if needs[-1] > needs[-2] else needs[-1] * 0.999
     assert main(["plan", "--measure", "--layers", "2", "--hidden", "32", "--heads", "2",
                  "--vocab", "64", "--seq", "16", "--batch-tokens", str(4 * 16),
-                 "--steps", "1", "--rounds", "1", "--ranks", "2", "--link-gbps", "1"]) == 0
+                 "--steps", "1", "--rounds", "1", "--ranks", "2", "--link-gbps", "1",
+                 "--memory", str(limit)]) == 0
     out = capsys.readouterr().out
     assert "calibration: matmul" in out and "efficiency" in out
-    rows = [line for line in out.splitlines() if re.match(r"\s+\d+ dp\d", line)]
-    assert 3 <= len(rows) <= 7
+    rows = [line for line in out.splitlines() if re.match(r"\s+(\d+|x) dp\d", line)]
+    assert 3 <= len(rows) <= 8
+    assert sum(line.split()[0] == "x" for line in rows) == 1      # the excluded one ran
+    assert "excluded by the planner (out of memory" in out
     for line in rows:
         numbers = [float(x.rstrip("%")) for x in line.split()[10:]]
         predicted_s, measured_s, _, predicted_mb, measured_mb, _, rank = numbers
