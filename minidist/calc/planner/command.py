@@ -171,7 +171,7 @@ def _measure(ns: argparse.Namespace, parser: argparse.ArgumentParser, runner) ->
             inter_bytes=gbps[1] * 1e9, node_size=node, max_micro_batch=ns.max_micro_batch,
             rounds=ns.rounds, memory=ns.memory or machine.UNLIMITED, log=print)
     print()
-    print("\n".join(machine.table(rows)))
+    print("\n".join(machine.table(rows, memory_limit=ns.memory)))
     return 0
 
 

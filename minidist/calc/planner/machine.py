@@ -182,8 +182,9 @@ def pairs_in_order(rows: list[Row], top: int = 5, tie: float = TIE) -> tuple[int
     return held, compared
 
 
-def table(rows: list[Row], top: int = 5) -> list[str]:
-    """Predicted beside measured, one layout a line, and the verdict on the targets."""
+def table(rows: list[Row], top: int = 5, memory_limit: float | None = None) -> list[str]:
+    """Predicted beside measured, one layout a line, and the verdict on the targets
+    (``memory_limit``: this machine's memory in bytes, to say by how much one is over)."""
     MB = 1e6
     lines = [f"{'':>3} {'layout':<36} {'step s':>7} {'measured':>8} {'error':>7}   "
              f"{'peak MB':>7} {'measured':>8} {'error':>7}  {'measured rank':>13}"]
@@ -193,7 +194,10 @@ def table(rows: list[Row], top: int = 5) -> list[str]:
         p = row.predicted
         mark = f"{i + 1}" if p.feasible else "x"
         if not p.feasible:
-            notes.append(f"  x: excluded by the planner ({'; '.join(p.reasons)}), run anyway")
+            reasons = [f"out of memory: predicted {p.memory.total / MB:.1f} MB, over the "
+                       f"{memory_limit / MB:g} MB of --memory" if r.startswith("out of memory")
+                       and memory_limit else r for r in p.reasons]
+            notes.append(f"  x: excluded by the planner ({'; '.join(reasons)}), run anyway")
         lines.append(f"{mark:>3} {p.layout.short():<36} {p.time.total:7.3f} "
                      f"{row.seconds:8.3f} {row.time_error:+7.1%}   "
                      f"{p.memory.total / MB:7.2f} {row.peak_bytes / MB:8.2f} "

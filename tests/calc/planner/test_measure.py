@@ -156,7 +156,7 @@ def test_measure_runs_every_row_and_prints_them_side_by_side(capsys):
     rows = [line for line in out.splitlines() if re.match(r"\s+(\d+|x) dp\d", line)]
     assert 3 <= len(rows) <= 8
     assert sum(line.split()[0] == "x" for line in rows) == 1      # the excluded one ran
-    assert "excluded by the planner (out of memory" in out
+    assert "excluded by the planner (out of memory: predicted" in out
     for line in rows:
         numbers = [float(x.rstrip("%")) for x in line.split()[10:]]
         predicted_s, measured_s, _, predicted_mb, measured_mb, _, rank = numbers
