@@ -5,6 +5,7 @@
     minidist plan --model llama3-8b --gpus 64 --explain "dp8 tp8 pp1 z1 b1 none"
     minidist plan --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --ffn 14336 \\
                   --vocab 128256 --gpus 64 --figure plan.png
+    minidist plan --measure              # predicted beside measured, a small GPT run here
 
 A bad number, an unknown preset, or a problem no layout can split (a batch too small
 for the data-parallel degree the GPUs need) is a usage error (exit 2); a search whose
@@ -14,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
-import os
 from typing import Any, Callable
 
 from minidist.calc.cli_args import non_negative, positive, positive_int
@@ -73,7 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser,
                         help="draw memory against step time for the whole space")
     group = parser.add_argument_group(
         "--measure", "run layouts of a small GPT here and print predicted beside measured "
-        "(size flags override its 4 layers, hidden 128, 4 heads, vocabulary 512)")
+        "(size flags override its 4 layers, hidden 128, 4 heads, vocabulary 512; "
+        "--memory limits this machine's memory per rank, in bytes)")
     group.add_argument("--measure", action="store_true",
                        help="calibrate this machine, predict, run, compare")
     group.add_argument("--ranks", type=positive_int, default=2,

@@ -4,8 +4,8 @@ and its predictions held against runs (``minidist plan --measure``).
     model     minidist's own GPT (nn.gpt: LayerNorm, GELU MLP of 4h, tied embeddings,
               learned positions, biases, naive attention, float32), small enough that a
               step takes a fraction of a second on a core: ``scaled_gpt``
-    cluster   "this-machine" (``this_machine``): one rank per core as a GPU,
-              its memory taken as unlimited, and
+    cluster   "this-machine" (``this_machine``): one rank per core as a GPU, its
+              memory unlimited (or ``--memory``), 50 us a message (assumed), and
                 peak x efficiency   measured: peak is the FLOP/s a float32 matmul of
                                     1024 x 512 x 512 reaches on each rank while every
                                     rank runs one; efficiency and the fixed cost per
@@ -96,7 +96,8 @@ def this_machine(ranks: int, peak: float, efficiency: float, layer_overhead: flo
 
 def runnable(spec: ModelSpec, setup: TrainingSetup, ranks: int,
              max_micro_batch: int) -> list[Layout]:
-    """Every layout minidist's strategies run (module docstring) that keeps the rules."""
+    """Every layout minidist's strategies run (module docstring) whose batch splits into
+    whole micro-batches; the other rules are the planner's to check (``predictions``)."""
     out = []
     for tp in divisors(ranks):
         for pp in divisors(ranks // tp):
