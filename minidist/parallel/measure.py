@@ -19,7 +19,8 @@ allocation, so it is stopped before the timed steps; a step's time is the slowes
 rank's, between barriers, and the median of the timed steps is reported.
 
 ``calibrate`` times a float32 matmul on every rank at once (so the ranks share the
-cores as they will in the runs): the FLOP/s each rank reaches.
+cores as they will in the runs): the FLOP/s each rank reaches. ``message_latency``
+times an all-reduce of one float: the seconds a message costs besides its bytes.
 """
 from __future__ import annotations
 
@@ -62,6 +63,25 @@ def calibrate(world: World, rows: int = 1024, inner: int = 512, cols: int = 512,
     """The FLOP/s one rank of ``world`` reaches on a float32 matmul while every rank
     runs one (the slowest rank's)."""
     return min(world.run(_matmul_rate, rows, inner, cols, seconds))
+
+
+def _message_seconds(repeats: int) -> float:
+    """Seconds per ring step of an all-reduce of one float (its 2 (N - 1) steps are all
+    latency): the median of ``repeats``, between barriers."""
+    x = backend.xp.zeros(1, dtype="float32")
+    steps = 2 * (dist.get_world_size() - 1)
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(x)
+        times.append((time.perf_counter() - start) / max(steps, 1))
+    return statistics.median(times)
+
+
+def message_latency(world: World, repeats: int = 50) -> float:
+    """The latency of one message between ranks of ``world`` (the slowest rank's)."""
+    return max(world.run(_message_seconds, repeats))
 
 
 def _batches(cfg: GPTConfig, sequences: int, steps: int) -> list:
@@ -193,6 +213,9 @@ class Bench:
 
     def matmul_flops(self, seconds: float = 1.0) -> float:
         return calibrate(self.world, seconds=seconds)
+
+    def latency(self) -> float:
+        return message_latency(self.world)
 
     def run(self, gpt_kwargs: dict, layout: dict, sequences: int) -> dict:
         return run_layout(self.world, GPTConfig(**gpt_kwargs), layout, sequences, self.steps)

@@ -82,8 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser,
                        help="processes, one per core as GPUs (default 2)")
     group.add_argument("--steps", type=positive_int, default=3,
                        help="timed steps per layout and round (default 3)")
-    group.add_argument("--rounds", type=positive_int, default=2,
-                       help="times every layout is run, in turn (default 2)")
+    group.add_argument("--rounds", type=positive_int, default=3,
+                       help="times every layout is run, in turn (default 3)")
     for flag, env, text in (("--link-gbps", LINK_ENV, "inside a node"),
                             ("--inter-node-gbps", INTER_ENV, "between nodes")):
         group.add_argument(flag, type=non_negative, default=None,

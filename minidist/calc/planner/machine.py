@@ -5,7 +5,7 @@ and its predictions held against runs (``minidist plan --measure``).
               learned positions, biases, naive attention, float32), small enough that a
               step takes a fraction of a second on a core: ``scaled_gpt``
     cluster   "this-machine" (``this_machine``): one rank per core as a GPU, its
-              memory unlimited (or ``--memory``), 50 us a message (assumed), and
+              memory unlimited (or ``--memory``), and
                 peak x efficiency   measured: peak is the FLOP/s a float32 matmul of
                                     1024 x 512 x 512 reaches on each rank while every
                                     rank runs one; efficiency and the fixed cost per
@@ -18,7 +18,10 @@ and its predictions held against runs (``minidist plan --measure``).
                 links               the emulated link (comm/transport/link.py):
                                     MINIDIST_LINK_GBPS inside a node,
                                     MINIDIST_INTER_NODE_GBPS between nodes of
-                                    MINIDIST_NODE_SIZE ranks
+                                    MINIDIST_NODE_SIZE ranks; the latency of a
+                                    message measured (an all-reduce of one float,
+                                    its 2 (N - 1) steps all latency), the same on
+                                    both levels
     layouts   what minidist's strategies can run (``runnable``): dp x tp x pp = ranks;
               tp = pp = 1 with DDP or ZeRO 1-3 and recomputation none or full; otherwise
               ThreeDParallelGPT (ZeRO 0, no recomputation, 1F1B)
@@ -219,7 +222,7 @@ def table(rows: list[Row], top: int = 5, memory_limit: float | None = None) -> l
 
 def measure(bench, spec: ModelSpec, setup: TrainingSetup, ranks: int, *,
             link_bytes: float, inter_bytes: float = 0.0, node_size: int = 0,
-            max_micro_batch: int = 4, top: int = 5, rounds: int = 2,
+            max_micro_batch: int = 4, top: int = 5, rounds: int = 3,
             memory: float = UNLIMITED,
             log=lambda line: None) -> tuple[ClusterSpec, list[Row]]:
     """Calibrate on ``bench`` (parallel/measure.py's Bench), predict every runnable
@@ -230,6 +233,7 @@ def measure(bench, spec: ModelSpec, setup: TrainingSetup, ranks: int, *,
     all rounds'. Returns this machine's cluster and the rows, in predicted order."""
     kwargs = gpt_kwargs(spec, setup.seq)
     peak = bench.matmul_flops()
+    latency = bench.latency()
     sizes = sorted({1, max(b for b in divisors(max_micro_batch)
                            if (setup.sequences // ranks) % b == 0)})
     times: dict[int, list[float]] = {b: [] for b in sizes}
@@ -242,7 +246,7 @@ def measure(bench, spec: ModelSpec, setup: TrainingSetup, ranks: int, *,
         efficiency, overhead = fit_compute(spec, setup, ranks, peak,
                                            [(b, _median(times[b])) for b in sizes])
         return this_machine(ranks, peak, efficiency, overhead, link_bytes, inter_bytes,
-                            node_size, memory=memory)
+                            node_size, latency=latency, memory=memory)
 
     cluster = calibrate()
     layouts = [s.layout for s in pick(predictions(spec, setup, cluster, ranks,
@@ -261,7 +265,8 @@ def measure(bench, spec: ModelSpec, setup: TrainingSetup, ranks: int, *,
     log(f"calibration: matmul {peak / 1e9:.2f} GFLOP/s per rank (peak); whole model alone "
         + ", ".join(f"b{b} {_median(times[b]):.3f} s" for b in sizes)
         + f" -> efficiency {cluster.matmul_efficiency:.1%}, "
-        f"{cluster.layer_overhead * 1e3:.2f} ms per layer and micro-batch")
+        f"{cluster.layer_overhead * 1e3:.2f} ms per layer and micro-batch; "
+        f"{latency * 1e6:.0f} us a message")
     scored = [score(spec, setup, layout, cluster, ranks) for layout in layouts]
     rows = [Row(scored[i], _median(seconds[i]), peaks[i]) for i in range(len(layouts))]
     return cluster, sorted(rows, key=lambda row: (not row.predicted.feasible,
