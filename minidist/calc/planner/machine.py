@@ -135,16 +135,21 @@ def predictions(spec: ModelSpec, setup: TrainingSetup, cluster: ClusterSpec, ran
     """Every runnable layout, scored: those that keep the rules, and those excluded only
     by a rule that minidist's runs do not need (tp across nodes: the formulas still
     apply, with the slower link) or by memory (``--memory``), with their reasons."""
-    out = []
-    for layout in runnable(spec, setup, ranks, max_micro_batch):
-        scored = score(spec, setup, layout, cluster, ranks)
-        if scored.time is None and all("spans nodes" in r for r in scored.reasons):
-            memory = memory_per_gpu(spec, setup, layout)
-            time = step_time(spec, setup, layout, cluster)
-            scored = Scored(layout, memory, time, 0.0, 0.0, scored.reasons)
-        if scored.time is not None:
-            out.append(scored)
-    return out
+    scored = (predict(spec, setup, layout, cluster, ranks)
+              for layout in runnable(spec, setup, ranks, max_micro_batch))
+    return [s for s in scored if s.time is not None]
+
+
+def predict(spec: ModelSpec, setup: TrainingSetup, layout: Layout, cluster: ClusterSpec,
+            ranks: int) -> Scored:
+    """``search.score``, with memory and time also for a layout excluded only because
+    its tp group spans nodes (no time where another rule is broken)."""
+    scored = score(spec, setup, layout, cluster, ranks)
+    if scored.time is None and all("spans nodes" in r for r in scored.reasons):
+        memory = memory_per_gpu(spec, setup, layout)
+        time = step_time(spec, setup, layout, cluster)
+        scored = Scored(layout, memory, time, 0.0, 0.0, scored.reasons)
+    return scored
 
 
 def runner_layout(layout: Layout) -> dict:
@@ -267,7 +272,7 @@ def measure(bench, spec: ModelSpec, setup: TrainingSetup, ranks: int, *,
         + f" -> efficiency {cluster.matmul_efficiency:.1%}, "
         f"{cluster.layer_overhead * 1e3:.2f} ms per layer and micro-batch; "
         f"{latency * 1e6:.0f} us a message")
-    scored = [score(spec, setup, layout, cluster, ranks) for layout in layouts]
+    scored = [predict(spec, setup, layout, cluster, ranks) for layout in layouts]
     rows = [Row(scored[i], _median(seconds[i]), peaks[i]) for i in range(len(layouts))]
     return cluster, sorted(rows, key=lambda row: (not row.predicted.feasible,
                                                   row.predicted.time.total,

@@ -99,6 +99,18 @@ def test_every_runnable_layout_uses_the_ranks_and_keeps_the_rules(ranks):
             assert layout.zero == 0 and layout.recompute == "none"
 
 
+def test_a_tp_group_across_nodes_is_excluded_but_still_priced_and_picked():
+    spec = machine.scaled_gpt()
+    setup = presets.TrainingSetup(16 * 128, 128, "fp32")
+    cluster = machine.this_machine(4, 1e10, 0.5, 1e-3, 2e9, 0.2e9, node_size=2)
+    scored = machine.predictions(spec, setup, cluster, 4, 8)
+    across = [s for s in scored if s.layout.tp == 4]
+    assert across and all(not s.feasible and "spans nodes" in s.reasons[0] for s in across)
+    assert all(s.time.total > 0 and s.memory.total > 0 for s in across)
+    rows = machine.pick(scored)
+    assert not rows[-1].feasible and all(s.feasible for s in rows[:-1])
+
+
 def test_fp32_moves_twice_the_bytes_of_mixed_precision():
     spec = machine.scaled_gpt()
     cluster = machine.this_machine(2, 1e10, 0.5, 0.0, 1e9, latency=0.0)
