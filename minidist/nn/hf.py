@@ -183,6 +183,9 @@ def save_llama(model: Any, directory: str) -> None:
     """``config.json`` and ``model.safetensors`` (a tied head is saved once, as its
     embedding, which is what ``transformers`` writes and expects)."""
     _safetensors()
+    if model.config.num_local_experts:
+        raise ValueError("save_pretrained writes Llama / Mistral checkpoints; a model with "
+                         "MoE layers (num_local_experts > 0) has no such layout here")
     from safetensors.numpy import save_file
     os.makedirs(directory, exist_ok=True)
     tensors = {name: backend.to_host(xp.ascontiguousarray(p.data))
