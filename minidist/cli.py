@@ -8,6 +8,7 @@
     minidist selftest [--backend cupy]       # this backend against NumPy, and the test suite
     minidist exercise list|start|check [ID]  # the documents' exercises, graded by property tests
     minidist checkpoint convert OLD NEW --trust-pickle   # an old pickled checkpoint -> data-only
+    minidist trace summary|plot run.json     # a run's trace (minidist run --trace run.json)
 
 ``run`` starts N processes like torchrun (its flags: --nproc-per-node,
 --max-restarts, --log-dir, --redirects, --tee); minidist/comm/launch/script.py
@@ -94,7 +95,11 @@ def _add_calc(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
 
 def _add_plan(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     from minidist.calc.planner.command import add_arguments
-    return add_arguments(parser)
+
+    def runner():       # plan --measure runs layouts with the strategies (calc cannot)
+        from minidist.parallel import measure
+        return measure
+    return add_arguments(parser, runner)
 
 
 def _add_exercise(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -112,6 +117,11 @@ def _add_selftest(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
     return add_arguments(parser)
 
 
+def _add_trace(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    from minidist.trace.command import add_arguments
+    return add_arguments(parser)
+
+
 # name -> (help, function adding the subcommand's arguments and returning its runner)
 SUBCOMMANDS: dict[str, tuple[str, Callable]] = {
     "run": ("run a script on N local processes (like torchrun)", _add_run),
@@ -125,6 +135,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable]] = {
     "exercise": ("the documents' exercises: list, start one, check it", _add_exercise),
     "checkpoint": ("convert an old (pickled) checkpoint to the data-only format",
                    _add_checkpoint),
+    "trace": ("read a run's trace (minidist run --trace run.json): summary, plot, merge, check",
+              _add_trace),
 }
 
 

@@ -14,7 +14,7 @@ it reproduces. See docs/cost_models.md.
     tensor     shard shapes, TP all-reduce volume and overhead, 3D degrees
     compute    6PD, MFU, time, GPU-hours, PF-days, dollars, electricity, roofline
     recipes    effective batch, accumulation, LR scaling, warmup, Young's interval
-    precision  format ranges, dynamic loss scaling
+    precision  format ranges, dynamic loss scaling, bits per element of block-scaled formats
     moe        MoE total vs active parameters, all-to-all bytes, Ulysses vs ring attention
     llama      a Llama's parameters (GQA, SwiGLU), training FLOPs, KV-cache bytes
     planner/   every parallel layout of a model on a cluster, priced with the above (plan)
@@ -54,7 +54,8 @@ from minidist.calc.moe import (moe_all_to_all_bytes, moe_gpt_params,
 from minidist.calc.pipeline import (bubble_fraction, idle_fraction, layers_per_stage,
                                     min_microbatches, p2p_volume, peak_inflight_microbatches,
                                     pipeline_activation_memory, warmup_forwards)
-from minidist.calc.precision import (dynamic_loss_scale, format_max, format_min_normal,
+from minidist.calc.precision import (BLOCK_FORMATS, BlockFormat, block_format_bits,
+                                     dynamic_loss_scale, format_max, format_min_normal,
                                      format_min_subnormal)
 from minidist.calc.recipes import (accumulation_step_seconds, accumulation_steps,
                                    all_reduce_seconds_saved, checkpoint_overhead,

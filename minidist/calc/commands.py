@@ -17,7 +17,7 @@ import sys
 from typing import Callable
 
 from minidist.calc import (activations, comm, compute, gpt, llama, memory, moe, pipeline,
-                           recipes, tensor)
+                           precision, recipes, tensor)
 from minidist.calc.cli_args import (Topic, add_topic_parser, fraction, non_negative,
                                     non_negative_int, positive, positive_int)
 
@@ -417,6 +417,25 @@ TOPICS["llama"] = Topic(
      ("--seq", positive_int, 8192, "s"), ("--batch", positive_int, 1, "B"),
      ("--bytes-per-element", positive, 2.0, "of the KV cache (2: bf16)")],
     _llama)
+def _block_formats(a):
+    names = [a.format] if a.format else list(precision.BLOCK_FORMATS)
+    rows = []
+    for name in names:
+        bits = precision.block_format_bits(name, a.numel)
+        rows.append(f"{name:>20}: {bits:.4g} bits/element, {a.numel * bits / 8:,.0f} bytes"
+                    if a.numel else f"{name:>20}: {bits:.4g} bits/element (+ per-tensor scale)"
+                    if precision.BLOCK_FORMATS[name].tensor_scale_bits else
+                    f"{name:>20}: {bits:.4g} bits/element")
+    return rows
+
+
+TOPICS["block-formats"] = Topic(
+    "storage bits per element of block-scaled formats (MX, NVFP4, DeepSeek-V3 FP8)",
+    "bits = element_bits + scale_bits / block_size + tensor_scale_bits / numel",
+    "OCP MX v1.0; NVIDIA NVFP4; DeepSeek-V3 technical report, section 3.3",
+    [("--format", tuple(precision.BLOCK_FORMATS), "", "one format (default: all)"),
+     ("--numel", non_negative, 0.0, "elements of the tensor (adds the per-tensor scale)")],
+    _block_formats)
 
 
 def add_calc_parser(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:

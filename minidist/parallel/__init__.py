@@ -12,6 +12,8 @@ tolerance); each subpackage's docstring is its map (idea, formula, files in read
 - expert/    expert parallelism: MoE experts spread over ranks, tokens moved by all-to-all
 - three_d.py      data x pipeline x tensor parallelism on one device mesh (``ThreeDParallelGPT``)
 - diagnostics.py  what to ask a data-parallel run whose numbers look wrong
+- measure.py      run a layout of a small GPT, its step time and peak memory per rank
+                  (what ``minidist plan --measure`` holds the planner against)
 - clip.py         ``clip_grad_norm_`` of a tensor / pipeline / 3D-parallel model: the whole
                   model's gradient norm, each parameter counted once
 
@@ -41,7 +43,7 @@ from minidist.parallel.tensor import (ColumnParallelLinear, ParallelBlock, Paral
                                       vocab_parallel_cross_entropy,
                                       vocab_range)
 from minidist.parallel.expert import (ExpertMesh, ExpertParallelMoE, expert_parallel,
-                                      sync_gradients)
+                                      sync_expert_parallel_gradients)
 from minidist.parallel.three_d import ThreeDParallelGPT
 from minidist.parallel.zero import Zero1, Zero2, Zero3
 
@@ -62,6 +64,7 @@ __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_syn
            "sync_tied_gradients", "counted_parameters", "zb_h1", "zb_h2", "zb_v",
            "chunks_per_rank", "placement", "ThreeDParallelGPT",
            # expert parallelism
-           "ExpertMesh", "ExpertParallelMoE", "expert_parallel", "sync_gradients",
+           "ExpertMesh", "ExpertParallelMoE", "expert_parallel",
+           "sync_expert_parallel_gradients",
            # clipping a model split by tensor / pipeline parallelism
            "clip_grad_norm_", "parameters_to_count", "sharded_parameters"]

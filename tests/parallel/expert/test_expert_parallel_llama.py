@@ -33,7 +33,8 @@ def train(case, parallel):
     from minidist import backend
     from minidist.nn import Llama
     from minidist.optim import AdamW
-    from minidist.parallel.expert import ExpertMesh, expert_parallel, sync_gradients
+    from minidist.parallel.expert import (ExpertMesh, expert_parallel,
+                                          sync_expert_parallel_gradients)
     model = Llama(_config(case))
     rank, n = (dist.get_rank(), dist.get_world_size()) if parallel else (0, 1)
     if parallel:
@@ -49,7 +50,7 @@ def train(case, parallel):
         _, loss = model(backend.from_host(idx[rows]), backend.from_host(tgt[rows]))
         loss.backward()
         if parallel:
-            sync_gradients(model, mesh)
+            sync_expert_parallel_gradients(model, mesh)
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())

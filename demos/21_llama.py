@@ -1,4 +1,4 @@
-"""Demo 25: a tiny Llama on the shipped corpus, in one process and on dp x tp x pp ranks.
+"""Demo 21: a tiny Llama on the shipped corpus, in one process and on dp x tp x pp ranks.
 
 The Llama block (minidist/nn/llama.py): RMSNorm, rotary positions, grouped-query
 attention (4 query heads sharing 2 key/value heads), a SwiGLU MLP, no biases. The same
@@ -8,9 +8,9 @@ tensor-parallel pair, the batch over the replicas; --pp 2 --tp 1 cuts the layers
 two pipeline stages instead). The demo prints both losses, the largest difference of
 any parameter, and text sampled from the trained model.
 
-    python demos/25_llama.py                       # 4 processes, ~30 s
-    python demos/25_llama.py --dp 2 --tp 1 --pp 2 --steps 40
-    python demos/25_llama.py --figure /tmp/llama.png   # also plot the two loss curves
+    python demos/21_llama.py                       # 4 processes, ~30 s
+    python demos/21_llama.py --dp 2 --tp 1 --pp 2 --steps 40
+    python demos/21_llama.py --figure /tmp/llama.png   # also plot the two loss curves
 
 With --figure PATH (no figure without it) it saves the losses of both runs and the
 difference per step as a PNG (needs matplotlib).

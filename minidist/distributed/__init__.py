@@ -7,7 +7,17 @@
     dist.all_reduce(x, op=dist.ReduceOp.SUM)
     dist.destroy_process_group()
 
-The code lives in minidist/comm/.
+The collectives live in minidist/comm/. Beside the facade, torch's newer paths, in
+reading order:
+
+    device_mesh.py      init_device_mesh: an n-D grid of ranks with named dimensions
+    tensor/             DTensor and its placements (Shard, Replicate, Partial), redistribute
+                        as collectives; tensor/parallel: parallelize_module and its styles;
+                        tensor/debug: CommDebugMode, visualize_sharding
+    fsdp/               fully_shard (FSDP2): parameters as Shard(0) DTensors
+
+They build on comm, autograd and nn and sit at the level of minidist.parallel (DESIGN.md);
+this file imports only comm, so ``import minidist.distributed as dist`` stays light.
 """
 from minidist.comm import (NON_GROUP_MEMBER, CollectiveMismatchError, CommError,
                            CommTimeoutError, DeviceMesh, MessageMismatchError, ProcessGroup,

@@ -1,0 +1,19 @@
+"""minidist.distributed.tensor: DTensor and its placements (torch.distributed.tensor's names).
+
+Files, in reading order:
+
+    placement_types.py  Shard(dim), Replicate(), Partial(op); torch.chunk's uneven pieces
+    _collectives.py     one change of placement on one mesh dim = one collective, its bytes
+    _redistribute.py    the steps from one list of placements to another; the autograd op
+    _api.py             DTensor, distribute_tensor, DTensor.from_local / to_local /
+                        full_tensor / redistribute
+
+    from minidist.distributed.device_mesh import init_device_mesh
+    from minidist.distributed.tensor import DTensor, Shard, Replicate, distribute_tensor
+"""
+from minidist.distributed.device_mesh import DeviceMesh, init_device_mesh
+from minidist.distributed.tensor._api import DTensor, distribute_tensor
+from minidist.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+
+__all__ = ["DTensor", "distribute_tensor", "Shard", "Replicate", "Partial", "Placement",
+           "DeviceMesh", "init_device_mesh"]

@@ -1,0 +1,234 @@
+"""Tensor-parallel styles: what a module's parameters, inputs and outputs are, as placements.
+
+    ColwiseParallel     weight (out, in) Shard(0), bias Shard(0): each rank has out/t
+                        outputs. Input Replicate -> output Shard(-1).
+    RowwiseParallel     weight (out, in) Shard(1), bias Replicate: each rank sums over
+                        in/t inputs. Input Shard(-1) -> output Partial -> Replicate.
+    SequenceParallel    LayerNorm / Dropout on this rank's positions: input and output
+                        Shard(1), parameters Replicate.
+    PrepareModuleInput  turns the module's inputs from ``input_layouts`` into
+                        ``desired_input_layouts``.
+
+Megatron's f and g are not written here: they fall out of the placements. A
+Colwise input is taken from its input layout to Replicate, and its gradient
+comes back from the local matmul as Partial (each rank's dX = dY_r A_r^T is one
+summand), so redistribute's backward all-reduces it: f. A Rowwise output is
+Partial (each rank's X_r B_r) and goes to Replicate by an all-reduce: g. With
+``input_layouts=Shard(1)`` / ``output_layouts=Shard(1)`` the same two become an
+all-gather and a reduce-scatter: sequence parallelism.
+
+The module's own forward runs on local tensors (its parameters hold this rank's
+pieces as ordinary Parameters, so an optimizer sees nothing new); the styles
+wrap it, converting its inputs and outputs through DTensors at the border.
+``module._dtensor_placements[name]`` records each parameter's mesh, placements
+and global shape (``parameter_as_dtensor`` gives the DTensor). Every style
+hands local tensors to the next module (``use_local_output=True``), also
+SequenceParallel, whose torch default hands on DTensors for ops minidist does
+not propagate.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from minidist.autograd.tensor import Tensor
+from minidist.nn import functional as F
+from minidist.nn.layers import Embedding, Linear
+from minidist.nn.module import Module, Parameter
+from minidist.distributed.tensor._api import DTensor, distribute_tensor
+from minidist.distributed.tensor._redistribute import DTensorSpec, GradPlacements
+from minidist.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
+
+
+class ParallelStyle:
+    """Base of the styles: ``_apply(module, mesh)`` shards and wraps ``module``."""
+
+    def _apply(self, module: Module, device_mesh: Any) -> Module:
+        raise NotImplementedError
+
+
+# -- parameters and borders ----------------------------------------------------------
+
+def _shard_parameter(module: Module, name: str, mesh: Any, placement: Placement) -> None:
+    """Replace ``module.<name>`` by this rank's piece (rank 0's values, as torch) and note
+    its DTensor layout."""
+    param = getattr(module, name)
+    if param is None:
+        return
+    if isinstance(placement, Shard) and param.shape[placement.dim] % mesh.size() != 0:
+        raise ValueError(f"{type(module).__name__}.{name} of shape {param.shape} does not split "
+                         f"into {mesh.size()} equal pieces along dim {placement.dim}")
+    local = distribute_tensor(param.data, mesh, [placement]).to_local().data
+    setattr(module, name, Parameter(local.copy()))
+    layouts = module.__dict__.setdefault("_dtensor_placements", {})
+    layouts[name] = (mesh, (placement,), tuple(param.shape))
+
+
+def parameter_as_dtensor(module: Module, name: str) -> DTensor:
+    """The parameter ``name`` of a parallelized module as a DTensor on its mesh (its local
+    tensor is the Parameter itself, so gradients reach the optimizer's tensor)."""
+    mesh, placements, shape = module._dtensor_placements[name]
+    param = getattr(module, name)
+    spec = DTensorSpec(mesh, placements, shape)
+    return DTensor(param, spec, GradPlacements(placements, fixed=True))
+
+
+def _replicated(module: Module, name: str, mesh: Any, grad: Placement) -> Tensor | None:
+    """A Replicate parameter for local use; its gradient is read as ``grad`` (Partial where
+    each rank saw only its positions: then backward all-reduces it)."""
+    param = getattr(module, name)
+    if param is None:
+        return None
+    layouts = module.__dict__.setdefault("_dtensor_placements", {})
+    layouts.setdefault(name, (mesh, (Replicate(),), tuple(param.shape)))
+    if grad.is_replicate():
+        return param
+    return parameter_as_dtensor(module, name).to_local(grad_placements=[grad])
+
+
+def _to_layout(x: Any, mesh: Any, given: Placement, wanted: Placement,
+               grad: Placement | None = None) -> Any:
+    """A local tensor laid out as ``given`` (or a DTensor), as ``wanted``, back to local."""
+    if not isinstance(x, (Tensor, DTensor)):
+        return x                          # ids, masks: not moved
+    if not isinstance(x, DTensor):
+        x = DTensor.from_local(x, mesh, [given])
+    y = x.redistribute(mesh, [wanted])
+    return y.to_local(grad_placements=None if grad is None else [grad])
+
+
+def _wrap_forward(module: Module, forward: Any) -> None:
+    object.__setattr__(module, "forward", forward)
+
+
+# -- the styles ----------------------------------------------------------------------
+
+class ColwiseParallel(ParallelStyle):
+    """Linear: weight and bias Shard(0) (Embedding: weight Shard(1)); input ``input_layouts``
+    (Replicate) gathered to Replicate; output Shard(-1) redistributed to ``output_layouts``."""
+
+    def __init__(self, *, input_layouts: Placement | None = None,
+                 output_layouts: Placement | None = None, use_local_output: bool = True):
+        self.input_layout = input_layouts or Replicate()
+        self.output_layout = output_layouts or Shard(-1)
+        self.use_local_output = use_local_output
+
+    def _apply(self, module: Module, device_mesh: Any) -> Module:
+        if isinstance(module, Linear):
+            _shard_parameter(module, "weight", device_mesh, Shard(0))
+            _shard_parameter(module, "bias", device_mesh, Shard(0))
+        elif isinstance(module, Embedding):
+            _shard_parameter(module, "weight", device_mesh, Shard(1))
+        else:
+            raise ValueError(f"ColwiseParallel shards Linear and Embedding, not "
+                             f"{type(module).__name__}")
+        inner = module.forward
+        embedding = isinstance(module, Embedding)
+
+        def forward(x: Any) -> Any:
+            if not embedding:   # the local matmul's dX is a summand: f all-reduces it
+                x = _to_layout(x, device_mesh, self.input_layout, Replicate(), Partial())
+            y = inner(x)                                                # (..., out/t)
+            out = DTensor.from_local(y, device_mesh, [Shard(y.ndim - 1)])
+            out = out.redistribute(device_mesh, [self.output_layout])
+            return out.to_local() if self.use_local_output else out
+        _wrap_forward(module, forward)
+        return module
+
+
+class RowwiseParallel(ParallelStyle):
+    """Linear: weight Shard(1), bias Replicate (added once, after the sum); input
+    ``input_layouts`` (Shard(-1)); output Partial, redistributed to ``output_layouts``
+    (Replicate: all-reduce; Shard(1): reduce-scatter)."""
+
+    def __init__(self, *, input_layouts: Placement | None = None,
+                 output_layouts: Placement | None = None, use_local_output: bool = True):
+        self.input_layout = input_layouts or Shard(-1)
+        self.output_layout = output_layouts or Replicate()
+        self.use_local_output = use_local_output
+
+    def _apply(self, module: Module, device_mesh: Any) -> Module:
+        if not isinstance(module, Linear):
+            raise ValueError(f"RowwiseParallel shards Linear, not {type(module).__name__}")
+        _shard_parameter(module, "weight", device_mesh, Shard(1))
+
+        def forward(x: Any) -> Any:
+            x = _to_layout(x, device_mesh, self.input_layout, Shard(x.ndim - 1))
+            partial = F.linear(x, module.weight)                        # (..., out) summand
+            out = DTensor.from_local(partial, device_mesh, [Partial()])
+            out = out.redistribute(device_mesh, [self.output_layout])   # g
+            y = out.to_local()
+            # the bias is added once, after the sum; where each rank holds only its
+            # positions (Shard), its gradient is a summand, all-reduced backward
+            grad = Replicate() if self.output_layout.is_replicate() else Partial()
+            bias = _replicated(module, "bias", device_mesh, grad)
+            y = y if bias is None else y + bias
+            if self.use_local_output:
+                return y
+            return DTensor.from_local(y, device_mesh, [self.output_layout],
+                                      shape=out.shape)
+        _wrap_forward(module, forward)
+        return module
+
+
+class SequenceParallel(ParallelStyle):
+    """LayerNorm, Dropout (any module of work per position) on this rank's positions:
+    input Shard(``sequence_dim``), output the same; the parameters stay whole and their
+    gradients, summands of every rank's positions, are all-reduced backward."""
+
+    def __init__(self, *, sequence_dim: int = 1, use_local_output: bool = True):
+        self.sequence_dim = sequence_dim
+        self.use_local_output = use_local_output
+
+    def _apply(self, module: Module, device_mesh: Any) -> Module:
+        seq = Shard(self.sequence_dim)
+        inner = module.forward
+
+        def forward(x: Any) -> Any:
+            x = _to_layout(x, device_mesh, seq, seq)
+            names = [n for n, p in module._parameters.items() if p is not None]
+            for name in names:        # whole weights whose gradients are summands
+                object.__setattr__(module, name,
+                                   _replicated(module, name, device_mesh, Partial()))
+            try:
+                y = inner(x)                                            # (B, T/t, C)
+            finally:
+                for name in names:
+                    object.__setattr__(module, name, module._parameters[name])
+            if self.use_local_output:
+                return y
+            return DTensor.from_local(y, device_mesh, [seq])
+        _wrap_forward(module, forward)
+        return module
+
+
+class PrepareModuleInput(ParallelStyle):
+    """Take the module's positional inputs from ``input_layouts`` to
+    ``desired_input_layouts`` (one per input; None leaves an input alone)."""
+
+    def __init__(self, *, input_layouts: Any = None, desired_input_layouts: Any = None,
+                 use_local_output: bool = True):
+        self.input_layouts = _as_tuple(input_layouts)
+        self.desired = _as_tuple(desired_input_layouts)
+        if len(self.input_layouts) != len(self.desired):
+            raise ValueError(f"PrepareModuleInput: {len(self.input_layouts)} input_layouts but "
+                             f"{len(self.desired)} desired_input_layouts; give one of each per "
+                             "input")
+        self.use_local_output = use_local_output
+
+    def _apply(self, module: Module, device_mesh: Any) -> Module:
+        inner = module.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            args = list(args)
+            for i, (given, wanted) in enumerate(zip(self.input_layouts, self.desired)):
+                if given is not None and i < len(args):
+                    args[i] = _to_layout(args[i], device_mesh, given, wanted)
+            return inner(*args, **kwargs)
+        _wrap_forward(module, forward)
+        return module
+
+
+def _as_tuple(layouts: Any) -> tuple:
+    if layouts is None:
+        return ()
+    return tuple(layouts) if isinstance(layouts, (tuple, list)) else (layouts,)

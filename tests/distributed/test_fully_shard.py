@@ -1,0 +1,131 @@
+"""fully_shard (FSDP2) trains a GPT as one process does and as ZeRO-3 does.
+
+Every rank takes its micro-batch of the same global batch; one process takes the
+whole batch. Float64 AdamW steps; the parameters (gathered from their Shard(0)
+pieces) equal one process's to 1e-12 and ZeRO-3's to 1e-12 (bit for bit at two
+ranks, where every sum of two is the same sum). CommDebugMode: per step and unit
+(each block, and the root) one all-gather of all its parameters in forward, one
+more in backward for a block's recompute with reshard_after_forward, and one
+reduce-scatter. Every element lives on one rank; a rank holds at most a row
+of padding more per parameter than P / N.
+"""
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minidist import backend
+from tests.distributed.worlds import world_fixture
+
+world = world_fixture([2, 3])
+TOL = 1e-12
+BATCH = 6
+
+
+def fsdp_case(case):
+    import minidist.distributed as dist
+    from minidist.distributed.fsdp import fully_shard, sharded_state_dict
+    from minidist.distributed.tensor.debug import CommDebugMode
+    from minidist.nn import GPT, GPTConfig
+    from minidist.optim import AdamW
+    from minidist.parallel import Zero3
+    n, r = dist.get_world_size(), dist.get_rank()
+    cfg = GPTConfig(block_size=8, vocab_size=11, n_layer=case["layers"], n_head=2, n_embd=8,
+                    dtype="float64", seed=case["seed"])
+    single, fsdp, zero_model = GPT(cfg), GPT(cfg), GPT(cfg)
+    for block in fsdp.blocks:
+        fully_shard(block, reshard_after_forward=case["reshard"])
+    fully_shard(fsdp)
+    zero = Zero3(zero_model, AdamW, lr=1e-2)
+    opts = {"single": AdamW(single.parameters(), lr=1e-2),
+            "fsdp": AdamW(fsdp.parameters(), lr=1e-2)}
+    rng = np.random.default_rng(case["seed"])
+    per = BATCH // n
+    counts = []
+    for _ in range(case["steps"]):
+        idx, tgt = rng.integers(0, 11, (BATCH, 8)), rng.integers(0, 11, (BATCH, 8))
+        mine = [backend.from_host(a[r * per:(r + 1) * per]) for a in (idx, tgt)]
+        _, loss = single(backend.from_host(idx), backend.from_host(tgt))
+        loss.backward()
+        with CommDebugMode() as comm:
+            _, loss = fsdp(*mine)
+            loss.backward()
+        counts.append(comm.get_phase_counts())
+        _, loss = zero(*mine)
+        loss.backward()
+        for opt in opts.values():
+            opt.step()
+            opt.zero_grad()
+        zero.step()
+        zero.zero_grad()
+    theirs = {k: backend.to_host(p.data) for k, p in single.named_parameters()}
+    zero3 = {k: backend.to_host(v) for k, v in zero.full_state_dict().items()}
+    ours = {k: backend.to_host(d.full_tensor().data) for k, d in sharded_state_dict(fsdp).items()}
+    local_elems = sum(p.data.size for p in fsdp.parameters())
+    zero_elems = sum(s.data.size for s in zero.shards)
+    shapes = [(p.shape[0], p.data.size // p.shape[0]) for p in single.parameters()]
+    return (ours, theirs, zero3, counts, local_elems, zero_elems, single.num_parameters(),
+            shapes)
+
+
+@settings(max_examples=2, deadline=None)
+@given(layers=st.integers(1, 2), steps=st.integers(1, 2), reshard=st.booleans(),
+       seed=st.integers(0, 99))
+def test_fully_shard_trains_like_one_process_and_zero3(world, layers, steps, reshard, seed):
+    n = world.world_size
+    case = dict(layers=layers, steps=steps, reshard=reshard, seed=seed)
+    pieces = []
+    results = world.run(fsdp_case, case)
+    n_params, shapes = results[0][6], results[0][7]
+    for ours, single, zero3, counts, local_elems, zero_elems, _, _ in results:
+        for name, value in ours.items():
+            np.testing.assert_allclose(value, single[name], rtol=TOL, atol=TOL, err_msg=name)
+            np.testing.assert_allclose(value, zero3[name], rtol=TOL, atol=TOL, err_msg=name)
+            if n == 2:
+                assert value.tobytes() == zero3[name].tobytes(), name
+        units = layers + 1       # every block, and the root (wte = lm_head, wpe, ln_f)
+        for c in counts:
+            assert c["forward"] == {"all_gather_into_tensor": units}
+            assert c["backward"] == {"reduce_scatter_tensor": units,
+                                     **({"all_gather_into_tensor": layers} if reshard else {})}
+        pieces.append(local_elems)
+    # every element lives on exactly one rank: P in all, about P / N each (ZeRO-3: ceil(P_unit
+    # / N) per unit); a rank holds at most one row of padding more per parameter
+    assert sum(pieces) == n_params
+    assert max(pieces) <= sum(-(-rows // n) * width for rows, width in shapes)
+
+
+def accumulation_case(seed):
+    """Two micro-batches, the first with gradient sync off: the gradients equal one
+    process's accumulated over the two whole micro-batches; one reduce-scatter per unit."""
+    import minidist.distributed as dist
+    from minidist.distributed.fsdp import fully_shard, sharded_state_dict
+    from minidist.distributed.tensor.debug import CommDebugMode
+    from minidist.nn import GPT, GPTConfig
+    n, r = dist.get_world_size(), dist.get_rank()
+    cfg = GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8,
+                    dtype="float64", seed=seed)
+    single, model = GPT(cfg), GPT(cfg)
+    fully_shard(model.blocks[0])
+    fully_shard(model)
+    rng = np.random.default_rng(seed)
+    per = BATCH // n
+    with CommDebugMode() as comm:
+        for sync in (False, True):
+            idx, tgt = rng.integers(0, 11, (BATCH, 8)), rng.integers(0, 11, (BATCH, 8))
+            _, loss = single(backend.from_host(idx), backend.from_host(tgt))
+            loss.backward()
+            model.set_requires_gradient_sync(sync)
+            _, loss = model(*(backend.from_host(a[r * per:(r + 1) * per]) for a in (idx, tgt)))
+            loss.backward()
+    theirs = {k: backend.to_host(p.grad) for k, p in single.named_parameters()}
+    errors = {}
+    for name, d in sharded_state_dict(model).items():
+        grad = d.grad.full_tensor()
+        errors[name] = float(np.abs(backend.to_host(grad.data) - theirs[name]).max())
+    return errors, comm.get_comm_counts()
+
+
+def test_gradient_accumulation_without_sync_reduces_once(world):
+    for errors, counts in world.run(accumulation_case, 5):
+        assert max(errors.values()) <= TOL, errors
+        assert counts["reduce_scatter_tensor"] == 2          # the block and the root, once

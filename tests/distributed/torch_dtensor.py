@@ -1,0 +1,70 @@
+"""PyTorch's own DTensor as the oracle: the same cases on a gloo world of CPU processes.
+
+``run(n, fn_name, cases)`` starts n processes (torch.multiprocessing, a FileStore
+in a temporary folder), each calls ``init_device_mesh("cpu", ...)`` per case and
+runs ``CASES[fn_name]`` on it; the per-rank results come back through files.
+Torch starts once per call, so a test sends all its cases in one batch.
+"""
+import os
+import pickle
+import tempfile
+
+import numpy as np
+
+
+def _placements(spec):
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    return [Shard(p[1]) if p[0] == "S" else Partial(p[1]) if p[0] == "P" else Replicate()
+            for p in spec]
+
+
+_MESHES = {}
+
+
+def _mesh(shape):
+    """One mesh per shape for the whole batch (gloo builds its groups slowly)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    if shape not in _MESHES:
+        _MESHES[shape] = init_device_mesh("cpu", shape)
+    return _MESHES[shape]
+
+
+def redistribute(case):
+    """distribute as src, redistribute to dst: (local piece, placements as text)."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+    mesh = _mesh(tuple(case["mesh"]))
+    x = distribute_tensor(torch.from_numpy(np.array(case["full"])), mesh,
+                          _placements(case["src"]))
+    try:
+        y = x.redistribute(mesh, _placements(case["dst"]))
+    except Exception as e:  # noqa: BLE001 (torch refuses some pairs: reported, not compared)
+        return ("refused", type(e).__name__)
+    return (y.to_local().numpy().copy(), [repr(p) for p in y.placements])
+
+
+CASES = {"redistribute": redistribute}
+
+
+def _worker(rank, n, folder, fn_name, cases):
+    import torch.distributed as tdist
+    store = tdist.FileStore(os.path.join(folder, "store"), n)
+    tdist.init_process_group("gloo", rank=rank, world_size=n, store=store)
+    try:
+        out = [CASES[fn_name](case) for case in cases]
+    finally:
+        tdist.destroy_process_group()
+    with open(os.path.join(folder, f"rank{rank}.pkl"), "wb") as f:
+        pickle.dump(out, f)
+
+
+def run(n, fn_name, cases):
+    """Per case, the list of every rank's result."""
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as folder:
+        mp.spawn(_worker, args=(n, folder, fn_name, cases), nprocs=n, join=True)
+        per_rank = []
+        for r in range(n):
+            with open(os.path.join(folder, f"rank{r}.pkl"), "rb") as f:
+                per_rank.append(pickle.load(f))
+    return [[per_rank[r][i] for r in range(n)] for i in range(len(cases))]

@@ -1,0 +1,30 @@
+"""A world per size kept up for a test module, started again after a failing case."""
+import pytest
+
+from minidist.comm import World
+
+
+class Restarting:
+    """A world of ``n`` ranks; a case that brought it down starts a fresh one, so
+    hypothesis can replay the failure and report it."""
+
+    def __init__(self, n: int):
+        self.world_size, self.world = n, World(n, timeout=20.0, run_timeout=90.0)
+
+    def run(self, fn, *args):
+        if self.world.closed:
+            self.world = World(self.world_size, timeout=20.0, run_timeout=90.0)
+        return self.world.run(fn, *args)
+
+    def close(self):
+        self.world.close()
+
+
+def world_fixture(sizes):
+    """A module-scoped fixture giving a ``Restarting`` world of each size in turn."""
+    @pytest.fixture(scope="module", params=sizes, ids=lambda n: f"world{n}")
+    def world(request):
+        w = Restarting(request.param)
+        yield w
+        w.close()
+    return world
