@@ -1,13 +1,15 @@
-"""A GPT training step in minidist vs PyTorch CPU eager, in one run.
+"""A GPT (or Llama) training step in minidist vs PyTorch CPU eager, in one run.
 
 Both build the same model (minidist.nn.GPT and its PyTorch twin from
-tests/oracles/torch_gpt.py, with identical weights), and time
+tests/oracles/torch_gpt.py, or with ``--model llama`` minidist.nn.Llama and
+transformers' LlamaForCausalLM, both with identical weights), and time
 forward + backward + AdamW step on the same batch, float32, with the same
 number of threads for NumPy's BLAS and for PyTorch. Steps alternate between
 the two so that machine noise hits both alike; the median is reported.
 
     python bench/bench_autograd.py                 # defaults: 4 layers, width 256
     python bench/bench_autograd.py --threads 1 --steps 20
+    python bench/bench_autograd.py --model llama   # GQA: n-head / 2 key/value heads
 
 Prints each framework's median step time and the ratio minidist / PyTorch.
 """
@@ -59,7 +61,9 @@ for _ in range(args.steps):
     times["torch"].append(timed(torch_step))
 
 tokens = args.batch * args.block
-print(f"GPT training step: {cfg.n_layer} layers, width {cfg.n_embd}, {cfg.n_head} heads, "
+kind = "Llama" if args.model == "llama" else "GPT"
+extra = f" ({cfg.num_key_value_heads} kv)" if args.model == "llama" else ""
+print(f"{kind} training step: {cfg.n_layer} layers, width {cfg.n_embd}, {cfg.n_head} heads{extra}, "
       f"batch {args.batch} x {args.block} tokens, vocab {args.vocab}, "
       f"{model.num_parameters():,} params, float32, {args.threads} threads")
 print(f"first-step loss: minidist {first[0]:.6f}  torch {first[1]:.6f}")

@@ -5,7 +5,8 @@ Everything here is minidist: the tensors and their backward pass
 warmup + cosine schedule (minidist/optim). The corpus ships with the repo
 (demos/data/corpus.txt, written for the project).
 
-    python demos/01_autograd.py            # ~20 s on 2 cores
+    python demos/01_autograd.py            # 300 steps at width 64, ~15 s on 2 cores
+    python demos/01_autograd.py --full     # 600 steps at width 128, ~45 s: a better sample
     python demos/01_autograd.py --steps 1000 --n-embd 128
     python demos/01_autograd.py --figure /tmp/autograd.png   # also draw the curves
 
@@ -26,20 +27,24 @@ from minidist import backend
 from minidist.nn import GPT, GPTConfig
 from minidist.optim import AdamW, WarmupCosine, clip_grad_norm_
 from _progress import Progress
-from _args import non_negative_int, or_usage_error, positive, positive_int, probability
+from _args import (non_negative_int, or_usage_error, positive, positive_int, probability,
+                   quick_or_full)
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-parser.add_argument("--steps", type=positive_int, default=600, help="optimizer steps")
+parser.add_argument("--steps", type=positive_int, help="optimizer steps (default 300; --full 600)")
 parser.add_argument("--batch", type=positive_int, default=16, help="sequences per step")
 parser.add_argument("--block", type=positive_int, default=64, help="context length (characters)")
 parser.add_argument("--n-layer", type=positive_int, default=2)
 parser.add_argument("--n-head", type=positive_int, default=4)
-parser.add_argument("--n-embd", type=positive_int, default=128)
+parser.add_argument("--n-embd", type=positive_int, help="width (default 64; --full 128)")
 parser.add_argument("--dropout", type=probability, default=0.2, help="fights memorising the corpus")
 parser.add_argument("--lr", type=positive, default=3e-3, help="peak learning rate")
 parser.add_argument("--seed", type=non_negative_int, default=0)
 parser.add_argument("--figure", metavar="PATH", help="save the curves as a PNG (default: none)")
+parser.add_argument("--full", action="store_true",
+                    help="the longer run: 600 steps at width 128 (about 3x the time)")
 args = parser.parse_args()
+quick_or_full(args, quick=dict(steps=300, n_embd=64), full=dict(steps=600, n_embd=128))
 
 # -- data: characters -> integers ------------------------------------------
 text = (pathlib.Path(__file__).parent / "data" / "corpus.txt").read_text()

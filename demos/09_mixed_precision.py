@@ -12,7 +12,8 @@ precision differs (minidist/precision):
 - fp8 (delayed):   E4M3 matmul inputs, E5M2 gradients, per-tensor scales from an
                    amax history; bf16 model weights.
 
-    python demos/09_mixed_precision.py             # ~1 min on 2 cores
+    python demos/09_mixed_precision.py             # 75 steps per run, ~15 s on 2 cores
+    python demos/09_mixed_precision.py --full      # 150 steps per run, ~30 s
     python demos/09_mixed_precision.py --steps 400 --growth-interval 2000
 
 Prints each run's final loss, the fraction of gradient values that underflow to
@@ -38,10 +39,11 @@ from minidist.optim import AdamW, WarmupCosine, clip_grad_norm_
 from minidist.precision import (AmpPolicy, DelayedScaling, GradScaler, MasterWeights,
                                 fp8_autocast, quantize, use_policy)
 from _progress import Progress
-from _args import non_negative_int, or_usage_error, positive, positive_int
+from _args import non_negative_int, or_usage_error, positive, positive_int, quick_or_full
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-parser.add_argument("--steps", type=positive_int, default=150, help="optimizer steps per run")
+parser.add_argument("--steps", type=positive_int,
+                    help="optimizer steps per run (default 75; --full 150)")
 parser.add_argument("--batch", type=positive_int, default=16, help="sequences per step")
 parser.add_argument("--block", type=positive_int, default=64, help="context length (characters)")
 parser.add_argument("--n-layer", type=positive_int, default=2)
@@ -54,7 +56,9 @@ parser.add_argument("--growth-interval", type=positive_int, default=50,
 parser.add_argument("--figure", metavar="PATH",
                     help="save the loss curves and the loss-scale trace as a PNG (default: none)")
 parser.add_argument("--seed", type=non_negative_int, default=0)
+parser.add_argument("--full", action="store_true", help="the longer run: 150 steps per run")
 args = parser.parse_args()
+quick_or_full(args, quick=dict(steps=75), full=dict(steps=150))
 
 # -- data: characters -> integers (as demo 01) --------------------------------
 text = (pathlib.Path(__file__).parent / "data" / "corpus.txt").read_text()

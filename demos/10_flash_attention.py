@@ -7,7 +7,8 @@ softmax of the whole row. Part 2 runs naive and flash attention (forward and
 backward, minidist/attention) at larger sequence lengths and prints the peak
 extra memory of each and the error of each against a float64 result.
 
-    python demos/10_flash_attention.py                     # ~15 s on 2 cores
+    python demos/10_flash_attention.py                     # s up to 1024, ~5 s on 2 cores
+    python demos/10_flash_attention.py --full              # s up to 2048, ~20 s
     python demos/10_flash_attention.py --lengths 512 1024 2048 4096 --causal
 
 The checks: the online softmax equals the plain one, flash equals naive in
@@ -25,13 +26,14 @@ import numpy as np
 from minidist import backend
 from minidist.attention import flash_attention, naive_attention
 from minidist.autograd import Tensor
-from _args import non_negative_int, positive_int
+from _args import non_negative_int, positive_int, quick_or_full
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 parser.add_argument("--row", type=non_negative_int, default=8,
                     help="scores in the tiny example row")
 parser.add_argument("--tile", type=positive_int, default=3, help="tile width in the tiny example")
-parser.add_argument("--lengths", type=positive_int, nargs="+", default=[256, 512, 1024, 2048])
+parser.add_argument("--lengths", type=positive_int, nargs="+",
+                    help="sequence lengths of part 2 (default 256 512 1024; --full adds 2048)")
 parser.add_argument("--heads", type=positive_int, default=4)
 parser.add_argument("--d", type=positive_int, default=64, help="head dim")
 parser.add_argument("--block", type=positive_int, default=128, help="flash tile size (rows = cols)")
@@ -39,7 +41,9 @@ parser.add_argument("--causal", action="store_true")
 parser.add_argument("--seed", type=non_negative_int, default=0)
 parser.add_argument("--figure", metavar="PATH",
                     help="save part 2's memory as a PNG (default: none)")
+parser.add_argument("--full", action="store_true", help="part 2 up to s = 2048")
 args = parser.parse_args()
+quick_or_full(args, quick=dict(lengths=[256, 512, 1024]), full=dict(lengths=[256, 512, 1024, 2048]))
 rng = np.random.default_rng(args.seed)
 ok = True
 

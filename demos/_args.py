@@ -8,7 +8,7 @@ from minidist.calc.cli_args import (non_negative, non_negative_int, positive, po
                                     probability)
 
 __all__ = ["non_negative", "non_negative_int", "or_usage_error", "positive", "positive_int",
-           "probability"]
+           "probability", "quick_or_full"]
 
 
 def or_usage_error(parser: argparse.ArgumentParser, make: Callable[..., Any], *args, **kwargs):
@@ -19,3 +19,12 @@ def or_usage_error(parser: argparse.ArgumentParser, make: Callable[..., Any], *a
         return make(*args, **kwargs)
     except ValueError as e:
         parser.error(str(e))
+
+
+def quick_or_full(args: argparse.Namespace, quick: dict, full: dict) -> None:
+    """Give each flag the user left unset (None) its value from ``quick``, or from
+    ``full`` when ``--full`` was given: a demo's defaults run in seconds, ``--full``
+    is the longer run its docs page quotes. A flag the user set is kept."""
+    for name, value in (full if args.full else quick).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)

@@ -193,8 +193,10 @@ def pipeline_timelines(path, measured, p):
         t0 = min(s for row in timelines for _, s, _ in row)
         for r, row in enumerate(timelines):
             for op, s, e in row:
+                # a white edge round each op: consecutive ops of one kind (GPipe's
+                # forwards) stay separate bars instead of merging into one
                 ax.broken_barh([(s - t0, e - s)], (r - 0.4, 0.8),
-                               color=OP_COLORS[op.kind])
+                               facecolor=OP_COLORS[op.kind], edgecolor="white", linewidth=0.8)
         ax.set_title(name, fontsize=10)
         ax.set_ylabel("stage")
         ax.set_yticks(range(p))
@@ -202,7 +204,7 @@ def pipeline_timelines(path, measured, p):
     split = any(op.kind == "W" for rows in measured.values() for row in rows for op, _, _ in row)
     ax.set_xlabel("seconds (blue: forward, orange: backward"
                   + (" (B: input gradient), green: W (weight gradient)" if split else "")
-                  + ", white: the bubble)")
+                  + "; one bar per op, white space: the bubble)")
     _save(plt, fig, path)
 
 
@@ -370,8 +372,28 @@ def compression(path, runs):
     _save(plt, fig, path)
 
 
+def llama_runs(path, single, mesh, shape):
+    """Demo 21: the Llama's loss in one process and on the mesh, and their difference."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.4))
+    steps = np.arange(len(single))
+    ax1.plot(steps, single, "o-", markersize=3, label="one process")
+    ax1.plot(steps, mesh, "x--", markersize=6,
+             label=f"dp={shape['dp']} x tp={shape['tp']} x pp={shape['pp']}")
+    ax1.set(xlabel="step", ylabel="loss", title="tiny Llama on the corpus")
+    ax1.legend(fontsize=8)
+    diff = np.abs(np.asarray(mesh) - np.asarray(single))
+    ax2.semilogy(steps, np.maximum(diff, 1e-18), ".-")
+    ax2.axhline(1e-12, color="gray", ls=":", label="tolerance 1e-12")
+    ax2.set(xlabel="step", ylabel="|mesh - one process|", title="loss difference (float64)")
+    ax2.legend(fontsize=8)
+    _save(plt, fig, path)
+
+
 def placements_counts(path, runs):
-    """Demo 25: the collectives CommDebugMode counted, forward and backward, per run.
+    """Demo 22: the collectives CommDebugMode counted, forward and backward, per run.
 
     runs: label -> {"forward": {collective: count}, "backward": {...}}."""
     plt = _pyplot()
@@ -386,4 +408,19 @@ def placements_counts(path, runs):
         ax.set_xticks(x, names, fontsize=8)
         ax.set(title=label, ylabel="calls per step")
         ax.legend(fontsize=8)
+    _save(plt, fig, path)
+
+
+def block_scaling_runs(path, runs):
+    """Demo 23: the loss curve of each format, block-scaled and not."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for mode, losses in runs.items():
+        style = "--" if "fp4" in mode else "-"
+        ax.plot(_mean10(losses), style, label=mode)
+    ax.set(xlabel="step", ylabel="loss (10-step mean)",
+           title="GPT training loss: matmuls in each format")
+    ax.legend(fontsize=8)
     _save(plt, fig, path)

@@ -41,7 +41,9 @@ FIGURES = {
     "16_ulysses.png": ("16_ulysses.py", [], {}),
     "17_zero_bubble.png": ("17_zero_bubble.py", [], {}),
     "24_planner.png": ("24_planner.py", [], {}),
-    "25_placements.png": ("25_placements.py", [], {}),
+    "20_trace.png": ("20_trace.py", [], {}),
+    "21_llama.png": ("21_llama.py", [], {}),
+    "22_placements.png": ("22_placements.py", [], {}),
 }
 
 

@@ -8,6 +8,7 @@
     minidist selftest [--backend cupy]       # this backend against NumPy, and the test suite
     minidist exercise list|start|check [ID]  # the documents' exercises, graded by property tests
     minidist checkpoint convert OLD NEW --trust-pickle   # an old pickled checkpoint -> data-only
+    minidist trace summary|plot run.json     # a run's trace (minidist run --trace run.json)
 
 ``run`` starts N processes like torchrun (its flags: --nproc-per-node,
 --max-restarts, --log-dir, --redirects, --tee); minidist/comm/launch/script.py
@@ -112,6 +113,11 @@ def _add_selftest(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
     return add_arguments(parser)
 
 
+def _add_trace(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    from minidist.trace.command import add_arguments
+    return add_arguments(parser)
+
+
 # name -> (help, function adding the subcommand's arguments and returning its runner)
 SUBCOMMANDS: dict[str, tuple[str, Callable]] = {
     "run": ("run a script on N local processes (like torchrun)", _add_run),
@@ -125,6 +131,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable]] = {
     "exercise": ("the documents' exercises: list, start one, check it", _add_exercise),
     "checkpoint": ("convert an old (pickled) checkpoint to the data-only format",
                    _add_checkpoint),
+    "trace": ("read a run's trace (minidist run --trace run.json): summary, plot, merge, check",
+              _add_trace),
 }
 
 

@@ -168,6 +168,8 @@ def test_calc_mfu_and_hfu_differ_by_the_recomputed_forward(capsys):
 BAD_BENCH_ARGS = [
     ("bench_autograd", ["--steps", "0"], "positive integer"),
     ("bench_autograd", ["--n-head", "3"], "divisible by --n-head"),
+    ("bench_autograd", ["--model", "llama", "--n-kv-head", "3"], "must divide --n-head"),
+    ("bench_gqa_memory", ["--n-kv-head", "5"], "must divide --n-head"),
     ("bench_collectives", ["--worlds", "0"], "positive integer"),
     ("bench_collectives", ["--max-size", "4Q"], "not an integer"),
     ("bench_ddp", ["--bucket-mb", "0"], "> 0"),

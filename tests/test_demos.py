@@ -37,7 +37,10 @@ SMOKE_ARGS = {
     "24_planner.py": ["--model", "llama3-8b", "--gpus", "16", "--batch-tokens", "262144",
                       "--seq", "4096", "--no-published"],
     "19_topology.py": ["-n", "4", "--node-size", "2"],
-    "25_placements.py": ["-n", "2", "--width", "4", "--n-embd", "8"],
+    "20_trace.py": ["--dp", "1", "--pp", "2", "--tp", "1", "--steps", "1"],
+    "21_llama.py": ["--steps", "4"],
+    "22_placements.py": ["-n", "2", "--width", "4", "--n-embd", "8"],
+    "23_block_scaling.py": ["--steps", "16", "--n-embd", "32"],
 }
 
 
@@ -96,7 +99,8 @@ BAD_ARGS = [
     ("18_compression.py", ["--steps", "-2"], "positive integer"),
     ("24_planner.py", ["--model", "gpt9"], "unknown model preset"),
     ("19_topology.py", ["-n", "3"], "must divide"),
-    ("25_placements.py", ["-n", "3"], "must divide --width"),
+    ("21_llama.py", ["--tp", "4"], "must divide the 2 key/value heads"),
+    ("22_placements.py", ["-n", "3"], "must divide --width"),
 ]
 
 

@@ -32,6 +32,7 @@ ALLOWED = {
                  "distributed", "launch", "parallel"},
     "exercises": {"backend", "calc", "autograd", "precision", "attention", "nn", "optim", "comm",
                   "distributed", "launch", "parallel"},
+    "trace": {"backend"},   # recording is below every layer that records into it
     "cli": None,        # the command line may import anything
     "__init__": None,   # the package's front door re-exports
 }
@@ -60,6 +61,10 @@ COMM_LAYERS = {
     "collectives": {"transport", "errors", "group"},
     "launch": {"transport", "errors", "group"},
 }
+
+for _layer, _allowed in ALLOWED.items():   # every layer may record into a trace
+    if _allowed is not None and _layer not in ("backend", "calc", "trace"):
+        _allowed.add("trace")
 
 ROOT = pathlib.Path(minidist.__file__).parent
 

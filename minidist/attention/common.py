@@ -4,10 +4,16 @@ Shapes, as in ``torch.nn.functional.scaled_dot_product_attention``::
 
     q: (..., Lq, E)   k: (..., Lk, E)   v: (..., Lk, Ev)   ->   out: (..., Lq, Ev)
 
-``...`` is any number of leading dimensions (batch, heads), the same for all three.
+``...`` is any number of leading dimensions (batch, heads), the same for all three;
+with ``enable_gqa`` (grouped-query attention, as PyTorch's flag) k and v may have
+fewer heads (dim -3) than q: query head h reads key/value head h // (Hq / Hkv).
 A mask is boolean (True = attend) or additive float, broadcastable to (..., Lq, Lk).
 ``is_causal`` keeps column j for row i when j <= i: the causal mask aligned at the
 top-left corner, as PyTorch's, also when Lq != Lk.
+
+Two masks are computed from positions, a tile at a time, never stored (``Structure``):
+a sliding window (row i sees key j only if i - j < window, as Mistral's) and packed
+documents (row i sees key j only if both lie in the same document of the row).
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ NEG_INF = -math.inf
 
 # -- argument checks -----------------------------------------------------------
 
-def check_qkv(q: Any, k: Any, v: Any) -> None:
+def check_qkv(q: Any, k: Any, v: Any, enable_gqa: bool = False) -> None:
     """Raise on shapes or dtypes that attention cannot take (loud, before any work)."""
     for name, a in (("query", q), ("key", k), ("value", v)):
         if a.ndim < 2:
@@ -35,7 +41,13 @@ def check_qkv(q: Any, k: Any, v: Any) -> None:
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"query, key and value must share a dtype, got "
                         f"{q.dtype}, {k.dtype}, {v.dtype}")
-    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+    if enable_gqa and q.shape[:-2] != k.shape[:-2]:
+        if q.ndim < 3 or k.shape[:-2] != v.shape[:-2] or q.shape[:-3] != k.shape[:-3] \
+                or q.shape[-3] % k.shape[-3]:
+            raise ValueError(f"grouped-query attention needs key and value of one shape "
+                             f"(..., Hkv, Lk, E) with Hkv dividing the query heads Hq of "
+                             f"(..., Hq, Lq, E), got {q.shape}, {k.shape}, {v.shape}")
+    elif not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
         raise ValueError(f"query, key and value must share their leading (batch, head) "
                          f"dimensions, got {q.shape}, {k.shape}, {v.shape}")
     if q.shape[-1] != k.shape[-1]:
@@ -100,6 +112,90 @@ def apply_causal(s: Any, row0: int, col0: int) -> None:
     rows = xp.arange(row0, row0 + s.shape[-2])[:, None]
     cols = xp.arange(col0, col0 + s.shape[-1])[None, :]
     xp.copyto(s, NEG_INF, where=cols > rows)                            # (bq, bk) -> s
+
+
+class Structure:
+    """The masks that follow from positions: causal, sliding window, packed documents.
+
+    Row i (query position) may see key j when
+
+        causal:    j <= i
+        window:    i - j < window            (with causal: the last ``window`` keys)
+        documents: doc_q[b, i] == doc_k[b, j]
+
+    ``docs`` is None or a pair of integer arrays (Bd, Lq), (Bd, Lk) whose first axis is
+    the batch (the first leading dim of the scores) or 1. Nothing (Lq, Lk)-sized is
+    kept: ``apply`` masks one tile, ``keys`` / ``rows`` say which tiles can be skipped.
+    """
+
+    def __init__(self, is_causal: bool = False, window: int | None = None,
+                 docs: tuple[Any, Any] | None = None):
+        self.is_causal, self.window, self.docs = is_causal, window, docs
+
+    def keys(self, i0: int, i1: int, lk: int) -> tuple[int, int]:
+        """[start, stop) of the keys that some row in [i0, i1) may see."""
+        start, stop = 0, lk
+        if self.is_causal:
+            stop = min(i1, lk)
+        if self.window is not None:
+            start = max(0, i0 - self.window + 1)
+        return start, stop
+
+    def rows(self, j0: int, j1: int, lq: int) -> tuple[int, int]:
+        """[start, stop) of the rows that may see some key in [j0, j1)."""
+        start, stop = 0, lq
+        if self.is_causal:
+            start = min(j0, lq)
+        if self.window is not None:
+            stop = min(lq, j1 + self.window - 1)
+        return start, max(start, stop)
+
+    def apply(self, s: Any, i0: int, j0: int) -> None:
+        """In place: -inf where the tile of scores s (..., bq, bk) at corner (i0, j0) is masked.
+
+        s must be contiguous, with the batch as its first axis (documents view it so)."""
+        bq, bk = s.shape[-2:]
+        if self.is_causal and j0 + bk - 1 > i0:     # straddles the diagonal
+            apply_causal(s, i0, j0)
+        if self.window is not None and j0 <= i0 + bq - 1 - self.window:
+            rows = xp.arange(i0, i0 + bq)[:, None]
+            cols = xp.arange(j0, j0 + bk)[None, :]
+            xp.copyto(s, NEG_INF, where=rows - cols >= self.window)    # (bq, bk) -> s
+        if self.docs is not None:
+            doc_q, doc_k = self.docs
+            view = s.reshape((doc_q.shape[0], -1, bq, bk))              # (Bd, rest, bq, bk)
+            apart = doc_q[:, None, i0:i0 + bq, None] != doc_k[:, None, None, j0:j0 + bk]
+            xp.copyto(view, NEG_INF, where=apart)                       # (Bd, 1, bq, bk)
+
+
+def make_structure(q: Any, k: Any, is_causal: bool, window: int | None,
+                   document_ids: Any) -> Structure:
+    """Check ``window`` and ``document_ids`` against q (..., Lq, E), k (..., Lk, E)."""
+    if window is not None:
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise ValueError(f"window must be a positive int (keys per row), got {window!r}")
+        if not is_causal:
+            raise ValueError("a sliding window needs is_causal=True (row i sees keys "
+                             "i - window + 1 .. i)")
+    docs = None
+    if document_ids is not None:
+        ids = document_ids.data if isinstance(document_ids, Tensor) else document_ids
+        if not backend.is_array(ids) or ids.dtype.kind not in "iu":
+            raise TypeError("document_ids must be an integer array of the active backend, "
+                            f"got {type(ids).__name__} {getattr(ids, 'dtype', '')}")
+        if q.shape[-2] != k.shape[-2]:
+            raise ValueError(f"document_ids needs self-attention (Lq == Lk), got "
+                             f"Lq={q.shape[-2]}, Lk={k.shape[-2]}")
+        lead = q.shape[:-2]
+        batch = lead[0] if len(lead) >= 2 else 1
+        if ids.ndim == 1:
+            ids = ids[None, :]
+        if ids.ndim != 2 or ids.shape[1] != q.shape[-2] or ids.shape[0] not in (1, batch):
+            raise ValueError(f"document_ids must be (L,) or (B, L) with L={q.shape[-2]} "
+                             f"and B={batch} (the batch of (B, heads, L, E)), "
+                             f"got {tuple(ids.shape)}")
+        docs = (ids, ids)
+    return Structure(is_causal, window, docs)
 
 
 def default_scale(q: Any, scale: float | None) -> float:
@@ -175,7 +271,8 @@ def merge_partial(o: Any, lse: Any, o_part: Any, lse_part: Any) -> None:
 
 def apply_attention(op: Any, query: Tensor, key: Tensor, value: Tensor, attn_mask: Any,
                     dropout_p: float, is_causal: bool, scale: float | None, generator: Any,
-                    **options: Any) -> Tensor:
+                    enable_gqa: bool = False, window: int | None = None,
+                    document_ids: Any = None, **options: Any) -> Tensor:
     """Check the arguments the way PyTorch's ``scaled_dot_product_attention`` does, then
     run ``op`` (``NaiveAttention`` or ``FlashAttention``) under the active autocast.
 
@@ -184,10 +281,11 @@ def apply_attention(op: Any, query: Tensor, key: Tensor, value: Tensor, attn_mas
     """
     def run(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         q_, k_, v_ = (t.data if isinstance(t, Tensor) else t for t in (q, k, v))
-        check_qkv(q_, k_, v_)
+        check_qkv(q_, k_, v_, enable_gqa)
         check_options(attn_mask, dropout_p, is_causal)
         mask = prepare_mask(mask_array(attn_mask), q_, k_)
+        structure = make_structure(q_, k_, is_causal, window, document_ids)
         seed = draw_seed(generator) if dropout_p > 0 else 0
-        return op.apply(q, k, v, mask, is_causal=is_causal, scale=default_scale(q_, scale),
+        return op.apply(q, k, v, mask, structure=structure, scale=default_scale(q_, scale),
                         dropout_p=dropout_p, seed=seed, **options)
     return autocast_matmul(run, query, key, value)

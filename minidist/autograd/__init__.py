@@ -2,8 +2,10 @@
 
 - ``Tensor``: data + grad + the op that made it (tensor.py)
 - ``Function``: forward and backward of one op; custom ops subclass it (function.py)
-- the backward pass (engine.py), ``no_grad`` (grad_mode.py)
-- the backward split into input (B) and deferred weight (W) gradients (weight_grad.py)
+- the backward pass (engine.py): topological order, each op's backward, gradient
+  sums, leaves (into an existing ``.grad`` in place); ``no_grad`` (grad_mode.py)
+- the backward split into input (B) and deferred weight (W) gradients
+  (weight_grad.py), through the engine's one extension point, ``split``
 - every op (ops/), ``gradcheck`` (gradcheck.py), ``checkpoint`` (activation_checkpoint.py)
 """
 from minidist.autograd.activation_checkpoint import checkpoint

@@ -9,16 +9,19 @@
        op that used it has been visited. Then its gradient is added into
        ``leaf.grad`` and its post-accumulate hooks fire. Data-parallel code uses
        those hooks to start communicating a gradient while backward continues
-       with earlier layers. A leaf's first gradient is copied into
-       ``leaf.grad_home`` when it has one (DDP's view of its bucket), so that
-       it lands where the all-reduce reads it, in one copy.
+       with earlier layers. A leaf that already holds a ``.grad`` array gets
+       the gradient added into that array in place, as in PyTorch: DDP sets
+       it to a view of its bucket, so the gradient lands where the all-reduce
+       reads it, in one pass (parallel/data/ddp.py).
 
 Unless ``retain_graph=True``, each node drops what it saved as soon as it has
 run, so memory falls as backward proceeds; a second backward through the same
 graph is then an error, as in PyTorch.
 
-``_run`` can also leave the gradients of some leaves (the weights) for later:
-the B/W split of zero-bubble pipelines, built on it in weight_grad.py.
+One extension point: ``_run(..., split=)`` hands each node's backward to a
+``split`` object, which may compute part of it now and keep the rest, and
+keeps those nodes' saved values alive: the B/W split of zero-bubble
+pipelines (weight_grad.py).
 """
 from __future__ import annotations
 
@@ -54,17 +57,13 @@ def _deliver(leaf: Any, grad: Any) -> None:
     if grad.dtype != leaf.data.dtype:
         grad = grad.astype(leaf.data.dtype)
     if leaf.grad is None:
-        # copy: the array may be shared with other tensors' gradients. Into the
-        # leaf's grad_home when it has one (DDP's bucket view: one copy, where
-        # the all-reduce wants it), else into a new array.
-        home = leaf.grad_home
-        if home is not None and home.shape == grad.shape and home.dtype == grad.dtype:
-            home[...] = grad
-            leaf.grad = home
-        else:
-            leaf.grad = grad.copy()
+        leaf.grad = grad.copy()  # a copy: the array may be another tensor's gradient too
     else:
-        leaf.grad += grad
+        if tuple(leaf.grad.shape) != tuple(grad.shape):
+            raise RuntimeError(f"a leaf's .grad has shape {tuple(leaf.grad.shape)} but its "
+                               f"gradient has shape {tuple(grad.shape)}: set .grad to None or "
+                               f"to an array of the leaf's shape")
+        xp.add(leaf.grad, grad, out=leaf.grad)  # in place: .grad stays the same array
     for hook in leaf._hooks:
         hook(leaf)
 
@@ -101,15 +100,12 @@ def initial_grad(root: Any, grad: Any) -> Any:
     return grad
 
 
-def _run(root: Any, grad: Any, retain_graph: bool, weights: set[int] | None = None) -> list:
-    """The backward pass. With ``weights`` (ids of leaves), gradients for those
-    leaves wait: each node that has one as input is returned, in visiting order,
-    as (node, its output gradients, its weight inputs (None elsewhere), None),
-    unreleased, for weight_grad.py to finish later; a node whose op cannot
-    split (``Function.splits_weight_grad`` False) has run whole and comes as
-    (node, None, its weight inputs, their gradients). Returns [] without."""
+def _run(root: Any, grad: Any, retain_graph: bool, split: Any = None) -> None:
+    """The backward pass (steps 1-3 of the module docstring). ``split``: None, or
+    the B/W split's ``DeferWeights`` (weight_grad.py): ``split.backward(node,
+    grads_out)`` stands in for the node's backward, and nodes it ``keeps`` are
+    not released."""
     order = _topological_order(root._ctx)
-    deferred: list = []
 
     # how many uses of each leaf remain to be visited
     pending: dict[int, int] = {}
@@ -135,20 +131,13 @@ def _run(root: Any, grad: Any, retain_graph: bool, weights: set[int] | None = No
             if node.n_outputs > 1:  # outputs no one used get zero gradient
                 grads_out = [g if g is not None else xp.zeros(shape, dtype)
                              for g, (shape, dtype) in zip(grads_out, node.out_meta)]
-            later = _weight_inputs(node, weights)
-            if later is None:
+            if split is None:
                 grads_in = call_backward(node, grads_out)
-            elif node.fn.splits_weight_grad:    # the input gradients now, the weights' later
-                now = tuple(not w for w in later)
-                grads_in = call_backward(node, grads_out, asked=now)
-                deferred.append((node, grads_out, _pick(node.inputs, later), None))
-            else:   # one backward for all (it may communicate): keep the weights' part
-                grads_in = call_backward(node, grads_out)
-                deferred.append((node, None, _pick(node.inputs, later),
-                                 _pick(grads_in, later)))
+            else:
+                grads_in = split.backward(node, grads_out)
 
         for t, g in zip(node.inputs, grads_in):
-            if t is None or (weights is not None and id(t) in weights):
+            if t is None:
                 continue
             if g is not None and tuple(g.shape) != tuple(t.shape):
                 raise RuntimeError(f"{node.fn.__name__}.backward returned a gradient "
@@ -166,22 +155,8 @@ def _run(root: Any, grad: Any, retain_graph: bool, weights: set[int] | None = No
                 prev = slots[t._out_index]
                 slots[t._out_index] = g if prev is None else prev + g
 
-        if not retain_graph and not (deferred and deferred[-1][0] is node
-                                     and deferred[-1][3] is None):
+        if not retain_graph and (split is None or not split.keeps(node)):
             _release(node)
-    return deferred
-
-
-def _weight_inputs(node: Context, weights: set[int] | None) -> tuple | None:
-    """Which of the node's inputs are weights whose gradient waits, or None."""
-    if weights is None:
-        return None
-    mask = tuple(t is not None and id(t) in weights for t in node.inputs)
-    return mask if any(mask) else None
-
-
-def _pick(values: tuple, mask: tuple) -> tuple:
-    return tuple(x if w else None for x, w in zip(values, mask))
 
 
 def call_backward(node: Context, grads_out: Any, asked: tuple | None = None) -> tuple:

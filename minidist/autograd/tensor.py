@@ -21,7 +21,7 @@ from minidist import backend
 
 
 class Tensor:
-    __slots__ = ("data", "grad", "requires_grad", "_ctx", "_out_index", "_hooks", "grad_home",
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "_out_index", "_hooks",
                  "__weakref__")
     # Make `ndarray + Tensor` call Tensor.__radd__ instead of broadcasting.
     __array_ufunc__ = None
@@ -39,7 +39,6 @@ class Tensor:
         self._ctx = None
         self._out_index = 0
         self._hooks: list[Callable] = []
-        self.grad_home = None  # where backward puts a first gradient (DDP's bucket), or None
         if requires_grad and data.dtype.kind not in "fc":
             raise TypeError(f"only floating-point tensors can require grad, "
                             f"not {data.dtype}")
@@ -53,7 +52,6 @@ class Tensor:
         t._ctx = ctx
         t._out_index = index
         t._hooks = []
-        t.grad_home = None
         return t
 
     # -- autograd -----------------------------------------------------------

@@ -24,18 +24,59 @@ its backward, say) runs whole in B, and only its finished weight gradients wait.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 from minidist.autograd import grad_mode
 from minidist.autograd.engine import _deliver, _release, _run, call_backward, initial_grad
+from minidist.autograd.function import Context
 from minidist.backend import is_array
+
+
+class Deferred(NamedTuple):
+    """The W part of one op, left by B."""
+    node: Context            # the op, its saved values kept until W
+    grads_out: Any           # its output gradients (None when ``done``)
+    weights: tuple           # its weight inputs (None at the other inputs)
+    done: tuple | None       # an op that cannot split ran whole: its weights' gradients
+
+
+class DeferWeights:
+    """B: what the engine (``_run(..., split=)``) calls at each node of a split
+    backward. A node with a weight among its inputs computes its other inputs'
+    gradients now and leaves a ``Deferred``; the engine keeps the node's saved
+    values while W needs them."""
+
+    def __init__(self, weights: set[int]):
+        self.weights = weights          # ids of the weight leaves
+        self.records: list[Deferred] = []
+
+    def backward(self, node: Context, grads_out: Any) -> tuple:
+        """The node's input gradients now, None for its weights."""
+        later = tuple(t is not None and id(t) in self.weights for t in node.inputs)
+        if not any(later):
+            return call_backward(node, grads_out)
+        weights = tuple(t if w else None for t, w in zip(node.inputs, later))
+        if node.fn.splits_weight_grad:   # the input gradients now, the weights' later
+            grads_in = call_backward(node, grads_out, asked=tuple(not w for w in later))
+            self.records.append(Deferred(node, grads_out, weights, None))
+            return grads_in
+        # One backward for all (it may communicate): keep the weights' part.
+        grads_in = call_backward(node, grads_out)
+        self.records.append(Deferred(node, None, weights,
+                                     tuple(g if w else None for g, w in zip(grads_in, later))))
+        return tuple(None if w else g for g, w in zip(grads_in, later))
+
+    def keeps(self, node: Context) -> bool:
+        """Whether W still needs what ``node`` saved."""
+        return bool(self.records) and self.records[-1].node is node \
+            and self.records[-1].done is None
 
 
 class WeightGradients:
     """The W pass of one split backward: call ``run()`` once to fill ``.grad``."""
 
-    def __init__(self, records: list, weights: dict[int, Any], retain_graph: bool):
-        self._records = records       # (node, output grads, weight inputs, done grads)
+    def __init__(self, records: list[Deferred], weights: dict[int, Any], retain_graph: bool):
+        self._records = records
         self._weight_data = {id(w.data) for w in weights.values()}
         self._retain = retain_graph
         self.done = False
@@ -46,7 +87,7 @@ class WeightGradients:
 
     def closures(self) -> list[tuple[str, int]]:
         """(op name, bytes its closure keeps alive) for each deferred op, in order."""
-        return [(record[0].fn.__name__, self._bytes([record])) for record in self._records]
+        return [(record.node.fn.__name__, self._bytes([record])) for record in self._records]
 
     @property
     def held_bytes(self) -> int:
@@ -74,8 +115,8 @@ class WeightGradients:
                                "each split backward has one W pass")
         self.done = True
         pending: dict[int, int] = {}
-        for _, _, leaves, _ in self._records:
-            for t in leaves:
+        for record in self._records:
+            for t in record.weights:
                 if t is not None:
                     pending[id(t)] = pending.get(id(t), 0) + 1
         sums: dict[int, Any] = {}
@@ -113,10 +154,10 @@ def backward_split(root: Any, grad: Any = None, weights: Iterable = (),
             raise ValueError("backward_split: weights must be leaf tensors (parameters), "
                              "not results of an op")
     grad = initial_grad(root, grad)
-    records: list = []
+    split = DeferWeights(set(by_id))
     if root._ctx is None:               # a leaf: d(leaf)/d(leaf) = 1, nothing to split
         _deliver(root, grad)
     else:
         with grad_mode.no_grad():
-            records = _run(root, grad, retain_graph, set(by_id))
-    return WeightGradients(records, by_id, retain_graph)
+            _run(root, grad, retain_graph, split)
+    return WeightGradients(split.records, by_id, retain_graph)

@@ -14,8 +14,9 @@ it reproduces. See docs/cost_models.md.
     tensor     shard shapes, TP all-reduce volume and overhead, 3D degrees
     compute    6PD, MFU, time, GPU-hours, PF-days, dollars, electricity, roofline
     recipes    effective batch, accumulation, LR scaling, warmup, Young's interval
-    precision  format ranges, dynamic loss scaling
+    precision  format ranges, dynamic loss scaling, bits per element of block-scaled formats
     moe        MoE total vs active parameters, all-to-all bytes, Ulysses vs ring attention
+    llama      a Llama's parameters (GQA, SwiGLU), training FLOPs, KV-cache bytes
     planner/   every parallel layout of a model on a cluster, priced with the above (plan)
 """
 from minidist.calc import units
@@ -40,6 +41,8 @@ from minidist.calc.compute import (achieved_flops, amdahl_speedup, arithmetic_in
 from minidist.calc.gpt import (Utilization, flops_utilization, gpt_layer_params, gpt_params,
                               mfu_from_throughput, palm_model_flops_per_token,
                               training_flops_per_iteration)
+from minidist.calc.llama import (LLAMA3_8B, LLAMA3_70B, LlamaParams, kv_cache_bytes,
+                                 llama_flops_per_token, llama_params, llama_training_flops)
 from minidist.calc.memory import (STATE_BYTES, model_state_bytes_split, activation_memory, checkpoint_bytes,
                                   checkpoint_peak_fraction, checkpoint_stored_fraction,
                                   checkpoint_write_seconds, ddp_memory_per_gpu,
@@ -51,7 +54,8 @@ from minidist.calc.moe import (moe_all_to_all_bytes, moe_gpt_params,
 from minidist.calc.pipeline import (bubble_fraction, idle_fraction, layers_per_stage,
                                     min_microbatches, p2p_volume, peak_inflight_microbatches,
                                     pipeline_activation_memory, warmup_forwards)
-from minidist.calc.precision import (dynamic_loss_scale, format_max, format_min_normal,
+from minidist.calc.precision import (BLOCK_FORMATS, BlockFormat, block_format_bits,
+                                     dynamic_loss_scale, format_max, format_min_normal,
                                      format_min_subnormal)
 from minidist.calc.recipes import (accumulation_step_seconds, accumulation_steps,
                                    all_reduce_seconds_saved, checkpoint_overhead,

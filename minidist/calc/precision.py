@@ -13,7 +13,7 @@ formats themselves live in ``minidist.precision``; these are the closed forms.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 
 def _bias(exponent_bits: int) -> int:
@@ -65,3 +65,41 @@ def dynamic_loss_scale(overflows: Iterable[bool], init_scale: float = 65536.0,
                 scale *= growth_factor
                 good_steps = 0
     return scale
+
+
+class BlockFormat(NamedTuple):
+    element_bits: int       # bits of one element
+    block_size: int         # elements sharing one scale
+    scale_bits: int         # bits of that scale
+    tensor_scale_bits: int  # bits of a scale shared by the whole tensor (0: none)
+
+
+# OCP MX v1.0 (E8M0 scale per 32), NVFP4 (E4M3 per 16 + FP32 per tensor),
+# DeepSeek-V3 FP8 (FP32 per 1x128 tile / per 128x128 block), per-tensor FP8 / BF16
+BLOCK_FORMATS = {
+    "mxfp8": BlockFormat(8, 32, 8, 0), "mxfp6": BlockFormat(6, 32, 8, 0),
+    "mxfp4": BlockFormat(4, 32, 8, 0), "nvfp4": BlockFormat(4, 16, 8, 32),
+    "fp8_blockwise_tile": BlockFormat(8, 128, 32, 0),
+    "fp8_blockwise_block": BlockFormat(8, 128 * 128, 32, 0),
+    "fp8_per_tensor": BlockFormat(8, 1, 0, 32), "bf16": BlockFormat(16, 1, 0, 0),
+}
+
+
+def block_format_bits(fmt: "BlockFormat | str", numel: float = 0) -> float:
+    """Storage bits per element of a block-scaled format:
+
+        bits = element_bits + scale_bits / block_size + tensor_scale_bits / numel
+
+    MXFP8 8 + 8/32 = 8.25, MXFP6 6.25, MXFP4 4.25; NVFP4 4 + 8/16 = 4.5 plus
+    32/numel for the FP32 tensor scale; DeepSeek-V3 FP8 8 + 32/128 = 8.25 per
+    1x128 tile, 8 + 32/16384 = 8.002 per 128x128 block. ``numel`` = 0 leaves the
+    per-tensor term out (its limit for a large tensor).
+    """
+    if isinstance(fmt, str):
+        if fmt not in BLOCK_FORMATS:
+            raise ValueError(f"unknown block format {fmt!r}; choose one of {sorted(BLOCK_FORMATS)}")
+        fmt = BLOCK_FORMATS[fmt]
+    if numel < 0:
+        raise ValueError(f"numel must be >= 0, got {numel}")
+    per_tensor = fmt.tensor_scale_bits / numel if numel else 0.0
+    return fmt.element_bits + fmt.scale_bits / fmt.block_size + per_tensor

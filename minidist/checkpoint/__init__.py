@@ -6,6 +6,8 @@ Files, in reading order:
               ints / nan) plus a list of arrays: data only, bit for bit
 - records.py  the file: a zip archive of .npy records (read with allow_pickle=False)
               beside checkpoint.json (the structure; dtype, shape, sha256 per record)
+- safetensors_file.py  the same, as a safetensors file (a path ending in .safetensors),
+              where the safetensors package is installed
 - io.py       atomic file writes (temp file, fsync, rename), checksums, ``CheckpointError``;
               ``save_file`` / ``load_file``, which never unpickle
 - single.py   ``save_checkpoint`` / ``load_checkpoint``: one file with model, optimizer,

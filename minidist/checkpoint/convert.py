@@ -69,8 +69,11 @@ def _unwrap(obj: Any) -> Any:
 
 def read_old_file(path: str) -> Any:
     """Unpickle an old-format checkpoint file (restricted names); host arrays."""
-    with open(path, "rb") as f:
-        data = f.read()
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such file") from None
     if data[:4] == b"PK\x03\x04":
         raise CheckpointError(f"{path} is a zip archive, not a pickle: already in the "
                               "data-only format? (load it with load_file)")
@@ -111,8 +114,9 @@ def convert(old: str, new: str, trust_pickle: bool = False) -> list[str]:
         raise CheckpointError(f"{old} would be unpickled, and unpickling can run any code "
                               "the file names: convert only a checkpoint you trust, and say "
                               "so with --trust-pickle (trust_pickle=True)")
-    if os.path.abspath(old) == os.path.abspath(new):
-        raise CheckpointError("OLD and NEW are the same path: write the new format elsewhere")
+    if os.path.exists(new):
+        raise CheckpointError(f"{new} exists: give a new path for the converted checkpoint "
+                              "(nothing is overwritten)")
     if not os.path.isdir(old):
         _convert_file(old, new)
         return [new]
@@ -166,7 +170,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
 def run(ns: argparse.Namespace) -> int:
     try:
         written = convert(ns.old, ns.new, trust_pickle=ns.trust_pickle)
-    except CheckpointError as e:
+    except (CheckpointError, OSError) as e:
         print(f"minidist checkpoint convert: {e}", file=sys.stderr)
         return 2 if not ns.trust_pickle else 1
     for path in written:

@@ -11,8 +11,9 @@ process is gone (``remove_stale_temporaries``), so nothing a killed save left
 survives the next save or load.
 
 A file holds a nested dict of arrays and plain values: a zip archive of .npy
-records and a JSON index (records.py, tree.py), with the arrays copied to the
-host, so a checkpoint saved on a GPU loads on a CPU and back. Loading reads
+records and a JSON index (records.py, tree.py), or the same in a safetensors
+file (safetensors_file.py), with the arrays copied to the host, so a
+checkpoint saved on a GPU loads on a CPU and back. Loading reads
 data only and never unpickles, so a file from anywhere cannot run code: a
 pickle (an old-format checkpoint, or a crafted file) is refused with a
 ``CheckpointError`` that says how to convert one you trust (convert.py).
@@ -23,10 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from typing import Any
 
-from minidist.checkpoint.records import from_bytes, to_bytes
+from minidist.checkpoint import records, safetensors_file
 from minidist.checkpoint.tree import FormatError
+from minidist.trace import recorder as trace
 
 
 class CheckpointError(RuntimeError):
@@ -107,12 +110,18 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
 
 def save_file(path: str, obj: dict) -> str:
     """Atomically write ``obj`` (arrays copied to the host); returns the sha256 hex digest.
+    A zip of .npy records (records.py), or safetensors if ``path`` ends in .safetensors.
     A value a checkpoint cannot hold is a ``CheckpointError`` naming its key path."""
+    container = safetensors_file if path.endswith(safetensors_file.SUFFIX) else records
+    start = time.perf_counter()
     try:
-        data = to_bytes(obj)
+        data = container.to_bytes(obj)
     except FormatError as e:
         raise CheckpointError(f"cannot save {path}: {e}") from None
     atomic_write_bytes(path, data)
+    if trace.active is not None:   # the write's span (trace/)
+        trace.active.span("checkpoint write", "checkpoint", start, time.perf_counter(),
+                          dict(path=path, bytes=len(data)))
     return hashlib.sha256(data).hexdigest()
 
 
@@ -132,9 +141,13 @@ def load_file(path: str, sha256: str | None = None, size: int | None = None) -> 
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise CheckpointError(f"checkpoint file {path} does not match its sha256 in the "
                               "manifest: corrupt, or from another checkpoint")
-    refuse_pickle(data, path)
+    # a safetensors file starts with its header's length, whose bytes may look like a
+    # pickle's opening (0x80, protocol): ask the pickle question of the other files only
+    container = safetensors_file if safetensors_file.is_safetensors(data) else records
+    if container is records:
+        refuse_pickle(data, path)
     try:
-        return from_bytes(data)
+        return container.from_bytes(data, check_records=sha256 is None)  # else checked above
     except FormatError as e:
         raise CheckpointError(f"checkpoint file {path} is unreadable: {e}") from None
     except RecursionError:

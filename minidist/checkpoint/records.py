@@ -14,10 +14,12 @@
 Records are stored, not compressed (ZIP_STORED, as ``numpy.savez`` does), so
 ``numpy.load("ckpt.npz")`` opens the file too. Why loading cannot run code:
 the index is parsed by ``json``, which builds only dicts, lists, str, numbers,
-bools and None; every record is read by ``numpy.lib.format.read_array`` with
-``allow_pickle=False``, which refuses object arrays (the one place .npy
-pickles); a record must match its index entry (sha256 of its bytes, dtype,
-shape) before it is used. Nothing in the file names a function or a class.
+bools and None; a record's header is parsed by NumPy's .npy header readers, an
+object dtype (the one place .npy pickles, what ``allow_pickle=False`` refuses)
+is refused, and its bytes become numbers through ``numpy.frombuffer``. A record
+must say the dtype and shape its index entry says, and be that long, before
+anything is allocated (a crafted header cannot ask for a terabyte), and match
+its sha256. Nothing in the file names a function or a class.
 
 Dtypes NumPy's .npy header cannot name (bfloat16 and the fp8 formats of
 ``ml_dtypes``) are stored as unsigned ints of the same width, bit for bit,
@@ -40,14 +42,15 @@ FORMAT = "minidist-checkpoint-1"
 INDEX = "checkpoint.json"
 
 
-def _label(path: tuple) -> str:
-    """A file-name-safe reminder of a record's key path: ('model', 'fc1.weight') ->
-    'model.fc1.weight' (the index, not the name, says where the record goes)."""
+def record_name(i: int, path: tuple) -> str:
+    """Record i's name, with a file-name-safe reminder of its key path:
+    (3, ('model', 'fc1.weight')) -> '00003-model.fc1.weight' (the index, not the
+    name, says where the record goes)."""
     text = ".".join(str(k) for k in path)
-    return re.sub(r"[^A-Za-z0-9._-]", "_", text)[:80] or "value"
+    return f"{i:05d}-" + (re.sub(r"[^A-Za-z0-9._-]", "_", text)[:80] or "value")
 
 
-def _unsigned_view(a: np.ndarray) -> tuple[np.ndarray, str]:
+def unsigned_view(a: np.ndarray) -> tuple[np.ndarray, str]:
     """The array as .npy can store it, and the dtype name to restore."""
     try:                                # can a .npy header say this dtype?
         header_ok = np.lib.format.descr_to_dtype(np.lib.format.dtype_to_descr(a.dtype)) \
@@ -59,9 +62,9 @@ def _unsigned_view(a: np.ndarray) -> tuple[np.ndarray, str]:
     return a, a.dtype.name
 
 
-def _restore_dtype(array: np.ndarray, name: str) -> np.ndarray:
-    """Undo ``_unsigned_view``: the unsigned ints of a record back to dtype ``name``."""
-    if array.dtype.name == name or array.dtype.kind != "u":
+def restore_dtype(array: np.ndarray, name: str) -> np.ndarray:
+    """Undo ``unsigned_view``: the unsigned ints of a record back to dtype ``name``."""
+    if array.dtype.name == name:
         return array
     try:
         dtype = np.dtype(name)          # known once ml_dtypes is imported
@@ -76,7 +79,9 @@ def _restore_dtype(array: np.ndarray, name: str) -> np.ndarray:
             raise FormatError(f"a record has dtype {name!r}, which neither NumPy nor "
                               "ml_dtypes knows") from None
         dtype = np.dtype(found)
-    return array.view(dtype) if dtype.itemsize == array.dtype.itemsize else array
+    if dtype.hasobject or dtype.itemsize != array.dtype.itemsize:
+        raise FormatError(f"a record of {array.dtype.name} cannot hold {name}")
+    return array.view(dtype)
 
 
 def to_bytes(obj: Any) -> bytes:
@@ -86,10 +91,10 @@ def to_bytes(obj: Any) -> bytes:
     records = []
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
         for i, (path, array) in enumerate(arrays):
-            stored, dtype = _unsigned_view(array)
+            stored, dtype = unsigned_view(array)
             record = io.BytesIO()
             np.lib.format.write_array(record, stored, allow_pickle=False)
-            name = f"{i:05d}-{_label(path)}.npy"
+            name = record_name(i, path) + ".npy"
             archive.writestr(name, record.getbuffer())
             records.append(dict(name=name, dtype=dtype, shape=list(array.shape),
                                 sha256=hashlib.sha256(record.getbuffer()).hexdigest()))
@@ -98,9 +103,11 @@ def to_bytes(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def from_bytes(data: bytes) -> Any:
+def from_bytes(data: bytes, check_records: bool = True) -> Any:
     """Inverse of ``to_bytes``; arrays land on the active backend. A file that is not
-    one, or whose records do not match the index, is a ``FormatError`` saying which."""
+    one, or whose records do not match the index, is a ``FormatError`` saying which.
+    ``check_records=False`` skips the records' sha256s (the caller checked the whole
+    file's); their dtypes, shapes and zip CRCs are still checked."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
         index = json.loads(archive.read(INDEX))
@@ -110,18 +117,37 @@ def from_bytes(data: bytes) -> Any:
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
         raise FormatError(f"not a complete checkpoint archive ({type(e).__name__}: {e}): "
                           "truncated, or another kind of file") from None
+    arrays = [_read_record(archive, r, check_records) for r in check_index(index)]
+    return unflatten(index.get("structure"), arrays)
+
+
+def check_index(index: Any) -> list:
+    """The records of a checkpoint index, once its format is known."""
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         got = index.get("format") if isinstance(index, dict) else type(index).__name__
         raise FormatError(f"{INDEX} says format {got!r}, expected {FORMAT!r}")
     records = index.get("records")
     if not isinstance(records, list):
         raise FormatError(f"{INDEX} has no list of records")
-    arrays = [_read_record(archive, r) for r in records]
-    return unflatten(index.get("structure"), arrays)
+    return records
 
 
-def _read_record(archive: zipfile.ZipFile, record: Any) -> np.ndarray:
-    """One .npy record, checked against its index entry; never unpickles."""
+class _HashingReader:
+    """A file wrapper that hashes what is read through it (one pass over the bytes)."""
+
+    def __init__(self, f: Any, check: bool):
+        self.f, self.hash = f, hashlib.sha256() if check else None
+
+    def read(self, n: int = -1) -> bytes:
+        chunk = self.f.read(n)
+        if self.hash is not None:
+            self.hash.update(chunk)
+        return chunk
+
+
+def _read_record(archive: zipfile.ZipFile, record: Any, check: bool) -> np.ndarray:
+    """One .npy record, checked against its index entry before any array is allocated;
+    never unpickles (an object dtype is refused)."""
     try:
         name, dtype, shape, digest = (record[k] for k in ("name", "dtype", "shape", "sha256"))
         info = archive.getinfo(name)
@@ -131,18 +157,47 @@ def _read_record(archive: zipfile.ZipFile, record: Any) -> np.ndarray:
     if info.compress_type != zipfile.ZIP_STORED:
         raise FormatError(f"record {name} is compressed; checkpoint records are stored")
     try:
-        raw = archive.read(name)
+        with archive.open(name) as f:
+            reader = _HashingReader(f, check)
+            header = _read_header(reader, name)
+            stored, order = _check_header(header, name, dtype, shape, info.file_size)
+            data = reader.read(stored.itemsize * int(np.prod(shape)))
+            rest = reader.read()                # to the end: the zip checks its CRC there
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         raise FormatError(f"record {name} is unreadable ({e}): truncated or corrupt") from None
-    if hashlib.sha256(raw).hexdigest() != digest:
+    if check and reader.hash.hexdigest() != digest:
         raise FormatError(f"record {name} does not match its sha256 in {INDEX}: corrupt")
+    if rest:
+        raise FormatError(f"record {name} has bytes after its array: corrupt")
+    array = np.frombuffer(data, dtype=stored).reshape(shape, order=order).copy(order=order)
+    return restore_dtype(array, dtype)
+
+
+def _read_header(reader: Any, name: str) -> tuple:
+    """(shape, fortran_order, dtype) from a .npy header, versions 1.0 and 2.0."""
     try:
-        array = np.lib.format.read_array(io.BytesIO(raw), allow_pickle=False)
-    except ValueError as e:             # "Object arrays cannot be loaded when ..."
-        raise FormatError(f"record {name} is not a plain .npy array ({e})") from None
-    if isinstance(dtype, str):
-        array = _restore_dtype(array, dtype)
-    if array.dtype.name != dtype or list(array.shape) != shape:
-        raise FormatError(f"record {name} holds {array.dtype.name} {list(array.shape)}, "
-                          f"{INDEX} says {dtype} {shape}")
-    return array
+        version = np.lib.format.read_magic(reader)
+        if version == (1, 0):
+            return np.lib.format.read_array_header_1_0(reader)
+        if version == (2, 0):
+            return np.lib.format.read_array_header_2_0(reader)
+    except ValueError as e:
+        raise FormatError(f"record {name} is not a .npy array ({e})") from None
+    raise FormatError(f"record {name} is .npy version {version}; 1.0 and 2.0 are read")
+
+
+def _check_header(header: tuple, name: str, dtype: Any, shape: Any,
+                  file_size: int) -> tuple[np.dtype, str]:
+    """The header must say what the index says, and the record must be that long."""
+    got_shape, fortran, stored = header
+    if stored.hasobject:                # elements would be pickles: never read
+        raise FormatError(f"record {name} is an array of Python objects, which a "
+                          "checkpoint never holds: refused")
+    if not isinstance(dtype, str) or list(got_shape) != shape or \
+            stored.name not in (dtype, f"uint{8 * stored.itemsize}"):
+        raise FormatError(f"record {name} holds {stored.name} {list(got_shape)}, {INDEX} "
+                          f"says {dtype} {shape}")
+    if stored.itemsize * int(np.prod(got_shape)) > file_size:
+        raise FormatError(f"record {name} is shorter than a {stored.name} "
+                          f"{list(got_shape)} array: truncated or corrupt")
+    return stored, "F" if fortran else "C"

@@ -122,17 +122,19 @@ def _decode(obj: Any, path: tuple, arrays: list) -> Any:
             if not (isinstance(pair, list) and len(pair) == 2):
                 raise FormatError(f"$dict entry {pair!r} at {key_path(path)} is not [key, value]")
             key = _decode(pair[0], path, arrays)
-            if isinstance(key, (dict, list)) or backend.is_array(key):
-                raise FormatError(f"unhashable $dict key at {key_path(path)}")
+            try:
+                hash(key)
+            except TypeError:               # a list, a dict, an array: not a key
+                raise FormatError(f"unhashable $dict key at {key_path(path)}") from None
             out[key] = _decode(pair[1], path + (key,), arrays)
         return out
-    if tag == "$int" and isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    if tag == "$float" and isinstance(value, str):
-        try:
+    try:
+        if tag == "$int" and isinstance(value, str):
+            return int(value, 10)
+        if tag == "$float" and isinstance(value, str):
             return struct.unpack("<d", struct.pack("<Q", int(value, 16)))[0]
-        except (ValueError, struct.error):
-            pass
+    except (ValueError, struct.error):      # not a number; over 4300 digits; over 64 bits
+        pass
     if tag in ("$array", "$scalar") and type(value) is int and 0 <= value < len(arrays):
         return backend.from_host(arrays[value]) if tag == "$array" else arrays[value][()]
     raise FormatError(f"malformed {tag} {value!r} at {key_path(path)}")

@@ -24,6 +24,7 @@ from typing import Any
 
 from minidist.comm.transport import shm, topology
 from minidist.comm.transport.base import Handle, Transport
+from minidist.trace import recorder as trace
 
 DEFAULT_TIMEOUT = 60.0       # seconds a wait may go without progress before it fails
 USER_TAG_LIMIT = 1 << 24     # user tags are 0 .. 2**24 - 1
@@ -129,16 +130,23 @@ class ProcessGroup:
     def isend(self, arr: Any, dst: int, tag: int) -> Handle:
         self.stats.bytes_sent += arr.nbytes
         self.stats.msgs_sent += 1
+        if trace.active is not None:   # the flow arrow to the receive (trace/recorder.py)
+            trace.active.sent(self.transport.rank, self.ranks[dst], self.ctx, tag, arr.nbytes)
         return self.transport.isend(arr, self.ranks[dst], tag, self.ctx)
 
     def irecv(self, arr: Any, src: int, tag: int, op: Any = None) -> Handle:
         """Receive into ``arr``; with ``op``, reduce into it instead (arr = op(arr, incoming))."""
         self.stats.bytes_recv += arr.nbytes
         self.stats.msgs_recv += 1
-        return self.transport.irecv(arr, self.ranks[src], tag, self.ctx, op)
+        handle = self.transport.irecv(arr, self.ranks[src], tag, self.ctx, op)
+        if trace.active is not None:
+            trace.active.receiving(handle, self.ranks[src], self.transport.rank, self.ctx, tag)
+        return handle
 
     def wait(self, handles: list, what: str = "", abortable: bool = True) -> None:
         self.transport.wait_all(handles, self.timeout, what, abortable)
+        if trace.active is not None:
+            trace.active.landed()
 
     def sendrecv(self, send_arr: Any, dst: int, recv_arr: Any, src: int, tag: int,
                  op: Any = None, what: str = "", abortable: bool = True) -> None:
@@ -152,8 +160,12 @@ class ProcessGroup:
         self.stats.bytes_recv += recv_arr.nbytes
         self.stats.msgs_sent += 1
         self.stats.msgs_recv += 1
+        if trace.active is not None:
+            trace.active.sent(self.transport.rank, self.ranks[dst], self.ctx, tag, send_arr.nbytes)
         self.transport.sendrecv(send_arr, self.ranks[dst], recv_arr, self.ranks[src], tag,
                                 self.ctx, op, self.timeout, what, abortable)
+        if trace.active is not None:
+            trace.active.exchanged(self.ranks[src], self.transport.rank, self.ctx, tag)
 
 
     def exchange(self, data: Any, dst: int, inbox: Any, src: int, tag: int, what: str = "",
@@ -162,8 +174,13 @@ class ProcessGroup:
         step of the call check (collectives/check.py). False if the incoming message had
         another size than ``inbox`` (then dropped). Not counted in ``stats``:
         the caller counts what it carried besides the check."""
-        return self.transport.exchange(data, self.ranks[dst], inbox, self.ranks[src], tag,
+        if trace.active is not None:
+            trace.active.sent(self.transport.rank, self.ranks[dst], self.ctx, tag, data.nbytes)
+        same = self.transport.exchange(data, self.ranks[dst], inbox, self.ranks[src], tag,
                                        self.ctx, self.timeout, what, abortable)
+        if trace.active is not None:
+            trace.active.exchanged(self.ranks[src], self.transport.rank, self.ctx, tag)
+        return same
 
 
 class _NonMember:
@@ -221,6 +238,10 @@ def init_process_group(backend: str | None = None, *, timeout: float = DEFAULT_T
         topology.export_env(transport.topology, transport.rank)
     _state["world"] = ProcessGroup(transport, list(range(transport.world_size)), 0, timeout, check)
     atexit.register(destroy_process_group)
+    trace.start_from_env(transport.rank, transport.world_size)  # MINIDIST_TRACE=run.json
+    if trace.active is not None and backend == "mpi":   # clocks of other machines (clock.py)
+        from minidist.comm.clock import clock_offset
+        trace.active.note_rank(transport.rank, transport.world_size, clock_offset(_state["world"]))
     return _state["world"]
 
 
@@ -244,6 +265,8 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         return
     from minidist.comm.collectives import work
     work.shutdown()
+    from minidist.trace.session import finish
+    finish()   # a trace being recorded: this rank's part is complete (trace/session.py)
     _state["world"] = None
     world.transport.close()
     seg = _state["owned_segment"]

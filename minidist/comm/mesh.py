@@ -30,6 +30,7 @@ import warnings
 
 from minidist.comm.group import (ProcessGroup, get_topology, get_world_size, new_group,
                                  world_group)
+from minidist.trace import recorder as trace
 
 DIMS = ("pp", "dp", "cp", "tp")  # outermost to innermost
 
@@ -52,6 +53,8 @@ class DeviceMesh:
                 self.order = list(range(size))   # keep each group in grid order
             _warn_if_tp_spans_nodes(self, topo)
         self.coord = self.coords_of(self.rank)
+        if trace.active is not None:   # names this rank in the trace: rank 3 (dp 1, pp 1, tp 0)
+            trace.active.note_coords({d: self.coord[d] for d in DIMS if self.shape[d] > 1})
         self._groups: dict[str, ProcessGroup] = {}
         for dim in DIMS:
             for ranks in self._all_groups(dim):  # every rank creates every group

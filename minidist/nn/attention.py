@@ -1,4 +1,4 @@
-"""Multi-head causal self-attention, as in GPT-2.
+"""Causal self-attention: multi-head as in GPT-2, and grouped-query as in Llama.
 
     q, k, v = split(x W_qkv)                     each (B, T, C) -> (B, nh, T, hs)
     y_h = softmax(q_h k_h^T / sqrt(hs) + causal) v_h     for each head h
@@ -9,6 +9,16 @@ with C = nh * hs. ``attention="naive"`` materialises the (T, T) score matrix
 ``nn.functional.scaled_dot_product_attention`` under autocast); ``attention="flash"`` computes
 the same tile by tile (``minidist.attention.flash_attention``), keeping only O
 and the row logsumexp for backward.
+
+Grouped-query attention (``GroupedQueryAttention``, Llama's; names as Hugging Face's)::
+
+    q = x W_q   (B, T, nh * hd),   k = x W_k, v = x W_v   (B, T, nkv * hd)
+    q, k = rope(q), rope(k)                              at each token's position
+    y_h = softmax(q_h k_{h // g}^T / sqrt(hd) + causal) v_{h // g},    g = nh / nkv
+    out = concat_h(y_h) W_o
+
+Each key/value head serves g query heads, so the KV cache and the K/V projections
+shrink by nh / nkv; nkv = nh is multi-head attention, nkv = 1 multi-query.
 """
 from __future__ import annotations
 
@@ -17,9 +27,11 @@ from typing import Any
 from minidist.attention import flash_attention, naive_attention
 from minidist.autograd.functional import split
 from minidist.autograd.tensor import Tensor
+from minidist.backend import xp
 from minidist.nn import functional as F
 from minidist.nn.layers import Dropout, Linear
 from minidist.nn.module import Module
+from minidist.nn.rotary import RotaryEmbedding, apply_rotary
 from minidist.precision.autocast import get_autocast_policy
 
 
@@ -57,3 +69,52 @@ class CausalSelfAttention(Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
         y = y.transpose(1, 2).reshape(B, T, C)                        # heads side by side
         return self.resid_dropout(self.c_proj(y))
+
+
+class GroupedQueryAttention(Module):
+    """Llama's attention: q/k/v/o projections, rotary positions, nkv key/value heads.
+
+    ``forward(x, position_ids=None, document_ids=None)``: position_ids (T,) or (B, T),
+    default 0 .. T-1 over the T positions q_proj returns (under sequence parallelism
+    those are the whole sequence, gathered). ``window``: sliding window (keys per row).
+    ``attention``: "naive", "flash", or a function with ``naive_attention``'s arguments
+    (context parallelism puts ring attention or Ulysses there).
+    """
+
+    def __init__(self, n_embd: int, n_head: int, n_kv_head: int, head_dim: int,
+                 bias: bool = False, dtype: str = "float32", std: float | None = None,
+                 generator: Any = None, attention: str = "naive", window: int | None = None,
+                 rope_theta: float = 10000.0):
+        super().__init__()
+        if not callable(attention) and attention not in ("naive", "flash"):
+            raise ValueError(f"attention must be 'naive', 'flash' or a function, "
+                             f"got {attention!r}")
+        if n_head % n_kv_head:
+            raise ValueError(f"num_key_value_heads={n_kv_head} must divide "
+                             f"num_attention_heads={n_head}")
+        self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, head_dim
+        self.attention, self.window = attention, window
+        self.rope = RotaryEmbedding(head_dim, rope_theta)
+        self.q_proj = Linear(n_embd, n_head * head_dim, bias, dtype, std, generator)
+        self.k_proj = Linear(n_embd, n_kv_head * head_dim, bias, dtype, std, generator)
+        self.v_proj = Linear(n_embd, n_kv_head * head_dim, bias, dtype, std, generator)
+        self.o_proj = Linear(n_head * head_dim, n_embd, bias, dtype, std, generator)
+
+    def forward(self, x: Tensor, position_ids: Any = None, document_ids: Any = None) -> Tensor:
+        nh, nkv, hd = self.n_head, self.n_kv_head, self.head_dim
+        q = self.q_proj(x)                                            # (B, T, nh * hd)
+        B, T, _ = q.shape
+        q = q.reshape(B, T, nh, hd).transpose(1, 2)                   # (B, nh, T, hd)
+        k = self.k_proj(x).reshape(B, T, nkv, hd).transpose(1, 2)    # (B, nkv, T, hd)
+        v = self.v_proj(x).reshape(B, T, nkv, hd).transpose(1, 2)
+        if position_ids is None:
+            position_ids = xp.arange(T)
+        cos, sin = self.rope(position_ids, q.dtype)                   # (T or B,T, hd)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        op = self.attention       # a function: context parallelism sets one (parallel/context)
+        if not callable(op):
+            op = flash_attention if op == "flash" else naive_attention
+        y = op(q, k, v, is_causal=True, enable_gqa=True, window=self.window,
+               document_ids=document_ids)                            # (B, nh, T, hd)
+        y = y.transpose(1, 2).reshape(B, T, nh * hd)                  # heads side by side
+        return self.o_proj(y)

@@ -37,6 +37,26 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
     return ops.LayerNorm.apply(x, weight, bias, eps=eps)
 
 
+def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None,
+             eps: float | None = None) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis (torch's ``F.rms_norm``; eps None:
+    the dtype's machine epsilon, as PyTorch). Only the last axis is normalised here."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if len(shape) != 1 or shape[0] != x.shape[-1]:
+        raise ValueError(f"rms_norm normalises the last axis only: normalized_shape must be "
+                         f"({x.shape[-1]},), got {shape}")
+    if eps is None:
+        eps = float(xp.finfo(x.dtype).eps)
+    if weight is None:
+        return ops.RMSNorm.apply(x, eps=eps)
+    return ops.RMSNorm.apply(x, weight, eps=eps)
+
+
+def silu(x: Tensor) -> Tensor:
+    """SiLU (swish): x * sigmoid(x)."""
+    return ops.Silu.apply(x)
+
+
 def gelu(x: Tensor) -> Tensor:
     """GELU, tanh approximation (GPT-2's; ``F.gelu(x, approximate='tanh')``)."""
     return ops.Gelu.apply(x)

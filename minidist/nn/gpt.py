@@ -18,11 +18,11 @@ from typing import Any
 
 from minidist import backend
 from minidist.autograd.activation_checkpoint import checkpoint
-from minidist.autograd.grad_mode import no_grad
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn import functional as F
 from minidist.nn.attention import CausalSelfAttention
+from minidist.nn.generate import generate
 from minidist.nn.layers import MLP, Dropout, Embedding, LayerNorm, Linear
 from minidist.nn.module import Module, ModuleList
 from minidist.nn.moe import MoE
@@ -107,21 +107,33 @@ class GPT(Module):
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight
 
-    def forward(self, idx: Any, targets: Any = None) -> tuple[Tensor, Tensor | None]:
-        """idx: integer (B, T) -> logits (B, T, vocab), and the loss if targets given."""
-        idx = idx.data if isinstance(idx, Tensor) else idx
-        B, T = idx.shape
+    def embed(self, idx: Any) -> Tensor:
+        """Token + position embeddings: (B, T) ids -> (B, T, C)."""
+        T = idx.shape[1]
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size "
                              f"{self.config.block_size}")
         pos = xp.arange(T)
-        x = self.drop(self.wte(idx) + self.wpe(pos))                  # (B, T, C)
+        return self.drop(self.wte(idx) + self.wpe(pos))                # (B, T, C)
+
+    def head(self, x: Tensor, targets: Any = None) -> tuple[Tensor, Tensor | None]:
+        """ln_f, the logits (B, T, vocab), and the cross-entropy if targets are given."""
+        logits = self.lm_head(self.ln_f(x))
+        loss = None if targets is None else F.cross_entropy(logits, targets)
+        return logits, loss
+
+    def stage_ends(self) -> tuple[dict, dict]:
+        """The modules a pipeline's first piece holds (embeddings) and its last (head)."""
+        return {"wte": self.wte, "wpe": self.wpe}, {"ln_f": self.ln_f, "lm_head": self.lm_head}
+
+    def forward(self, idx: Any, targets: Any = None) -> tuple[Tensor, Tensor | None]:
+        """idx: integer (B, T) -> logits (B, T, vocab), and the loss if targets given."""
+        idx = idx.data if isinstance(idx, Tensor) else idx
+        x = self.embed(idx)                                           # (B, T, C)
         for block in self.blocks:
             x = checkpoint(block, x) if self.config.checkpoint and self.training else block(x)
-        logits = self.lm_head(self.ln_f(x))                           # (B, T, vocab)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits, targets)
+        logits, loss = self.head(x, targets)                          # (B, T, vocab)
+        if loss is not None:
             for moe in self.moe_layers():  # the balancing losses join the objective
                 loss = loss + moe.aux_loss
         return logits, loss
@@ -135,25 +147,8 @@ class GPT(Module):
         for moe in self.moe_layers():
             moe.update_bias()
 
-    @no_grad()
     def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, seed: int = 0) -> Any:
+                 top_k: int | None = None, seed: int = 0, do_sample: bool = True) -> Any:
         """Sample ``max_new_tokens`` tokens after ``idx`` (B, T); returns (B, T + new)."""
-        gen = backend.Generator(seed)
-        was_training = self.training
-        self.eval()
-        for _ in range(max_new_tokens):
-            context = idx[:, -self.config.block_size:]
-            logits, _ = self(context)
-            logits = logits.data[:, -1, :] / temperature                # (B, vocab)
-            if top_k is not None:
-                kth = xp.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
-                logits = xp.where(logits < kth, -xp.inf, logits)
-            probs = F.softmax(Tensor(logits), axis=-1).data
-            # inverse-CDF sampling with a uniform draw: same on every backend
-            u = gen.random((probs.shape[0], 1), dtype=probs.dtype)
-            nxt = (xp.cumsum(probs, axis=-1) < u).sum(axis=-1, keepdims=True)
-            nxt = xp.minimum(nxt, probs.shape[-1] - 1)
-            idx = xp.concatenate([idx, nxt.astype(idx.dtype)], axis=1)
-        self.train(was_training)
-        return idx
+        return generate(self, idx, max_new_tokens, self.config.block_size, temperature,
+                        top_k, seed, do_sample)

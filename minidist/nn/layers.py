@@ -1,10 +1,10 @@
-"""The basic layers: Linear, Embedding, LayerNorm, Dropout, GELU, MLP.
+"""The basic layers: Linear, Embedding, LayerNorm, RMSNorm, Dropout, GELU, SiLU, MLP, SwiGLU.
 
 Initialisation follows PyTorch's defaults unless a ``std`` is given
 (GPT-2 style models pass ``std=0.02``):
     Linear:    W, b ~ U(-1/sqrt(in), 1/sqrt(in))
     Embedding: W ~ N(0, 1)
-    LayerNorm: w = 1, b = 0
+    LayerNorm: w = 1, b = 0;   RMSNorm: w = 1
 Initial weights come from a ``backend.Generator`` (the default one unless
 given), so the same seed builds the same model on every backend. Dropout
 masks come from the default generator (``minidist.manual_seed``), which is what
@@ -66,6 +66,18 @@ class LayerNorm(Module):
         return F.layer_norm(x, self.weight, self.bias, self.eps)
 
 
+class RMSNorm(Module):
+    """y = x / sqrt(mean(x^2) + eps) * w (Llama's norm; Hugging Face's default eps 1e-6)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, dtype: str = "float32"):
+        super().__init__()
+        self.weight = Parameter(xp.ones((dim,), dtype))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, x.shape[-1], self.weight, self.eps)
+
+
 class Dropout(Module):
     def __init__(self, p: float = 0.5, generator: Any = None):
         super().__init__()
@@ -78,6 +90,11 @@ class Dropout(Module):
 class GELU(Module):
     def forward(self, x: Tensor) -> Tensor:
         return F.gelu(x)
+
+
+class SiLU(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return F.silu(x)
 
 
 class MLP(Module):
@@ -97,3 +114,23 @@ class MLP(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class SwiGLU(Module):
+    """Llama's feed-forward: down(silu(gate(x)) * up(x)), three matrices, no biases.
+
+        gate, up: (C -> H),   down: (H -> C),   H about 8/3 C (docs/llama.md: the same
+        parameters as a 4C GELU MLP's two matrices: 3 C H = 2 C 4C gives H = 8C/3)
+
+    Names (gate_proj, up_proj, down_proj) follow Hugging Face's LlamaMLP.
+    """
+
+    def __init__(self, n_embd: int, hidden: int, bias: bool = False, dtype: str = "float32",
+                 std: float | None = None, generator: Any = None):
+        super().__init__()
+        self.gate_proj = Linear(n_embd, hidden, bias, dtype, std, generator)
+        self.up_proj = Linear(n_embd, hidden, bias, dtype, std, generator)
+        self.down_proj = Linear(hidden, n_embd, bias, dtype, std, generator)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

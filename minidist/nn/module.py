@@ -13,6 +13,8 @@ from typing import Any, Iterator
 
 from minidist import backend
 from minidist.autograd.tensor import Tensor
+from minidist.trace import recorder as trace
+from minidist.nn.module_trace import traced_call
 
 
 class Parameter(Tensor):
@@ -51,6 +53,8 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} has no forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if trace.active is not None:   # spans named by the dotted path (module_trace.py)
+            return traced_call(self, args, kwargs)
         return self.forward(*args, **kwargs)
 
     # -- traversal ----------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable
 
 from minidist import backend
 from minidist.autograd import Tensor, enable_grad
+from minidist.trace import recorder as trace
 
 
 def check_non_negative(**hyperparameters: float) -> None:
@@ -97,6 +98,7 @@ class Optimizer:
         if closure is not None:
             with enable_grad():
                 loss = closure()
+        start = trace.active.now() if trace.active is not None else 0.0
         for group in self.param_groups:
             for p in group["params"]:
                 # A parameter unused in this forward has no gradient: leave it and
@@ -109,6 +111,8 @@ class Optimizer:
                     raise ValueError(f"gradient {tuple(p.grad.shape)} {p.grad.dtype} does not "
                                      f"match parameter {tuple(p.data.shape)} {p.data.dtype}")
                 self._update(p, group, self.state.setdefault(p, {}))
+        if trace.active is not None:   # the step's span (trace/)
+            trace.active.span(f"{type(self).__name__}.step", "optim", start, trace.active.now())
         return loss
 
     def _update(self, p: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:

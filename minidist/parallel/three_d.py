@@ -1,4 +1,4 @@
-"""3D parallelism: data x pipeline x tensor parallel GPT training on one device mesh.
+"""3D parallelism: data x pipeline x tensor parallel GPT (or Llama) training on one mesh.
 
 The world of dp x pp x tp ranks is a ``DeviceMesh`` (comm/mesh.py): tensor-parallel
 groups are neighbouring ranks (where the bandwidth is: TP communicates in every
@@ -33,6 +33,7 @@ from typing import Any
 import minidist.distributed as dist
 from minidist.comm import DeviceMesh
 from minidist.nn.gpt import GPTConfig
+from minidist.nn.llama import LlamaConfig
 from minidist.nn.module import ModuleList
 from minidist.parallel.clip import clip_grad_norm_
 from minidist.parallel.data.naive import DataParallelNaive
@@ -42,6 +43,7 @@ from minidist.parallel.pipeline.gpt import (pieces_of_rank, pipeline_parameters,
 from minidist.parallel.pipeline.schedule import make_schedule
 from minidist.parallel.tensor.layers import shard_state_dict
 from minidist.parallel.tensor.gpt import TensorParallelGPT
+from minidist.parallel.tensor.llama import TensorParallelLlama
 
 
 class ThreeDParallelGPT:
@@ -54,9 +56,11 @@ class ThreeDParallelGPT:
 
     ``max_grad_norm``: clip every step by the global gradient norm (then kept in
     ``last_grad_norm``, the norm before clipping, the same on every rank).
+    A ``LlamaConfig`` trains a Llama the same way (``TensorParallelLlama``): the
+    pipeline and the data-parallel average meet it only through the model interface.
     """
 
-    def __init__(self, cfg: GPTConfig, mesh: DeviceMesh, microbatches: int,
+    def __init__(self, cfg: GPTConfig | LlamaConfig, mesh: DeviceMesh, microbatches: int,
                  schedule: str = "1f1b", virtual: int = 1, sequence_parallel: bool = False,
                  max_grad_norm: float | None = None):
         self.cfg, self.mesh, self.m = cfg, mesh, microbatches
@@ -65,7 +69,10 @@ class ThreeDParallelGPT:
         p, pp_rank = dist.get_world_size(self.pp), dist.get_rank(self.pp)
         self.sequence_parallel = sequence_parallel
         # the whole model's structure on every rank, split in tp; each rank keeps its pieces
-        self.model = TensorParallelGPT(cfg, self.tp, sequence_parallel)
+        if isinstance(cfg, LlamaConfig):
+            self.model = TensorParallelLlama(cfg, self.tp, sequence_parallel)
+        else:
+            self.model = TensorParallelGPT(cfg, self.tp, sequence_parallel)
         self.chunks = pieces_of_rank(split_gpt(self.model, p, virtual), pp_rank, p)
         self.ops = make_schedule(schedule, p, microbatches, virtual)[pp_rank]
         # DataParallelNaive wraps one module: a list of this rank's pieces

@@ -11,6 +11,15 @@
 - ``GradScaler``: dynamic loss scaling, PyTorch's semantics (grad_scaler.py)
 - ``DelayedScaling`` / ``CurrentScaling`` and ``fp8_autocast``: FP8 with per-tensor
   scales (fp8.py)
+- block scaling: cutting an axis into blocks (block_layout.py); ``mx_quantize`` /
+  ``mx_dequantize``, OCP MX v1.0, a power-of-two scale per 32 (mx.py);
+  ``nvfp4_quantize`` / ``nvfp4_dequantize``, an E4M3 scale per 16 FP4 under an FP32
+  tensor scale (nvfp4.py); ``blockwise_fp8_quantize`` / ``_dequantize``,
+  DeepSeek-V3's 1x128 / 128x128 FP8 (blockwise_fp8.py)
+- ``BlockScaledTensor``: elements with their scales, bits per element (block_tensor.py)
+- ``BlockScaling`` / ``block_autocast``: Linears whose forward and backward matmuls
+  run on block-quantized operands, recipes mxfp8, mxfp4, nvfp4, fp8_blockwise, with
+  NVFP4's stochastic rounding and random Hadamard options (block_linear.py)
 """
 from minidist.precision.autocast import (AmpPolicy, Round, autocast, autocast_matmul,
                                         get_autocast_policy, use_policy)
@@ -18,9 +27,14 @@ from minidist.precision.encoding import decode, encode
 from minidist.precision.formats import (BF16, E8M0FNU, FP4_E2M1FN, FP6_E2M3FN, FP6_E3M2FN,
                                         FP8_E4M3FN, FP8_E4M3FNUZ, FP8_E5M2, FP8_E5M2FNUZ, FP16,
                                         FP32, PRESETS, FloatFormat, get_format)
+from minidist.precision.block_linear import BlockScaling, block_autocast
+from minidist.precision.block_tensor import BlockScaledTensor
+from minidist.precision.blockwise_fp8 import blockwise_fp8_dequantize, blockwise_fp8_quantize
 from minidist.precision.fp8 import CurrentScaling, DelayedScaling, ScalingState, fp8_autocast
 from minidist.precision.grad_scaler import GradScaler
 from minidist.precision.master_weights import MasterWeights
+from minidist.precision.mx import mx_dequantize, mx_quantize
+from minidist.precision.nvfp4 import nvfp4_dequantize, nvfp4_quantize
 from minidist.precision.rounding import quantize, quantize_reference
 
 __all__ = ["FloatFormat", "get_format", "PRESETS", "FP16", "BF16", "FP32", "FP8_E4M3FN",
@@ -29,4 +43,6 @@ __all__ = ["FloatFormat", "get_format", "PRESETS", "FP16", "BF16", "FP32", "FP8_
            "encode", "decode", "autocast", "autocast_matmul", "get_autocast_policy", "Round",
            "AmpPolicy", "use_policy",
            "MasterWeights", "GradScaler", "DelayedScaling", "CurrentScaling", "ScalingState",
-           "fp8_autocast"]
+           "fp8_autocast", "mx_quantize", "mx_dequantize", "nvfp4_quantize", "nvfp4_dequantize",
+           "blockwise_fp8_quantize", "blockwise_fp8_dequantize", "BlockScaling",
+           "block_autocast", "BlockScaledTensor"]

@@ -137,9 +137,9 @@ def test_causal_tiles_above_the_diagonal_are_skipped(lq, lk, bq, bk):
     seen = []
     original = flash._tile_scores
 
-    def spy(q_i, k_t, scale, lead, mask, is_causal, i0, j0):
-        seen.append((i0, q_i.shape[1], j0, k_t.shape[2]))
-        return original(q_i, k_t, scale, lead, mask, is_causal, i0, j0)
+    def spy(q_i, k_t, scale, lead, mask, structure, i0, j0):
+        seen.append((i0, q_i.shape[-2], j0, k_t.shape[-1]))
+        return original(q_i, k_t, scale, lead, mask, structure, i0, j0)
 
     q, k, v = (backend.from_host(np.ones((1, n, 2))) for n in (lq, lk, lk))
     with pytest.MonkeyPatch.context() as patch:

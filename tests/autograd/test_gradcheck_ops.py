@@ -406,6 +406,7 @@ UNARY = {
     "relu": (lambda x: x.relu(), away_from_zero),
     "sigmoid": (lambda x: x.sigmoid(), randn),
     "gelu": (lambda x: ops.Gelu.apply(x), randn),
+    "silu": (lambda x: ops.Silu.apply(x), randn),
 }
 
 

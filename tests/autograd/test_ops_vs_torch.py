@@ -135,6 +135,7 @@ UNARY = {
     "relu": (lambda x: x.relu(), torch.relu, randn),
     "sigmoid": (lambda x: x.sigmoid(), torch.sigmoid, randn),
     "gelu_tanh": (lambda x: ops.Gelu.apply(x), lambda t: F.gelu(t, approximate="tanh"), randn),
+    "silu": (lambda x: ops.Silu.apply(x), F.silu, randn),
 }
 
 
@@ -149,7 +150,7 @@ def test_elementwise_function_matches_torch(dtype, name, shape, seed, scale):
 
 
 @DTYPES
-@pytest.mark.parametrize("name", ["tanh", "relu", "sigmoid", "gelu_tanh"])
+@pytest.mark.parametrize("name", ["tanh", "relu", "sigmoid", "gelu_tanh", "silu"])
 def test_elementwise_function_at_zero_and_large_magnitude_matches_torch(dtype, name):
     ours, theirs, _ = UNARY[name]
     x = np.array([0.0, -0.0, 1e-30, -30.0, 30.0, -800.0, 800.0, -1e30, 1e30])

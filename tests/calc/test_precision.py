@@ -40,3 +40,13 @@ def test_workbook_ex_8_2_loss_scale_trace():
 def test_workbook_ex_8_6_scale_doubles_after_growth_interval_good_steps():
     assert dynamic_loss_scale([False] * 4, init_scale=8.0, growth_interval=2) == 32.0
     assert dynamic_loss_scale([False, True, False], init_scale=8.0, growth_interval=2) == 4.0
+
+
+def test_block_format_bits_worked_numbers():
+    from minidist.calc import block_format_bits
+    assert block_format_bits("mxfp8") == 8.25 and block_format_bits("mxfp4") == 4.25
+    assert block_format_bits("nvfp4") == 4.5 and block_format_bits("nvfp4", 1024) == 4.5 + 1 / 32
+    assert block_format_bits("fp8_blockwise_tile") == 8.25
+    assert block_format_bits("fp8_blockwise_block") == 8 + 32 / 16384
+    with pytest.raises(ValueError, match="unknown block format"):
+        block_format_bits("mxfp3")

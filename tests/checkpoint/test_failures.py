@@ -120,3 +120,22 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_readable(tmp_path):
         resumed = w.run(R.run, dict(strategy="zero1", seed=4), str(tmp_path), 2, 2, False)[0]
     for k in first:
         assert np.array_equal(resumed[k], first[k])
+
+
+def save_with_an_array_in_extra(directory):
+    from minidist.checkpoint import save_sharded
+    from minidist.optim import AdamW
+    from minidist.parallel import Zero1
+    zero = Zero1(R.TinyNet(R.D_IN, 6, R.D_OUT, "float64", seed=0), AdamW, lr=0.01)
+    try:
+        save_sharded(directory, zero, extra=dict(scale=backend.from_host(np.ones(2))))
+    except CheckpointError as e:
+        return str(e), os.path.exists(directory)
+    return "saved", os.path.exists(directory)
+
+
+def test_an_array_in_a_sharded_manifest_is_refused_on_every_rank_before_writing(world2,
+                                                                                tmp_path):
+    results = world2.run(save_with_an_array_in_extra, str(tmp_path / "ckpt"))
+    for message, wrote in results:
+        assert "holds arrays (at ['scale'])" in message and not wrote, results

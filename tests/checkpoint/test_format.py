@@ -1,5 +1,7 @@
 """The data-only format keeps every value bit for bit, with its type, and refuses
 what it cannot hold, naming the key path."""
+import hashlib
+import io
 import json
 import math
 import re
@@ -85,16 +87,22 @@ def test_optimizer_sampler_and_rng_states_round_trip(tmp_path):
     from minidist.autograd import Tensor
     from minidist.nn import Linear
     from minidist.optim import AdamW
+    from minidist.optim import WarmupCosine
     from minidist.parallel import DistributedSampler
+    from minidist.precision import GradScaler
     model = Linear(3, 2, dtype="float32", generator=backend.Generator(1))
     opt = AdamW(model.parameters(), lr=0.1, betas=(0.8, 0.9))
+    schedule = WarmupCosine(opt, warmup_steps=2, total_steps=10)
     model(Tensor(backend.from_host(np.ones((2, 3), "float32")))).sum().backward()
     opt.step()
+    schedule.step()
     gen = backend.Generator(7)
     gen.normal(5)                                      # the 128-bit words move past 2^53
     sampler = DistributedSampler(10, num_replicas=1, rank=0, seed=3)
     state = dict(model=dict(model.state_dict()), optimizer=opt.state_dict(),
-                 sampler=sampler.state_dict(), rng=gen.get_state(), extra=dict(step=4))
+                 sampler=sampler.state_dict(), rng=gen.get_state(),
+                 extra=dict(step=4, scheduler=schedule.state_dict(),
+                            scaler=GradScaler(init_scale=2.0 ** 15).state_dict()))
     save_file(str(tmp_path / "c.npz"), state)
     loaded = load_file(str(tmp_path / "c.npz"))
     identical(state, loaded)
@@ -142,3 +150,89 @@ def test_a_record_that_does_not_match_its_index_is_refused(tmp_path):
         z.writestr("00000-w.npy", raw[:-8] + np.float64(math.pi).tobytes())
     with pytest.raises(CheckpointError, match="00000-w.npy does not match its sha256"):
         load_file(str(path))
+
+
+@pytest.mark.parametrize("shape", [[2**40], [3, 1]])
+def test_a_record_header_that_disagrees_with_the_index_or_its_length_is_refused(tmp_path,
+                                                                                shape):
+    """Checked before anything is allocated: a header asking for 8 TiB is an error, not
+    a MemoryError; a header of another shape than the index's is refused."""
+    path = tmp_path / "c.npz"
+    save_file(str(path), dict(w=backend.from_host(np.arange(3.0))))
+    with zipfile.ZipFile(path) as z:
+        index, raw = json.loads(z.read("checkpoint.json")), z.read("00000-w.npy")
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, dict(descr="<f8", fortran_order=False,
+                                                      shape=tuple(shape)))
+    record = header.getvalue() + raw[-24:]                 # the 3 doubles
+    index["records"][0].update(shape=shape, sha256=hashlib.sha256(record).hexdigest())
+    if shape == [3, 1]:
+        index["records"][0]["shape"] = [3]                 # the index says otherwise
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("checkpoint.json", json.dumps(index))
+        z.writestr("00000-w.npy", record)
+    with pytest.raises(CheckpointError, match="shorter than" if shape[0] > 3 else "says"):
+        load_file(str(path))
+
+
+@settings(max_examples=25, deadline=None)
+@given(tree=trees)
+def test_a_safetensors_checkpoint_keeps_every_value_bit_for_bit(tmp_path_factory, tree):
+    pytest.importorskip("safetensors")
+    path = str(tmp_path_factory.mktemp("ckpt") / "ckpt.safetensors")
+    digest = save_file(path, dict(tree=tree))
+    identical(dict(tree=tree), load_file(path))
+    identical(dict(tree=tree), load_file(path, sha256=digest))
+
+
+def test_a_safetensors_checkpoint_is_readable_by_safetensors(tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    path = tmp_path / "c.safetensors"
+    save_file(str(path), {"model": {"fc.weight": backend.from_host(np.eye(2, dtype="float32"))},
+                          "step": 3})
+    tensors = safetensors_numpy.load_file(str(path))
+    assert list(tensors) == ["00000-model.fc.weight"]
+    assert np.array_equal(tensors["00000-model.fc.weight"], np.eye(2, dtype="float32"))
+
+
+def test_safetensors_weights_without_the_index_are_not_a_checkpoint(tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    path = tmp_path / "weights.safetensors"
+    safetensors_numpy.save_file({"w": np.zeros(2)}, str(path))
+    with pytest.raises(CheckpointError, match="not a minidist checkpoint"):
+        load_file(str(path))
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False),
+              st.text(alphabet="$0123456789-abxfint", max_size=6),
+              st.sampled_from(["1" * 5000, "-", "0x7ff8000000000000"])),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3),
+        st.dictionaries(st.sampled_from(["$dict", "$tuple", "$int", "$float", "$scalar",
+                                         "$array", "a", "b"]), children, max_size=2)),
+    max_leaves=10)
+
+
+@settings(max_examples=150, deadline=None)
+@given(structure=json_values, wrong=st.one_of(st.none(), st.sampled_from([
+    ("shape", []), ("shape", [1, 2]), ("shape", "x"), ("dtype", "bfloat16"),
+    ("dtype", "object"), ("dtype", "uint64"), ("dtype", 3), ("name", "other.npy")])))
+def test_any_index_is_either_read_or_a_checkpoint_error(tmp_path_factory, structure, wrong):
+    """Whatever checkpoint.json says (tags in any shape, records that do not match),
+    loading returns data or raises CheckpointError: never another exception."""
+    path = tmp_path_factory.mktemp("ckpt") / "c.npz"
+    record = io.BytesIO()
+    np.lib.format.write_array(record, np.arange(2.0))
+    entry = dict(name="r.npy", dtype="float64", shape=[2],
+                 sha256=hashlib.sha256(record.getvalue()).hexdigest())
+    if wrong is not None:
+        entry[wrong[0]] = wrong[1]
+    index = dict(format="minidist-checkpoint-1", structure=structure, records=[entry])
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("checkpoint.json", json.dumps(index))
+        z.writestr("r.npy", record.getvalue())
+    try:
+        load_file(str(path))
+    except CheckpointError:
+        pass

@@ -70,7 +70,7 @@ def test_a_pickled_record_inside_the_archive_is_refused(tmp_path):
     with zipfile.ZipFile(path, "w") as z:
         z.writestr("checkpoint.json", json.dumps(index))
         z.writestr(index["records"][0]["name"], record.getvalue())
-    with pytest.raises(CheckpointError, match="not a plain .npy array"):
+    with pytest.raises(CheckpointError, match="array of Python objects"):
         load_file(str(path))
     assert not marker.exists()
 
@@ -103,11 +103,17 @@ def plant_and_load(directory, where, marker):
     return "loaded"
 
 
+@pytest.fixture(scope="module")
+def world1():
+    w = World(1, timeout=20.0, run_timeout=60.0)
+    yield w
+    w.close()
+
+
 @pytest.mark.parametrize("where", ["shard", "manifest"])
-def test_a_crafted_pickle_in_a_sharded_checkpoint_is_refused(tmp_path, where):
+def test_a_crafted_pickle_in_a_sharded_checkpoint_is_refused(world1, tmp_path, where):
     marker = tmp_path / "marker"
-    with World(1, timeout=20.0, run_timeout=60.0) as w:
-        (message,) = w.run(plant_and_load, str(tmp_path / "ckpt"), where, str(marker))
+    (message,) = world1.run(plant_and_load, str(tmp_path / "ckpt"), where, str(marker))
     assert "is a pickle" in message and "--trust-pickle" in message, message
     assert ("shard-00000-of-00001.npz" if where == "shard" else "manifest.json") in message
     assert not marker.exists()
@@ -161,6 +167,11 @@ def test_convert_with_trust_pickle_keeps_every_value(tmp_path, monkeypatch, caps
     assert main(["checkpoint", "convert", str(old), str(new), "--trust-pickle"]) == 0
     assert f"wrote {new}" in capsys.readouterr().out
     identical(tree, load_file(str(new)))
+    assert main(["checkpoint", "convert", str(old), str(new), "--trust-pickle"]) == 1
+    assert "exists" in capsys.readouterr().err             # nothing is overwritten
+    assert main(["checkpoint", "convert", str(tmp_path / "none.pkl"), str(tmp_path / "x.npz"),
+                 "--trust-pickle"]) == 1
+    assert "none.pkl: no such file" in capsys.readouterr().err
 
 
 def test_convert_refuses_a_pickle_that_names_anything_else_even_when_trusted(tmp_path,
@@ -230,10 +241,9 @@ def _wrap_old(obj):
     return obj
 
 
-def test_convert_turns_an_old_sharded_checkpoint_into_one_that_loads(tmp_path):
-    with World(1, timeout=20.0, run_timeout=60.0) as w:
-        ((refused, written, extra, betas, same),) = w.run(
-            save_old_sharded_convert_and_load, str(tmp_path / "old"), str(tmp_path / "new"))
+def test_convert_turns_an_old_sharded_checkpoint_into_one_that_loads(world1, tmp_path):
+    ((refused, written, extra, betas, same),) = world1.run(
+        save_old_sharded_convert_and_load, str(tmp_path / "old"), str(tmp_path / "new"))
     assert "old-format" in refused and "--trust-pickle" in refused
     assert [os.path.basename(p) for p in written] == ["shard-00000-of-00001.npz",
                                                       "manifest.json"]

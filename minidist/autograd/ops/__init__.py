@@ -7,13 +7,14 @@ from minidist.autograd.ops.layer_norm import LayerNorm
 from minidist.autograd.ops.loss import CrossEntropy
 from minidist.autograd.ops.matmul import Linear, MatMul
 from minidist.autograd.ops.reduction import Max, Mean, Sum, Var
+from minidist.autograd.ops.rms_norm import RMSNorm
 from minidist.autograd.ops.select import MaskedFill, Where
 from minidist.autograd.ops.shape import Concat, Permute, Reshape, Split, Stack
 from minidist.autograd.ops.softmax import LogSoftmax, Softmax
-from minidist.autograd.ops.unary import Exp, Gelu, Log, Relu, Sigmoid, Sqrt, Tanh
+from minidist.autograd.ops.unary import Exp, Gelu, Log, Relu, Sigmoid, Silu, Sqrt, Tanh
 
 __all__ = ["Add", "Sub", "Mul", "Div", "Neg", "Pow", "Cast", "Dropout", "Embedding",
-           "GetItem", "LayerNorm", "CrossEntropy", "Linear", "MatMul", "Max", "Mean",
+           "GetItem", "LayerNorm", "RMSNorm", "CrossEntropy", "Linear", "MatMul", "Max", "Mean",
            "Sum", "Var", "MaskedFill", "Where", "Concat", "Permute", "Reshape", "Split",
            "Stack", "LogSoftmax", "Softmax", "Exp", "Gelu", "Log", "Relu", "Sigmoid",
-           "Sqrt", "Tanh"]
+           "Silu", "Sqrt", "Tanh"]

@@ -3,6 +3,7 @@
     exp:     d/dx e^x = e^x                 log:  1/x
     sqrt:    1 / (2 sqrt x)                 tanh: 1 - tanh^2 x
     relu:    1 if x > 0 else 0              sigmoid: s (1 - s)
+    silu:    x s, s = sigmoid(x)            d/dx = s (1 + x (1 - s))
     gelu (tanh form, as GPT-2):  0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
         d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
 """
@@ -144,4 +145,25 @@ class Gelu(Function):
         a, t = ctx.saved
         d = xp.empty(a.shape, a.dtype)
         blocked(_gelu_backward, a, t, grad, d)
+        return d
+
+
+class Silu(Function):
+    """SiLU (swish), x * sigmoid(x): the gate of Llama's SwiGLU MLP."""
+
+    @staticmethod
+    def forward(ctx, a):
+        e = xp.exp(-xp.abs(a))                      # sigmoid without overflow, as Sigmoid
+        s = xp.where(a >= 0, 1 / (1 + e), e / (1 + e))
+        ctx.save_for_backward(a, s)
+        return a * s
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, s = ctx.saved
+        d = 1 - s                                   # s (1 + a (1 - s))
+        d *= a
+        d += 1
+        d *= s
+        d *= grad
         return d

@@ -40,6 +40,7 @@ from minidist.comm.group import ProcessGroup, resolve
 from minidist.comm.transport.reduce_op import ReduceOp, finish
 from minidist.comm.collectives.ring import chunk_bounds, ring_all_gather, ring_reduce_scatter
 from minidist.comm.collectives.tree import binomial_broadcast, binomial_reduce
+from minidist.trace import recorder as trace
 
 
 def _run(group: ProcessGroup | None, name: str, fields: dict,
@@ -62,6 +63,8 @@ def _run(group: ProcessGroup | None, name: str, fields: dict,
         body(g, tag, *args)
         g.stats.record(name, before, fields, time.perf_counter() - start)
         g.transport.record_end()
+        if trace.active is not None:   # its span, with g.stats.last's bytes (trace/)
+            trace.active.call(name, g.ranks, start, g.stats.last)
 
     return work.submit(job, async_op)
 

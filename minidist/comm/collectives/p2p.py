@@ -16,6 +16,7 @@ from typing import Any
 from minidist.comm.group import USER_TAG_LIMIT, ProcessGroup, resolve
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.comm.transport.base import Handle
+from minidist.trace import recorder as trace
 
 
 def _check_tag(tag: int) -> int:
@@ -27,34 +28,51 @@ def _check_tag(tag: int) -> int:
 def isend(tensor: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> Handle:
     """Start sending ``tensor`` to rank ``dst``; do not modify it until ``wait()``."""
     g = resolve(group)
-    return g.isend(tensor, g.group_rank(dst), _check_tag(tag))
+    start = trace.active.now() if trace.active is not None else 0.0
+    handle = g.isend(tensor, g.group_rank(dst), _check_tag(tag))
+    if trace.active is not None:
+        trace.active.call("isend", g.ranks, start, dict(peer=dst, tag=tag, bytes_sent=tensor.nbytes))
+    return handle
 
 
 def irecv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0,
           op: ReduceOp | None = None) -> Handle:
     """Start receiving into ``tensor`` from rank ``src`` (reduce into it with ``op``)."""
     g = resolve(group)
-    return g.irecv(tensor, g.group_rank(src), _check_tag(tag), op)
+    start = trace.active.now() if trace.active is not None else 0.0
+    handle = g.irecv(tensor, g.group_rank(src), _check_tag(tag), op)
+    if trace.active is not None:
+        trace.active.call("irecv", g.ranks, start, dict(peer=src, tag=tag, bytes_recv=tensor.nbytes))
+    return handle
 
 
-def _waited(g: ProcessGroup, handles: list, what: str) -> None:
+def _waited(g: ProcessGroup, handles: list, what: str, name: str = "", fields: dict | None = None,
+            start: float = 0.0) -> None:
     """Wait for ``handles``, noting the call in the flight recorder (number -1:
-    point-to-point calls have no number shared by the group)."""
+    point-to-point calls have no number shared by the group) and, when tracing,
+    as the span ``name`` from ``start`` with ``fields``."""
     g.transport.record_begin(g.ctx, -1, g.ranks, what)
     g.wait(handles, what)
     g.transport.record_end()
+    if trace.active is not None:
+        trace.active.call(name, g.ranks, start, fields)
 
 
 def send(tensor: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> None:
     g = resolve(group)
-    h = isend(tensor, dst, g, tag)
-    _waited(g, [h], f"send to rank {dst} tag={tag}")
+    start = trace.active.now() if trace.active is not None else 0.0
+    h = g.isend(tensor, g.group_rank(dst), _check_tag(tag))
+    _waited(g, [h], f"send to rank {dst} tag={tag}", "send",
+            dict(peer=dst, tag=tag, bytes_sent=tensor.nbytes), start)
 
 
 def recv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0) -> int:
     """Receive into ``tensor`` (same shape and dtype as sent). Returns ``src``."""
     g = resolve(group)
-    _waited(g, [irecv(tensor, src, g, tag)], f"recv from rank {src} tag={tag}")
+    start = trace.active.now() if trace.active is not None else 0.0
+    h = g.irecv(tensor, g.group_rank(src), _check_tag(tag))
+    _waited(g, [h], f"recv from rank {src} tag={tag}", "recv",
+            dict(peer=src, tag=tag, bytes_recv=tensor.nbytes), start)
     return src
 
 
@@ -66,5 +84,8 @@ def recv_reduce(tensor: Any, src: int, op: ReduceOp = ReduceOp.SUM,
     memory, without a temporary copy: the step ring algorithms are made of.
     """
     g = resolve(group)
-    _waited(g, [irecv(tensor, src, g, tag, op)], f"recv_reduce from rank {src} tag={tag}")
+    start = trace.active.now() if trace.active is not None else 0.0
+    h = g.irecv(tensor, g.group_rank(src), _check_tag(tag), op)
+    _waited(g, [h], f"recv_reduce from rank {src} tag={tag}", "recv_reduce",
+            dict(peer=src, tag=tag, bytes_recv=tensor.nbytes, op=op.name), start)
     return src

@@ -55,9 +55,11 @@ class Work:
         self.started_at: float | None = None   # perf_counter when the thread took it up
         self.finished_at: float | None = None  # ... and when it was done
         self.cpu_s = 0.0                       # CPU time the thread spent on it
+        self.thread: int | None = None         # the ident of the thread that ran it
 
     def _run(self) -> None:
         self.started_at = time.perf_counter()
+        self.thread = threading.get_ident()
         cpu = time.thread_time()
         try:
             if self._device is not None:

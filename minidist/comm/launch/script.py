@@ -31,6 +31,7 @@ import argparse
 import os
 import runpy
 import sys
+import time
 from typing import Callable
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT, EXIT_INTERRUPTED = 1, 2, 124, 130
@@ -45,6 +46,11 @@ def run_script(path: str, argv: list[str]) -> None:
     except SystemExit as e:
         if e.code not in (None, 0):
             raise
+    except BaseException as e:
+        from minidist.trace import recorder as trace
+        if trace.active is not None:   # the failure, where it happened, in the trace
+            trace.active.instant(f"{type(e).__name__}: {e}"[:200], "failure", scope="p")
+        raise
     finally:
         from minidist.comm import group
         group.destroy_process_group()
@@ -102,6 +108,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
     parser.add_argument("--verbose", action="store_true",
                         help="report a failing rank's whole traceback, minidist's own "
                              "frames included (as MINIDIST_VERBOSE=1 does)")
+    parser.add_argument("--trace", default=None, metavar="FILE",
+                        help="record a trace of every rank into FILE (run.json, or run.json.gz "
+                             "gzipped) for ui.perfetto.dev; `minidist trace summary FILE` reads it")
     parser.add_argument("script", help="the Python script every rank runs")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
 
@@ -113,15 +122,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
         tee = ns.tee if ns.tee is not None else (3 if ns.log_dir else 0)
         return run_elastic(ns.script, ns.args, ns.nproc, max_restarts=ns.max_restarts,
                            timeout=ns.timeout, log_dir=ns.log_dir, redirects=ns.redirects,
-                           tee=tee & ~ns.redirects, verbose=ns.verbose)
+                           tee=tee & ~ns.redirects, verbose=ns.verbose, trace=ns.trace)
     return run
 
 
 def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
                 timeout: float | None = None, log_dir: str | None = None, redirects: int = 0,
-                tee: int = 0, verbose: bool = False) -> int:
+                tee: int = 0, verbose: bool = False, trace: str | None = None) -> int:
     """Run ``script`` on ``nproc`` ranks, restarting the world after a failure up to
-    ``max_restarts`` times; returns the exit status (module docstring)."""
+    ``max_restarts`` times; returns the exit status (module docstring). ``trace``:
+    merge the ranks' traces of every attempt into that file, failures included."""
+    failures: list = []
+    if trace is not None:
+        from minidist.trace.merge import remove_parts
+        remove_parts(trace)   # left by an earlier run that was killed
+    try:
+        return _run_attempts(script, args, nproc, max_restarts, timeout, log_dir, redirects,
+                             tee, verbose, trace, failures)
+    finally:
+        if trace is not None:
+            _merge_trace(trace, failures)
+
+
+def _run_attempts(script: str, args: list[str], nproc: int, max_restarts: int,
+                  timeout: float | None, log_dir: str | None, redirects: int, tee: int,
+                  verbose: bool, trace: str | None, failures: list) -> int:
     from minidist.comm.errors import RankFailedError, WorldTimeoutError
     from minidist.comm.launch.output import RankOutput
     from minidist.comm.launch.world import World
@@ -130,6 +155,8 @@ def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
         env = dict(MINIDIST_RESTART_COUNT=str(attempt), MINIDIST_MAX_RESTARTS=str(max_restarts))
         if verbose:
             env["MINIDIST_VERBOSE"] = "1"    # read where the traceback is written (report.py)
+        if trace is not None:   # every rank records; this process merges (trace/session.py)
+            env.update(MINIDIST_TRACE=trace, MINIDIST_TRACE_MERGE="parent")
         output = RankOutput(nproc, log_dir, attempt, redirects, tee)
         try:
             with World(nproc, init_group=False, run_timeout=timeout, env=env,
@@ -137,6 +164,8 @@ def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
                 world.run(run_script, script, args)
             return 0
         except RankFailedError as e:
+            failures.append(dict(rank=e.rank, at=time.perf_counter(), attempt=attempt,
+                                 message=f"{e.exc_type}\n{e.remote_traceback}"))
             _say(f"{_who_failed(e)}:\n{e.remote_traceback}", end="")  # ends with the message
             if attempt == max_restarts:
                 if max_restarts:
@@ -144,6 +173,9 @@ def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
                 return EXIT_FAILED
             _say(f"restarting every rank (restart {attempt + 1} of {max_restarts})")
         except WorldTimeoutError as e:
+            failures += [dict(rank=r, at=time.perf_counter(), attempt=attempt,
+                              message=f"stopped after --timeout {e.timeout:g} s\n{e.report}")
+                         for r in e.running]
             _say(f"{name} did not finish within {e.timeout:g} s; no rank failed. Ranks "
                  f"{e.running} were still running and were stopped.\n{e.report}")
             return EXIT_TIMEOUT
@@ -151,6 +183,17 @@ def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
             _say("interrupted, every rank stopped")
             return EXIT_INTERRUPTED
     return EXIT_FAILED
+
+
+def _merge_trace(path: str, failures: list) -> None:
+    """One trace file from the ranks' parts, with the failures as instant events."""
+    from minidist.trace.merge import merge, parts_of
+    if not parts_of(path):
+        _say(f"no trace was recorded into {path} (did the script call init_process_group?)")
+        return
+    merge(path, failures)
+    _say(f"trace of every rank in {path}: `minidist trace summary {path}`, or open it "
+         "in ui.perfetto.dev")
 
 
 def _who_failed(e) -> str:

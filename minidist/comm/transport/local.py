@@ -53,6 +53,7 @@ from minidist.comm.transport.link import EmulatedLink
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.comm.transport.pending import SMALL_COPY, TAG_BITS, Channel, Recv, Send, Unexpected
 from minidist.comm.transport.short_way import ShortWays
+from minidist.trace import recorder as trace
 from minidist.comm.transport.base import (Handle, Transport, cores_available, dtype_code,
                                      host_bytes, host_view, in_background_thread, sched_yield)
 
@@ -321,6 +322,8 @@ class LocalTransport(ShortWays, Transport):
         pending = [h.describe() for h in handles if not h.done]
         where = f" in {what}" if what else ""
         report = flight.hang_report(shm.flight_records(self._seg), self.rank)
+        if trace.active is not None:   # the hang report as an instant event (trace/)
+            trace.active.instant("hang report", "failure", dict(report=report), scope="p")
         return CommTimeoutError(
             f"rank {self.rank}: waited {timeout:g} s{where} without progress on: "
             + "; ".join(pending) + "\n" + report + "\n" + TIMEOUT_HINT)

@@ -17,6 +17,8 @@ Files:
 - ring_attention.py  ``ring_attention`` / ``RingAttention``, ``shard_sequence`` (zigzag),
                      ``plan_work``
 - ulysses.py         ``ulysses_attention``, ``split_sequence`` (contiguous)
+- llama.py           ``context_parallel(model)``: a Llama's attention through either, RoPE
+                     at each token's global position (``sequence_positions``)
 
 Docs: docs/attention.md. Demos: demos/11_ring_attention.py, demos/16_ulysses.py.
 Tests: tests/parallel/context/.
@@ -24,6 +26,9 @@ Tests: tests/parallel/context/.
 from minidist.parallel.context.ring_attention import (RingAttention, plan_work, ring_attention,
                                                       shard_sequence, unshard_sequence)
 from minidist.parallel.context.ulysses import split_sequence, ulysses_attention
+from minidist.parallel.context.llama import (average_gradients, context_parallel,
+                                             sequence_positions, shard_tokens)
 
 __all__ = ["ring_attention", "RingAttention", "shard_sequence", "unshard_sequence",
-           "plan_work", "ulysses_attention", "split_sequence"]
+           "plan_work", "ulysses_attention", "split_sequence", "context_parallel",
+           "sequence_positions", "shard_tokens", "average_gradients"]

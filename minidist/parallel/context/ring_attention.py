@@ -201,7 +201,8 @@ class RingAttention(Function):
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                    scale: float | None = None, group: Any = None, layout: str = "zigzag",
-                   block_q: int | None = None, block_k: int | None = None) -> Tensor:
+                   block_q: int | None = None, block_k: int | None = None,
+                   enable_gqa: bool = False) -> Tensor:
     """Attention over the whole sequence, each rank holding its shard of q, k, v.
 
     q, k, v: (..., c, E), (..., c, E), (..., c, Ev) on every rank of ``group`` (the
@@ -210,11 +211,13 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
     ``is_causal``: "zigzag" balances the work, "contiguous" is the plain split.
     Every rank must call it, and later its backward, together. Under
     ``precision.autocast`` the inputs, output and gradients are rounded to its format.
+    ``enable_gqa``: k and v may have fewer heads than q (grouped-query attention); only
+    those heads travel round the ring, and flash attention broadcasts them.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     arrays = [t.data if isinstance(t, Tensor) else t for t in (q, k, v)]
-    common.check_qkv(*arrays)
+    common.check_qkv(*arrays, enable_gqa=enable_gqa)
     c = arrays[0].shape[-2]
     if arrays[1].shape[-2] != c:
         raise ValueError(f"each rank must hold as many queries as keys, got {c} and "

@@ -79,24 +79,35 @@ class Regroup(Function):
 
 def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                       group: Any = None, impl: str = "naive", scale: float | None = None,
-                      **blocks: int) -> Tensor:
+                      enable_gqa: bool = False, **blocks: int) -> Tensor:
     """Attention over a sequence split contiguously over ``group``: q, k, v are this
     rank's (B, H, s/N, D) shards (``split_sequence``); returns its (B, H, s/N, D) shard
     of softmax(q k^T / sqrt(D)) v. ``impl``: "naive" or "flash" (``blocks``: block_q,
-    block_k). Equal to one-process attention (tests/parallel/context/)."""
+    block_k). Equal to one-process attention (tests/parallel/context/).
+
+    ``enable_gqa``: k and v hold Hkv < H heads (grouped-query attention); they are
+    regrouped Hkv/N per rank, the query heads H/N, and rank j's query heads read
+    exactly its key/value heads (head h reads h // (H/Hkv)): N must divide Hkv too."""
     n = dist.get_world_size(group)
-    if q.ndim != 4 or k.shape != q.shape or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"ulysses_attention takes q, k, v of shape (B, H, s/N, D), got "
-                         f"{q.shape}, {k.shape}, {v.shape}")
-    if q.shape[1] % n:
-        raise ValueError(f"Ulysses splits the {q.shape[1]} heads over the group of {n} "
-                         f"ranks: the heads must be divisible by the group size (use ring "
-                         f"attention, or a group size that divides the heads)")
+    kv_heads = k.shape[1] if enable_gqa and k.ndim == 4 else q.shape[-3]
+    fits = (q.ndim == 4 and v.ndim == 4 and q.shape[1] % kv_heads == 0
+            and k.shape == (q.shape[0], kv_heads) + q.shape[2:] and v.shape[:3] == k.shape[:3])
+    if not fits:
+        raise ValueError(f"ulysses_attention takes q of shape (B, H, s/N, D) and k, v of "
+                         f"shape (B, Hkv, s/N, D), Hkv = H unless enable_gqa and Hkv "
+                         f"dividing H; got {q.shape}, {k.shape}, {v.shape}")
+    for name, heads in (("heads", q.shape[1]), ("key/value heads", kv_heads)):
+        if heads % n:
+            raise ValueError(f"Ulysses splits the {heads} {name} over the group of {n} "
+                             f"ranks: the {name} must be divisible by the group size (use "
+                             f"ring attention, or a group size that divides them)")
     if impl not in ("naive", "flash"):
         raise ValueError(f"impl must be 'naive' or 'flash', got {impl!r}")
     qh, kh, vh = (Regroup.apply(t, True, group) for t in (q, k, v))  # (B, H/N, s, D)
     if impl == "flash":
-        out = flash_attention(qh, kh, vh, is_causal=is_causal, scale=scale, **blocks)
+        out = flash_attention(qh, kh, vh, is_causal=is_causal, scale=scale,
+                              enable_gqa=enable_gqa, **blocks)
     else:
-        out = naive_attention(qh, kh, vh, is_causal=is_causal, scale=scale)
+        out = naive_attention(qh, kh, vh, is_causal=is_causal, scale=scale,
+                              enable_gqa=enable_gqa)
     return Regroup.apply(out, False, group)                         # (B, H, s/N, D)

@@ -53,7 +53,7 @@ class Bucket:
 
     def add(self, position: int, grad: Any) -> None:
         """Copy a finished gradient into its slot of the flat buffer, unless
-        backward already put it there (``p.grad_home``, ddp.py)."""
+        backward already added it there (``p.grad`` is the bucket view, ddp.py)."""
         if grad is not self.views[position]:
             self.views[position][...] = grad
         self.ready.add(id(self.params[position]))

@@ -40,9 +40,10 @@ from minidist.nn.module import Module
 from minidist.optim.optimizer import optimizer_bytes
 from minidist.parallel.data.buckets import DEFAULT_BUCKET_CAP_MB, Bucket, assign_buckets
 from minidist.parallel.data.hooks import Future, GradBucket, allreduce_hook
-from minidist.parallel.data.timeline import bucket_event, hidden_fraction
+from minidist.parallel.data.timeline import bucket_event, hidden_fraction, trace_buckets
 from minidist.parallel.data.sync_check import verify_parameter_sync
 from minidist.parallel.data.naive import broadcast_parameters
+from minidist.trace import recorder as trace
 
 
 class DistributedDataParallel(Module):
@@ -50,10 +51,11 @@ class DistributedDataParallel(Module):
 
     ``bucket_cap_mb``: bucket size in MB (1e6 bytes, as torch); ``overlap``: start
     each bucket's all-reduce during backward (True) or all of them after it (False,
-    for comparison); ``gradient_as_bucket_view``: backward copies each gradient
-    straight into its bucket (``p.grad`` is a view of the bucket from the first
-    backward on, as torch's option of that name) instead of into a new array
-    that DDP then copies into the bucket; ``broadcast_buffers`` is not needed
+    for comparison); ``gradient_as_bucket_view``: each ``p.grad`` is a view of its
+    bucket (as torch's option of that name): forward gives a parameter without
+    a gradient its view, filled with -0.0, and backward adds the gradient into
+    it in place (-0.0 + g is g, bit for bit), instead of into a new array that
+    DDP then copies into the bucket; ``broadcast_buffers`` is not needed
     (minidist modules hold parameters only).
     """
 
@@ -74,7 +76,7 @@ class DistributedDataParallel(Module):
             for i, p in enumerate(b.params):
                 self._slot[id(p)] = (b, i)
                 p.register_post_accumulate_grad_hook(self._grad_ready)
-                p.grad_home = b.views[i] if gradient_as_bucket_view else None
+        self.gradient_as_bucket_view = gradient_as_bucket_view
         self._names = {id(p): n for n, p in module.named_parameters()}
         self._launched: list[Bucket] = []
         self._t0 = time.perf_counter()
@@ -84,9 +86,21 @@ class DistributedDataParallel(Module):
     # -- forward ----------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._check_no_pending_reduction()
+        if self.gradient_as_bucket_view:
+            self._grads_as_bucket_views()
         out = self.module(*args, **kwargs)
         self._t0 = time.perf_counter()   # the timeline counts from the end of forward
         return out
+
+    def _grads_as_bucket_views(self) -> None:
+        """A parameter without a gradient (the first step, or after
+        ``zero_grad()``) gets its bucket view as ``.grad``, filled with -0.0, the
+        one float x for which x + g is g bit for bit (+0.0 + -0.0 is +0.0)."""
+        for b in self.buckets:
+            for p, view in zip(b.params, b.views):
+                if p.grad is None:
+                    view.fill(-0.0)
+                    p.grad = view
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -136,7 +150,7 @@ class DistributedDataParallel(Module):
         for k, b in enumerate(self._launched):
             future = b.work
             if future is None:                               # overlap=False: now, in order
-                future = self._communicate(b, k == len(self._launched) - 1)
+                future = b.work = self._communicate(b, k == len(self._launched) - 1)
             averaged = future.wait()
             if averaged is not b.flat:
                 b.flat[...] = averaged                       # the hook's result, (numel,)
@@ -145,6 +159,8 @@ class DistributedDataParallel(Module):
             self.timeline.append(bucket_event(b, future, self._t0, backward_end))
         self.timeline.append(dict(backward_end_ms=1e3 * (backward_end - self._t0),
                                   hidden_fraction=hidden_fraction(self.timeline)))
+        if trace.active is not None:   # the timeline's buckets, on the thread that ran them
+            trace_buckets(trace.active, self._launched, backward_end)
         for b in self.buckets:
             b.reset()
         self._launched = []

@@ -18,7 +18,9 @@ exposed part of the step::
 
 The last bucket becomes ready when backward ends, so its communication can
 never hide: with perfect overlap the step is compute + that bucket's time.
-``render`` draws it as text (bench/bench_ddp.py, demos/04_ddp.py).
+``render`` draws it as text (bench/bench_ddp.py, demos/04_ddp.py); ``trace_buckets``
+puts the same spans into a trace (minidist/trace/), whose summary recomputes the
+hidden fraction from them.
 """
 from __future__ import annotations
 
@@ -70,3 +72,20 @@ def render(timeline: list[dict], width: int = 60) -> str:
     lines.append(f"  backward ended at {last['backward_end_ms']:.1f} ms; hidden fraction of "
                  f"the communication: {last['hidden_fraction']:.2f}")
     return "\n".join(lines)
+
+
+def trace_buckets(recorder: Any, buckets: list, backward_end: float) -> None:
+    """Each bucket's communication as a span on the thread that ran it, from the
+    same times as ``bucket_event``, and the end of backward as an instant."""
+    step = recorder.next_step("ddp")
+    for b in buckets:
+        future = b.work
+        start, end = future.started_at, future.finished_at
+        if start is None or end is None:
+            continue
+        thread = future.works[0].thread if future.works else None
+        recorder.span(f"DDP bucket {b.index}", "ddp", start, end,
+                      dict(step=step, bucket=b.index, bytes=b.nbytes, params=len(b.params),
+                           ready_us=round(b.launched_at * 1e6, 3)),
+                      tid=recorder.tid_of(thread))
+    recorder.instant("DDP backward end", "ddp", dict(step=step), at=backward_end)

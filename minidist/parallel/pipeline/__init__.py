@@ -10,10 +10,13 @@ fills and drains, stages wait: the bubble, idle time over ideal compute time,
 
 Files, in reading order:
 
+- op.py        an op (F, B, W), where the pieces sit on the ranks, what an op costs
 - schedule.py  schedules as plain data (GPipe, 1F1B, interleaved), a simulator that
                checks them, and ASCII timelines
 - zero_bubble.py  ZB-H1, ZB-H2, ZB-V: B and W as separate ops, W moved into the bubble
-- executor.py  ``run_pipeline``: a schedule run in real processes, the measured bubble
+- executor.py  ``run_pipeline``: a schedule run in real processes, receive -> run ->
+               send per op; the measured bubble
+- clock.py     the timeline of a run: measured, padded to op costs, or a logical clock
 - gpt.py       the small GPT cut into pipeline pieces, tied embeddings kept in sync
 
 Docs: docs/pipeline.md. Demos: demos/07_pipeline.py, demos/17_zero_bubble.py. Tests: tests/parallel/pipeline/.

@@ -25,19 +25,15 @@ raises if they can get stuck; the schedules here pass it for every (p, m, v),
 and the real run waits on exactly those dependencies. Messages are told apart
 by tag (kind, chunk, micro-batch), so arrival order does not matter.
 
-Measurement: each op's start and end (``time.perf_counter``, one clock for all
-processes of a machine) are recorded; ``measured_bubble`` turns them into the
-bubble fraction of calc.pipeline, and the largest number of micro-batches whose
-activations a rank held at once is counted (GPipe: m; 1F1B: p - r), a micro-batch
-being held from its F to its W (to its B when the backward is not split).
-With ``op_costs`` the times are a logical clock instead: each op starts when its
-rank is free and its message has arrived (the sender's end time travels with
-the message) and lasts its cost, so the bubble of a real run comes out the
-same on an idle or a loaded machine.
+Measurement (clock.py): each op's start and end are recorded;
+``measured_bubble`` turns them into the bubble fraction of calc.pipeline, and
+the largest number of micro-batches whose activations a rank held at once is
+counted (GPipe: m; 1F1B: p - r), a micro-batch being held from its F to its W
+(to its B when the backward is not split). ``op_seconds`` pads every op to a
+fixed length, ``op_costs`` records a logical clock instead (clock.py).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -47,7 +43,9 @@ from minidist.autograd.tensor import Tensor
 from minidist.autograd.weight_grad import backward_split
 from minidist.backend import xp
 from minidist.nn.module import Module
-from minidist.parallel.pipeline.schedule import Op, rank_and_chunk, virtual_stage
+from minidist.parallel.pipeline.clock import OpClock
+from minidist.parallel.pipeline.op import Op, rank_and_chunk, virtual_stage
+from minidist.trace import recorder as trace
 
 _TAG_BASE = 1 << 20   # pipeline tags: base + ((kind P + sending piece) m + micro-batch)
 _KINDS = ("F", "B", "F clock", "B clock")   # activations, gradients, their send times
@@ -78,8 +76,52 @@ class PipelineStats:
     peak_w_bytes: int = 0                             # most bytes W closures held at once
 
 
-def _global(group: Any, group_rank: int) -> int:
-    return group_rank if group is None else group.ranks[group_rank]
+class Neighbours:
+    """The messages of one rank's pipeline ops: activations forward ("F"),
+    gradients back ("B"), each with one tag per (kind, sending piece,
+    micro-batch), so that arrival order does not matter. With a logical clock
+    (clock.py) each message's send time travels beside it."""
+
+    def __init__(self, group: Any, pieces: int, microbatches: int, placement: str,
+                 shape: tuple, dtype: Any, clock: OpClock):
+        self.group, self.pieces, self.m, self.placement = group, pieces, microbatches, placement
+        self.p = dist.get_world_size(group)
+        self.shape, self.dtype, self.clock = shape, dtype, clock
+        self.sends: list = []    # pending isends; their arrays must live until waited on
+
+    def _tag(self, kind: str, sender: int, mb: int) -> int:
+        return _TAG_BASE + (_KINDS.index(kind) * self.pieces + sender) * self.m + mb
+
+    def _rank_of(self, piece: int) -> int:
+        """The global rank that holds ``piece``."""
+        r = rank_and_chunk(piece, self.p, self.placement)[0]
+        return r if self.group is None else self.group.ranks[r]
+
+    def receive(self, kind: str, sender: int, mb: int) -> Any:
+        """Micro-batch ``mb``'s activation ("F") or gradient ("B") from piece ``sender``."""
+        buf = xp.empty(self.shape, dtype=self.dtype)
+        dist.recv(buf, self._rank_of(sender), self.group, self._tag(kind, sender, mb))
+        if self.clock.logical:
+            stamp = xp.empty(1, dtype="float64")
+            dist.recv(stamp, self._rank_of(sender), self.group,
+                      self._tag(kind + " clock", sender, mb))
+            self.clock.arrived(float(backend.to_host(stamp)[0]))
+        return buf
+
+    def send(self, arr: Any, kind: str, sender: int, receiver: int, mb: int) -> None:
+        """Start sending ``arr`` from piece ``sender`` to piece ``receiver``."""
+        arr = xp.ascontiguousarray(arr)
+        dst = self._rank_of(receiver)
+        self.sends.append((dist.isend(arr, dst, self.group, self._tag(kind, sender, mb)), arr))
+        if self.clock.logical:
+            stamp = backend.from_host([self.clock.stamp()], "float64")
+            self.sends.append((dist.isend(stamp, dst, self.group,
+                                          self._tag(kind + " clock", sender, mb)), stamp))
+
+    def wait(self) -> None:
+        """Wait until every send has left."""
+        for handle, _ in self.sends:
+            handle.wait()
 
 
 def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
@@ -96,109 +138,73 @@ def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
     ``op_seconds`` = (forward, backward[, weight]): make every op last at least
     that long (1/v of it per chunk op), so that measured bubbles compare with
     formulas for equal-cost stages; where the schedule has W ops, W takes
-    ``weight`` of the backward (default half) and B the rest. ``op_costs``, the
-    same shape: record a logical clock instead of seconds (module docstring).
-    ``placement``: "loop", or "v" for zb_v (schedule.placement). Gradients
-    accumulate into the chunks' parameters.
+    ``weight`` of the backward (default half) and B the rest (op.op_cost).
+    ``op_costs``, the same shape: record a logical clock instead of seconds
+    (clock.py). ``placement``: "loop", or "v" for zb_v (schedule.placement).
+    Gradients accumulate into the chunks' parameters.
     """
     p, r = dist.get_world_size(group), dist.get_rank(group)
     v, m = len(chunks), microbatches
     n_pieces = p * v
     split = any(op.kind == "W" for op in ops)
-    stats = PipelineStats()
+    clock = OpClock(op_seconds, op_costs, split, v)
+    link = Neighbours(group, n_pieces, m, placement, activation_shape, dtype, clock)
+    stats = PipelineStats(timeline=clock.timeline)
     saved: dict[tuple[int, int], tuple[Tensor | None, Tensor]] = {}   # (mb, chunk) -> (x, y)
     w_todo: dict[tuple[int, int], Any] = {}   # (mb, chunk) -> its WeightGradients
-    sends: list = []          # pending isends; their arrays must live until waited on
     weights = [list(chunk.parameters()) for chunk in chunks]
-    clock = 0.0               # the logical clock (op_costs)
-
-    def tag(kind: str, sender: int, mb: int) -> int:
-        """One tag per message: activations ("F") or gradients ("B") or their
-        send times, from piece ``sender``, of micro-batch ``mb``."""
-        return _TAG_BASE + (_KINDS.index(kind) * n_pieces + sender) * m + mb
-
-    def rank_of(piece: int) -> int:
-        return _global(group, rank_and_chunk(piece, p, placement)[0])
-
-    def receive(kind: str, sender: int, mb: int) -> tuple[Any, float]:
-        buf = xp.empty(activation_shape, dtype=dtype)
-        dist.recv(buf, rank_of(sender), group, tag(kind, sender, mb))
-        sent_at = 0.0
-        if op_costs is not None:
-            stamp = xp.empty(1, dtype="float64")
-            dist.recv(stamp, rank_of(sender), group, tag(kind + " clock", sender, mb))
-            sent_at = float(backend.to_host(stamp)[0])
-        return buf, sent_at
-
-    def send(arr: Any, kind: str, sender: int, receiver: int, mb: int) -> None:
-        arr = xp.ascontiguousarray(arr)
-        sends.append((dist.isend(arr, rank_of(receiver), group, tag(kind, sender, mb)), arr))
-        if op_costs is not None:
-            stamp = backend.from_host([clock], "float64")
-            sends.append((dist.isend(stamp, rank_of(receiver), group,
-                                     tag(kind + " clock", sender, mb)), stamp))
-
-    def cost(kind: str, costs: tuple) -> float:
-        f, b = costs[0], costs[1]
-        w = costs[2] if len(costs) > 2 else b / 2
-        return {"F": f, "B": b - w if split else b, "W": w}[kind] / v
+    traced = trace.active is not None and op_costs is None   # op spans in a trace (trace/)
+    step = trace.active.next_step("pipeline") if traced else 0
 
     for op in ops:
         s = virtual_stage(r, op.chunk, p, placement)    # this piece's place in the model
         first, last = s == 0, s == n_pieces - 1
-        i, key = op.microbatch, (op.microbatch, op.chunk)
-        arrived = 0.0
+        i, key, chunk = op.microbatch, (op.microbatch, op.chunk), chunks[op.chunk]
         if op.kind == "F":
-            x = None
-            if not first:
-                buf, arrived = receive("F", s - 1, i)
-                x = Tensor(buf, requires_grad=True)
-            start = time.perf_counter()             # the op runs from its input's arrival
+            x = None if first else Tensor(link.receive("F", s - 1, i), requires_grad=True)
+            clock.begin()
             inp = inputs[i] if first else x
-            out = chunks[op.chunk](inp, targets[i]) if last else chunks[op.chunk](inp)
+            out = chunk(inp, targets[i]) if last else chunk(inp)
             saved[key] = (x, out)
             stats.peak_inflight = max(stats.peak_inflight, len(saved) + len(w_todo))
+            clock.end(op)
+            if last:
+                stats.losses.append(float(out.data))
+            else:
+                link.send(out.data, "F", s, s + 1, i)
         elif op.kind == "B":
             x, out = saved.pop(key)
             if last:
                 grad = xp.full(out.shape, 1.0 / m, dtype=out.dtype)      # d(mean)/d(loss_i)
             else:
-                grad, arrived = receive("B", s + 1, i)
-            start = time.perf_counter()
+                grad = link.receive("B", s + 1, i)
+            clock.begin()
             if split:       # dL/dx now; the weights' gradients wait for W
                 w_todo[key] = backward_split(out, grad, weights=weights[op.chunk])
                 held = sum(w.held_bytes for w in w_todo.values())
                 stats.peak_w_bytes = max(stats.peak_w_bytes, held)
             else:
                 out.backward(grad)
+            clock.end(op)
+            if not first:
+                link.send(x.grad, "B", s, s - 1, i)
         else:
-            start = time.perf_counter()
+            clock.begin()
             w_todo.pop(key).run()
-        if op_seconds is not None:   # a fixed op length: equal-cost stages, whatever the load
-            _sleep_until(start + cost(op.kind, op_seconds))
-        end = time.perf_counter()
-        if op_costs is not None:
-            start = max(clock, arrived)
-            end = clock = start + cost(op.kind, op_costs)
-        if op.kind == "F" and last:
-            stats.losses.append(float(out.data))
-        elif op.kind == "F":
-            send(out.data, "F", s, s + 1, i)
-        elif op.kind == "B" and not first:
-            send(x.grad, "B", s, s - 1, i)
-        stats.timeline.append((op, start, end))
-    for handle, _ in sends:
-        handle.wait()
+            clock.end(op)
+        if traced:
+            trace_op(*clock.timeline[-1], step, group, p)
+    link.wait()
     return stats
 
 
-
-def _sleep_until(deadline: float) -> None:
-    remaining = deadline - time.perf_counter()
-    if remaining > 0.002:
-        time.sleep(remaining - 0.001)      # sleep most of it, spin the last millisecond
-    while time.perf_counter() < deadline:
-        pass
+def trace_op(op: Op, start: float, end: float, step: int, group: Any, p: int) -> None:
+    """The op as a span of the trace (the same start and end as ``stats.timeline``,
+    so the trace's bubble is ``measured_bubble``'s: trace/summary.py)."""
+    ranks = list(range(p)) if group is None else list(group.ranks)
+    trace.active.span(f"{op.kind}{op.microbatch}" + (f" c{op.chunk}" if op.chunk else ""),
+                      "pipeline", start, end, dict(kind=op.kind, microbatch=op.microbatch,
+                                                   chunk=op.chunk, step=step, group=ranks))
 
 
 def measured_bubble(timelines: Sequence[Sequence[tuple]]) -> float:

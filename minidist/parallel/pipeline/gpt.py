@@ -5,8 +5,11 @@
     piece P-1     blocks of range P-1;  loss = CE(ln_f(x) W_head^T, targets)
 
 P = p v pieces (stages x virtual stages), the blocks balanced by ``split_layers``.
-Works on the dense ``nn.GPT`` and on ``TensorParallelGPT`` (whose ``embed`` and
-``head`` communicate inside the tensor-parallel group: 3D parallelism).
+Works on any model with the GPT's interface: ``blocks``, ``embed(idx)``,
+``head(x, targets)`` and ``stage_ends()`` (the modules the first and the last piece
+hold): the dense ``nn.GPT`` and ``nn.Llama``, and their tensor-parallel versions
+(whose ``embed`` and ``head`` communicate inside the tensor-parallel group: 3D
+parallelism).
 
 A piece is a view on the model: it registers only the modules it uses, so
 ``piece.parameters()`` is what that rank trains. With tied embeddings
@@ -24,7 +27,6 @@ from typing import Any, Sequence
 import minidist.distributed as dist
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
-from minidist.nn import functional as F
 from minidist.nn.module import Module, ModuleList
 from minidist.parallel.pipeline.executor import split_layers
 
@@ -38,32 +40,21 @@ class GPTPiece(Module):
         super().__init__()
         object.__setattr__(self, "model", model)      # not registered: only the parts below
         self.first, self.last, self.layers = first, last, layers
-        if first:
-            self.wte, self.wpe = model.wte, model.wpe
+        embedding, head = model.stage_ends()               # {name: module} each
+        for name, module in (embedding.items() if first else ()):
+            setattr(self, name, module)
         self.blocks = ModuleList([model.blocks[i] for i in layers])
-        if last:
-            self.ln_f, self.lm_head = model.ln_f, model.lm_head
+        for name, module in (head.items() if last else ()):
+            setattr(self, name, module)
 
     def forward(self, x: Any, targets: Any = None) -> Tensor:
         if self.first:
-            x = self._embed(x)                                         # (B, T, C)
+            x = self.model.embed(x)                                    # (B, T, C)
         for block in self.blocks:
             x = block(x)
         if self.last:
-            return self._loss(x, targets)                              # scalar
+            return self.model.head(x, targets)[1]                      # scalar loss
         return x
-
-    def _embed(self, idx: Any) -> Tensor:
-        if hasattr(self.model, "embed"):                               # TensorParallelGPT
-            return self.model.embed(idx)
-        pos = xp.arange(idx.shape[1])
-        return self.model.drop(self.model.wte(idx) + self.model.wpe(pos))
-
-    def _loss(self, x: Tensor, targets: Any) -> Tensor:
-        if hasattr(self.model, "head"):                                # TensorParallelGPT
-            return self.model.head(x, targets)[1]
-        logits = self.model.lm_head(self.model.ln_f(x))                # (B, T, vocab)
-        return F.cross_entropy(logits, targets)
 
 
 def split_gpt(model: Module, stages: int, virtual: int = 1) -> list[GPTPiece]:
@@ -99,7 +90,7 @@ def counted_parameters(model: Module, chunks: Sequence[GPTPiece]) -> list:
     (after ``sync_tied_gradients`` both copies hold the same gradient)."""
     params = pipeline_parameters(chunks)
     if getattr(model.config, "tie_weights", False) and not any(c.first for c in chunks):
-        params = [q for q in params if q is not model.wte.weight]
+        params = [q for q in params if q is not model.lm_head.weight]
     return params
 
 
@@ -118,7 +109,7 @@ def sync_tied_gradients(model: Module, chunks: Sequence[GPTPiece], group: Any = 
         return
     peer = p - 1 if has_first else 0
     peer = peer if group is None else group.ranks[peer]
-    weight = model.wte.weight
+    weight = model.lm_head.weight                       # the embedding's matrix, tied
     theirs = xp.empty_like(weight.grad)
     send = dist.isend(xp.ascontiguousarray(weight.grad), peer, group, _TIED_TAG)
     dist.recv(theirs, peer, group, _TIED_TAG)

@@ -33,30 +33,17 @@ The executor (executor.py) runs the same data in real processes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from minidist.parallel.pipeline.op import (Op, Schedule, check_sizes, op_cost, rank_and_chunk,
+                                          virtual_stage)
+from minidist.parallel.pipeline.zero_bubble import zb_h1, zb_h2, zb_v
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1", "zb_h2", "zb_v")
 SPLIT_BACKWARD = ("zb_h1", "zb_h2", "zb_v")     # schedules whose backward is B + W
 
 
-@dataclass(frozen=True)
-class Op:
-    kind: str           # "F" forward, "B" backward (input gradient only if the
-                        # schedule has W ops), "W" weight gradient
-    microbatch: int     # 0 .. m-1
-    chunk: int = 0      # model chunk on this rank (interleaved), 0 .. v-1
-
-    def __str__(self) -> str:
-        chunk = "" if self.chunk == 0 else "abcdefgh"[self.chunk % 8]
-        return f"{self.kind}{self.microbatch}{chunk}"
-
-
-Schedule = list[list[Op]]   # schedule[stage] = that stage's ops, in order
-
-
 def gpipe(stages: int, microbatches: int) -> Schedule:
     """F(0..m-1), then B(m-1..0) on every stage."""
-    _check(stages, microbatches, 1)
+    check_sizes(stages, microbatches, 1)
     fwd = [Op("F", i) for i in range(microbatches)]
     bwd = [Op("B", i) for i in reversed(range(microbatches))]
     return [fwd + bwd for _ in range(stages)]
@@ -64,7 +51,7 @@ def gpipe(stages: int, microbatches: int) -> Schedule:
 
 def one_f_one_b(stages: int, microbatches: int) -> Schedule:
     """Warm-up of p - r - 1 forwards, steady 1F1B, cool-down backwards (PipeDream-Flush)."""
-    _check(stages, microbatches, 1)
+    check_sizes(stages, microbatches, 1)
     schedule = []
     for r in range(stages):
         warmup = min(stages - r - 1, microbatches)
@@ -87,7 +74,7 @@ def interleaved(stages: int, microbatches: int, virtual: int) -> Schedule:
     Backwards run the same way with the chunks in reverse. Rank r warms up with
     (p - r - 1) 2 + (v - 1) p forwards. Needs m to be a multiple of p.
     """
-    _check(stages, microbatches, virtual)
+    check_sizes(stages, microbatches, virtual)
     p, m, v = stages, microbatches, virtual
     if v == 1:
         return one_f_one_b(p, m)
@@ -117,9 +104,8 @@ def interleaved(stages: int, microbatches: int, virtual: int) -> Schedule:
 def make_schedule(name: str, stages: int, microbatches: int, virtual: int = 1) -> Schedule:
     """The schedule called ``name``; ``virtual`` is used by "interleaved" only
     (zb_v always has 2 chunks per rank, see ``chunks_per_rank``)."""
-    from minidist.parallel.pipeline import zero_bubble   # it builds on this module
     if name in SPLIT_BACKWARD:
-        return getattr(zero_bubble, name)(stages, microbatches)
+        return {"zb_h1": zb_h1, "zb_h2": zb_h2, "zb_v": zb_v}[name](stages, microbatches)
     if name == "gpipe":
         return gpipe(stages, microbatches)
     if name == "1f1b":
@@ -142,28 +128,7 @@ def placement(name: str) -> str:
     return "v" if name == "zb_v" else "loop"
 
 
-def _check(stages: int, microbatches: int, virtual: int) -> None:
-    if stages < 1 or microbatches < 1 or virtual < 1:
-        raise ValueError(f"stages, micro-batches and virtual stages must be >= 1, got "
-                         f"{stages}, {microbatches}, {virtual}")
-
-
 # -- where an op's input comes from ------------------------------------------------
-
-def virtual_stage(rank: int, chunk: int, stages: int, placement: str = "loop") -> int:
-    """Position of (rank, chunk) in the model: chunk c of rank r is piece c p + r
-    ("loop"); with "v", chunk 0 is piece r and chunk 1 piece 2p - 1 - r."""
-    if placement == "v":
-        return rank if chunk == 0 else 2 * stages - 1 - rank
-    return chunk * stages + rank
-
-
-def rank_and_chunk(piece: int, stages: int, placement: str = "loop") -> tuple[int, int]:
-    """The inverse of ``virtual_stage``."""
-    if placement == "v":
-        return (piece, 0) if piece < stages else (2 * stages - 1 - piece, 1)
-    return piece % stages, piece // stages
-
 
 def dependency(op: Op, rank: int, stages: int, virtual: int,
                placement: str = "loop") -> tuple[int, Op] | None:
@@ -221,10 +186,9 @@ def simulate(schedule: Schedule, virtual: int = 1, forward_cost: float = 1.0,
     what each stuck stage waits for if no stage can move while ops remain."""
     check_local_order(schedule)
     p = len(schedule)
-    w_cost = backward_cost / 2 if weight_cost is None else weight_cost
     split = any(op.kind == "W" for ops in schedule for op in ops)
-    cost = {"F": forward_cost, "B": backward_cost - w_cost if split else backward_cost,
-            "W": w_cost}
+    cost = {kind: op_cost(kind, (forward_cost, backward_cost, weight_cost), split, virtual)
+            for kind in "FBW"}
     done: dict[tuple[int, Op], float] = {}
     nxt = [0] * p
     free = [0.0] * p
@@ -239,7 +203,7 @@ def simulate(schedule: Schedule, virtual: int = 1, forward_cost: float = 1.0,
                 if dep is not None and dep not in done:
                     break
                 start = max(free[r], done[dep] if dep is not None else 0.0)
-                free[r] = start + cost[op.kind] / virtual
+                free[r] = start + cost[op.kind]
                 done[(r, op)] = free[r]
                 out[r].append((op, start, free[r]))
                 nxt[r] += 1

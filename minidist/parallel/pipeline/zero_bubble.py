@@ -36,7 +36,7 @@ step's first forward follows right on, so that span is the step's period.
 """
 from __future__ import annotations
 
-from minidist.parallel.pipeline.schedule import Op, Schedule, _check, virtual_stage
+from minidist.parallel.pipeline.op import Op, Schedule, check_sizes, virtual_stage
 
 
 def _deferred_w(stages: int, microbatches: int, warmup_of, held_back_of) -> Schedule:
@@ -61,7 +61,7 @@ def _deferred_w(stages: int, microbatches: int, warmup_of, held_back_of) -> Sche
 
 def zb_h1(stages: int, microbatches: int) -> Schedule:
     """ZB-H1: 1F1B's order and memory; stage r holds r W's back for the end."""
-    _check(stages, microbatches, 1)
+    check_sizes(stages, microbatches, 1)
     p = stages
     return _deferred_w(p, microbatches, lambda r: p - r - 1, lambda r: r)
 
@@ -69,7 +69,7 @@ def zb_h1(stages: int, microbatches: int) -> Schedule:
 def zb_h2(stages: int, microbatches: int) -> Schedule:
     """ZB-H2: 2(p-1-r) warm-up forwards, 2r W's held back: no idle from a stage's
     first op to its last once m >= 2p - 1, for 2p - 1 micro-batches of memory."""
-    _check(stages, microbatches, 1)
+    check_sizes(stages, microbatches, 1)
     p = stages
     return _deferred_w(p, microbatches, lambda r: 2 * (p - r - 1), lambda r: 2 * r)
 
@@ -77,7 +77,7 @@ def zb_h2(stages: int, microbatches: int) -> Schedule:
 def zb_v(stages: int, microbatches: int) -> Schedule:
     """ZB-V: two chunks per rank in a V (placement "v"), ordered by the list
     scheduler of the module docstring, every op one time unit."""
-    _check(stages, microbatches, 2)
+    check_sizes(stages, microbatches, 2)
     p, m = stages, microbatches
     limit = 4 * p                                   # in half chunk-activations
     f_done: dict[tuple[int, int], int] = {}         # (piece, micro-batch) -> end time

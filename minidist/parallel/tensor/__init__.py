@@ -15,6 +15,8 @@ Files, in reading order:
                ``sharded_parameters`` (which are split, which replicated)
 - vocab.py     ``VocabParallelEmbedding`` and ``vocab_parallel_cross_entropy``
 - gpt.py       ``TensorParallelGPT``: the small GPT with every block split
+- llama.py     ``TensorParallelLlama``: the Llama with its linear layers swapped for their
+               parallel twins (GQA: nkv/t key/value heads per rank)
 
 Docs: docs/tensor_parallel.md. Demo: demos/06_tensor_parallel.py.
 Tests: tests/parallel/tensor/.
@@ -24,6 +26,7 @@ from minidist.parallel.tensor.layers import (ColumnParallelLinear, ParallelMLP,
                                              ParallelSelfAttention, RowParallelLinear,
                                              SequenceParallelLayerNorm, shard_state_dict,
                                              sharded_parameters)
+from minidist.parallel.tensor.llama import SequenceParallelRMSNorm, TensorParallelLlama
 from minidist.parallel.tensor.mappings import (copy_to_tp, gather_from_sp, gather_from_tp,
                                                reduce_from_tp, reduce_scatter_to_sp, split_to_tp)
 from minidist.parallel.tensor.vocab import (VocabParallelEmbedding,
@@ -33,4 +36,4 @@ __all__ = ["copy_to_tp", "reduce_from_tp", "gather_from_tp", "split_to_tp", "gat
            "reduce_scatter_to_sp", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",
            "ParallelSelfAttention", "SequenceParallelLayerNorm", "shard_state_dict", "sharded_parameters",
            "VocabParallelEmbedding", "vocab_parallel_cross_entropy", "vocab_range",
-           "ParallelBlock", "TensorParallelGPT"]
+           "ParallelBlock", "TensorParallelGPT", "TensorParallelLlama", "SequenceParallelRMSNorm"]

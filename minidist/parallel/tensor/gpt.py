@@ -107,6 +107,10 @@ class TensorParallelGPT(Module):
             wpe = copy_to_tp(wpe, self.group)                          # their grads summed (f)
         return self.drop(tok + F.embedding(pos, wpe))                 # (B, T or T/t, C)
 
+    def stage_ends(self) -> tuple[dict, dict]:
+        """The modules a pipeline's first piece holds (embeddings) and its last (head)."""
+        return {"wte": self.wte, "wpe": self.wpe}, {"ln_f": self.ln_f, "lm_head": self.lm_head}
+
     def head(self, x: Tensor, targets: Any = None) -> tuple[Tensor, Tensor | None]:
         """ln_f, this rank's logit columns (B, T, V/t), and the loss if targets are given."""
         logits = self.lm_head(self.ln_f(x))          # (under SP lm_head all-gathers positions)

@@ -59,6 +59,7 @@ from minidist.parallel.zero.shard import FlatLayout
 from minidist.parallel.zero.zero12 import ZeroBase
 from minidist.optim.optimizer import optimizer_bytes
 from minidist.parallel.zero.memory import report
+from minidist.trace import recorder as trace
 
 
 class Unit:
@@ -213,6 +214,7 @@ class Zero3(ZeroBase):
     def _materialize(self, unit: Unit, direction: int) -> None:
         """Full weights of ``unit`` into its parameters; prefetch the next unit."""
         phase = "forward" if direction > 0 else "backward"
+        start = time.perf_counter()
         if unit.prefetched is not None:
             work, flat = unit.prefetched
             unit.prefetched = None
@@ -225,6 +227,9 @@ class Zero3(ZeroBase):
             unit.event["end"] = time.perf_counter()
         for p, view in zip(unit.layout.params, unit.layout.views(flat)):
             p.data = view
+        if trace.active is not None:   # the wait for this unit's weights (trace/)
+            trace.active.span(f"ZeRO-3 gather unit {unit.index} ({phase})", "zero", start,
+                              time.perf_counter(), dict(prefetched=unit.event["prefetched"]))
         if direction > 0 and unit not in self._order:
             self._order.append(unit)
         if self.prefetch and unit in self._order:

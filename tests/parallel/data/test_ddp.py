@@ -171,8 +171,9 @@ def test_found_inf_reduce_makes_every_rank_skip_when_one_overflows(world):
 
 
 def test_backward_writes_each_gradient_into_its_bucket(world):
-    """gradient_as_bucket_view: p.grad is the bucket's view from the first backward
-    on (backward copied it there: no array of its own); off, p.grad_home is unset."""
+    """gradient_as_bucket_view: p.grad is the bucket's view from the first forward
+    on (backward added the gradient there: no array of its own); off, p.grad is
+    None until DDP points it at the bucket after backward."""
     def fn(view):
         from minidist.autograd import Tensor
         from minidist.backend import xp
@@ -180,8 +181,9 @@ def test_backward_writes_each_gradient_into_its_bucket(world):
         from minidist.parallel import DistributedDataParallel
         model = Sequential(Linear(3, 4), Linear(4, 2))
         ddp = DistributedDataParallel(model, bucket_cap_mb=1e-4, gradient_as_bucket_view=view)
-        homes = [p.grad_home for p in model.parameters()]
-        ddp(Tensor(xp.ones((2, 3)))).sum().backward()
+        out = ddp(Tensor(xp.ones((2, 3))))
+        homes = [p.grad for p in model.parameters()]
+        out.sum().backward()
         slots = {id(p): b.views[i] for b in ddp.buckets for i, p in enumerate(b.params)}
         homes_ok = all((h is slots[id(p)]) if view else (h is None)
                        for h, p in zip(homes, model.parameters()))

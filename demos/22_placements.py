@@ -1,4 +1,4 @@
-"""Demo 25: placements. Megatron's f and g, and FSDP's gathers, as changes of placement.
+"""Demo 22: placements. Megatron's f and g, and FSDP's gathers, as changes of placement.
 
 Two models, each step run under CommDebugMode, which counts the collectives that
 DTensor's redistribute issues (minidist/distributed/tensor/debug/):
@@ -15,8 +15,8 @@ DTensor's redistribute issues (minidist/distributed/tensor/debug/):
 
 Then visualize_sharding shows which rank holds which block of the MLP's c_fc weight.
 
-    python demos/25_placements.py              # 2 processes, a few seconds
-    python demos/25_placements.py -n 4 --n-layer 2
+    python demos/22_placements.py              # 2 processes, a few seconds
+    python demos/22_placements.py -n 4 --n-layer 2
 
 The check: both equal one process (max difference <= 1e-12, float64) and the counts
 equal the formula. With --figure PATH it draws the counts (needs matplotlib).

@@ -1,0 +1,47 @@
+"""Autoregressive decoding, shared by the GPT and the Llama (``model.generate``).
+
+    for each new token:  logits = model(idx[:, -context:])[0][:, -1] / temperature
+                         top-k: logits below the k-th largest -> -inf
+                         next ~ softmax(logits)      (do_sample=False: argmax, greedy)
+
+The whole context is run again for every token (no KV cache): plain, and exact.
+Sampling is inverse-CDF with one uniform draw per row, so a seed gives the same
+tokens on every backend.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from minidist import backend
+from minidist.autograd.grad_mode import no_grad
+from minidist.autograd.tensor import Tensor
+from minidist.backend import xp
+from minidist.nn import functional as F
+
+
+@no_grad()
+def generate(model: Any, idx: Any, max_new_tokens: int, context: int, temperature: float = 1.0,
+             top_k: int | None = None, seed: int = 0, do_sample: bool = True) -> Any:
+    """``max_new_tokens`` tokens after ``idx`` (B, T), the model seeing at most ``context``
+    tokens; returns (B, T + new)."""
+    gen = backend.Generator(seed)
+    was_training = model.training
+    model.eval()
+    for _ in range(max_new_tokens):
+        logits, _ = model(idx[:, -context:])
+        logits = logits.data[:, -1, :]                                 # (B, vocab)
+        if not do_sample:
+            nxt = xp.argmax(logits, axis=-1)[:, None]                  # greedy
+        else:
+            logits = logits / temperature
+            if top_k is not None:
+                kth = xp.sort(logits, axis=-1)[:, -min(top_k, logits.shape[-1])][:, None]
+                logits = xp.where(logits < kth, -xp.inf, logits)
+            probs = F.softmax(Tensor(logits), axis=-1).data
+            # inverse-CDF sampling with a uniform draw: same on every backend
+            u = gen.random((probs.shape[0], 1), dtype=probs.dtype)
+            nxt = (xp.cumsum(probs, axis=-1) < u).sum(axis=-1, keepdims=True)
+            nxt = xp.minimum(nxt, probs.shape[-1] - 1)
+        idx = xp.concatenate([idx, nxt.astype(idx.dtype)], axis=1)
+    model.train(was_training)
+    return idx

@@ -1,0 +1,192 @@
+"""Hugging Face Llama checkpoints in and out: ``config.json`` + safetensors, nothing pickled.
+
+    directory/config.json                           LlamaConfig's names (rope_parameters too)
+    directory/model.safetensors                     one file, or
+    directory/model.safetensors.index.json          {"weight_map": {name: file}} and
+    directory/model-00001-of-00002.safetensors ...  the shards it names
+
+The tensors are read with the ``safetensors`` package's NumPy API (``safe_open(...,
+framework="np")``), which parses a JSON header and copies raw bytes: it never runs
+code from the file, as unpickling would. The package is an optional extra
+(``pip install -e ".[hf]"``); the core of minidist stays NumPy-only.
+
+Loading is all or nothing: every tensor is read and checked against the model the
+config describes (each expected name present, none unexpected, each shape right)
+before any is copied in, and every problem is named with its tensor.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from minidist import backend
+from minidist.backend import xp
+
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")   # same tensors, Mistral windows
+MODEL_TYPES = ("llama", "mistral")
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+# names Hugging Face once saved that are not parameters (the rotary table is recomputed)
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint that does not fit the model its config describes."""
+
+
+def _safetensors() -> Any:
+    try:
+        import safetensors.numpy  # noqa: F401  (the submodule the save uses)
+        from safetensors import safe_open
+    except ImportError:
+        raise ImportError("reading and writing Hugging Face checkpoints needs the safetensors "
+                          "package: pip install -e \".[hf]\" (or pip install safetensors)") \
+            from None
+    return safe_open
+
+
+# -- config ----------------------------------------------------------------------------
+
+def config_from_hf(hf: dict, dtype: str | None) -> Any:
+    """A ``LlamaConfig`` from the dict of a Hugging Face ``config.json``."""
+    from minidist.nn.llama import LlamaConfig
+    archs = hf.get("architectures") or []
+    if hf.get("model_type") not in MODEL_TYPES or (archs and archs[0] not in ARCHITECTURES):
+        raise CheckpointMismatch(
+            f"unsupported architecture {archs or hf.get('model_type')!r}: minidist loads "
+            f"{', '.join(ARCHITECTURES)} (model_type {' or '.join(MODEL_TYPES)})")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointMismatch(f"hidden_act {hf['hidden_act']!r}: the Llama MLP here is SiLU")
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise CheckpointMismatch(f"rope_type {rope_type!r} (scaled rotary embeddings) is not "
+                                 f"supported; only the default rotary embedding is")
+    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
+    return LlamaConfig(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"], num_hidden_layers=hf["num_hidden_layers"],
+        num_attention_heads=hf["num_attention_heads"],
+        num_key_value_heads=hf.get("num_key_value_heads"), head_dim=hf.get("head_dim"),
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
+        max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        tie_word_embeddings=hf.get("tie_word_embeddings", False),
+        attention_bias=hf.get("attention_bias", False), mlp_bias=hf.get("mlp_bias", False),
+        sliding_window=window, initializer_range=hf.get("initializer_range", 0.02),
+        dtype=dtype or hf.get("dtype") or hf.get("torch_dtype") or "float32")
+
+
+def config_to_hf(cfg: Any) -> dict:
+    """The ``config.json`` dict that ``transformers``' ``LlamaConfig`` reads back."""
+    out = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+           "dtype": cfg.dtype, "rope_parameters": {"rope_theta": cfg.rope_theta,
+                                                    "rope_type": "default"},
+           "rope_theta": cfg.rope_theta}
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+                 "max_position_embeddings", "tie_word_embeddings", "attention_bias",
+                 "mlp_bias", "initializer_range"):
+        out[name] = getattr(cfg, name)
+    if cfg.sliding_window is not None:
+        out.update(architectures=["MistralForCausalLM"], model_type="mistral",
+                   sliding_window=cfg.sliding_window)
+    return out
+
+
+# -- tensors -----------------------------------------------------------------------------
+
+def _files(directory: str) -> dict[str, list[str]]:
+    """file -> the tensor names it should hold (None: whatever the single file holds)."""
+    index = os.path.join(directory, INDEX)
+    if os.path.exists(index):
+        with open(index) as f:
+            weight_map = json.load(f).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointMismatch(f"{index} has no \"weight_map\" {{tensor: file}}")
+        files: dict[str, list[str]] = {}
+        for name, file in weight_map.items():
+            files.setdefault(file, []).append(name)
+        return files
+    if os.path.exists(os.path.join(directory, SINGLE)):
+        return {SINGLE: None}
+    raise FileNotFoundError(f"{directory} holds neither {SINGLE} nor {INDEX}: is it a "
+                            f"Hugging Face checkpoint directory (save_pretrained's output)?")
+
+
+def read_tensors(directory: str) -> dict[str, Any]:
+    """Every tensor of the checkpoint, as host arrays, by name (NumPy API, no pickle)."""
+    safe_open = _safetensors()
+    tensors: dict[str, Any] = {}
+    for file, names in _files(directory).items():
+        path = os.path.join(directory, file)
+        try:
+            with safe_open(path, framework="np") as f:
+                keys = list(f.keys())
+                for name in (keys if names is None else names):
+                    if name not in keys:
+                        raise CheckpointMismatch(f"tensor {name!r}: the index places it in "
+                                                 f"{file}, which does not hold it")
+                    tensors[name] = f.get_tensor(name)
+        except CheckpointMismatch:
+            raise
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path}: named by {INDEX} but missing") from None
+        except TypeError as err:          # e.g. bfloat16, which NumPy has no type for
+            raise CheckpointMismatch(f"{path}: the NumPy API cannot read a tensor ({err}); "
+                                     f"save the checkpoint in float32 or float16") from None
+        except Exception as err:          # safetensors' own error: truncated, bad header
+            raise CheckpointMismatch(f"{path} is truncated or corrupt: {err}") from None
+    return tensors
+
+
+def check_tensors(model: Any, tensors: dict[str, Any]) -> None:
+    """Raise ``CheckpointMismatch`` naming every missing, unexpected or misshapen tensor."""
+    own = dict(model.named_parameters())
+    problems = []
+    for name, p in own.items():
+        if name not in tensors:
+            problems.append(f"missing tensor {name!r} (expected shape {p.shape})")
+        elif tuple(tensors[name].shape) != p.shape:
+            problems.append(f"tensor {name!r}: expected shape {p.shape}, found "
+                            f"{tuple(tensors[name].shape)}")
+    for name in tensors:
+        tied_head = name == "lm_head.weight" and model.config.tie_word_embeddings
+        if name not in own and not tied_head and not name.endswith(IGNORED_SUFFIXES):
+            problems.append(f"unexpected tensor {name!r} (shape {tuple(tensors[name].shape)})")
+    if problems:
+        raise CheckpointMismatch("the checkpoint does not fit the model of its config.json: "
+                                 + "; ".join(problems))
+
+
+def load_llama(cls: type, directory: str, dtype: str | None = None) -> Any:
+    """``cls`` (Llama) built from ``directory``'s config, every tensor checked, then copied."""
+    _safetensors()                                    # the extra first, before any work
+    path = os.path.join(directory, "config.json")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: a Hugging Face checkpoint directory holds "
+                                f"config.json beside its safetensors")
+    with open(path) as f:
+        hf = json.load(f)
+    tensors = read_tensors(directory)
+    if dtype is None and not (hf.get("dtype") or hf.get("torch_dtype")) and tensors:
+        dtype = str(next(iter(tensors.values())).dtype)   # the checkpoint's own dtype
+    model = cls(config_from_hf(hf, dtype))
+    check_tensors(model, tensors)
+    for name, p in model.named_parameters():
+        p.data = backend.from_host(tensors[name]).astype(p.dtype)
+    return model
+
+
+def save_llama(model: Any, directory: str) -> None:
+    """``config.json`` and ``model.safetensors`` (a tied head is saved once, as its
+    embedding, which is what ``transformers`` writes and expects)."""
+    _safetensors()
+    from safetensors.numpy import save_file
+    os.makedirs(directory, exist_ok=True)
+    tensors = {name: backend.to_host(xp.ascontiguousarray(p.data))
+               for name, p in model.named_parameters()}
+    save_file(tensors, os.path.join(directory, SINGLE), metadata={"format": "pt"})
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config_to_hf(model.config), f, indent=2)

@@ -1,0 +1,220 @@
+"""Llama: the decoder that torchtitan, picotron, nanotron and Megatron-Core train.
+
+    x = embed_tokens[idx]                                            (B, T, C)
+    for each layer:  x = x + attn(rms(x))       grouped-query, rotary at positions p
+                     x = x + mlp(rms(x))        SwiGLU: down(silu(gate x) * up x)
+    logits = norm(x) W_head^T                                        (B, T, vocab)
+    loss = cross_entropy(logits, targets)
+
+No biases, no learned positions: RoPE turns q and k by each token's position, so a
+packed row passes positions that restart per document (``document_ids`` does that
+and masks attention to each document), and a context-parallel shard passes its
+tokens' global positions.
+
+The config takes Hugging Face's ``LlamaConfig`` names, and parameter names are
+Hugging Face's (``model.layers.0.self_attn.q_proj.weight``), so ``nn/hf.py`` moves a
+checkpoint in and out with no renaming: ``Llama.from_pretrained(directory)`` reads
+what ``transformers``' ``save_pretrained`` writes, ``save_pretrained`` the reverse.
+
+The strategies meet the model through the interface the GPT has: ``blocks``,
+``embed(idx)``, ``head(x, targets)``, ``stage_ends()``, ``config.tie_weights``.
+Docs: docs/llama.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from minidist import backend
+from minidist.autograd.activation_checkpoint import checkpoint
+from minidist.autograd.tensor import Tensor
+from minidist.backend import xp
+from minidist.nn import functional as F
+from minidist.nn.attention import GroupedQueryAttention
+from minidist.nn.generate import generate
+from minidist.nn.layers import Embedding, Linear, RMSNorm, SwiGLU
+from minidist.nn.module import Module, ModuleList
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int = 65                  # e.g. the characters of a small corpus
+    hidden_size: int = 64                 # model width C
+    intermediate_size: int = 172          # SwiGLU hidden H, about 8/3 C
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4          # query heads nh
+    num_key_value_heads: int | None = 2   # key/value heads nkv (None: = nh, multi-head)
+    head_dim: int | None = None           # None: C / nh
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0           # Llama 2: 1e4; Llama 3: 5e5
+    max_position_embeddings: int = 64     # longest context (generate's window)
+    tie_word_embeddings: bool = False     # lm_head shares embed_tokens' matrix
+    attention_bias: bool = False          # biases in q/k/v/o (Llama: none)
+    mlp_bias: bool = False                # biases in the SwiGLU MLP (Llama: none)
+    sliding_window: int | None = None     # keys per row (Mistral's window), None: all
+    initializer_range: float = 0.02       # std of the normal initial weights
+    # minidist's own knobs
+    dtype: str = "float32"                # parameter and activation dtype
+    seed: int = 0                         # weight init seed (same weights on every backend)
+    attention: str = "naive"              # "naive" | "flash" (minidist.attention)
+    checkpoint: bool = False              # recompute each layer in backward
+
+    def __post_init__(self):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None and self.num_attention_heads >= 1:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.num_hidden_layers < 0:
+            raise ValueError(f"num_hidden_layers must be at least 0, "
+                             f"got {self.num_hidden_layers}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_key_value_heads={self.num_key_value_heads} must divide "
+                             f"num_attention_heads={self.num_attention_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"rotary embeddings need an even head_dim, got {self.head_dim}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be at least 1 or None, "
+                             f"got {self.sliding_window}")
+
+    # the GPT's names, which the strategies read
+    @property
+    def tie_weights(self) -> bool:
+        return self.tie_word_embeddings
+
+    @property
+    def block_size(self) -> int:
+        return self.max_position_embeddings
+
+    @property
+    def n_layer(self) -> int:
+        return self.num_hidden_layers
+
+    @property
+    def n_head(self) -> int:
+        return self.num_attention_heads
+
+    @property
+    def n_embd(self) -> int:
+        return self.hidden_size
+
+
+class LlamaDecoderLayer(Module):
+    """x + attn(input_layernorm(x)), then x + mlp(post_attention_layernorm(x))."""
+
+    def __init__(self, cfg: LlamaConfig, generator: Any = None):
+        super().__init__()
+        std = cfg.initializer_range
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.self_attn = GroupedQueryAttention(
+            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+            cfg.attention_bias, cfg.dtype, std, generator, cfg.attention, cfg.sliding_window,
+            cfg.rope_theta)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.dtype, std,
+                          generator)
+
+    def forward(self, x: Tensor, position_ids: Any = None, document_ids: Any = None) -> Tensor:
+        """x (B, T, C); position_ids (T,) or (B, T), default 0 .. T-1."""
+        x = x + self.self_attn(self.input_layernorm(x), position_ids, document_ids)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(Module):
+    """The stack without the head (Hugging Face's ``LlamaModel``: the ``model.`` prefix)."""
+
+    def __init__(self, cfg: LlamaConfig, generator: Any = None):
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, cfg.dtype,
+                                      std=cfg.initializer_range, generator=generator)
+        self.layers = ModuleList([LlamaDecoderLayer(cfg, generator)
+                                  for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
+
+
+def positions_in_documents(document_ids: Any) -> Any:
+    """Positions that restart at 0 where the document id changes: (B, T) -> (B, T).
+
+    ids [[0, 0, 0, 1, 1, 2]] -> [[0, 1, 2, 0, 1, 0]] (each document's tokens contiguous)."""
+    ids = document_ids if document_ids.ndim == 2 else document_ids[None, :]
+    B, T = ids.shape
+    starts = xp.concatenate([xp.ones((B, 1), dtype=bool), ids[:, 1:] != ids[:, :-1]], axis=1)
+    count = xp.cumsum(starts, axis=1)                  # document number, nondecreasing
+    # the first index of each token's document: where its number first appears
+    start_of = xp.stack([xp.searchsorted(count[b], count[b], side="left") for b in range(B)])
+    index = xp.arange(T)[None, :]                                       # (1, T)
+    return index - start_of
+
+
+class Llama(Module):
+    """``logits, loss = model(idx, targets)`` as the GPT; see the module docstring."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.config = cfg
+        gen = backend.Generator(cfg.seed)
+        self.model = LlamaModel(cfg, gen)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=cfg.dtype,
+                              std=cfg.initializer_range, generator=gen)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def blocks(self) -> ModuleList:
+        """The decoder layers (the GPT's name, which the strategies use)."""
+        return self.model.layers
+
+    def embed(self, idx: Any) -> Tensor:
+        return self.model.embed_tokens(idx)                            # (B, T, C)
+
+    def head(self, x: Tensor, targets: Any = None) -> tuple[Tensor, Tensor | None]:
+        """Final norm, logits (B, T, vocab), and the loss if targets are given."""
+        logits = self.lm_head(self.model.norm(x))
+        loss = None if targets is None else F.cross_entropy(logits, targets)
+        return logits, loss
+
+    def stage_ends(self) -> tuple[dict, dict]:
+        """The modules a pipeline's first piece holds (embeddings) and its last (head)."""
+        return {"embed_tokens": self.model.embed_tokens}, {"norm": self.model.norm,
+                                                            "lm_head": self.lm_head}
+
+    def forward(self, idx: Any, targets: Any = None, position_ids: Any = None,
+                document_ids: Any = None) -> tuple[Tensor, Tensor | None]:
+        """idx (B, T) -> logits (B, T, vocab), and the loss if targets are given.
+
+        ``document_ids`` (T,) or (B, T): packed documents, each causal within itself,
+        positions restarting per document unless ``position_ids`` are given."""
+        idx = idx.data if isinstance(idx, Tensor) else idx
+        if idx.ndim != 2:
+            raise ValueError(f"idx must be (B, T) token ids, got shape {tuple(idx.shape)}")
+        if position_ids is None and document_ids is not None:
+            position_ids = positions_in_documents(document_ids)
+        x = self.embed(idx)
+        for layer in self.blocks:
+            if self.config.checkpoint and self.training:
+                x = checkpoint(partial(layer, position_ids=position_ids,
+                                       document_ids=document_ids), x)
+            else:
+                x = layer(x, position_ids, document_ids)
+        return self.head(x, targets)
+
+    def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, seed: int = 0, do_sample: bool = True) -> Any:
+        """``max_new_tokens`` tokens after ``idx`` (B, T); ``do_sample=False``: greedy."""
+        return generate(self, idx, max_new_tokens, self.config.max_position_embeddings,
+                        temperature, top_k, seed, do_sample)
+
+    @classmethod
+    def from_pretrained(cls, directory: str, dtype: str | None = None) -> "Llama":
+        """A Llama from a Hugging Face checkpoint directory (see ``nn/hf.py``)."""
+        from minidist.nn import hf
+        return hf.load_llama(cls, directory, dtype)
+
+    def save_pretrained(self, directory: str) -> None:
+        """Write ``config.json`` and ``model.safetensors`` that ``transformers`` loads."""
+        from minidist.nn import hf
+        hf.save_llama(self, directory)

@@ -1,0 +1,177 @@
+"""One file per run: the ranks' part files merged into one Chrome trace.
+
+    merge("run.json")                    # run.json.<pid>.part, ... -> run.json
+    merge("run.json.gz", failures=[...]) # gzip when the name ends in .gz
+
+Each part holds one process's events without a pid (recorder.py); here each
+process becomes a trace process: pid = rank (+ 1000 per restart of the world),
+named ``rank 3 (dp 1, pp 1, tp 0)``, and a process that never joined a world
+(the script around ``minidist.launch``) is named by its OS pid. Times are
+shifted so that the run starts at 0; under MPI each rank's clock offset to
+rank 0 is added first. A part cut short (the rank was killed) loses at most its
+last, half-written line. ``failures`` (from the launcher) become instant events
+on the failed rank: a run that fails still leaves its trace up to the failure.
+
+Output: ``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``,
+which ui.perfetto.dev and chrome://tracing open.
+"""
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import time
+from typing import Any
+
+NO_RANK_PID = 100000   # pids of processes that are not ranks start here
+
+
+def parts_of(path: str) -> list[str]:
+    return sorted(glob.glob(glob.escape(path) + ".*.part"))
+
+
+def remove_parts(path: str) -> None:
+    for part in parts_of(path):
+        os.remove(part)
+
+
+def read_part(part: str) -> tuple[list[dict], bool]:
+    """(events, complete): a line that does not parse ends the part (the rank was
+    killed while writing it)."""
+    events, complete = [], False
+    with open(part) as f:
+        for line in f:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if event.get("end"):
+                complete = True
+            else:
+                events.append(event)
+    return events, complete
+
+
+def completed_ranks(path: str) -> set[int]:
+    """Ranks whose part is complete (their recorder was closed)."""
+    done = set()
+    for part in parts_of(path):
+        events, complete = read_part(part)
+        rank = _meta(events, "minidist_rank")
+        if complete and rank is not None:
+            done.add(rank["rank"])
+    return done
+
+
+def wait_for_ranks(path: str, world_size: int, timeout: float = 10.0) -> bool:
+    """Wait until every rank's part is complete; False after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while len(completed_ranks(path)) < world_size:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def merge(path: str, failures: list[dict] | None = None, keep_parts: bool = False) -> dict:
+    """Merge the parts of ``path`` into ``path`` (see module docstring); returns
+    the trace. ``failures``: dicts with ``rank``, ``at`` (perf_counter seconds),
+    ``message``, ``attempt`` (default 0)."""
+    parts = parts_of(path)
+    if not parts:
+        raise FileNotFoundError(f"no trace parts {path}.<pid>.part to merge: was the run "
+                                f"started with --trace {path} or MINIDIST_TRACE={path}?")
+    processes = []
+    for k, part in enumerate(parts):
+        events, complete = read_part(part)
+        process = _as_process(events, complete, NO_RANK_PID + k, part)
+        if process["rank"] is not None or any(e["ph"] != "M" for e in process["events"]):
+            processes.append(process)   # (a process that recorded nothing is left out)
+    pid_of = {(p["attempt"], p["rank"]): p["pid"] for p in processes if p["rank"] is not None}
+    out: list[dict] = []
+    for p in processes:
+        out.extend(p["events"])
+    for failure in failures or []:
+        pid = pid_of.get((failure.get("attempt", 0), failure["rank"]),
+                         failure["rank"] + 1000 * failure.get("attempt", 0))
+        out.append({"ph": "i", "name": f"rank {failure['rank']} failed", "cat": "failure",
+                    "ts": round(failure["at"] * 1e6, 3), "pid": pid, "tid": 0, "s": "p",
+                    "args": {"message": failure["message"]}})
+    timed = [e["ts"] for e in out if "ts" in e and e["ph"] != "M"]
+    origin = min(timed) if timed else 0.0
+    for e in out:
+        if "ts" in e:
+            e["ts"] = round(e["ts"] - origin, 3)
+    trace = {"traceEvents": out, "displayTimeUnit": "ms",
+             "otherData": {"producer": "minidist", "origin_perf_counter_us": origin,
+                           "incomplete_ranks": sorted(p["rank"] for p in processes
+                                                      if not p["complete"] and p["rank"] is not None)}}
+    write(path, trace)
+    if not keep_parts:
+        for part in parts:
+            os.remove(part)
+    return trace
+
+
+def write(path: str, trace: dict) -> None:
+    """Write atomically (a reader never sees half a file); gzip for ``.gz``."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(tmp, "wt") as f:
+        json.dump(trace, f, separators=(",", ":"))
+    os.replace(tmp, path)
+
+
+def load(path: str) -> dict:
+    """A merged trace (plain or gzipped JSON); a bare list of events is accepted too."""
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rt") as f:
+            trace = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no trace at {path}") from None
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not a JSON trace ({e}); a run that is still going "
+                         f"has only parts: `minidist trace merge {path}`") from None
+    return {"traceEvents": trace} if isinstance(trace, list) else trace
+
+
+def _meta(events: list[dict], name: str) -> dict | None:
+    found = None
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == name:
+            found = e["args"]
+    return found
+
+
+def _as_process(events: list[dict], complete: bool, fallback_pid: int, part: str) -> dict:
+    """Give one part's events their pid and name; apply the clock offset."""
+    info = _meta(events, "minidist_rank")
+    coords = _meta(events, "minidist_coords")
+    if info is None:
+        rank, attempt, offset = None, 0, 0.0
+        pid, name = fallback_pid, f"process {part.rsplit('.', 2)[-2]} (not a rank)"
+    else:
+        rank, attempt, offset = info["rank"], info.get("attempt", 0), info.get("clock_offset_us", 0.0)
+        pid = rank + 1000 * attempt
+        name = f"rank {rank}"
+        if coords:
+            name += " (" + ", ".join(f"{d} {i}" for d, i in coords.items()) + ")"
+        if attempt:
+            name += f" attempt {attempt}"
+    kept = []
+    for e in events:
+        if e.get("ph") == "M" and e.get("name", "").startswith("minidist_"):
+            continue
+        e["pid"] = pid
+        if "ts" in e and offset:
+            e["ts"] = round(e["ts"] + offset, 3)
+        kept.append(e)
+    kept.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
+    kept.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                 "args": {"sort_index": pid}})
+    if rank is not None:
+        kept.append({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0,
+                     "args": {"labels": f"world {info['world_size']}"}})
+    return dict(events=kept, complete=complete, rank=rank, attempt=attempt, pid=pid)

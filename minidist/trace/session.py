@@ -1,0 +1,82 @@
+"""When recording starts and stops, and which process merges the parts.
+
+Three ways to trace a run, one file at the end:
+
+    minidist run -n 4 --trace run.json train.py     # the launcher merges, failures included
+    MINIDIST_TRACE=run.json mpiexec -n 4 python train.py   # rank 0 merges at the end
+    with minidist.trace.record("run.json"):          # in a script: rank 0 merges on exit
+        ...
+
+A rank starts recording when it joins its world (``init_process_group`` calls
+``recorder.start_from_env``) and stops when it leaves it
+(``destroy_process_group`` calls ``finish``). Whoever merges first waits for
+every rank's part to be complete (at most ``WAIT_S``), so that rank 0 does not
+merge while rank 3 is still writing. ``MINIDIST_TRACE_MERGE=parent`` tells the
+ranks that a process above them (the launcher, a script around
+``minidist.launch`` inside ``record``) merges instead.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+from minidist.trace import recorder
+from minidist.trace.merge import merge, wait_for_ranks
+
+WAIT_S = 10.0   # how long the merging rank waits for the others' parts
+
+_RANK_ENV = (("RANK", "WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
+             ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
+
+
+def rank_from_env() -> tuple[int, int] | None:
+    """(rank, world size) of a process started as a rank, from its environment."""
+    for rank_var, size_var in _RANK_ENV:
+        if rank_var in os.environ and size_var in os.environ:
+            return int(os.environ[rank_var]), int(os.environ[size_var])
+    return None
+
+
+def finish() -> None:
+    """Stop recording; rank 0 (or a process that is no rank) merges unless a
+    parent process does."""
+    rec = recorder.stop()
+    if rec is None:
+        return
+    if os.environ.get("MINIDIST_TRACE_MERGE") == "parent" and rec.rank is not None:
+        return
+    if rec.rank not in (None, 0):
+        return
+    if rec.rank == 0:
+        wait_for_ranks(rec.path, rec.world_size, WAIT_S)
+    merge(rec.path)
+
+
+@contextlib.contextmanager
+def record(path: str) -> Iterator[recorder.Recorder]:
+    """Record a trace of what runs inside the block (every rank calls it), and of
+    the ranks started inside it (``minidist.launch``); merged into ``path`` on exit
+    (``.gz``: gzipped). An exception leaving the block is an instant event."""
+    rec = recorder.start(path)
+    if rec.rank is None:
+        found = rank_from_env()
+        if found is not None:
+            rec.note_rank(*found)
+    saved = {k: os.environ.get(k) for k in ("MINIDIST_TRACE", "MINIDIST_TRACE_MERGE")}
+    os.environ["MINIDIST_TRACE"] = path
+    if rec.rank is None:   # worlds started in here leave the merge to this process
+        os.environ["MINIDIST_TRACE_MERGE"] = "parent"
+    try:
+        yield rec
+    except BaseException as e:
+        rec.instant(f"{type(e).__name__}: {e}"[:200], "failure", scope="p")
+        raise
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if recorder.active is rec:
+            finish()

@@ -1,0 +1,151 @@
+"""Reading a trace back: where each rank's time went.
+
+    minidist trace summary run.json
+
+Per rank, over its window (first span's start to last span's end), with C the
+union of its communication spans (any thread) and K the union of its main
+thread's other spans (module forwards, pipeline ops, the optimizer step) less
+the communication inside them::
+
+    busy = |K u C|      idle = window - busy      comm = |C|
+    exposed comm = |C \\ K|      (communication that no compute hid)
+
+Two figures that strategies already measure their own way, recomputed from the
+trace alone (the tests hold them equal on the same run):
+
+- the pipeline bubble of each step (spans of cat "pipeline" with ``step`` and
+  ``group``), as ``measured_bubble`` (parallel/pipeline/executor.py): the largest
+  over the stages of (span - busy) / busy;
+- DDP's hidden fraction of each synchronised backward (the bucket spans of cat
+  "ddp" and the "DDP backward end" instant), as the bucket timeline
+  (parallel/data/timeline.py): sum_b |[start_b, end_b] before backward end| / sum_b (end_b - start_b).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+COMM = "comm"
+
+
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Disjoint, sorted intervals covering the same points."""
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def length(intervals: list[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points of the union ``a`` not in the union ``b`` (both disjoint and sorted)."""
+    out, k = [], 0
+    for start, end in a:
+        while k < len(b) and b[k][1] <= start:
+            k += 1
+        j, cursor = k, start
+        while j < len(b) and b[j][0] < end:
+            if b[j][0] > cursor:
+                out.append((cursor, b[j][0]))
+            cursor = max(cursor, b[j][1])
+            j += 1
+        if cursor < end:
+            out.append((cursor, end))
+    return out
+
+
+def summarize(trace: dict) -> dict:
+    """The numbers of the summary (times in microseconds): ``ranks`` (pid -> row),
+    ``largest`` (the largest communication calls), ``bubbles``, ``ddp_hidden``."""
+    events = trace["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    spans = [e for e in events if e.get("ph") == "X"]
+    by_pid = defaultdict(list)
+    for e in spans:
+        by_pid[e["pid"]].append(e)
+    ranks = {}
+    for pid, rows in sorted(by_pid.items()):
+        comm = union([(e["ts"], e["ts"] + e["dur"]) for e in rows if e["cat"] == COMM])
+        main_comm = union([(e["ts"], e["ts"] + e["dur"]) for e in rows
+                           if e["cat"] == COMM and e["tid"] == 0])
+        compute = minus(union([(e["ts"], e["ts"] + e["dur"]) for e in rows
+                               if e["cat"] != COMM and e["tid"] == 0]), main_comm)
+        start = min(e["ts"] for e in rows)
+        window = max(e["ts"] + e["dur"] for e in rows) - start
+        busy = length(union(comm + compute))
+        ranks[pid] = dict(name=names.get(pid, f"pid {pid}"), window=window, busy=busy,
+                          idle=window - busy, comm=length(comm),
+                          exposed_comm=length(minus(comm, union(compute))))
+    largest = sorted((e for e in spans if e["cat"] == COMM), key=lambda e: -e["dur"])[:5]
+    return dict(ranks=ranks, largest=largest, bubbles=pipeline_bubbles(spans),
+                ddp_hidden=ddp_hidden_fractions(events))
+
+
+def pipeline_bubbles(spans: list[dict]) -> dict:
+    """(group, step) -> the bubble of that pipeline step, as ``measured_bubble``."""
+    steps = defaultdict(lambda: defaultdict(list))
+    for e in spans:
+        if e["cat"] == "pipeline":
+            args = e["args"]
+            steps[(tuple(args["group"]), args["step"])][e["pid"]].append(e)
+    bubbles = {}
+    for key, stages in steps.items():
+        worst = 0.0
+        for row in stages.values():
+            busy = sum(e["dur"] for e in row)
+            span = max(e["ts"] + e["dur"] for e in row) - min(e["ts"] for e in row)
+            worst = max(worst, (span - busy) / busy)
+        bubbles[key] = worst
+    return bubbles
+
+
+def ddp_hidden_fractions(events: list[dict]) -> dict:
+    """(pid, step) -> the share of DDP's bucket communication that ran before
+    backward ended, as the bucket timeline's ``hidden_fraction``."""
+    ends = {(e["pid"], e["args"]["step"]): e["ts"] for e in events
+            if e.get("ph") == "i" and e.get("name") == "DDP backward end"}
+    buckets = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "ddp":
+            buckets[(e["pid"], e["args"]["step"])].append(e)
+    fractions = {}
+    for key, end in ends.items():
+        rows = buckets.get(key, [])
+        total = sum(e["dur"] for e in rows)
+        hidden = sum(max(0.0, min(e["ts"] + e["dur"], end) - e["ts"]) for e in rows)
+        fractions[key] = hidden / total if total > 0 else 0.0
+    return fractions
+
+
+def render(summary: dict) -> str:
+    """The summary as text."""
+    ms = 1e-3
+    lines = [f"{'rank':<34} {'busy ms':>9} {'idle ms':>9} {'comm ms':>9} {'exposed ms':>10}"]
+    for row in summary["ranks"].values():
+        lines.append(f"{row['name']:<34} {row['busy'] * ms:9.2f} {row['idle'] * ms:9.2f} "
+                     f"{row['comm'] * ms:9.2f} {row['exposed_comm'] * ms:10.2f}")
+    lines.append("(exposed: communication that no compute on the main thread hid)")
+    if summary["largest"]:
+        lines.append("largest communication calls:")
+        names = {pid: row["name"].split(" (")[0] for pid, row in summary["ranks"].items()}
+        for e in summary["largest"]:
+            args = e.get("args", {})
+            moved = args.get("bytes_sent", 0) + args.get("bytes_recv", 0)
+            what = " ".join(str(args[k]) for k in ("algorithm", "dtype") if k in args)
+            lines.append(f"  {names.get(e['pid'], e['pid']):<8} {e['name']:<18} "
+                         f"{e['dur'] * ms:8.2f} ms  {moved / 1e6:8.3f} MB moved  "
+                         f"group {args.get('group')}  {what}")
+    for (group, step), bubble in sorted(summary["bubbles"].items()):
+        lines.append(f"pipeline bubble, stages {list(group)}, step {step}: {bubble:.3f} "
+                     f"(idle / busy of the worst stage)")
+    for (pid, step), fraction in sorted(summary["ddp_hidden"].items()):
+        name = summary["ranks"].get(pid, {}).get("name", f"pid {pid}").split(" (")[0]
+        lines.append(f"DDP {name}, backward {step}: {fraction:.2f} of the bucket "
+                     f"all-reduce time hidden behind backward")
+    return "\n".join(lines)

@@ -1,0 +1,41 @@
+"""A leaf that already holds a ``.grad`` array (DDP's bucket view) gets its
+gradients added into that array in place, as in PyTorch: the same array, the
+same memory, every later gradient accumulated there; from -0.0 the first
+gradient's bits exactly; a ``.grad`` of another shape is an error naming it."""
+import numpy as np
+import pytest
+
+from minidist.autograd import Tensor
+from minidist.backend import to_host, xp
+
+
+def same_memory(a, b):
+    return np.shares_memory(to_host(a), to_host(b))
+
+
+def test_gradients_accumulate_in_place_into_an_existing_grad():
+    w = Tensor(xp.ones(3), requires_grad=True)
+    home = xp.full(3, -0.0)
+    w.grad = home
+    (w * 2.0).sum().backward()
+    assert w.grad is home and to_host(home).tolist() == [2.0, 2.0, 2.0]
+    (w * 3.0).sum().backward()
+    assert w.grad is home and same_memory(w.grad, home)
+    assert to_host(home).tolist() == [5.0, 5.0, 5.0]
+
+
+def test_from_minus_zero_the_first_gradient_keeps_its_bits():
+    w = Tensor(xp.asarray([1.0, -1.0, 0.0]), requires_grad=True)
+    (w * xp.asarray([-0.0, 0.0, -0.0])).sum().backward()
+    fresh = to_host(w.grad).copy()                       # a new array: the gradient's bits
+    w2 = Tensor(xp.asarray([1.0, -1.0, 0.0]), requires_grad=True)
+    w2.grad = xp.full(3, -0.0)
+    (w2 * xp.asarray([-0.0, 0.0, -0.0])).sum().backward()
+    assert to_host(w2.grad).tobytes() == fresh.tobytes()
+
+
+def test_a_grad_of_another_shape_is_an_error_naming_it():
+    w = Tensor(xp.ones(3), requires_grad=True)
+    w.grad = xp.zeros(4)
+    with pytest.raises(RuntimeError, match=r"\.grad has shape \(4,\)"):
+        (w * 2.0).sum().backward()
