@@ -210,3 +210,42 @@ def test_vocab_parallel_embedding_equals_the_dense_lookup(world):
         assert tp[1].tobytes() == np.split(dense[1], t)[r].tobytes()
         if t > 1:
             assert counts == {"forward": {"all_reduce": 1}, "backward": {}}
+
+
+def loss_parallel_case(seed):
+    """F.cross_entropy under loss_parallel on [Shard(1)] logits (uneven vocabulary pieces)
+    against F.cross_entropy on the full logits: loss and gradient, and the collectives."""
+    import minidist.distributed as dist
+    from minidist.autograd import Tensor
+    from minidist.distributed.device_mesh import init_device_mesh
+    from minidist.distributed.tensor import Shard, distribute_tensor
+    from minidist.distributed.tensor.debug import CommDebugMode
+    from minidist.distributed.tensor.parallel import loss_parallel
+    from minidist.nn import functional as F
+    t = dist.get_world_size()
+    rng = np.random.default_rng(seed)
+    V = 3 * t + 1
+    full = rng.standard_normal((6, V)) * 3
+    targets = rng.integers(0, V, 6)
+    targets[1] = -100                                        # ignored
+    dense = Tensor(backend.from_host(full), requires_grad=True)
+    want = F.cross_entropy(dense, backend.from_host(targets))
+    want.backward()
+    logits = distribute_tensor(backend.from_host(full), init_device_mesh("cpu", (t,)),
+                               [Shard(1)])
+    logits._local_tensor.requires_grad_()
+    with loss_parallel(), CommDebugMode() as comm:
+        loss = F.cross_entropy(logits, backend.from_host(targets))
+        loss.backward()
+    return (float(backend.to_host(loss.data)), float(backend.to_host(want.data)),
+            backend.to_host(logits.grad.full_tensor().data), backend.to_host(dense.grad),
+            comm.get_phase_counts())
+
+
+def test_loss_parallel_equals_cross_entropy_on_full_logits(world):
+    t = world.world_size
+    for loss, want, grad, want_grad, counts in world.run(loss_parallel_case, 9):
+        assert abs(loss - want) <= TOL
+        np.testing.assert_allclose(grad, want_grad, rtol=TOL, atol=TOL)
+        if t > 1:   # max, sum of exponentials, target logit; backward: none
+            assert counts == {"forward": {"all_reduce": 3}, "backward": {}}
