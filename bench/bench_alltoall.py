@@ -32,7 +32,7 @@ import numpy as np
 from _args import byte_size, positive_int
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_collectives import (SIZES, best_of, human, iterations, row_cells,  # noqa: E402
+from _collective_bench import (SIZES, best_of, human, iterations, row_cells,  # noqa: E402
                                run_mpi, slowest_rank, usable_cores, windows)
 
 

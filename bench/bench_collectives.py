@@ -29,44 +29,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
-import sys
 import time
 
 import numpy as np
 
-from minidist.calc.comm import BUS_FACTORS, bus_bandwidth
+from minidist.calc.comm import BUS_FACTORS
 from minidist.comm.collectives.all_reduce import choose
 from _args import byte_size, positive_int
+from _collective_bench import (SIZES, best_of, human, iterations, row_cells, run_mpi,
+                               slowest_rank, usable_cores, windows)
 
-SIZES = [1 << k for k in range(10, 29, 2)]  # 1 KiB, 4 KiB, ..., 256 MiB
 LATENCY_SIZE = 1 << 10
-
-
-def iterations(nbytes: int) -> int:
-    return int(min(1000, max(3, (1 << 27) // nbytes)))
-
-
-def windows(nbytes: int) -> int:
-    """Timed windows per size: a window takes milliseconds to a second, so a burst
-    of other load on the machine can spoil one; the best window counts (the same
-    for both sides)."""
-    return 5 if nbytes <= (16 << 20) else 3
-
-
-def usable_cores() -> int:
-    """The cores this run may use (fewer than the machine's under taskset)."""
-    return len(os.sched_getaffinity(0))
-
-
-def human(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if nbytes < 1024:
-            return f"{nbytes:.0f} {unit}"
-        nbytes /= 1024
-    return f"{nbytes:.0f} TiB"
 
 
 # -- minidist, on every rank of a World ---------------------------------------------
@@ -91,13 +64,6 @@ def minidist_sweep(sizes: list[int], algorithms: list[str]) -> dict:
                 times.append((time.perf_counter() - t) / iters)
             out[f"{alg}:{size}"] = times
     return out
-
-
-def slowest_rank(per_rank: list[dict], prefix: str = "") -> dict:
-    """Per key: the best window, each window timed by its slowest rank (the
-    all-reduce is done when every rank is done)."""
-    return {prefix + k: min(max(r[k][w] for r in per_rank) for w in range(len(per_rank[0][k])))
-            for k in per_rank[0]}
 
 
 def run_minidist(n: int, sizes: list[int]) -> dict:
@@ -137,22 +103,6 @@ def mpi_worker(sizes: list[int]) -> None:
         print("RESULT " + json.dumps(out), flush=True)
 
 
-def run_mpi(n: int, sizes: list[int], script: str = __file__) -> dict:
-    """Run ``script --mpi-worker`` under mpiexec; its rank 0 prints the RESULT line."""
-    mpiexec = shutil.which("mpiexec")
-    if mpiexec is None:
-        return {}
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MINIDIST_SHM")}
-    cmd = [mpiexec, "-n", str(n), sys.executable, os.path.abspath(script), "--mpi-worker",
-           "--sizes", ",".join(map(str, sizes))]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    print(f"MPICH run failed:\n{out.stdout}\n{out.stderr}", file=sys.stderr)
-    return {}
-
-
 def memcpy_ceiling(sizes: list[int]) -> dict:
     out = {}
     for size in sizes:
@@ -168,23 +118,6 @@ def memcpy_ceiling(sizes: list[int]) -> dict:
 
 
 # -- the table ---------------------------------------------------------------------------
-
-def row_cells(best: dict, size: int, n: int, keys: list[str], collective: str
-              ) -> tuple[list[str], dict]:
-    """One size's cells, "time algbw busbw" for each of ``keys`` ('-' where one was
-    not measured), and the busbw in GB/s of each measured key (calc.bus_bandwidth)."""
-    cells, busbws = [], {}
-    for key in keys:
-        t = best.get(f"{key}:{size}")
-        if t is None:
-            cells.append(f"{'-':>9} {'-':>7} {'-':>8}")
-            continue
-        algbw = size / t / 1e9
-        busbws[key] = bus_bandwidth(size, n, t, collective) / 1e9
-        shown = f"{t * 1e6:.1f}us" if t < 1e-2 else f"{t * 1e3:.2f}ms"
-        cells.append(f"{shown:>9} {algbw:7.2f} {busbws[key]:8.2f}")
-    return cells, busbws
-
 
 def table(n: int, sizes: list[int], best: dict) -> str:
     factor = BUS_FACTORS["all_reduce"](n)
@@ -218,18 +151,6 @@ def table(n: int, sizes: list[int], best: dict) -> str:
                      f"{mpi * 1e6:.1f}us; with the check off {bare * 1e6:.1f}us = "
                      f"{bare / mpi:.2f}x")
     return "\n".join(lines)
-
-
-def best_of(sweeps: list, repeats: int, best: dict | None = None) -> dict:
-    """Run every sweep (a function returning {key: seconds}) ``repeats`` times, the
-    sweeps alternating so that a burst of load elsewhere hits them alike; keep the
-    least time of each key."""
-    best = {} if best is None else best
-    for _ in range(repeats):
-        for sweep in sweeps:
-            for k, t in sweep().items():
-                best[k] = min(t, best.get(k, float("inf")))
-    return best
 
 
 COLLECTIVES = ("all_reduce", "all_to_all")
@@ -267,7 +188,7 @@ def main() -> None:
     ceiling = memcpy_ceiling(sizes)
     for n in args.worlds:
         sweeps = [lambda: run_minidist(n, sizes)] + ([] if args.no_mpi else
-                                                     [lambda: run_mpi(n, sizes)])
+                                                     [lambda: run_mpi(n, sizes, __file__)])
         best = best_of(sweeps, args.repeats, dict(ceiling))
         print()
         print(table(n, sizes, best), flush=True)

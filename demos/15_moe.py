@@ -64,7 +64,8 @@ def loads_over_training(args, **changes):
 
 def on_rank(args):
     """Each rank: its share of the global batch through the expert-parallel GPT."""
-    from minidist.parallel import ExpertMesh, expert_parallel, sync_gradients
+    from minidist.parallel import (ExpertMesh, expert_parallel,
+                                   sync_expert_parallel_gradients)
     n, r = get_world_size(), get_rank()
     mesh = ExpertMesh(ep=n)
     model = expert_parallel(GPT(config(args, capacity_factor=args.capacity,
@@ -74,7 +75,7 @@ def on_rank(args):
     _, loss = model(from_host(idx[r * b:(r + 1) * b]), from_host(tgt[r * b:(r + 1) * b]))
     loss.backward()
     moved = mesh.ep_group.stats.per_collective["all_to_all_single"]["bytes_sent"]
-    sync_gradients(model, mesh)
+    sync_expert_parallel_gradients(model, mesh)
     grads = {name: to_host(p.grad) for name, p in model.named_parameters()}
     return loss.item(), grads, moved
 

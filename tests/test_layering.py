@@ -2,7 +2,9 @@
 
 Parses every module of ``minidist`` and checks each ``minidist.X`` import
 against the table below. An upward import (``comm`` importing ``parallel``,
-``nn`` importing ``comm``) fails with the file and line.
+``nn`` importing ``comm``) fails with the file and line. No two modules import
+each other, directly or round a circle, even lazily inside a function: a piece
+both need goes to a module both import.
 """
 import ast
 import pathlib
@@ -169,6 +171,88 @@ def test_core_modules_take_arrays_from_the_backend():
             if name == "numpy" or name.startswith("numpy.") or name == "cupy":
                 direct.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
     assert not direct, "use minidist.backend.xp instead:\n" + "\n".join(direct)
+
+
+def _module_name(path: pathlib.Path) -> str:
+    return ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+
+
+def _runtime_imports(path: pathlib.Path):
+    """The modules ``path`` imports when it runs (at import or later, in a
+    function), leaving out ``if TYPE_CHECKING:`` blocks (type hints only)."""
+    def walk(nodes):
+        for node in nodes:
+            if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+                yield from walk(node.orelse)
+                continue
+            if isinstance(node, ast.Import):
+                yield from (alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                yield node.module
+                yield from (f"{node.module}.{alias.name}" for alias in node.names)
+            yield from walk(ast.iter_child_nodes(node))
+    yield from walk(ast.parse(path.read_text(), filename=str(path)).body)
+
+
+def import_circles(paths: list[pathlib.Path], name=_module_name) -> list[list[str]]:
+    """The circles of the import graph between modules (package ``__init__``
+    files, which are maps that re-export, are not nodes): each strongly
+    connected component of more than one module, sorted. The op modules and
+    tensor.py meet only through the ops package (tensor.py imports it at its
+    end, each op imports Tensor when it runs), as torch's do."""
+    modules = {name(p): p for p in paths if p.name != "__init__.py"}
+    edges = {m: {t for t in _runtime_imports(p) if t in modules and t != m}
+             for m, p in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:          # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_two_modules_import_each_other():
+    circles = import_circles(_package_modules())
+    assert not circles, "import circles (move what both need to a module both import):\n" + \
+        "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_no_two_benchmarks_import_each_other():
+    """bench/ imports its helpers by bare name (``from _args import ...``)."""
+    bench = sorted((ROOT.parent / "bench").glob("*.py"))
+    circles = import_circles(bench, name=lambda p: p.stem)
+    assert not circles, "import circles in bench/:\n" + "\n".join(map(str, circles))
+
+
+def test_the_circle_check_catches_a_circle(tmp_path, monkeypatch):
+    """The circle checker can fail: two fake modules that import each other lazily."""
+    a, b = ROOT / "parallel" / "_fake_a.py", ROOT / "parallel" / "_fake_b.py"
+    text = {a: "def f():\n    from minidist.parallel import _fake_b\n",
+            b: "from minidist.parallel._fake_a import f\n"}
+    monkeypatch.setattr(pathlib.Path, "read_text", lambda self, *x, **k: text[self])
+    assert import_circles([a, b]) == [["minidist.parallel._fake_a", "minidist.parallel._fake_b"]]
 
 
 def test_layering_check_catches_an_upward_import(tmp_path):

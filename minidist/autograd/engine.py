@@ -25,11 +25,13 @@ pipelines (weight_grad.py).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minidist.autograd import grad_mode
-from minidist.autograd.function import Context
 from minidist.backend import xp
+
+if TYPE_CHECKING:  # function.py makes Tensors, whose backward is this module's
+    from minidist.autograd.function import Context
 
 
 def _topological_order(root: Context) -> list[Context]:

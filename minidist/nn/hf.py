@@ -48,9 +48,9 @@ def _safetensors() -> Any:
 
 # -- config ----------------------------------------------------------------------------
 
-def config_from_hf(hf: dict, dtype: str | None) -> Any:
-    """A ``LlamaConfig`` from the dict of a Hugging Face ``config.json``."""
-    from minidist.nn.llama import LlamaConfig
+def config_from_hf(hf: dict, dtype: str | None, config_class: Any) -> Any:
+    """A ``config_class`` (``LlamaConfig``, which llama.py passes: it imports this
+    module) from the dict of a Hugging Face ``config.json``."""
     archs = hf.get("architectures") or []
     if hf.get("model_type") not in MODEL_TYPES or (archs and archs[0] not in ARCHITECTURES):
         raise CheckpointMismatch(
@@ -65,7 +65,7 @@ def config_from_hf(hf: dict, dtype: str | None) -> Any:
                                  f"supported; only the default rotary embedding is")
     theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
     window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
-    return LlamaConfig(
+    return config_class(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"], num_hidden_layers=hf["num_hidden_layers"],
         num_attention_heads=hf["num_attention_heads"],
@@ -160,8 +160,10 @@ def check_tensors(model: Any, tensors: dict[str, Any]) -> None:
                                  + "; ".join(problems))
 
 
-def load_llama(cls: type, directory: str, dtype: str | None = None) -> Any:
-    """``cls`` (Llama) built from ``directory``'s config, every tensor checked, then copied."""
+def load_llama(cls: type, directory: str, dtype: str | None = None, *,
+               config_class: Any) -> Any:
+    """``cls`` (Llama) built from ``directory``'s config (a ``config_class``:
+    LlamaConfig), every tensor checked, then copied."""
     _safetensors()                                    # the extra first, before any work
     path = os.path.join(directory, "config.json")
     if not os.path.exists(path):
@@ -172,7 +174,7 @@ def load_llama(cls: type, directory: str, dtype: str | None = None) -> Any:
     tensors = read_tensors(directory)
     if dtype is None and not (hf.get("dtype") or hf.get("torch_dtype")) and tensors:
         dtype = str(next(iter(tensors.values())).dtype)   # the checkpoint's own dtype
-    model = cls(config_from_hf(hf, dtype))
+    model = cls(config_from_hf(hf, dtype, config_class))
     check_tensors(model, tensors)
     for name, p in model.named_parameters():
         p.data = backend.from_host(tensors[name]).astype(p.dtype)

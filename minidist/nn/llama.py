@@ -212,7 +212,7 @@ class Llama(Module):
     def from_pretrained(cls, directory: str, dtype: str | None = None) -> "Llama":
         """A Llama from a Hugging Face checkpoint directory (see ``nn/hf.py``)."""
         from minidist.nn import hf
-        return hf.load_llama(cls, directory, dtype)
+        return hf.load_llama(cls, directory, dtype, config_class=LlamaConfig)
 
     def save_pretrained(self, directory: str) -> None:
         """Write ``config.json`` and ``model.safetensors`` that ``transformers`` loads."""

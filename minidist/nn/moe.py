@@ -25,7 +25,7 @@ from minidist.autograd.tensor import Tensor
 from minidist.backend import scatter_add, to_host, xp
 from minidist.nn.layers import MLP, Linear
 from minidist.nn.module import Module
-from minidist.nn.router import Routing, nudge_bias, route
+from minidist.nn.router import Routing, expert_counts, nudge_bias, route
 
 
 class IndexAdd(Function):
@@ -79,9 +79,7 @@ def dispatch_order(experts: Any, kept: Any) -> tuple[Any, Any, Any]:
 
 def rows_per_expert(experts: Any, indices: list[int]) -> list[int]:
     """How many of the sorted rows go to each expert of ``indices`` (host ints)."""
-    ids = xp.asarray(indices)
-    counts = (experts.reshape(-1)[:, None] == ids[None, :]).sum(axis=0)
-    return [int(c) for c in to_host(counts).tolist()]
+    return [int(c) for c in to_host(expert_counts(experts, indices)).tolist()]
 
 
 def run_experts(experts: Experts, rows: Tensor, sizes: list[int]) -> Tensor:

@@ -1,7 +1,7 @@
 """The router of a mixture-of-experts layer: which experts each token goes to, with what
 weight, which assignments are dropped for capacity, and the balancing losses.
 
-For S tokens x_t and E experts (router weight W_r of shape (E, C)):
+For S tokens x_t of width D and E experts (router weight W_r of shape (E, D)):
 
     logits = x W_r^T                       (S, E)
     p      = softmax(logits)               (S, E)
@@ -92,9 +92,11 @@ def keep_within_capacity(experts: Any, n_expert: int, cap: int, groups: int) -> 
     return kept
 
 
-def expert_counts(experts: Any, n_expert: int) -> Any:
-    """(S, k) -> (E,) how many assignments chose each expert."""
-    return (experts.reshape(-1)[:, None] == xp.arange(n_expert)[None, :]).sum(axis=0)
+def expert_counts(experts: Any, ids: Any) -> Any:
+    """Chosen experts (any shape) -> how many assignments chose each expert: of
+    0 .. E-1 for an int ``ids`` = E, (E,); else of each id listed, in its order."""
+    ids = xp.arange(ids) if isinstance(ids, int) else xp.asarray(ids)
+    return (experts.reshape(-1)[:, None] == ids[None, :]).sum(axis=0)  # (n, len(ids)) one-hot
 
 
 def z_loss(logits: Tensor) -> Tensor:

@@ -41,7 +41,7 @@ from minidist.parallel.tensor import (ColumnParallelLinear, ParallelBlock, Paral
                                       vocab_parallel_cross_entropy,
                                       vocab_range)
 from minidist.parallel.expert import (ExpertMesh, ExpertParallelMoE, expert_parallel,
-                                      sync_gradients)
+                                      sync_expert_parallel_gradients)
 from minidist.parallel.three_d import ThreeDParallelGPT
 from minidist.parallel.zero import Zero1, Zero2, Zero3
 
@@ -62,6 +62,7 @@ __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_syn
            "sync_tied_gradients", "counted_parameters", "zb_h1", "zb_h2", "zb_v",
            "chunks_per_rank", "placement", "ThreeDParallelGPT",
            # expert parallelism
-           "ExpertMesh", "ExpertParallelMoE", "expert_parallel", "sync_gradients",
+           "ExpertMesh", "ExpertParallelMoE", "expert_parallel",
+           "sync_expert_parallel_gradients",
            # clipping a model split by tensor / pipeline parallelism
            "clip_grad_norm_", "parameters_to_count", "sharded_parameters"]

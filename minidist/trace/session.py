@@ -22,9 +22,8 @@ import os
 from typing import Iterator
 
 from minidist.trace import recorder
-from minidist.trace.merge import merge, wait_for_ranks
+from minidist.trace.recorder import WAIT_S, finish  # noqa: F401  (finish: here as before)
 
-WAIT_S = 10.0   # how long the merging rank waits for the others' parts
 
 _RANK_ENV = (("RANK", "WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"),
              ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"))
@@ -36,21 +35,6 @@ def rank_from_env() -> tuple[int, int] | None:
         if rank_var in os.environ and size_var in os.environ:
             return int(os.environ[rank_var]), int(os.environ[size_var])
     return None
-
-
-def finish() -> None:
-    """Stop recording; rank 0 (or a process that is no rank) merges unless a
-    parent process does."""
-    rec = recorder.stop()
-    if rec is None:
-        return
-    if os.environ.get("MINIDIST_TRACE_MERGE") == "parent" and rec.rank is not None:
-        return
-    if rec.rank not in (None, 0):
-        return
-    if rec.rank == 0:
-        wait_for_ranks(rec.path, rec.world_size, WAIT_S)
-    merge(rec.path)
 
 
 @contextlib.contextmanager

@@ -12,8 +12,13 @@ step's Q with ``warm_start``)::
 so a rank sends r * (n + m) numbers per matrix where the plain all-reduce sends
 n * m (Algorithm 1 of the paper). When r >= min(n, m) the projection keeps
 everything and the result is the exact average (up to rounding). Vectors
-(biases) and matrices too small to gain ``min_compression_rate`` are averaged
-uncompressed, in one all-reduce per bucket.
+(biases) and matrices that compression would not shrink by more than
+``min_compression_rate`` are averaged exactly, uncompressed, in one all-reduce
+per bucket: a matrix is compressed only where
+
+    rate * r (n + m)  <  n * m        (strictly, as torch's ``_should_compress``)
+
+so at the boundary (4 x 4 or 3 x 6 at r = 1, rate 2) the average is exact.
 
 Error feedback (``use_error_feedback``, Algorithm 2): what compression lost on
 this rank is added to its next gradient, so nothing is lost for good::
@@ -46,7 +51,7 @@ class PowerSGDState:
     process_group: Any = None              # the group to average over (None: the world)
     matrix_approximation_rank: int = 1     # r: columns of P and Q
     start_powerSGD_iter: int = 1000        # plain all-reduce for the steps before this one
-    min_compression_rate: float = 2.0      # compress a matrix only if n*m >= rate * r(n+m)
+    min_compression_rate: float = 2.0      # compress a matrix only if rate * r(n+m) < n*m
     use_error_feedback: bool = True        # carry what compression lost into the next step
     warm_start: bool = True                # start each power iteration from last step's Q
     random_seed: int = 0                   # Q's first draw, the same on every rank
@@ -80,6 +85,14 @@ def compressed_elements(shape: tuple, r: int) -> int:
     return k * (n + m)
 
 
+def worth_compressing(shape: tuple, r: int, rate: float) -> bool:
+    """Whether an n x m matrix is compressed at rank r: only if the plain
+    all-reduce sends more than ``rate`` times what PowerSGD sends,
+    rate * r(n + m) < n * m (torch's rule; at equality it is sent whole)."""
+    n, m = shape
+    return rate * compressed_elements(shape, r) < n * m
+
+
 def _as_matrix(view: Any) -> Any:
     return view.reshape(view.shape[0], -1)      # (n, m): a view of the bucket
 
@@ -105,8 +118,7 @@ def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Future:
     matrices, dense = [], []
     for view in bucket.gradients():
         shape = _as_matrix(view).shape if view.ndim >= 2 else None
-        worth = shape is not None and (shape[0] * shape[1]
-                                       >= state.min_compression_rate * compressed_elements(shape, r))
+        worth = shape is not None and worth_compressing(shape, r, state.min_compression_rate)
         (matrices if worth else dense).append(view)
     state.dense_elements[i] = buf.size
     state.sent_elements[i] = (sum(compressed_elements(_as_matrix(v).shape, r) for v in matrices)

@@ -12,14 +12,15 @@ Files, in reading order:
 - dispatch.py         all-to-all with uneven splits as an autograd op (backward: the
                       split matrix transposed), and the exchange of counts before it
 - expert_parallel.py  ``ExpertMesh`` (dp x ep), ``ExpertParallelMoE``,
-                      ``expert_parallel(model, mesh)``, ``sync_gradients``
+                      ``expert_parallel(model, mesh)``, ``sync_expert_parallel_gradients``
 
 The one-process oracle is minidist/nn/moe.py. Docs: docs/moe.md. Demo: demos/15_moe.py.
 Tests: tests/parallel/expert/.
 """
 from minidist.parallel.expert.dispatch import all_to_all, exchange_counts
 from minidist.parallel.expert.expert_parallel import (ExpertMesh, ExpertParallelMoE,
-                                                      expert_parallel, sync_gradients)
+                                                      expert_parallel,
+                                                      sync_expert_parallel_gradients)
 
-__all__ = ["ExpertMesh", "ExpertParallelMoE", "expert_parallel", "sync_gradients",
-           "all_to_all", "exchange_counts"]
+__all__ = ["ExpertMesh", "ExpertParallelMoE", "expert_parallel",
+           "sync_expert_parallel_gradients", "all_to_all", "exchange_counts"]

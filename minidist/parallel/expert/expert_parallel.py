@@ -36,6 +36,7 @@ from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn.module import Module
 from minidist.nn.moe import Experts, MoE, dispatch_order, index_add, run_experts
+from minidist.nn.router import expert_counts
 from minidist.parallel.expert.dispatch import all_to_all, exchange_counts, host_ints
 
 _SETTINGS = ("n_expert", "top_k", "capacity_factor", "normalize", "aux_coef", "z_coef",
@@ -98,7 +99,7 @@ class ExpertParallelMoE(MoE):
         routing = self.route(x_flat, groups=1, total_counts=self._total_counts)
         tokens, flat, experts = dispatch_order(routing.experts, routing.kept)
         rows = x_flat[tokens]                                        # (A, C) sorted by expert
-        per_expert = (experts[:, None] == xp.arange(self.n_expert)[None, :]).sum(axis=0)
+        per_expert = expert_counts(experts, self.n_expert)
         incoming = host_ints(exchange_counts(per_expert.astype("int64"), group))
         per = self.n_expert // ep
         got = [incoming[i * per:(i + 1) * per] for i in range(ep)]   # got[src][local expert]
@@ -147,7 +148,7 @@ def _is_expert(model: Module) -> set[int]:
             for p in m.experts.parameters()}
 
 
-def sync_gradients(model: Module, mesh: ExpertMesh) -> None:
+def sync_expert_parallel_gradients(model: Module, mesh: ExpertMesh) -> None:
     """Average the gradients as the module docstring says: dense over all ranks, each
     expert's over the dp ranks that hold it (both divided by N). One all-reduce each."""
     experts = _is_expert(model)

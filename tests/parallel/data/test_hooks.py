@@ -164,6 +164,33 @@ def test_powersgd_sends_r_times_n_plus_m_per_matrix(world, seed, shapes, r):
     assert [g[0]["sent"] for g in got] == want
 
 
+def test_powersgd_compresses_exactly_where_torch_does():
+    """torch's _should_compress: compress only if rate * r(n + m) < n * m."""
+    from minidist.parallel.data.powersgd import worth_compressing
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+    for n in range(1, 13):
+        for m in range(1, 13):
+            for r in range(1, 5):
+                for rate in (0.0, 0.5, 1.0, 2.0, 3.0):
+                    want = _should_compress(n, m, min(n, m, r), rate)[0]
+                    assert worth_compressing((n, m), r, rate) == want, (n, m, r, rate)
+
+
+def test_powersgd_at_the_boundary_sends_the_exact_average(world):
+    """4 x 4 and 3 x 6 at r = 1, rate 2: 2 * (n + m) = n * m, not worth it: the
+    exact mean, every number sent; 4 x 5 (18 < 20) is compressed."""
+    kw = dict(matrix_approximation_rank=1, start_powerSGD_iter=0)
+    shapes = [(4, 4), (3, 6)]
+    got = world.run(run_hook, "powerSGD", 7, shapes, "float64", kw)
+    exact = sum(np.concatenate([a.reshape(-1) for a in grads_of(7, k, shapes, "float64")])
+                for k in range(world.world_size)) / world.world_size
+    for g in got:
+        np.testing.assert_allclose(g[0]["result"], exact, rtol=1e-12, atol=1e-12)
+        assert g[0]["elements"] == 16 + 18
+    for g in world.run(run_hook, "powerSGD", 7, [(4, 5)], "float64", kw):
+        assert g[0]["elements"] == 4 + 5
+
+
 def test_register_comm_hook_twice_is_an_error():
     from minidist.comm import launch
 

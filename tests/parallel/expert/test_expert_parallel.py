@@ -13,7 +13,8 @@ from minidist import backend
 from minidist.comm import RankFailedError, World
 from minidist.nn import GPT, GPTConfig
 from minidist.optim import AdamW
-from minidist.parallel.expert import ExpertMesh, expert_parallel, sync_gradients
+from minidist.parallel.expert import (ExpertMesh, expert_parallel,
+                                      sync_expert_parallel_gradients)
 
 STEPS = 2
 
@@ -67,7 +68,8 @@ def on_rank(case):
     b = case["b"]
     mine = slice(r * b, (r + 1) * b)
     opt = AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    return _train(model, opt, idx[mine], tgt[mine], lambda: sync_gradients(model, mesh))
+    return _train(model, opt, idx[mine], tgt[mine],
+                  lambda: sync_expert_parallel_gradients(model, mesh))
 
 
 def single_process(case, n):
