@@ -17,6 +17,7 @@ the local tensors, as autograd ops, with no communication of its own:
     mul: equal Shard / Replicate stay, Partial * Replicate = Partial (linear in one);
     sum over dims: Shard of a summed dim -> Partial, of a kept dim -> Shard, others stay.
 
+The inputs are DTensors (_api.py, whose operators call these functions).
 Where no rule fits, every input goes to Replicate (the op then runs whole on
 every rank), as torch falls back, and a warning names the op and placements,
 once for each.
@@ -26,20 +27,19 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-from minidist.distributed.tensor._api import DTensor
 from minidist.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
 _WARNED: set = set()
 R, P = Replicate(), Partial()
 
 
-def _run(op: str, fn: Callable, inputs: list[DTensor], rules: list, out_shape: tuple) -> DTensor:
+def _run(op: str, fn: Callable, inputs: list[Any], rules: list, out_shape: tuple) -> Any:
     """Apply per-mesh-dim ``rules`` [(input placements, grad placements, output)], or the
     Replicate fallback where a rule is None; then ``fn`` on the local tensors."""
     mesh = inputs[0].device_mesh
     for x in inputs[1:]:
         if x.device_mesh != mesh:
-            raise ValueError(f"{op}: DTensors on different meshes ({mesh} and {x.device_mesh}); "
+            raise ValueError(f"{op}: Anys on different meshes ({mesh} and {x.device_mesh}); "
                              "redistribute onto one mesh first")
     if any(rule is None for rule in rules):
         key = (op, tuple(x.placements for x in inputs))
@@ -56,10 +56,11 @@ def _run(op: str, fn: Callable, inputs: list[DTensor], rules: list, out_shape: t
     locals_ = [x.redistribute(mesh, p).to_local(grad_placements=g)
                for x, p, g in zip(inputs, ins, grads)]
     y = fn(*locals_)
-    return DTensor.from_local(y, mesh, out, shape=out_shape)
+    dtensor = type(inputs[0])       # DTensor, whose methods call these rules (_api.py)
+    return dtensor.from_local(y, mesh, out, shape=out_shape)
 
 
-def matmul(a: DTensor, b: DTensor) -> DTensor:
+def matmul(a: Any, b: Any) -> Any:
     """A (.., m, k) @ B (k, n) (module docstring's table)."""
     if b.ndim != 2 or a.ndim < 2 or a.shape[-1] != b.shape[0]:
         raise ValueError(f"matmul: shapes {a.shape} @ {b.shape}: this rule takes A (.., m, k) "
@@ -84,10 +85,10 @@ def matmul(a: DTensor, b: DTensor) -> DTensor:
     return _run("matmul", lambda x, y: x @ y, [a, b], rules, a.shape[:-1] + (b.shape[1],))
 
 
-def elementwise(op: str, a: DTensor, b: DTensor) -> DTensor:
-    """add, sub or mul of two DTensors of one shape."""
+def elementwise(op: str, a: Any, b: Any) -> Any:
+    """add, sub or mul of two Anys of one shape."""
     if a.shape != b.shape:
-        raise ValueError(f"{op}: DTensors of shapes {a.shape} and {b.shape}; this rule takes "
+        raise ValueError(f"{op}: Anys of shapes {a.shape} and {b.shape}; this rule takes "
                          "equal shapes (redistribute to Replicate and broadcast locally)")
 
     def rule(pa: Placement, pb: Placement):
@@ -105,7 +106,7 @@ def elementwise(op: str, a: DTensor, b: DTensor) -> DTensor:
                 a.shape)
 
 
-def sum_(x: DTensor, dim: Any = None, keepdim: bool = False) -> DTensor:
+def sum_(x: Any, dim: Any = None, keepdim: bool = False) -> Any:
     """Sum over ``dim`` (an int, a tuple, or None: all)."""
     dims = tuple(range(x.ndim)) if dim is None else (dim,) if isinstance(dim, int) else dim
     dims = tuple(d % x.ndim for d in dims)
