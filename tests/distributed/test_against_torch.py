@@ -42,3 +42,30 @@ def test_redistribute_matches_torch_dtensor(world, data):
             expected = [repr(p) for p in torch_dtensor._placements(case["dst"])]
             assert their_placements == expected
     assert compared >= BATCH // 2
+
+
+def test_propagated_ops_match_torch_dtensor(world):
+    """Every op and pair of placements for which minidist has a rule (no fallback): the
+    same output placements as torch's sharding propagation and the same values."""
+    from tests.distributed.test_ops import _all_cases, every_pair_case
+    if world.world_size != 4:
+        return
+    cases = _all_cases(11)
+    for case in cases:
+        case["mesh"] = (4,)
+    theirs = torch_dtensor.run(4, "op", cases)
+    ours = world.run(every_pair_case, 11)
+    compared = 0
+    for i, case in enumerate(cases):
+        out, placements, _, warned = ours[0][i]
+        if warned or isinstance(theirs[i][0][0], str):         # torch refused the pair
+            continue
+        # torch does not shard a dimension shorter than the mesh (it replicates instead)
+        if any(p[0] == "S" and full.shape[p[1]] < 4
+               for full, spec in zip(case["inputs"], case["placements"]) for p in spec):
+            continue
+        compared += 1
+        their_out, their_placements = theirs[i][0]
+        assert placements == their_placements, (case["op"], case["placements"])
+        np.testing.assert_allclose(out, their_out, rtol=1e-12, atol=1e-12)
+    assert compared >= 10

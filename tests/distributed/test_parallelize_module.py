@@ -178,3 +178,74 @@ def test_sequence_parallel_layer_norm_and_prepare_module_input(world):
         np.testing.assert_allclose(sp[0], np.split(dense[0], t, axis=1)[r], rtol=TOL, atol=TOL)
         for got, want in zip(sp[1:], dense[1:]):     # dx (Replicate input), LN's grads
             np.testing.assert_allclose(got, want, rtol=TOL, atol=TOL)
+
+
+def embedding_case(seed):
+    """A vocab-parallel embedding (RowwiseParallel on Embedding) against the dense one."""
+    import minidist.distributed as dist
+    from minidist.distributed.device_mesh import init_device_mesh
+    from minidist.distributed.tensor.debug import CommDebugMode
+    from minidist.distributed.tensor.parallel import RowwiseParallel, parallelize_module
+    from minidist.nn import Embedding
+    t = dist.get_world_size()
+    rng = np.random.default_rng(seed)
+    dense = Embedding(4 * t, 3, "float64", generator=backend.Generator(seed))
+    model = copy.deepcopy(dense)
+    parallelize_module(model, init_device_mesh("cpu", (t,)), RowwiseParallel())
+    ids = backend.from_host(rng.integers(0, 4 * t, (2, 5)))
+    dy = backend.from_host(rng.standard_normal((2, 5, 3)))
+    out = []
+    for m in (dense, model):
+        with CommDebugMode() as comm:
+            y = m(ids)
+            y.backward(dy)
+        out.append((_host(y), _host(m.weight.grad)))
+    return out, comm.get_phase_counts()
+
+
+def test_vocab_parallel_embedding_equals_the_dense_lookup(world):
+    t = world.world_size
+    for r, ((dense, tp), counts) in enumerate(world.run(embedding_case, 4)):
+        assert tp[0].tobytes() == dense[0].tobytes()          # one summand, zeros elsewhere
+        assert tp[1].tobytes() == np.split(dense[1], t)[r].tobytes()
+        if t > 1:
+            assert counts == {"forward": {"all_reduce": 1}, "backward": {}}
+
+
+def loss_parallel_case(seed):
+    """F.cross_entropy under loss_parallel on [Shard(1)] logits (uneven vocabulary pieces)
+    against F.cross_entropy on the full logits: loss and gradient, and the collectives."""
+    import minidist.distributed as dist
+    from minidist.autograd import Tensor
+    from minidist.distributed.device_mesh import init_device_mesh
+    from minidist.distributed.tensor import Shard, distribute_tensor
+    from minidist.distributed.tensor.debug import CommDebugMode
+    from minidist.distributed.tensor.parallel import loss_parallel
+    from minidist.nn import functional as F
+    t = dist.get_world_size()
+    rng = np.random.default_rng(seed)
+    V = 3 * t + 1
+    full = rng.standard_normal((6, V)) * 3
+    targets = rng.integers(0, V, 6)
+    targets[1] = -100                                        # ignored
+    dense = Tensor(backend.from_host(full), requires_grad=True)
+    want = F.cross_entropy(dense, backend.from_host(targets))
+    want.backward()
+    logits = distribute_tensor(backend.from_host(full), init_device_mesh("cpu", (t,)),
+                               [Shard(1)])
+    logits._local_tensor.requires_grad_()
+    with loss_parallel(), CommDebugMode() as comm:
+        loss = F.cross_entropy(logits, backend.from_host(targets))
+        loss.backward()
+    return (float(backend.to_host(loss.data)), float(backend.to_host(want.data)),
+            backend.to_host(logits.grad.full_tensor().data), backend.to_host(dense.grad),
+            comm.get_phase_counts())
+
+
+def test_loss_parallel_equals_cross_entropy_on_full_logits(world):
+    t = world.world_size
+    for loss, want, grad, want_grad, counts in world.run(loss_parallel_case, 9):
+        assert abs(loss - want) <= TOL
+        np.testing.assert_allclose(grad, want_grad, rtol=TOL, atol=TOL)
+        if t > 1:   # max, sum of exponentials, target logit; backward: none
+            assert counts == {"forward": {"all_reduce": 3}, "backward": {}}

@@ -43,7 +43,28 @@ def redistribute(case):
     return (y.to_local().numpy().copy(), [repr(p) for p in y.placements])
 
 
-CASES = {"redistribute": redistribute}
+def op(case):
+    """The op of tests/distributed/test_ops.py on torch's DTensors: (full output,
+    output placements as text)."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+    mesh = _mesh(tuple(case["mesh"]))
+    xs = [distribute_tensor(torch.from_numpy(np.array(full)), mesh, _placements(spec))
+          for full, spec in zip(case["inputs"], case["placements"])]
+    try:
+        if case["op"] == "matmul":
+            out = xs[0] @ xs[1]
+        elif case["op"] == "sum":
+            out = xs[0].sum(case["dim"])
+        else:
+            fn = {"add": torch.add, "sub": torch.sub, "mul": torch.mul}[case["op"]]
+            out = fn(xs[0], xs[1])
+    except Exception as e:  # noqa: BLE001 (torch refuses some pairs: reported, not compared)
+        return ("refused", type(e).__name__)
+    return (out.full_tensor().numpy().copy(), [repr(p) for p in out.placements])
+
+
+CASES = {"redistribute": redistribute, "op": op}
 
 
 def _worker(rank, n, folder, fn_name, cases):

@@ -7,6 +7,10 @@ Files, in reading order:
     _redistribute.py    the steps from one list of placements to another; the autograd op
     _api.py             DTensor, distribute_tensor, DTensor.from_local / to_local /
                         full_tensor / redistribute
+    _ops.py             sharding propagation: matmul, add / sub / mul, sum; the fallback
+                        to Replicate with a warning
+    parallel/           parallelize_module and its styles (its __init__ lists the files)
+    debug/              CommDebugMode, visualize_sharding
 
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.distributed.tensor import DTensor, Shard, Replicate, distribute_tensor

@@ -144,6 +144,27 @@ class DTensor:
     def backward(self, grad: Any = None) -> None:
         self._local_tensor.backward(grad)
 
+    # -- ops, by sharding propagation (_ops.py) -------------------------------
+    def __matmul__(self, other: "DTensor") -> "DTensor":
+        from minidist.distributed.tensor import _ops
+        return _ops.matmul(self, other)
+
+    def __add__(self, other: "DTensor") -> "DTensor":
+        from minidist.distributed.tensor import _ops
+        return _ops.elementwise("add", self, other)
+
+    def __sub__(self, other: "DTensor") -> "DTensor":
+        from minidist.distributed.tensor import _ops
+        return _ops.elementwise("sub", self, other)
+
+    def __mul__(self, other: "DTensor") -> "DTensor":
+        from minidist.distributed.tensor import _ops
+        return _ops.elementwise("mul", self, other)
+
+    def sum(self, dim: Any = None, keepdim: bool = False) -> "DTensor":
+        from minidist.distributed.tensor import _ops
+        return _ops.sum_(self, dim, keepdim)
+
     @staticmethod
     def from_local(local_tensor: Any, device_mesh: Any = None,
                    placements: Sequence[Placement] | None = None, *, run_check: bool = False,

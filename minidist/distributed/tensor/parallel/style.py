@@ -4,6 +4,8 @@
                         outputs. Input Replicate -> output Shard(-1).
     RowwiseParallel     weight (out, in) Shard(1), bias Replicate: each rank sums over
                         in/t inputs. Input Shard(-1) -> output Partial -> Replicate.
+                        Embedding: the table Shard(0) (vocab-parallel); ids Replicate ->
+                        a lookup that is zero for others' ids, Partial -> Replicate.
     SequenceParallel    LayerNorm / Dropout on this rank's positions: input and output
                         Shard(1), parameters Replicate.
     PrepareModuleInput  turns the module's inputs from ``input_layouts`` into
@@ -31,6 +33,7 @@ from __future__ import annotations
 from typing import Any
 
 from minidist.autograd.tensor import Tensor
+from minidist.backend import xp
 from minidist.nn import functional as F
 from minidist.nn.layers import Embedding, Linear
 from minidist.nn.module import Module, Parameter
@@ -147,8 +150,11 @@ class RowwiseParallel(ParallelStyle):
         self.use_local_output = use_local_output
 
     def _apply(self, module: Module, device_mesh: Any) -> Module:
+        if isinstance(module, Embedding):
+            return self._apply_embedding(module, device_mesh)
         if not isinstance(module, Linear):
-            raise ValueError(f"RowwiseParallel shards Linear, not {type(module).__name__}")
+            raise ValueError(f"RowwiseParallel shards Linear and Embedding, not "
+                             f"{type(module).__name__}")
         _shard_parameter(module, "weight", device_mesh, Shard(1))
 
         def forward(x: Any) -> Any:
@@ -166,6 +172,25 @@ class RowwiseParallel(ParallelStyle):
                 return y
             return DTensor.from_local(y, device_mesh, [self.output_layout],
                                       shape=out.shape)
+        _wrap_forward(module, forward)
+        return module
+
+
+    def _apply_embedding(self, module: Embedding, device_mesh: Any) -> Module:
+        """A vocab-sharded table (Shard(0)): each rank looks up the ids in its rows and
+        gives zeros for the others, a Partial summand; the sum is the lookup."""
+        _shard_parameter(module, "weight", device_mesh, Shard(0))
+        rows = module.weight.shape[0]
+        first = device_mesh.get_local_rank() * rows                    # my rows' first id
+
+        def forward(ids: Any) -> Any:
+            mine = (ids >= first) & (ids < first + rows)
+            local_ids = xp.where(mine, ids - first, 0)
+            y = F.embedding(local_ids, module.weight)                  # (*ids.shape, dim)
+            y = y * xp.expand_dims(mine, -1).astype(y.dtype)         # zeros for others' ids
+            out = DTensor.from_local(y, device_mesh, [Partial()])
+            out = out.redistribute(device_mesh, [self.output_layout])  # all-reduce
+            return out.to_local() if self.use_local_output else out
         _wrap_forward(module, forward)
         return module
 
