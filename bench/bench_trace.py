@@ -18,8 +18,12 @@ process on that code and on this one, alternately, ``--rounds`` times each:
     off / base  the price of the hooks when nothing is recorded: one ``if`` per
                 event site (target <= 1.01)
 
-Times are the slowest rank's per step. On a loaded machine the ratios move by a few
-per cent from run to run: compare the figures of one invocation only.
+Times are the slowest rank's per step, wall clock and CPU (every thread of the
+rank: the communication thread and the trace's writer included). On a loaded
+machine wall-clock ratios move by tens of per cent from round to round (the
+per-round ratios are printed); the CPU time moves less. A bound that no load
+moves: the event sites a step runs (each leaves at least one event when
+recording) times what one ``if trace.active is not None`` costs.
 """
 from __future__ import annotations
 
@@ -56,29 +60,46 @@ def gpt_steps(layers: int, width: int, batch: int, steps: int, rounds: int, trac
     idx = gen.integers(0, cfg.vocab_size, (batch, cfg.block_size))
     tgt = gen.integers(0, cfg.vocab_size, (batch, cfg.block_size))
 
-    def step_times(n: int) -> list[float]:
-        times = []
+    def step_times(n: int, key: str) -> None:
+        """Median wall and CPU seconds of ``n`` steps, into out[key], out[key + "_cpu"]."""
+        wall, cpu = [], []
         for _ in range(n):
             dist.barrier()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             _, loss = ddp(idx, tgt)
             loss.backward()
             opt.step()
             opt.zero_grad()
             synchronize()
-            times.append(time.perf_counter() - t)
-        return times
+            wall.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)      # every thread of this rank
+        out[key].append(statistics.median(wall))
+        out[key + "_cpu"].append(statistics.median(cpu))
 
-    step_times(2)                                   # warm-up
-    out = {"off": [], "on": []}
+    out = {"off": [], "on": [], "off_cpu": [], "on_cpu": [], "events": 0}
+    step_times(2, "off")                             # warm-up
+    out.update(off=[], off_cpu=[])
     for k in range(rounds):
-        out["off"].append(statistics.median(step_times(steps)))
+        step_times(steps, "off")
         if traced:
             from minidist.trace import recorder
-            recorder.start(os.path.join(folder, f"bench{k}.json"))
-            out["on"].append(statistics.median(step_times(steps)))
+            rec = recorder.start(os.path.join(folder, f"bench{k}.json"))
+            step_times(steps, "on")
             recorder.stop()
+            from minidist.trace.merge import read_part
+            out["events"] += len(read_part(rec.part)[0]) / (rounds * steps)   # per step
     return out
+
+
+def branch_seconds() -> float:
+    """What one event site costs while nothing is recorded: ``trace.active is not None``."""
+    import timeit
+    from minidist.trace import recorder as trace
+    n = 1_000_000
+    check = min(timeit.repeat("trace.active is not None", globals={"trace": trace},
+                              number=n, repeat=5)) / n
+    empty = min(timeit.repeat("pass", number=n, repeat=5)) / n
+    return max(check - empty, 0.0)
 
 
 def worst(ranks: list[dict], key: str) -> list[float]:
@@ -104,7 +125,8 @@ def main() -> int:
         with World(args.world) as world:
             ranks = world.run(gpt_steps, args.layers, args.width, args.batch, args.steps,
                               1, False, "")
-        print(f"off_s {max(r['off'][0] for r in ranks)!r}")
+        print(f"off_s {max(r['off'][0] for r in ranks)!r} "
+              f"{max(r['off_cpu'][0] for r in ranks)!r}")
         return 0
 
     print(f"DDP GPT step: {args.layers} layers, C = {args.width}, T = 64, batch {args.batch} "
@@ -114,24 +136,49 @@ def main() -> int:
                           args.rounds, True, folder)
     off = statistics.median(worst(ranks, "off"))
     on = statistics.median(worst(ranks, "on"))
+    off_cpu = statistics.median(worst(ranks, "off_cpu"))
+    on_cpu = statistics.median(worst(ranks, "on_cpu"))
+    pairs = " ".join(f"{n / f:.3f}" for n, f in zip(worst(ranks, "on"), worst(ranks, "off")))
     print(f"  tracing off  {1e3 * off:8.2f} ms per step")
     print(f"  tracing on   {1e3 * on:8.2f} ms per step   on / off = {on / off:.3f}  "
           f"(target <= 1.05)")
+    print(f"  on / off per round: {pairs}")
+    print(f"  CPU per step (all threads of the busiest rank): off {1e3 * off_cpu:.2f} ms, "
+          f"on {1e3 * on_cpu:.2f} ms   on / off = {on_cpu / off_cpu:.3f}")
+    # Off, each event site costs one branch; every site that runs while recording
+    # leaves at least one event, so events per step bound the branches per step.
+    events = max(r["events"] for r in ranks)
+    branch = branch_seconds()
+    print(f"  off, the hooks' cost from their count: <= {events:.0f} event sites per step x "
+          f"{1e9 * branch:.0f} ns per branch = {1e6 * events * branch:.1f} us per step = "
+          f"{events * branch / off:.5f} of the step  (target <= 0.01)")
     if args.base:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         times: dict[str, list[float]] = {"base": [], "off": []}
+        cpus: dict[str, list[float]] = {"base": [], "off": []}
         for _ in range(args.rounds):
             for name, tree in (("base", args.base), ("off", here)):
-                times[name].append(_run_off(tree, args))
+                wall, cpu = _run_off(tree, args)
+                times[name].append(wall)
+                cpus[name].append(cpu)
         base, mine = statistics.median(times["base"]), statistics.median(times["off"])
         print(f"  without hooks ({args.base})  {1e3 * base:8.2f} ms per step")
         print(f"  with hooks, off                {1e3 * mine:8.2f} ms per step   "
               f"off / base = {mine / base:.3f}  (target <= 1.01)")
+        # the noise: the same code measured twice differs by this much from round to round
+        spread = [b2 / b1 for b1, b2 in zip(times["base"], times["base"][1:])] or [1.0]
+        print(f"  noise: base / previous base run, per round: {min(spread):.3f} .. "
+              f"{max(spread):.3f}; off / base per round: "
+              + " ".join(f"{o / b:.3f}" for o, b in zip(times["off"], times["base"])))
+        base_cpu, mine_cpu = statistics.median(cpus["base"]), statistics.median(cpus["off"])
+        print(f"  CPU per step: without hooks {1e3 * base_cpu:.2f} ms, with hooks off "
+              f"{1e3 * mine_cpu:.2f} ms   off / base = {mine_cpu / base_cpu:.3f}")
     return 0
 
 
-def _run_off(tree: str, args: argparse.Namespace) -> float:
-    """One 'off' measurement in a fresh process on the code of ``tree``."""
+def _run_off(tree: str, args: argparse.Namespace) -> tuple[float, float]:
+    """One 'off' measurement (wall, CPU seconds per step) in a fresh process on the
+    code of ``tree``."""
     env = dict(os.environ, PYTHONPATH=tree)
     cmd = [sys.executable, os.path.abspath(__file__), "--off-only", "--world", str(args.world),
            "--layers", str(args.layers), "--width", str(args.width), "--batch",
@@ -139,7 +186,8 @@ def _run_off(tree: str, args: argparse.Namespace) -> float:
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     if out.returncode != 0:
         raise SystemExit(f"the run in {tree} failed:\n{out.stderr}")
-    return float(out.stdout.split("off_s ")[-1])
+    wall, cpu = out.stdout.split("off_s ")[-1].split()
+    return float(wall), float(cpu)
 
 
 if __name__ == "__main__":

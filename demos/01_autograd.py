@@ -5,7 +5,7 @@ Everything here is minidist: the tensors and their backward pass
 warmup + cosine schedule (minidist/optim). The corpus ships with the repo
 (demos/data/corpus.txt, written for the project).
 
-    python demos/01_autograd.py            # 300 steps at width 64, ~15 s on 2 cores
+    python demos/01_autograd.py            # 300 steps at width 64, ~20 s on 2 cores
     python demos/01_autograd.py --full     # 600 steps at width 128, ~45 s: a better sample
     python demos/01_autograd.py --steps 1000 --n-embd 128
     python demos/01_autograd.py --figure /tmp/autograd.png   # also draw the curves

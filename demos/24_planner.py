@@ -10,11 +10,20 @@ and its model held against layouts that real runs published.
         report, Table 4): the published layout under the planner's cost model beside
         what its authors measured, and the planner's own choice.
 
+    (c) with --measure: ``minidist plan --measure``: a small GPT on this machine's
+        cores, the cost model calibrated here (a matmul, two steps of the model
+        alone, the emulated link), the predicted best layouts and some worse ones run
+        with minidist's own DDP, ZeRO, tensor and pipeline parallelism, and predicted
+        beside measured step time and peak memory per rank (about a minute).
+
 The check: every published layout fits in memory, its predicted utilization is within
-6 points of the reported one, and the planner's best is at most 1.5x faster.
+6 points of the reported one, and the planner's best is at most 1.5x faster. (c) prints
+how many rows meet the targets (10% memory, 25% time, the top five's order); it is a
+measurement on a shared machine, not a check.
 
     python demos/24_planner.py                    # ~30 s on 2 cores
     python demos/24_planner.py --gpus 256 --model llama3-8b --no-published
+    python demos/24_planner.py --measure          # (c) too: ~1-2 min on 2 cores
 """
 import argparse
 import sys
@@ -22,6 +31,7 @@ import time
 
 from minidist.calc.planner import TrainingSetup, cluster_preset, model_preset, plan, report
 from minidist.calc.planner.published import PUBLISHED, compare
+from minidist.cli import main as cli_main
 from _args import or_usage_error, positive_int
 
 UTILIZATION_GAP = 0.06
@@ -38,6 +48,8 @@ def main() -> int:
     parser.add_argument("--figure", help="save memory against step time for every layout")
     parser.add_argument("--no-published", action="store_true",
                         help="skip (b); the check is then that a layout fits")
+    parser.add_argument("--measure", action="store_true",
+                        help="(c): run layouts here, predicted beside measured")
     args = parser.parse_args()
     spec = or_usage_error(parser, model_preset, args.model)
     cluster = or_usage_error(parser, cluster_preset, args.cluster)
@@ -60,6 +72,10 @@ def main() -> int:
             from minidist.calc.planner.figure import draw
             draw(result, args.figure)
 
+    if args.measure:
+        print("\n(c) minidist plan --measure: predicted beside measured, on this machine\n")
+        if cli_main(["plan", "--measure"]) != 0:
+            return 1
     if args.no_published:
         print(f"\ncheck: a layout fits: {bool(result.best)}  {'OK' if result.best else 'FAILED'}")
         return 0 if result.best else 1

@@ -34,6 +34,7 @@ FIGURES = {
     "07_pipeline.png": ("07_pipeline.py", [], {}),
     "08_3d_mesh.png": ("08_3d_parallel.py", ["--steps", "5"], {}),
     "09_precision.png": ("09_mixed_precision.py", ["--steps", "100"], {}),
+    "23_block_scaling.png": ("23_block_scaling.py", ["--steps", "150"], {}),
     "10_flash_memory.png": ("10_flash_attention.py", ["--lengths", "256", "512", "1024"], {}),
     "11_ring_attention.png": ("11_ring_attention.py", ["--length", "1024"], {}),
     "12_checkpoints.png": ("12_checkpoints.py", [], {}),

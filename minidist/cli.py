@@ -95,7 +95,11 @@ def _add_calc(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
 
 def _add_plan(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     from minidist.calc.planner.command import add_arguments
-    return add_arguments(parser)
+
+    def runner():       # plan --measure runs layouts with the strategies (calc cannot)
+        from minidist.parallel import measure
+        return measure
+    return add_arguments(parser, runner)
 
 
 def _add_exercise(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:

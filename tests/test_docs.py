@@ -113,3 +113,14 @@ def test_every_page_that_cites_the_source_documents_links_their_definition():
             undefined.append(f"{page.relative_to(REPO)}:{line}: {cited[0]!r} without a link "
                              f"to {SOURCE_DEFINITION}")
     assert not undefined, "\n".join(undefined)
+
+
+def test_the_index_times_every_demo_as_docs_time_demos_measures_them():
+    """docs/index.md's table of demo times has a row for each demo, and the script
+    that measures them runs each at its defaults."""
+    index = (REPO / "docs" / "index.md").read_text()
+    section = index.split("## How long the demos take", 1)[1].split("\n## ", 1)[0]
+    assert "python docs/time_demos.py" in section
+    demos = sorted(p.stem for p in (REPO / "demos").glob("[0-9][0-9]_*.py"))
+    missing = [d for d in demos if f"| {d} | " not in section]
+    assert not missing, f"no time in docs/index.md for {missing}: run python docs/time_demos.py"

@@ -94,7 +94,7 @@ def scaler_step(grads, scale, good_steps, growth_interval=2000):
                  hint="what is the count after a skipped step?"),
         Property("the scale follows the protocol over any run of steps", _matches_protocol,
                  dict(run=runs, interval=st.integers(1, 4)), examples=40,
-                 hint="workbook chapter 8, 'Dynamic loss scaling protocol'"),
+                 hint="docs/precision.md, 'Mixed precision': dynamic loss scaling, step by step"),
     ],
     solution='''from minidist.backend import xp
 

@@ -60,7 +60,7 @@ def ring_all_reduce_time_ms(m_gb: float, n: int, bw_gbs: float, latency_us: floa
 ''',
     properties=[
         Property("workbook 0.2's number: 2 GB on 8 GPUs at 50 GB/s is 70 ms", _ring_time_worked,
-                 hint="workbook chapter 0, 'Data transferred per GPU'; docs/cost_models.md"),
+                 hint="each of the 2(N-1) steps moves M/N bytes; docs/cost_models.md, T_ring"),
         Property("equals 2(N-1) x (M/N)/BW + 2(N-1) x latency for any M, N, BW, latency",
                  _ring_time_matches,
                  dict(m_gb=sizes_gb, n=ranks, bw_gbs=bandwidths, latency_us=st.floats(0, 100)),
@@ -170,7 +170,7 @@ def required_accum_steps(target_batch: int, micro_batch: int, dp_degree: int) ->
     properties=[
         Property("B_eff = micro x steps x DP", _effective_batch,
                  dict(micro=st.integers(1, 64), steps=st.integers(1, 256), dp=st.integers(1, 4096)),
-                 hint="workbook chapter 2, 'Effective batch size'"),
+                 hint="every rank runs accum_steps micro-batches per step; docs/cost_models.md"),
         Property("the fewest whole steps that reach the target", _required_steps,
                  dict(target=st.integers(1, 100000), micro=st.integers(1, 64), dp=st.integers(1, 512)),
                  hint="a target that is not a multiple needs one more step: round up"),

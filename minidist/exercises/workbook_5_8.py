@@ -157,7 +157,7 @@ def dynamic_loss_scale(steps: list[bool], init_scale: float, grow_interval: int)
 ''',
     properties=[
         Property("workbook 8.2: 65536, overflows at steps 2 and 4 of 5 -> 16384", _loss_scale_worked,
-                 hint="workbook chapter 8, 'Dynamic loss scaling protocol'"),
+                 hint="the protocol in the starter's docstring; docs/precision.md, 'Mixed precision'"),
         Property("halves on overflow, doubles after grow_interval good steps in a row",
                  _loss_scale_matches,
                  dict(steps=st.lists(st.booleans(), max_size=40), init_log2=st.integers(0, 24),

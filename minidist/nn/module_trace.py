@@ -13,7 +13,8 @@ mark its ends, as torch's full backward hooks do:
     backward span of the module = [first output mark, last input mark]
 
 A module whose inputs want no gradient (the embedding of token ids, the outermost
-GPT) has no end mark and so no backward span; its children have theirs.
+GPT) has no end mark and so no backward span; its children have theirs. Nor has
+a leaf without parameters (Dropout, GELU): its backward is one op.
 Nothing here runs unless a trace is being recorded.
 """
 from __future__ import annotations
@@ -64,7 +65,9 @@ def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
     """``module(*args, **kwargs)`` with its forward span and backward marks."""
     rec = trace.active
     name = rec.enter_module(module)
-    marking = grad_mode.is_grad_enabled()
+    # (a leaf without parameters, Dropout or GELU, gets its forward span only: its
+    # backward is one op, and marks cost two autograd nodes per call)
+    marking = grad_mode.is_grad_enabled() and bool(module._parameters or module._modules)
     back = _Backward(name, sum(_wants_grad(a) for a in args)) if marking else None
     if back is not None and back.inputs:
         args = tuple(Mark.apply(a, note=back.input_grad) if _wants_grad(a) else a for a in args)

@@ -12,6 +12,8 @@ tolerance); each subpackage's docstring is its map (idea, formula, files in read
 - expert/    expert parallelism: MoE experts spread over ranks, tokens moved by all-to-all
 - three_d.py      data x pipeline x tensor parallelism on one device mesh (``ThreeDParallelGPT``)
 - diagnostics.py  what to ask a data-parallel run whose numbers look wrong
+- measure.py      run a layout of a small GPT, its step time and peak memory per rank
+                  (what ``minidist plan --measure`` holds the planner against)
 - clip.py         ``clip_grad_norm_`` of a tensor / pipeline / 3D-parallel model: the whole
                   model's gradient norm, each parameter counted once
 

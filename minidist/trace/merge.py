@@ -37,8 +37,9 @@ def remove_parts(path: str) -> None:
 
 
 def read_part(part: str) -> tuple[list[dict], bool]:
-    """(events, complete): a line that does not parse ends the part (the rank was
-    killed while writing it)."""
+    """(events, complete): each line is a list of events (one flush) or the end
+    mark; a line that does not parse ends the part (the rank was killed while
+    writing it)."""
     events, complete = [], False
     with open(part) as f:
         for line in f:
@@ -46,10 +47,10 @@ def read_part(part: str) -> tuple[list[dict], bool]:
                 event = json.loads(line)
             except json.JSONDecodeError:
                 break
-            if event.get("end"):
+            if isinstance(event, list):     # one flush of the recorder
+                events.extend(event)
+            elif event.get("end"):
                 complete = True
-            else:
-                events.append(event)
     return events, complete
 
 

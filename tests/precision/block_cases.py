@@ -7,7 +7,8 @@ import minidist.distributed as dist
 from minidist import backend
 from minidist.autograd import Tensor
 from minidist.nn import Linear, Module
-from minidist.parallel import DistributedDataParallel
+from minidist.optim import SGD
+from minidist.parallel import DistributedDataParallel, Zero2, Zero3
 from minidist.precision import BlockScaling, block_autocast
 
 
@@ -52,3 +53,29 @@ def on_rank(case):
     diff = out - Tensor(backend.from_host(y[rank * t:(rank + 1) * t]))
     (diff * diff).mean().backward()
     return {n: backend.to_host(p.grad) for n, p in model.named_parameters()}
+
+
+def single_step(case):
+    """One SGD step in one process: the parameters after it."""
+    model = Mlp(case["seed"])
+    opt = SGD(model.parameters(), lr=0.1)
+    grads(model, *batch(case), case["recipe"])
+    opt.step()
+    return {n: backend.to_host(p.data).copy() for n, p in model.named_parameters()}
+
+
+def zero_step_on_rank(case):
+    """One SGD step under ZeRO-2 or ZeRO-3 with the block-scaled Linears."""
+    rank, t = dist.get_rank(), case["tokens"]
+    model = Mlp(case["seed"])
+    cls = Zero2 if case["strategy"] == "zero2" else Zero3
+    wrapped = cls(model, SGD, lr=0.1)
+    x, y = batch(case)
+    with block_autocast(BlockScaling(case["recipe"])):
+        out = wrapped(Tensor(backend.from_host(x[rank * t:(rank + 1) * t])))
+    diff = out - Tensor(backend.from_host(y[rank * t:(rank + 1) * t]))
+    (diff * diff).mean().backward()
+    wrapped.step()
+    if case["strategy"] == "zero3":
+        return {k: backend.to_host(v).copy() for k, v in wrapped.full_state_dict().items()}
+    return {n: backend.to_host(p.data).copy() for n, p in model.named_parameters()}

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from minidist import backend
 from minidist.precision import (blockwise_fp8_dequantize, blockwise_fp8_quantize, encode,
-                                get_format, mx_dequantize, mx_quantize, nvfp4_dequantize,
+                                mx_dequantize, mx_quantize, nvfp4_dequantize,
                                 nvfp4_quantize)
 
 from precision.helpers import same

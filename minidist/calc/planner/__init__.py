@@ -19,6 +19,7 @@ Files, in reading order:
     report.py     the answer as text: the table, the exclusions, one layout explained
     published.py  Megatron's and Llama 3's published layouts against the planner's choice
     figure.py     memory against step time for the whole space
+    machine.py    this machine as a cluster, its runnable layouts, predicted vs measured
     command.py    ``minidist plan``
 
 Tests: tests/calc/planner/.

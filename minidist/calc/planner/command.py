@@ -5,6 +5,7 @@
     minidist plan --model llama3-8b --gpus 64 --explain "dp8 tp8 pp1 z1 b1 none"
     minidist plan --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --ffn 14336 \\
                   --vocab 128256 --gpus 64 --figure plan.png
+    minidist plan --measure              # predicted beside measured, a small GPT run here
 
 A bad number, an unknown preset, or a problem no layout can split (a batch too small
 for the data-parallel degree the GPUs need) is a usage error (exit 2); a search whose
@@ -14,14 +15,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from minidist.calc.cli_args import non_negative, positive, positive_int
-from minidist.calc.planner import layouts, presets, report
+from minidist.calc.planner import layouts, machine, presets, report
 from minidist.calc.planner.search import plan, score
 
+LINK_ENV, INTER_ENV, NODE_ENV = ("MINIDIST_LINK_GBPS", "MINIDIST_INTER_NODE_GBPS",
+                                 "MINIDIST_NODE_SIZE")     # comm/transport/link.py's
+DEFAULT_LINK_GBPS = {"--link-gbps": 0.5, "--inter-node-gbps": 0.5}
 SIZES = (("--layers", "layers"), ("--hidden", "hidden"), ("--heads", "heads"),
          ("--kv-heads", "kv_heads"), ("--ffn", "ffn_hidden"), ("--vocab", "vocab"),
          ("--experts", "experts"), ("--top-k", "top_k"))
@@ -34,7 +39,10 @@ CLUSTER = (("--gpus-per-node", "gpus_per_node", positive_int),
            ("--efficiency", "matmul_efficiency", positive))
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+def add_arguments(parser: argparse.ArgumentParser,
+                  runner: Callable[[], Any] | None = None) -> Callable[[argparse.Namespace], int]:
+    """``runner``: returns minidist.parallel.measure (the command line passes it, so that
+    calc imports nothing of the package); without it --measure is a usage error."""
     parser.description = __doc__.split("\n\n")[0].split(": ", 1)[1]
     parser.usage = ("minidist plan [--model NAME] [--cluster NAME] [--gpus N] "
                     "[--batch-tokens N] [--seq N] [--explain LAYOUT] [--figure PNG] [...]")
@@ -50,10 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
     for flag, field, kind in CLUSTER:
         parser.add_argument(flag, dest=field, type=kind, default=None)
     parser.add_argument("--gpus", type=positive_int, default=64, help="GPUs (default 64)")
-    parser.add_argument("--batch-tokens", type=positive_int, default=4 * 2**20,
-                        help="global batch in tokens (default 4Mi)")
-    parser.add_argument("--seq", type=positive_int, default=8192,
-                        help="sequence length (default 8192)")
+    parser.add_argument("--batch-tokens", type=positive_int, default=None,
+                        help="global batch in tokens (default 4Mi; --measure: 8 sequences)")
+    parser.add_argument("--seq", type=positive_int, default=None,
+                        help="sequence length (default 8192; --measure: 128)")
     parser.add_argument("--precision", choices=("mixed", "fp32"), default="mixed")
     parser.add_argument("--max-micro-batch", type=positive_int, default=8)
     parser.add_argument("--top", type=positive_int, default=10, help="layouts shown")
@@ -64,7 +72,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
                         "405B beside the planner's own choice")
     parser.add_argument("--figure", metavar="PNG",
                         help="draw memory against step time for the whole space")
-    return lambda ns: run(ns, parser)
+    group = parser.add_argument_group(
+        "--measure", "run layouts of a small GPT here and print predicted beside measured "
+        "(size flags override its 4 layers, hidden 128, 4 heads, vocabulary 512; "
+        "--memory limits this machine's memory per rank, in bytes)")
+    group.add_argument("--measure", action="store_true",
+                       help="calibrate this machine, predict, run, compare")
+    group.add_argument("--ranks", type=positive_int, default=2,
+                       help="processes, one per core as GPUs (default 2)")
+    group.add_argument("--steps", type=positive_int, default=3,
+                       help="timed steps per layout and round (default 3)")
+    group.add_argument("--rounds", type=positive_int, default=3,
+                       help="times every layout is run, in turn (default 3)")
+    for flag, env, text in (("--link-gbps", LINK_ENV, "inside a node"),
+                            ("--inter-node-gbps", INTER_ENV, "between nodes")):
+        group.add_argument(flag, type=non_negative, default=None,
+                           help=f"the emulated link {text}, GB/s (default ${env}, else "
+                           f"{DEFAULT_LINK_GBPS[flag]})")
+    group.add_argument("--node-size", type=positive_int, default=None,
+                       help=f"ranks per node (default ${NODE_ENV}, else all in one)")
+    return lambda ns: run(ns, parser, runner)
 
 
 def _inputs(ns: argparse.Namespace, parser: argparse.ArgumentParser):
@@ -95,7 +122,66 @@ def _inputs(ns: argparse.Namespace, parser: argparse.ArgumentParser):
     return spec, cluster, presets.TrainingSetup(ns.batch_tokens, ns.seq, ns.precision)
 
 
-def run(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _env_number(name: str, kind: type, parser: argparse.ArgumentParser):
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = kind(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        parser.error(f"{name}={text!r} is not a number >= 0")
+    return value
+
+
+def _measure(ns: argparse.Namespace, parser: argparse.ArgumentParser, runner) -> int:
+    if runner is None:
+        parser.error("--measure needs the runs: use `minidist plan --measure`")
+    seq = ns.seq or 128
+    base = machine.scaled_gpt(seq=seq)
+    sizes = {field: getattr(ns, field) for _, field in SIZES[:6] if getattr(ns, field)}
+    if "heads" in sizes:
+        sizes.setdefault("kv_heads", sizes["heads"])
+    if "hidden" in sizes:
+        sizes["ffn_hidden"] = 4 * sizes["hidden"]
+    spec = dataclasses.replace(base, **sizes)
+    if spec.hidden % spec.heads or spec.kv_heads != spec.heads:
+        parser.error(f"--measure runs a GPT: --heads {spec.heads} must divide --hidden "
+                     f"{spec.hidden}, with as many KV heads")
+    tokens = ns.batch_tokens or 8 * seq
+    if tokens % seq or (tokens // seq) % ns.ranks:
+        parser.error(f"--batch-tokens {tokens} must be a whole number of --seq {seq} "
+                     f"sequences that divides over --ranks {ns.ranks}")
+    gbps = [getattr(ns, attr) if getattr(ns, attr) is not None else
+            _env_number(env, float, parser) for attr, env in
+            (("link_gbps", LINK_ENV), ("inter_node_gbps", INTER_ENV))]
+    gbps = [g if g is not None else d for g, d in zip(gbps, DEFAULT_LINK_GBPS.values())]
+    node = ns.node_size or _env_number(NODE_ENV, int, parser) or ns.ranks
+    if ns.ranks % node:
+        parser.error(f"--node-size {node} must divide --ranks {ns.ranks}")
+    setup = presets.TrainingSetup(tokens, seq, "fp32")
+    print(f"{spec.name}: {spec.layers} layers, hidden {spec.hidden}, {spec.heads} heads, "
+          f"vocabulary {spec.vocab}; {setup.sequences} sequences of {seq} tokens per step, "
+          f"float32, AdamW; {ns.ranks} ranks in nodes of {node}, link {gbps[0]:g} GB/s "
+          f"inside a node, {gbps[1]:g} GB/s between nodes")
+    measure = runner()
+    with measure.Bench(ns.ranks, link_gbps=gbps[0], node_size=node,
+                       inter_node_gbps=gbps[1], steps=ns.steps) as bench:
+        cluster, rows = machine.measure(
+            bench, spec, setup, ns.ranks, link_bytes=gbps[0] * 1e9,
+            inter_bytes=gbps[1] * 1e9, node_size=node, max_micro_batch=ns.max_micro_batch,
+            rounds=ns.rounds, memory=ns.memory or machine.UNLIMITED, log=print)
+    print()
+    print("\n".join(machine.table(rows, memory_limit=ns.memory)))
+    return 0
+
+
+def run(ns: argparse.Namespace, parser: argparse.ArgumentParser, runner=None) -> int:
+    if ns.measure:
+        return _measure(ns, parser, runner)
+    ns.seq = ns.seq or 8192
+    ns.batch_tokens = ns.batch_tokens or 4 * 2**20
     if ns.published:
         from minidist.calc.planner.published import PUBLISHED, compare
         print("\n".join(report.published([compare(entry) for entry in PUBLISHED])))

@@ -39,6 +39,10 @@ class ModelSpec:
     top_k: int = 0            # routed experts per token
     shared_experts: int = 0   # DeepSeek-style experts every token runs through
     expert_ffn_hidden: int = 0  # width of one expert (0: ffn_hidden)
+    # whose layer keeps what for backward: "megatron" (Korthikanti et al. 2022, flash
+    # attention) or "minidist" (nn.gpt.Block: naive attention, GELU's tanh kept;
+    # calc.activations.minidist_layer_activation_bytes), for `plan --measure`
+    implementation: str = "megatron"
 
     @property
     def head_dim(self) -> int:
@@ -62,6 +66,9 @@ class ClusterSpec:
     # the share of peak a well-shaped matmul reaches: compute time = FLOPs / (peak x this).
     # An assumption, not a law: `minidist plan --measure` calibrates it on this machine
     matmul_efficiency: float = 0.6
+    # seconds of fixed cost per layer and micro-batch (forward + backward) besides the
+    # FLOPs: the op dispatch a small model on a CPU pays (`plan --measure` fits it; 0 on GPUs)
+    layer_overhead: float = 0.0
 
 
 MODELS = {

@@ -3,8 +3,13 @@
     compute   the stage's share of the step's hardware FLOPs (model FLOPs plus what
               recomputation runs again) at the matmul rate the cluster reaches:
               T_c = F_hw x (L_stage p / L) / (GPUs x peak x efficiency)
+                    + (1, or 4/3 with full recomputation) x L_stage x m x layer_overhead
+              (the fixed cost per layer and micro-batch of a small model on a CPU;
+              0 on the GPU presets). minidist's ZeRO-3 (parallel/zero/zero3.py) runs
+              each unit's forward again in backward, from the regathered weights: its
+              layers' matmuls, 2 N_layer FLOPs per token and layer, and 4/3 the overhead
     bubble    T_c x bubble_fraction(p, m, schedule, v)       (calc.pipeline)
-    tp        per layer and micro-batch, 2 collectives of b (s / cp) h bytes forward,
+    tp        per layer and micro-batch, 2 collectives of b (s / cp) h elements forward,
               2 backward, 2 more when full recomputation reruns the forward; each a ring
               all-reduce over tp ranks on NVLink (sequence parallelism's all-gather +
               reduce-scatter move the same bytes); on the critical path
@@ -22,6 +27,7 @@
               only a shard of the gradients, so they reduce-scatter after every one of the m
               micro-batches (DeepSpeed's behaviour under accumulation): m times the exposure
 
+Elements are 2 bytes in mixed precision, 4 in fp32 (activations and gradients).
 A collective whose group fits in a node uses NVLink; one that spans nodes takes the
 hierarchical all-reduce (calc.comm.hierarchical_all_reduce_time) or, with one rank per
 node, the ring over the NICs.
@@ -101,24 +107,31 @@ def step_time(spec: ModelSpec, setup: TrainingSetup, layout: Layout,
     seq = setup.seq // cp
     layers = max(stage_layers(spec, layout))
     tokens = setup.sequences * setup.seq
-    flops = tokens * (model.model_flops_per_token(spec, setup.seq)
-                      + model.recompute_flops_per_token(spec, setup.seq, layout.recompute))
+    again = model.recompute_flops_per_token(spec, setup.seq, layout.recompute)
+    unit_rerun = (spec.implementation == "minidist" and layout.zero == 3
+                  and layout.recompute != "full")
+    if unit_rerun:      # minidist's ZeRO-3 reruns every unit's forward: the layers' matmuls
+        again = spec.layers * 2 * model.active_matmul_params_per_layer(spec)
+    flops = tokens * (model.model_flops_per_token(spec, setup.seq) + again)
     share = layers * pp / spec.layers
     compute = flops * share / (layout.gpus * cluster.peak_flops * cluster.matmul_efficiency)
+    rerun = 4 / 3 if layout.recompute == "full" or unit_rerun else 1   # fwd: 1/3 of fwd+bwd
+    compute += rerun * layers * m * cluster.layer_overhead
     bubble = 0.0
     if pp > 1:
         bubble = compute * pipeline.bubble_fraction(pp, m, layout.schedule,
                                                     layout.virtual_stages)
-    activation = b * seq * spec.hidden * 2
+    width = 2 if setup.precision == "mixed" else 4        # bytes of an activation element
+    activation = b * seq * spec.hidden * width
     passes = 6 if layout.recompute == "full" else 4
     tp_time = passes * layers * m * all_reduce_seconds(activation, tp, 1, cluster)
-    kv = 2 * b * setup.seq * spec.kv_heads * spec.head_dim * 2 / tp
+    kv = 2 * b * setup.seq * spec.kv_heads * spec.head_dim * width / tp
     cp_passes = 3 if layout.recompute == "full" else 2
     cp_time = cp_passes * layers * m * all_gather_seconds(kv, cp, tp, cluster)
     ep_time = 0.0
     if spec.moe and layout.ep > 1:
         bandwidth, latency = link(layout.ep, tp, cluster)
-        one = b * seq * spec.top_k * spec.hidden * 2 * (layout.ep - 1) / layout.ep
+        one = b * seq * spec.top_k * spec.hidden * width * (layout.ep - 1) / layout.ep
         ep_time = 4 * layers * m * (one / bandwidth + (layout.ep - 1) * latency)
     pp_time = 0.0
     if pp > 1:
@@ -126,7 +139,7 @@ def step_time(spec: ModelSpec, setup: TrainingSetup, layout: Layout,
         send = activation / tp
         pp_time = 2 * m * layout.virtual_stages * (send / bandwidth + latency)
     dense, experts = stage_params(spec, layout, "middle" if pp > 2 else "first")
-    grads = 2 * (dense + experts)
+    grads = width * (dense + experts)
     dp_group = layout.dp * cp
     bucket = all_reduce_seconds(grads / layers, dp_group, tp, cluster)   # one layer's
     if layout.zero == 3:

@@ -43,7 +43,31 @@ def irecv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0
     handle = g.irecv(tensor, g.group_rank(src), _check_tag(tag), op)
     if trace.active is not None:
         trace.active.call("irecv", g.ranks, start, dict(peer=src, tag=tag, bytes_recv=tensor.nbytes))
+        return _TracedRecv(handle)
     return handle
+
+
+class _TracedRecv(Handle):
+    """The handle of an ``irecv`` while a trace is recorded: its ``wait()`` also ends
+    the message's flow arrow, at the moment the receive is complete."""
+
+    def __init__(self, handle: Handle):
+        self.handle = handle
+
+    @property
+    def done(self) -> bool:
+        return self.handle.done
+
+    def wait(self, timeout: float | None = None) -> None:
+        self.handle.wait(timeout)
+        if trace.active is not None:
+            trace.active.landed()
+
+    def is_completed(self) -> bool:
+        return self.handle.is_completed()
+
+    def describe(self) -> str:
+        return self.handle.describe()
 
 
 def _waited(g: ProcessGroup, handles: list, what: str, name: str = "", fields: dict | None = None,
