@@ -7,16 +7,20 @@
 - the backward split into input (B) and deferred weight (W) gradients
   (weight_grad.py), through the engine's one extension point, ``split``
 - every op (ops/), ``gradcheck`` (gradcheck.py), ``checkpoint`` (activation_checkpoint.py)
+- what a recompute re-enters (the precision policy, registered from above):
+  ``register_recompute_context`` / ``capture_forward_context`` (recompute.py)
 """
 from minidist.autograd.activation_checkpoint import checkpoint
 from minidist.autograd.function import Context, Function
 from minidist.autograd.functional import concat, matmul, split, stack, where
 from minidist.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from minidist.autograd.gradcheck import GradcheckError, gradcheck
+from minidist.autograd.recompute import capture_forward_context, register_recompute_context
 from minidist.autograd.tensor import Tensor, tensor
 from minidist.autograd.weight_grad import WeightGradients, backward_split
 
 __all__ = ["Tensor", "tensor", "Function", "Context", "no_grad", "enable_grad",
            "is_grad_enabled", "set_grad_enabled", "gradcheck", "GradcheckError",
            "checkpoint", "concat", "stack", "split", "where", "matmul",
-           "backward_split", "WeightGradients"]
+           "backward_split", "WeightGradients", "register_recompute_context",
+           "capture_forward_context"]

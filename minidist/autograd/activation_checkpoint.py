@@ -4,8 +4,10 @@
 
 Forward runs ``block`` under ``no_grad``, so none of its intermediate
 activations are kept; only the inputs are saved. Backward runs ``block`` again
-with the graph on (the same random state, so dropout draws the same mask),
-and backpropagates through that fresh graph. Gradients are the same; the
+with the graph on (the same random state, so dropout draws the same mask;
+the same precision policy, re-entered through recompute.py, so an autocast or
+FP8 region that has closed by backward still rounds the recompute as it
+rounded the forward), and backpropagates through that fresh graph. Gradients are the same; the
 peak memory of a stack of L checkpointed blocks holds one block's
 intermediates at a time instead of L.
 
@@ -23,6 +25,7 @@ from minidist import backend
 from minidist.autograd.engine import backward as run_backward
 from minidist.autograd.function import Function
 from minidist.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
+from minidist.autograd.recompute import capture_forward_context
 from minidist.autograd.tensor import Tensor
 
 
@@ -32,6 +35,7 @@ class _Checkpoint(Function):
         ctx.fn_to_run = fn
         ctx.save_for_backward(*arrays)
         ctx.rng_state = backend.default_generator().get_state()
+        ctx.context = capture_forward_context()   # the autocast / FP8 policy now active
         with no_grad():
             out = fn(*[Tensor(a) for a in arrays])
         return out.data
@@ -43,7 +47,7 @@ class _Checkpoint(Function):
         state_now = gen.get_state()
         gen.set_state(ctx.rng_state)  # replay the forward's random draws
         inputs = [Tensor(a, requires_grad=need) for a, need in zip(arrays, ctx.needs_input_grad)]
-        with enable_grad():
+        with ctx.context, enable_grad():
             out = ctx.fn_to_run(*inputs)
         gen.set_state(state_now)
         run_backward(out, grad)

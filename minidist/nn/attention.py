@@ -109,6 +109,10 @@ class GroupedQueryAttention(Module):
         v = self.v_proj(x).reshape(B, T, nkv, hd).transpose(1, 2)
         if position_ids is None:
             position_ids = xp.arange(T)
+        if position_ids.shape[-1] != T:
+            raise ValueError(f"position_ids cover {position_ids.shape[-1]} tokens, the sequence "
+                             f"here has {T} (under context parallelism pass this rank's "
+                             f"positions: parallel.context.sequence_positions)")
         cos, sin = self.rope(position_ids, q.dtype)                   # (T or B,T, hd)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         op = self.attention       # a function: context parallelism sets one (parallel/context)

@@ -8,7 +8,10 @@
 The tensors are read with the ``safetensors`` package's NumPy API (``safe_open(...,
 framework="np")``), which parses a JSON header and copies raw bytes: it never runs
 code from the file, as unpickling would. The package is an optional extra
-(``pip install -e ".[hf]"``); the core of minidist stays NumPy-only.
+(``pip install -e ".[hf]"``); the core of minidist stays NumPy-only. bfloat16 tensors
+(how Llama checkpoints ship) are read through ml_dtypes' NumPy type and widened to
+float32, exactly: a bfloat16 checkpoint loads as a float32 model unless ``dtype`` says
+otherwise (minidist.precision emulates bf16 arithmetic, it does not store it).
 
 Loading is all or nothing: every tensor is read and checked against the model the
 config describes (each expected name present, none unexpected, each shape right)
@@ -36,6 +39,10 @@ class CheckpointMismatch(ValueError):
 
 
 def _safetensors() -> Any:
+    try:
+        import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy, for bf16 checkpoints)
+    except ImportError:
+        pass
     try:
         import safetensors.numpy  # noqa: F401  (the submodule the save uses)
         from safetensors import safe_open
@@ -133,9 +140,10 @@ def read_tensors(directory: str) -> dict[str, Any]:
             raise
         except FileNotFoundError:
             raise FileNotFoundError(f"{path}: named by {INDEX} but missing") from None
-        except TypeError as err:          # e.g. bfloat16, which NumPy has no type for
+        except TypeError as err:          # bfloat16 without ml_dtypes: NumPy has no type
             raise CheckpointMismatch(f"{path}: the NumPy API cannot read a tensor ({err}); "
-                                     f"save the checkpoint in float32 or float16") from None
+                                     f"bfloat16 tensors need ml_dtypes (pip install "
+                                     f"ml_dtypes, part of the hf extra)") from None
         except Exception as err:          # safetensors' own error: truncated, bad header
             raise CheckpointMismatch(f"{path} is truncated or corrupt: {err}") from None
     return tensors
@@ -172,12 +180,19 @@ def load_llama(cls: type, directory: str, dtype: str | None = None, *,
     with open(path) as f:
         hf = json.load(f)
     tensors = read_tensors(directory)
-    if dtype is None and not (hf.get("dtype") or hf.get("torch_dtype")) and tensors:
-        dtype = str(next(iter(tensors.values())).dtype)   # the checkpoint's own dtype
+    if dtype is None:                                 # the checkpoint's own dtype
+        dtype = hf.get("dtype") or hf.get("torch_dtype")
+        if dtype is None and tensors:
+            dtype = str(next(iter(tensors.values())).dtype)
+        if dtype == "bfloat16":
+            dtype = "float32"                         # exact widening (module docstring)
+    if dtype not in ("float16", "float32", "float64"):
+        raise ValueError(f"dtype {dtype!r}: a model here is float16, float32 or float64 "
+                         f"(bfloat16 checkpoints load as float32)")
     model = cls(config_from_hf(hf, dtype, config_class))
     check_tensors(model, tensors)
-    for name, p in model.named_parameters():
-        p.data = backend.from_host(tensors[name]).astype(p.dtype)
+    for name, p in model.named_parameters():          # widened on the host, then moved
+        p.data = backend.from_host(tensors[name].astype(str(p.dtype)))
     return model
 
 
@@ -185,6 +200,9 @@ def save_llama(model: Any, directory: str) -> None:
     """``config.json`` and ``model.safetensors`` (a tied head is saved once, as its
     embedding, which is what ``transformers`` writes and expects)."""
     _safetensors()
+    if model.config.num_local_experts:
+        raise ValueError("save_pretrained writes Llama / Mistral checkpoints; a model with "
+                         "MoE layers (num_local_experts > 0) has no such layout here")
     from safetensors.numpy import save_file
     os.makedirs(directory, exist_ok=True)
     tensors = {name: backend.to_host(xp.ascontiguousarray(p.data))

@@ -2,7 +2,9 @@
 
     x = embed_tokens[idx]                                            (B, T, C)
     for each layer:  x = x + attn(rms(x))       grouped-query, rotary at positions p
-                     x = x + mlp(rms(x))        SwiGLU: down(silu(gate x) * up x)
+                     x = x + mlp(rms(x))        SwiGLU: down(silu(gate x) * up x), or an
+                                                MoE of SwiGLU experts (Mixtral; DeepSeek's
+                                                shared experts added)
     logits = norm(x) W_head^T                                        (B, T, vocab)
     loss = cross_entropy(logits, targets)
 
@@ -35,6 +37,7 @@ from minidist.nn.attention import GroupedQueryAttention
 from minidist.nn.generate import generate
 from minidist.nn.layers import Embedding, Linear, RMSNorm, SwiGLU
 from minidist.nn.module import Module, ModuleList
+from minidist.nn.moe import MoE
 
 
 @dataclass
@@ -54,6 +57,12 @@ class LlamaConfig:
     mlp_bias: bool = False                # biases in the SwiGLU MLP (Llama: none)
     sliding_window: int | None = None     # keys per row (Mistral's window), None: all
     initializer_range: float = 0.02       # std of the normal initial weights
+    # mixture of experts (nn/moe.py): Mixtral's names, DeepSeek's shared experts
+    num_local_experts: int = 0            # E routed SwiGLU experts per layer (0: dense MLP)
+    num_experts_per_tok: int = 2          # top-k (Mixtral: 2)
+    n_shared_experts: int = 0             # DeepSeek: always-on experts, one SwiGLU this wide
+    moe_intermediate_size: int | None = None  # an expert's H (None: intermediate_size)
+    router_aux_loss_coef: float = 0.0     # Switch balancing loss alpha, added to the loss
     # minidist's own knobs
     dtype: str = "float32"                # parameter and activation dtype
     seed: int = 0                         # weight init seed (same weights on every backend)
@@ -77,6 +86,9 @@ class LlamaConfig:
                              f"num_attention_heads={self.num_attention_heads}")
         if self.head_dim % 2:
             raise ValueError(f"rotary embeddings need an even head_dim, got {self.head_dim}")
+        if self.num_local_experts and not 1 <= self.num_experts_per_tok <= self.num_local_experts:
+            raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be in 1 .. "
+                             f"num_local_experts={self.num_local_experts}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window must be at least 1 or None, "
                              f"got {self.sliding_window}")
@@ -103,6 +115,23 @@ class LlamaConfig:
         return self.hidden_size
 
 
+def _moe(cfg: LlamaConfig, generator: Any) -> MoE:
+    """A Mixtral-style MoE of SwiGLU experts (softmax router, top-k renormalised), with
+    DeepSeek-style shared experts when ``n_shared_experts`` > 0."""
+    h, std = cfg.hidden_size, cfg.initializer_range
+    width = cfg.moe_intermediate_size or cfg.intermediate_size
+
+    def expert() -> SwiGLU:
+        return SwiGLU(h, width, cfg.mlp_bias, cfg.dtype, std, generator)
+
+    shared = None
+    if cfg.n_shared_experts:
+        shared = SwiGLU(h, cfg.n_shared_experts * width, cfg.mlp_bias, cfg.dtype, std, generator)
+    return MoE(h, cfg.num_local_experts, cfg.num_experts_per_tok, normalize=True,
+               aux_coef=cfg.router_aux_loss_coef, dtype=cfg.dtype, std=std,
+               generator=generator, expert=expert, shared=shared)
+
+
 class LlamaDecoderLayer(Module):
     """x + attn(input_layernorm(x)), then x + mlp(post_attention_layernorm(x))."""
 
@@ -115,8 +144,11 @@ class LlamaDecoderLayer(Module):
             cfg.attention_bias, cfg.dtype, std, generator, cfg.attention, cfg.sliding_window,
             cfg.rope_theta)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.dtype, std,
-                          generator)
+        if cfg.num_local_experts:
+            self.mlp = _moe(cfg, generator)
+        else:
+            self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.dtype,
+                              std, generator)
 
     def forward(self, x: Tensor, position_ids: Any = None, document_ids: Any = None) -> Tensor:
         """x (B, T, C); position_ids (T,) or (B, T), default 0 .. T-1."""
@@ -177,6 +209,10 @@ class Llama(Module):
         loss = None if targets is None else F.cross_entropy(logits, targets)
         return logits, loss
 
+    def moe_layers(self) -> list:
+        """The MoE modules of the layers (those that route: ``aux_loss`` and ``last``)."""
+        return [layer.mlp for layer in self.blocks if hasattr(layer.mlp, "aux_loss")]
+
     def stage_ends(self) -> tuple[dict, dict]:
         """The modules a pipeline's first piece holds (embeddings) and its last (head)."""
         return {"embed_tokens": self.model.embed_tokens}, {"norm": self.model.norm,
@@ -200,7 +236,11 @@ class Llama(Module):
                                        document_ids=document_ids), x)
             else:
                 x = layer(x, position_ids, document_ids)
-        return self.head(x, targets)
+        logits, loss = self.head(x, targets)
+        if loss is not None and self.config.router_aux_loss_coef:
+            for moe in self.moe_layers():      # the balancing losses join the objective
+                loss = loss + moe.aux_loss
+        return logits, loss
 
     def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, seed: int = 0, do_sample: bool = True) -> Any:

@@ -17,7 +17,7 @@ the demo and the tests. Docs: docs/moe.md. Demo: demos/15_moe.py.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from minidist.autograd.function import Function
 from minidist.autograd.functional import concat
@@ -94,18 +94,28 @@ def run_experts(experts: Experts, rows: Tensor, sizes: list[int]) -> Tensor:
 
 
 class MoE(Module):
-    """Top-k mixture of ``n_expert`` MLPs of width ``hidden`` (router.py for the options)."""
+    """Top-k mixture of ``n_expert`` MLPs of width ``hidden`` (router.py for the options).
+
+    ``expert``: a function that makes one expert (default: the GPT's GELU MLP; a Llama
+    passes a SwiGLU, as Mixtral's experts are). ``shared``: an MLP every token also runs
+    through, added to the routed output (DeepSeek's shared experts: y = shared(x) +
+    sum of the gated routed experts)."""
 
     def __init__(self, n_embd: int, n_expert: int, top_k: int = 2, hidden: int | None = None,
                  capacity_factor: float = 0.0, groups: int = 1, normalize: bool = True,
                  aux_coef: float = 0.01, z_coef: float = 0.0, bias_rate: float = 0.0,
                  bias: bool = True, dtype: str = "float32", std: float | None = None,
-                 proj_std: float | None = None, generator: Any = None):
+                 proj_std: float | None = None, generator: Any = None,
+                 expert: Callable[[], Module] | None = None, shared: Module | None = None):
         super().__init__()
         self.router = Linear(n_embd, n_expert, bias=False, dtype=dtype, std=std,
                              generator=generator)
-        self.experts = Experts({i: MLP(n_embd, hidden or 4 * n_embd, 0.0, bias, dtype, std,
-                                       proj_std, generator) for i in range(n_expert)})
+        if expert is None:
+            def expert() -> Module:
+                return MLP(n_embd, hidden or 4 * n_embd, 0.0, bias, dtype, std, proj_std,
+                           generator)
+        self.experts = Experts({i: expert() for i in range(n_expert)})
+        self.shared = shared
         self.n_expert, self.top_k = n_expert, top_k
         self.capacity_factor, self.groups, self.normalize = capacity_factor, groups, normalize
         self.aux_coef, self.z_coef, self.bias_rate = aux_coef, z_coef, bias_rate
@@ -133,7 +143,11 @@ class MoE(Module):
         y = run_experts(self.experts, rows, rows_per_expert(experts, self.experts.indices))
         gates = routing.gates.reshape(-1)[flat]                      # (A,)
         out = index_add(y * gates.reshape(-1, 1), tokens, x_flat.shape[0])
-        return out.reshape(shape)
+        return self.add_shared(out.reshape(shape), x)
+
+    def add_shared(self, routed: Tensor, x: Tensor) -> Tensor:
+        """routed + shared(x) with shared experts, else routed."""
+        return routed if self.shared is None else routed + self.shared(x)
 
     def update_bias(self) -> None:
         """After an optimizer step: nudge the selection bias by the last step's loads."""

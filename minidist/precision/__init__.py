@@ -6,7 +6,8 @@
 - ``quantize`` (round to nearest even or stochastic, saturating or not) and its
   plain-formula oracle ``quantize_reference`` (rounding.py)
 - ``encode`` / ``decode`` to and from raw bit patterns (encoding.py)
-- ``autocast`` and ``autocast_matmul``: matmul-like ops in fp16 / bf16 (autocast.py)
+- ``autocast`` and ``autocast_matmul``: matmul-like ops in fp16 / bf16; ``capture_policy``:
+  the active policy, re-entered by a recompute in backward (autocast.py)
 - ``MasterWeights``: float32 master copy behind a low-precision model (master_weights.py)
 - ``GradScaler``: dynamic loss scaling, PyTorch's semantics (grad_scaler.py)
 - ``DelayedScaling`` / ``CurrentScaling`` and ``fp8_autocast``: FP8 with per-tensor
@@ -22,7 +23,7 @@
   NVFP4's stochastic rounding and random Hadamard options (block_linear.py)
 """
 from minidist.precision.autocast import (AmpPolicy, Round, autocast, autocast_matmul,
-                                        get_autocast_policy, use_policy)
+                                        capture_policy, get_autocast_policy, use_policy)
 from minidist.precision.encoding import decode, encode
 from minidist.precision.formats import (BF16, E8M0FNU, FP4_E2M1FN, FP6_E2M3FN, FP6_E3M2FN,
                                         FP8_E4M3FN, FP8_E4M3FNUZ, FP8_E5M2, FP8_E5M2FNUZ, FP16,
@@ -41,7 +42,7 @@ __all__ = ["FloatFormat", "get_format", "PRESETS", "FP16", "BF16", "FP32", "FP8_
            "FP8_E5M2", "FP8_E4M3FNUZ", "FP8_E5M2FNUZ", "FP6_E2M3FN", "FP6_E3M2FN",
            "FP4_E2M1FN", "E8M0FNU", "quantize", "quantize_reference",
            "encode", "decode", "autocast", "autocast_matmul", "get_autocast_policy", "Round",
-           "AmpPolicy", "use_policy",
+           "AmpPolicy", "use_policy", "capture_policy",
            "MasterWeights", "GradScaler", "DelayedScaling", "CurrentScaling", "ScalingState",
            "fp8_autocast", "mx_quantize", "mx_dequantize", "nvfp4_quantize", "nvfp4_dequantize",
            "blockwise_fp8_quantize", "blockwise_fp8_dequantize", "BlockScaling",

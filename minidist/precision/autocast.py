@@ -20,12 +20,21 @@ plugs in its own policy with scaled casts.
 
 The active policy is a context, not a global reached from everywhere: only
 ``autocast_matmul`` reads it, and ``nn.functional`` is its only caller.
+
+A forward recomputed in backward (activation checkpointing, ZeRO-3) runs after
+its ``with`` block has closed. ``capture_policy`` takes the policy active at
+forward time and re-enters it around the recompute (registered with autograd's
+extension point, autograd/recompute.py, as PyTorch's checkpoint saves the
+autocast state). A policy with state per call (an FP8 recipe numbers its sites)
+gets ``replay_mark()`` at capture and ``begin_replay(mark)`` / ``end_replay()``
+around the recompute, so that it runs as the one forward did.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
 from minidist.autograd.function import Function
+from minidist.autograd.recompute import register_recompute_context
 from minidist.autograd.tensor import Tensor
 from minidist.precision.formats import FloatFormat, get_format
 from minidist.precision.rounding import quantize
@@ -110,3 +119,39 @@ class autocast(use_policy):
 def get_autocast_policy() -> Any:
     """The active policy (``AmpPolicy``, an FP8 recipe) or None."""
     return _active["policy"]
+
+
+class PolicySnapshot:
+    """The policy active when it was taken; ``with`` it re-enters that policy for a recompute.
+
+    Entering makes the captured policy active (through the same switch as
+    ``use_policy``, without ``begin_step``: a recompute is not a new step) and, for
+    a policy that keeps per-call state, replays from the captured mark.
+    """
+
+    def __init__(self) -> None:
+        self.policy = _active["policy"]
+        replay = getattr(self.policy, "replay_mark", None)
+        self.mark = replay() if replay is not None else None
+
+    def __enter__(self) -> Any:
+        self._previous = _active["policy"]
+        _active["policy"] = self.policy
+        if self.mark is not None:
+            try:
+                self.policy.begin_replay(self.mark)
+            except BaseException:
+                _active["policy"] = self._previous
+                raise
+        return self.policy
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.mark is not None:
+            self.policy.end_replay()
+        _active["policy"] = self._previous
+
+
+@register_recompute_context
+def capture_policy() -> PolicySnapshot:
+    """The active autocast / FP8 / block-scaling policy, to re-enter around a recompute."""
+    return PolicySnapshot()

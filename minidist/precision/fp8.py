@@ -29,9 +29,16 @@ input gradients stay float32, as an FP8 GEMM's higher-precision output does.
     with fp8_autocast(recipe):
         _, loss = model(x, y)
     loss.backward()          # gradients cast to E5M2 with their own scales
+
+A forward recomputed in backward (checkpointing, ZeRO-3) replays: the policy's
+snapshot (autocast.py) brings the site numbering back to where that forward
+started and the casts use the sites' scales without recording their amax again,
+so the history holds what the one forward recorded. A new step begun between the
+forward and its recompute would change the scales it used: that is an error.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable
 
 from minidist.backend import xp
@@ -57,15 +64,20 @@ class ScalingState:
         keep = ~xp.isfinite(amax) | (amax <= 0) | ~xp.isfinite(new)
         return xp.where(keep, old, new).astype(xp.float32)
 
-    def cast(self, x: Any) -> Any:
-        """x rounded to fmt under this state's scale, returned dequantized (x's dtype)."""
+    def cast(self, x: Any, record: bool = True) -> Any:
+        """x rounded to fmt under this state's scale, returned dequantized (x's dtype).
+
+        ``record=False`` (a recomputed forward): the same cast, leaving the state as it is.
+        """
         amax = xp.max(xp.abs(x)).astype(xp.float32) if x.size else xp.zeros((), xp.float32)
         if self.delayed:
-            self.amax_history[0] = xp.maximum(self.amax_history[0], amax)
+            if record:
+                self.amax_history[0] = xp.maximum(self.amax_history[0], amax)
             scale = self.scale
         else:
             scale = self._scale_from(amax, xp.ones((), dtype=xp.float32))
-            self.scale = scale
+            if record:
+                self.scale = scale
         y = quantize(x * scale.astype(x.dtype), self.fmt, saturate=True)
         y *= (1 / scale).astype(x.dtype)
         return y
@@ -103,6 +115,8 @@ class DelayedScaling:
         self.fwd_format, self.bwd_format = get_format(fwd_format), get_format(bwd_format)
         self.sites: list[dict[str, Any]] = []   # per site: {"inputs": [...], "grad": state}
         self._next = 0
+        self._steps = 0                          # begin_step calls: which scales are in use
+        self._replays: list[int] = []            # site counters to restore, one per replay
 
     def _state(self, fmt: FloatFormat) -> ScalingState:
         return ScalingState(fmt, self.margin, self.history_len, self.algo, self.delayed)
@@ -113,6 +127,25 @@ class DelayedScaling:
             for state in site["inputs"] + [site["grad"]]:
                 state.update()
         self._next = 0
+        self._steps += 1
+
+    def replay_mark(self) -> tuple[int, int]:
+        """Where a forward starts (step, site): taken when a recomputable forward runs."""
+        return self._steps, self._next
+
+    def begin_replay(self, mark: tuple[int, int]) -> None:
+        """Recompute the forward begun at ``mark``: the same sites, no amax recorded."""
+        step, site = mark
+        if step != self._steps:
+            raise RuntimeError("fp8: a forward is recomputed in backward (checkpoint, ZeRO-3) "
+                               "after a new fp8_autocast step changed the scales it used; run "
+                               "each forward's backward before entering fp8_autocast again")
+        self._replays.append(self._next)
+        self._next = site
+
+    def end_replay(self) -> None:
+        """Back to the site numbering the recompute interrupted."""
+        self._next = self._replays.pop()
 
     def run(self, fn: Callable, args: tuple) -> Tensor:
         """The autocast policy: E4M3 casts of the inputs, an E5M2 cast of dL/d(output)."""
@@ -127,8 +160,9 @@ class DelayedScaling:
                                "same order every step")
         self._next += 1
         states = iter(site["inputs"])
-        low = [Round.apply(a, fwd=next(states).cast) if isinstance(a, Tensor) else a
-               for a in args]
+        record = not self._replays            # a recompute records no amax a second time
+        low = [Round.apply(a, fwd=partial(next(states).cast, record=record))
+               if isinstance(a, Tensor) else a for a in args]
         return Round.apply(fn(*low), bwd=site["grad"].cast)
 
     def scales(self) -> list[float]:

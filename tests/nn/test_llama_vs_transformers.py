@@ -170,3 +170,19 @@ def test_dtype_argument_casts_the_checkpoint(tmp_path):
     hf_model(1, torch.float32).save_pretrained(tmp_path)
     ours = Llama.from_pretrained(str(tmp_path), dtype="float64")
     assert all(p.dtype == np.float64 for p in ours.parameters())
+
+
+def test_bfloat16_checkpoint_loads_widened_to_float32(tmp_path):
+    pytest.importorskip("ml_dtypes")
+    theirs = hf_model(17, torch.bfloat16)
+    theirs.save_pretrained(tmp_path)
+    ours = Llama.from_pretrained(str(tmp_path))
+    assert ours.config.dtype == "float32"
+    t_params = dict(theirs.float().named_parameters())
+    for name, p in ours.named_parameters():       # bf16 -> float32 is exact
+        assert np.array_equal(backend.to_host(p.data), t_params[name].detach().numpy()), name
+    idx = tokens(17)
+    want = theirs(torch.tensor(idx)).logits.detach().numpy()
+    assert rel(backend.to_host(ours(backend.from_host(idx))[0].data), want) <= 1e-5
+    with pytest.raises(ValueError, match="bfloat16 checkpoints load as float32"):
+        Llama.from_pretrained(str(tmp_path), dtype="bfloat16")

@@ -162,12 +162,13 @@ def test_ddp_equals_one_process(world2, recipe):
             np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
 
 
-def test_zero2_step_equals_one_process(world2):
-    """ZeRO-2 with MXFP8 Linears: one SGD step gives one process's parameters, up to
-    float32 summation order. (ZeRO-3 recomputes each unit's forward inside backward,
-    after the autocast block has closed, so its Linears' backward runs in float32:
-    not composed yet.)"""
-    case = dict(seed=4, world=2, tokens=32, recipe="mxfp8", strategy="zero2")
+@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+def test_zero_step_equals_one_process(world2, strategy):
+    """ZeRO-2 and ZeRO-3 with MXFP8 Linears: one SGD step gives one process's parameters,
+    up to float32 summation order. (ZeRO-3 recomputes each unit's forward inside
+    backward, after the autocast block has closed, under the recipe captured at
+    forward time.)"""
+    case = dict(seed=4, world=2, tokens=32, recipe="mxfp8", strategy=strategy)
     want = block_cases.single_step(case)
     for got in world2.run(block_cases.zero_step_on_rank, case):
         for name in want:

@@ -11,8 +11,10 @@
 
 Grouped-query attention passes through: ring attention sends only the nkv key/value
 heads round the ring; Ulysses regroups nkv/N of them per rank (N must divide nkv).
-Sliding windows and packed documents are not supported under context parallelism
-here (refused).
+Sliding windows and packed documents work under Ulysses, whose ranks attend over the
+whole sequence after the all-to-all: pass ``document_ids`` of the whole sequence and
+each rank's ``position_ids`` (its shard of the positions that restart per document,
+``nn.llama.positions_in_documents``). Ring attention refuses them here.
 
     context_parallel(model, group, "ring")          # every attention through the ring
     pos = sequence_positions(T, rank, N, "zigzag")  # this rank's global positions
@@ -34,8 +36,8 @@ KINDS = ("ring", "ulysses")
 
 def _refuse_masks(window: Any, document_ids: Any) -> None:
     if window is not None or document_ids is not None:
-        raise ValueError("context parallelism here supports the causal mask only: a sliding "
-                         "window or packed documents are not split across ranks")
+        raise ValueError("ring attention here supports the causal mask only: a sliding "
+                         "window or packed documents need kind='ulysses'")
 
 
 def context_parallel(model: Module, group: Any = None, kind: str = "ring",
@@ -61,9 +63,9 @@ def context_parallel(model: Module, group: Any = None, kind: str = "ring",
                               enable_gqa=enable_gqa)
 
     def ulysses(q, k, v, is_causal=False, enable_gqa=False, window=None, document_ids=None):
-        _refuse_masks(window, document_ids)
         return ulysses_attention(q, k, v, is_causal=is_causal, group=group, impl=impl,
-                                 enable_gqa=enable_gqa)
+                                 enable_gqa=enable_gqa, window=window,
+                                 document_ids=document_ids)
 
     for block in model.blocks:
         block.self_attn.attention = ring if kind == "ring" else ulysses

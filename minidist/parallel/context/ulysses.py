@@ -79,7 +79,8 @@ class Regroup(Function):
 
 def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                       group: Any = None, impl: str = "naive", scale: float | None = None,
-                      enable_gqa: bool = False, **blocks: int) -> Tensor:
+                      enable_gqa: bool = False, window: int | None = None,
+                      document_ids: Any = None, **blocks: int) -> Tensor:
     """Attention over a sequence split contiguously over ``group``: q, k, v are this
     rank's (B, H, s/N, D) shards (``split_sequence``); returns its (B, H, s/N, D) shard
     of softmax(q k^T / sqrt(D)) v. ``impl``: "naive" or "flash" (``blocks``: block_q,
@@ -87,7 +88,11 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
 
     ``enable_gqa``: k and v hold Hkv < H heads (grouped-query attention); they are
     regrouped Hkv/N per rank, the query heads H/N, and rank j's query heads read
-    exactly its key/value heads (head h reads h // (H/Hkv)): N must divide Hkv too."""
+    exactly its key/value heads (head h reads h // (H/Hkv)): N must divide Hkv too.
+
+    ``window`` and ``document_ids`` are those of the whole sequence ((s,) or (B, s) ids):
+    after the all-to-all each rank attends over all s positions, so the masks apply as
+    in one process."""
     n = dist.get_world_size(group)
     kv_heads = k.shape[1] if enable_gqa and k.ndim == 4 else q.shape[-3]
     fits = (q.ndim == 4 and v.ndim == 4 and q.shape[1] % kv_heads == 0
@@ -106,8 +111,9 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
     qh, kh, vh = (Regroup.apply(t, True, group) for t in (q, k, v))  # (B, H/N, s, D)
     if impl == "flash":
         out = flash_attention(qh, kh, vh, is_causal=is_causal, scale=scale,
-                              enable_gqa=enable_gqa, **blocks)
+                              enable_gqa=enable_gqa, window=window,
+                              document_ids=document_ids, **blocks)
     else:
         out = naive_attention(qh, kh, vh, is_causal=is_causal, scale=scale,
-                              enable_gqa=enable_gqa)
+                              enable_gqa=enable_gqa, window=window, document_ids=document_ids)
     return Regroup.apply(out, False, group)                         # (B, H, s/N, D)

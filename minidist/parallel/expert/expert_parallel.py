@@ -79,7 +79,7 @@ class ExpertParallelMoE(MoE):
         if E % ep:
             raise ValueError(f"{E} experts do not split over an expert-parallel group of "
                              f"{ep} ranks: choose n_expert divisible by ep")
-        self.router = moe.router
+        self.router, self.shared = moe.router, moe.shared   # shared experts: on every rank
         for name in _SETTINGS:
             setattr(self, name, getattr(moe, name))
         per = E // ep
@@ -114,7 +114,7 @@ class ExpertParallelMoE(MoE):
         returned = all_to_all(back, recv_splits, send_splits, group)  # (A, C) as sent
         gates = routing.gates.reshape(-1)[flat]                      # (A,)
         out = index_add(returned * gates.reshape(-1, 1), tokens, x_flat.shape[0])
-        return out.reshape(shape)
+        return self.add_shared(out.reshape(shape), x)
 
 
 def expert_major(got: list[list[int]]) -> Any:

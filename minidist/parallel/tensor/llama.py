@@ -70,6 +70,10 @@ class TensorParallelLlama(Llama):
     def __init__(self, cfg: LlamaConfig, group: Any = None, sequence_parallel: bool = False):
         t = dist.get_world_size(group)
         check_tensor_parallel(cfg, t)
+        if cfg.num_local_experts:
+            raise ValueError("tensor parallelism here splits dense SwiGLU MLPs; a Llama with "
+                             "MoE layers (num_local_experts > 0) is split by expert "
+                             "parallelism instead (minidist.parallel.expert_parallel)")
         if sequence_parallel and cfg.max_position_embeddings % t:
             raise ValueError(f"sequence parallelism splits positions: max_position_embeddings="
                              f"{cfg.max_position_embeddings} is not divisible by the "

@@ -19,7 +19,10 @@ backward. PyTorch's FSDP frees the storage under the saved tensor and refills it
 in place; NumPy cannot resize memory under its views. So the unit's forward runs
 without a graph (keeping only its input), and backward rebuilds the graph of
 that one unit from the regathered weights. The values are the same bits: the
-same operations on the same inputs (and the same random draws, replayed).
+same operations on the same inputs (the same random draws, replayed, and the
+same precision policy: the autocast, FP8 or block-scaling region the forward ran
+in has closed by backward, so the recompute re-enters it, autograd/recompute.py;
+an FP8 recipe's sites are numbered and its amaxes recorded as by the one forward).
 
 ``prefetch=True`` starts the all-gather of the next unit (in the order the first
 forward ran them; the previous one in backward) asynchronously, so it overlaps
@@ -50,6 +53,7 @@ from minidist import backend
 from minidist.autograd.engine import backward as run_backward
 from minidist.autograd.function import Function
 from minidist.autograd.grad_mode import enable_grad, no_grad
+from minidist.autograd.recompute import capture_forward_context
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn.module import Module
@@ -87,6 +91,7 @@ class _GatheredUnit(Function):
         ctx.engine, ctx.unit = engine, unit
         ctx.save_for_backward(x)
         ctx.rng_state = backend.default_generator().get_state()
+        ctx.context = capture_forward_context()         # the autocast / FP8 policy now
         engine._materialize(unit, direction=+1)
         try:
             with no_grad():
@@ -107,7 +112,7 @@ class _GatheredUnit(Function):
         try:
             for p in unit.layout.params:
                 p.grad = None
-            with enable_grad():
+            with ctx.context, enable_grad():            # as the forward ran
                 out = unit.forward(x_in)
             gen.set_state(state_now)
             run_backward(out, grad)

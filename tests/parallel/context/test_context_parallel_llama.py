@@ -25,7 +25,8 @@ def _config(case):
     return LlamaConfig(vocab_size=13, hidden_size=16, intermediate_size=20, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=case["kv"],
                        tie_word_embeddings=case["tie"], max_position_embeddings=T,
-                       dtype="float64", seed=case["seed"], rope_theta=case["theta"])
+                       dtype="float64", seed=case["seed"], rope_theta=case["theta"],
+                       sliding_window=case.get("window"))
 
 
 def train(case, parallel):
@@ -33,6 +34,7 @@ def train(case, parallel):
     import minidist.distributed as dist
     from minidist import backend
     from minidist.nn import Llama
+    from minidist.nn.llama import positions_in_documents
     from minidist.optim import AdamW
     from minidist.parallel.context.llama import (average_gradients, context_parallel,
                                                  sequence_positions, shard_tokens)
@@ -43,6 +45,9 @@ def train(case, parallel):
         context_parallel(model, kind=kind, layout=layout, impl=case["impl"])
     opt = AdamW(model.parameters(), lr=0.01)
     rng = np.random.default_rng(case["seed"])
+    cuts = np.array(sorted(case.get("cuts", [])), dtype=np.int64)
+    docs = backend.from_host(np.searchsorted(cuts, np.arange(T), side="right")[None])
+    docs = docs if case.get("cuts") else None
     losses = []
     for _ in range(STEPS):
         idx = rng.integers(0, 13, (B, T))
@@ -50,8 +55,10 @@ def train(case, parallel):
         x, y = backend.from_host(idx), backend.from_host(tgt)
         if parallel:
             pos = sequence_positions(T, rank, n, kind, layout)
+            if docs is not None:        # positions restart per document: my shard of them
+                pos = shard_tokens(positions_in_documents(docs), rank, n, kind, layout)
             x, y = (shard_tokens(a, rank, n, kind, layout) for a in (x, y))
-            _, loss = model(x, y, position_ids=pos)
+            _, loss = model(x, y, position_ids=pos, document_ids=docs)
             loss.backward()
             average_gradients(model)
             loss = float(backend.to_host(loss.data))
@@ -59,7 +66,7 @@ def train(case, parallel):
             dist.all_reduce(total)
             losses.append(float(backend.to_host(total)[0]) / n)
         else:
-            _, loss = model(x, y)
+            _, loss = model(x, y, document_ids=docs)
             loss.backward()
             losses.append(float(backend.to_host(loss.data)))
         opt.step()
@@ -89,9 +96,10 @@ def _ulysses_one_kv_head():
     context_parallel(Llama(_config(dict(kv=1, tie=False, seed=0, theta=1e4))), kind="ulysses")
 
 
-def test_ulysses_refuses_kv_heads_the_group_does_not_divide(world):
-    with pytest.raises(RankFailedError, match="num_key_value_heads=1 is not divisible by 2"):
-        world.run(_ulysses_one_kv_head)
+def test_ulysses_refuses_kv_heads_the_group_does_not_divide():
+    with World(2, timeout=20.0, run_timeout=60.0) as w:   # a failure closes its world
+        with pytest.raises(RankFailedError, match="num_key_value_heads=1 is not divisible by 2"):
+            w.run(_ulysses_one_kv_head)
 
 
 def _positions():
@@ -103,3 +111,34 @@ def _positions():
 
 def test_each_rank_holds_its_global_positions():
     assert _positions() == [[0, 1, 6, 7], [0, 1, 2, 3], [2, 3, 4, 5], [4, 5, 6, 7]]
+
+
+@settings(max_examples=3, deadline=None)
+@given(window=st.sampled_from([None, 3]),
+       cuts=st.lists(st.integers(1, T - 1), min_size=1, max_size=2, unique=True),
+       impl=st.sampled_from(["naive", "flash"]), seed=st.integers(0, 100))
+def test_ulysses_trains_packed_documents_and_windows_as_one_process(world, window, cuts, impl,
+                                                                    seed):
+    case = dict(kind="ulysses", kv=2, impl=impl, tie=False, theta=1e4, seed=seed,
+                window=window, cuts=cuts)
+    want, want_losses = train(case, False)
+    for rank, (params, losses) in enumerate(world.run(train, case, True)):
+        assert np.allclose(losses, want_losses, rtol=1e-12, atol=0)
+        for name, w in want.items():
+            assert np.abs(params[name] - w).max() <= 1e-12, (rank, name, case)
+
+
+def _ring_with_documents():
+    from minidist import backend
+    from minidist.nn import Llama
+    from minidist.parallel.context.llama import context_parallel
+    model = context_parallel(Llama(_config(dict(kv=2, tie=False, seed=0, theta=1e4))))
+    ids = backend.from_host(np.zeros((1, 8), dtype=np.int64))
+    model(backend.from_host(np.zeros((1, 4), dtype=np.int64)), document_ids=ids,
+          position_ids=backend.from_host(np.arange(4)))
+
+
+def test_ring_refuses_documents_and_names_ulysses():
+    with World(2, timeout=20.0, run_timeout=60.0) as w:
+        with pytest.raises(RankFailedError, match="need kind='ulysses'"):
+            w.run(_ring_with_documents)
