@@ -48,6 +48,7 @@ from typing import Any
 
 from minidist.comm.transport import cma, flight, shm, topology
 from minidist.comm.transport.doorbell import Doorbells
+from minidist.comm.transport.shm import S_ARRIVAL, S_BYTES, S_CODE, S_OFFSET, S_TAG, S_TOTAL
 from minidist.comm.errors import TIMEOUT_HINT, CommTimeoutError, WorldAbortedError
 from minidist.comm.transport.link import EmulatedLink
 from minidist.comm.transport.reduce_op import ReduceOp
@@ -177,8 +178,8 @@ class LocalTransport(ShortWays, Transport):
         elif n:
             ch.raw[k][:n] = piece
         h = ch.hdr_i[k]
-        w[h], w[h + 1], w[h + 2], w[h + 3], w[h + 4] = tag, total, offset, n, code
-        w[h + 5] = arrival
+        w[h + S_TAG], w[h + S_TOTAL], w[h + S_OFFSET] = tag, total, offset
+        w[h + S_BYTES], w[h + S_CODE], w[h + S_ARRIVAL] = n, code, arrival
         ch.count += 1
         w[ch.head_i] = ch.count  # publish: the piece is complete
         self._bells.ring(dst)
@@ -190,16 +191,16 @@ class LocalTransport(ShortWays, Transport):
         if w[ch.head_i] == ch.count:
             return False
         h = ch.hdr_i[ch.count % self.nslots]
-        if self._link is not None and not self._link.arrived(w[h + 5]):
+        if self._link is not None and not self._link.arrived(w[h + S_ARRIVAL]):
             return False  # still on the (emulated) wire
         target = self._current.get(src)
         if target is None:
-            target = self._match(src, w[h], w[h + 1], w[h + 4])
+            target = self._match(src, w[h + S_TAG], w[h + S_TOTAL], w[h + S_CODE])
             if target is None:
                 return False  # nobody is receiving from src: leave it in the channel
             self._current[src] = target
-        n = w[h + 3]
-        target.accept(ch.payload[ch.count % self.nslots][:n], w[h + 2])
+        n = w[h + S_BYTES]
+        target.accept(ch.payload[ch.count % self.nslots][:n], w[h + S_OFFSET])
         self._release(src, ch)
         if target.got >= target.total:
             del self._current[src]

@@ -46,6 +46,11 @@ MAGIC = 0x6D696E6964697374  # "minidist"
 # Word indices (int64) in the world header.
 W_MAGIC, W_WORLD, W_NSLOTS, W_SLOT_BYTES, W_ABORT, W_ABORT_LEN, W_LINK = range(7)
 W_NODE_SIZE, W_INTER_LINK = 7, 8   # two-level topology (link.py); 0: one node
+# Word indices (int64) in a slot's header, from the slot's first word h: what the
+# sender writes beside each piece (local.py, short_way.py).
+S_TAG, S_TOTAL, S_OFFSET, S_BYTES, S_CODE, S_ARRIVAL = range(6)
+# the message's tag, its total bytes, this piece's offset in it and its bytes,
+# the dtype code checked on receipt, when it lands on an emulated link (link.py)
 ABORT_MSG_OFFSET = 128
 ABORT_MSG_MAX = HEADER_BYTES - ABORT_MSG_OFFSET
 

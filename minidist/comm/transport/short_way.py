@@ -24,6 +24,7 @@ from collections import deque
 from typing import Any
 
 from minidist.comm.transport.reduce_op import ReduceOp
+from minidist.comm.transport.shm import S_BYTES, S_CODE, S_OFFSET, S_TAG, S_TOTAL
 from minidist.comm.transport.pending import SMALL_COPY, TAG_BITS, BytesRecv, Recv, Send
 from minidist.comm.transport.base import (dtype_code, host_bytes, host_view, in_background_thread,
                                      sched_yield)
@@ -95,8 +96,8 @@ class ShortWays:
                 return None
             k = seen % self.nslots
             h = ch.hdr_i[k]
-            total = w[h + 1]
-            if w[h] != wire or w[h + 3] != total:
+            total = w[h + S_TOTAL]
+            if w[h + S_TAG] != wire or w[h + S_BYTES] != total:
                 return None  # another tag first, or a message in several pieces
             same = total == inbox.size
             if same and total > SMALL_COPY:
@@ -170,10 +171,10 @@ class ShortWays:
                 k = ch.count % self.nslots
                 h = ch.hdr_i[k]
                 if r.got == 0:
-                    if w[h] != wire:
+                    if w[h + S_TAG] != wire:
                         return sent, send_done  # another message first: the general way
-                    r.check(w[h + 1], w[h + 4])
-                r.accept(ch.payload[k][:w[h + 3]], w[h + 2])
+                    r.check(w[h + S_TOTAL], w[h + S_CODE])
+                r.accept(ch.payload[k][:w[h + S_BYTES]], w[h + S_OFFSET])
                 self._release(src, ch)
                 if r.got >= r.total:
                     r.complete()
