@@ -65,7 +65,11 @@ def test_the_environment_override_is_a_whole_number(monkeypatch):
 
 def test_export_env_sets_what_torchrun_would(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
-        monkeypatch.delenv(name, raising=False)
+        # setenv first: monkeypatch then restores the variable (removes it) at the end,
+        # which a delenv of an absent variable would not, and the next tests would run as
+        # rank 2 of 4
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     import os
     topology.export_env(topology.from_hosts(["a", "b", "a", "b"]), 2)
     assert [os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
