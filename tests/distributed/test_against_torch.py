@@ -31,7 +31,7 @@ def test_redistribute_matches_torch_dtensor(world, data):
     compared = 0
     for case, torch_ranks in zip(batch, theirs):
         ours = world.run(redistribute_case, case)
-        if torch_ranks[0][0] == "refused":
+        if isinstance(torch_ranks[0][0], str) and torch_ranks[0][0] == "refused":
             continue
         compared += 1
         partial = any(p[0] == "P" for p in case["src"] + case["dst"])

@@ -113,11 +113,13 @@ def test_expert_parallel_gpt_matches_single_process(world, data):
             np.testing.assert_allclose(p, want_params[name], **tol, err_msg=f"{name} rank {r}")
 
 
+def _experts_that_do_not_split():
+    mesh = ExpertMesh(ep=dist.get_world_size())
+    cfg = GPTConfig(n_layer=1, n_embd=8, n_head=2, moe_every=1,
+                    n_expert=dist.get_world_size() + 1)
+    expert_parallel(GPT(cfg), mesh)
+
+
 def test_experts_that_do_not_split_over_the_group_are_an_error(world):
-    def fn():
-        mesh = ExpertMesh(ep=dist.get_world_size())
-        cfg = GPTConfig(n_layer=1, n_embd=8, n_head=2, moe_every=1,
-                        n_expert=dist.get_world_size() + 1)
-        expert_parallel(GPT(cfg), mesh)
     with pytest.raises(RankFailedError, match="experts do not split over an expert-parallel"):
-        world.run(fn)
+        world.run(_experts_that_do_not_split)
