@@ -73,17 +73,27 @@ def _worker(rank, n, folder, fn_name, cases):
     tdist.init_process_group("gloo", rank=rank, world_size=n, store=store)
     try:
         out = [CASES[fn_name](case) for case in cases]
+        tdist.barrier()   # no rank tears its gloo pairs down while a peer still sends
     finally:
         tdist.destroy_process_group()
     with open(os.path.join(folder, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(out, f)
 
 
-def run(n, fn_name, cases):
-    """Per case, the list of every rank's result."""
+def run(n, fn_name, cases, attempts=2):
+    """Per case, the list of every rank's result. A gloo process that aborts (torch's
+    own transport, seen under heavy load) gets the whole batch one more try."""
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as folder:
-        mp.spawn(_worker, args=(n, folder, fn_name, cases), nprocs=n, join=True)
+        for attempt in range(attempts):
+            try:
+                mp.spawn(_worker, args=(n, folder, fn_name, cases), nprocs=n, join=True)
+                break
+            except mp.ProcessExitedException:
+                if attempt == attempts - 1:
+                    raise
+                for name in os.listdir(folder):   # a fresh store and no stale results
+                    os.remove(os.path.join(folder, name))
         per_rank = []
         for r in range(n):
             with open(os.path.join(folder, f"rank{r}.pkl"), "rb") as f:
