@@ -2,8 +2,8 @@
 
 ``Module.__call__`` hands over to ``traced_call`` while a trace is recorded.
 The forward is a span around ``forward``. The backward has no call of its own
-to wrap (the engine runs the ops' backwards one by one), so two identity ops
-mark its ends, as torch's full backward hooks do:
+to wrap (the engine runs the ops' backwards one by one), so identity ops mark
+its ends, as torch's full backward hooks do:
 
     x' = Mark(x)   for each input that wants a gradient: its backward is the *last*
                    thing of the module's backward (dL/dx is complete)
@@ -12,9 +12,11 @@ mark its ends, as torch's full backward hooks do:
 
     backward span of the module = [first output mark, last input mark]
 
-A module whose inputs want no gradient (the embedding of token ids, the outermost
-GPT) has no end mark and so no backward span; its children have theirs. Nor has
-a leaf without parameters (Dropout, GELU): its backward is one op.
+A module whose inputs want no gradient (the embedding of token ids, a first
+layer fed data, the outermost GPT) has no input mark; its backward ends when
+the gradients of its parameters are complete (their post-accumulate hooks),
+which is when torch's hook of such a module has nothing more to wait for.
+A leaf without parameters (Dropout, GELU) gets no marks: its backward is one op.
 Nothing here runs unless a trace is being recorded.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from minidist.autograd import grad_mode
-from minidist.autograd.function import Function
+from minidist.autograd.function import Context, Function
 from minidist.autograd.tensor import Tensor
 from minidist.trace import recorder as trace
 
@@ -41,20 +43,62 @@ class Mark(Function):
         return grad
 
 
-class _Backward:
-    """The two ends of one call's backward, noted by its marks."""
+def mark(x: Tensor, note: Callable[[], None]) -> Tensor:
+    """``Mark.apply(x, note=note)`` for a tensor ``x`` that wants a gradient: the
+    same graph node, built without ``apply``'s checks of every argument (a trace
+    makes four marks per module call, so this is on tracing's hot path)."""
+    ctx = Context()
+    ctx.fn, ctx.note, ctx.n_outputs = Mark, note, 1
+    ctx.needs_input_grad, ctx.inputs = (True,), (x,)
+    return Tensor._from_op(x.data, ctx, 0)
 
-    def __init__(self, name: str, inputs: int):
-        self.name, self.inputs, self.start = name, inputs, None
+
+class _Backward:
+    """The two ends of one call's backward: its start noted by the first output
+    mark; its end when ``parts`` things are done (input marks, or parameters)."""
+
+    def __init__(self, name: str, parts: int):
+        self.name, self.parts, self.start = name, parts, None
 
     def output_grad(self) -> None:
         if self.start is None and trace.active is not None:
             self.start = trace.active.now()
 
-    def input_grad(self) -> None:
-        self.inputs -= 1
-        if self.inputs == 0 and self.start is not None and trace.active is not None:
+    def part_done(self, _: Any = None) -> None:
+        self.parts -= 1
+        if self.parts == 0 and self.start is not None and trace.active is not None:
             trace.active.span(f"{self.name} backward", "module", self.start, trace.active.now())
+
+
+# The backward ends that wait for parameters' gradients: id(parameter) -> the
+# ends waiting; the hooks that serve them stay on the parameters while recording.
+_waiting: dict[int, list[_Backward]] = {}
+_hooked: dict[int, Any] = {}             # id(parameter) -> its hook's handle
+
+
+def _gradient_done(p: Tensor) -> None:
+    """A parameter's gradient is complete (its post-accumulate hook)."""
+    for back in _waiting.pop(id(p), ()):
+        back.part_done()
+
+
+def _wait_for_parameters(rec: Any, module: Any, back: _Backward) -> None:
+    """End ``back`` when the gradients of ``module``'s parameters are complete."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    back.parts = len(params)
+    if not _hooked:
+        rec.on_close.append(_unhook)     # nothing is left on the parameters after
+    for p in params:
+        if id(p) not in _hooked:
+            _hooked[id(p)] = p.register_post_accumulate_grad_hook(_gradient_done)
+        _waiting.setdefault(id(p), []).append(back)
+
+
+def _unhook() -> None:
+    for handle in _hooked.values():
+        handle.remove()
+    _hooked.clear()
+    _waiting.clear()
 
 
 def _wants_grad(a: Any) -> bool:
@@ -64,21 +108,29 @@ def _wants_grad(a: Any) -> bool:
 def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
     """``module(*args, **kwargs)`` with its forward span and backward marks."""
     rec = trace.active
-    name = rec.enter_module(module)
+    name, span_args = rec.enter_module(module)
     # (a leaf without parameters, Dropout or GELU, gets its forward span only: its
     # backward is one op, and marks cost two autograd nodes per call)
     marking = grad_mode.is_grad_enabled() and bool(module._parameters or module._modules)
-    back = _Backward(name, sum(_wants_grad(a) for a in args)) if marking else None
-    if back is not None and back.inputs:
-        args = tuple(Mark.apply(a, note=back.input_grad) if _wants_grad(a) else a for a in args)
+    inputs = sum(_wants_grad(a) for a in args) if marking else 0
+    back = _Backward(name, inputs) if marking else None
+    if inputs:
+        args = tuple(mark(a, back.part_done) if _wants_grad(a) else a for a in args)
     start = rec.now()
     try:
         out = module.forward(*args, **kwargs)
     finally:
         rec.exit_module()
-        rec.span(name, "module", start, rec.now(), {"module": type(module).__name__})
-    if back is None or not back.inputs:
+        rec.span(name, "module", start, rec.now(), span_args)
+    if back is None:
         return out
+    outs = out if isinstance(out, tuple) else (out,)
+    if not any(_wants_grad(o) for o in outs):
+        return out                       # no backward goes through this call
+    if not inputs:   # after the forward: an inner module's span ends first, as it nests
+        _wait_for_parameters(rec, module, back)
+        if not back.parts:
+            return out                   # nothing of its own gets a gradient
     if isinstance(out, tuple):
-        return tuple(Mark.apply(o, note=back.output_grad) if _wants_grad(o) else o for o in out)
-    return Mark.apply(out, note=back.output_grad) if _wants_grad(out) else out
+        return tuple(mark(o, back.output_grad) if _wants_grad(o) else o for o in out)
+    return mark(out, back.output_grad)

@@ -47,6 +47,51 @@ def test_module_spans_are_named_by_their_dotted_path(tmp_path):
     assert recorder.active is None
 
 
+@settings(max_examples=6, deadline=None)
+@given(st.integers(1, 3), st.booleans())
+def test_every_module_in_backward_has_a_backward_span(tmp_path_factory, layers, input_grad):
+    """Fed a plain input (no gradient wanted) or not, each module with parameters
+    gets one backward span per backward, after its forward; one fed a plain input
+    ends once its parameters' gradients are complete; nothing stays hooked."""
+    import time
+
+    from minidist.autograd.tensor import Tensor
+    from minidist.backend import Generator
+    from minidist.nn import GPT, GPTConfig, Linear, Sequential
+    gpt = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=layers, n_head=2, n_embd=8))
+    mlp = Sequential(*[Linear(4, 4, generator=Generator(i)) for i in range(layers)])
+    x = Tensor(Generator(9).normal((2, 4)), requires_grad=input_grad)
+    idx = xp.zeros((1, 8), dtype="int64")
+    done = []   # when the first layer's weight has its gradient (a hook before the trace's)
+    mlp[0].weight.register_post_accumulate_grad_hook(lambda p: done.append(time.perf_counter()))
+    path = str(tmp_path_factory.mktemp("bwd") / "bwd.json")
+    with trace.record(path):
+        for _ in range(2):
+            gpt(idx, idx)[1].backward()
+        mlp(x).sum().backward()
+    t = trace.load(path)
+    assert check(t) == []
+    spans = [e for e in t["traceEvents"] if e.get("cat") == "module" and e["ph"] == "X"]
+    backward = [e["name"][:-len(" backward")] for e in spans if e["name"].endswith(" backward")]
+    forward_end = {}   # called modules (not the ModuleList) -> ends of their forwards
+    for e in spans:
+        if not e["name"].endswith(" backward"):
+            forward_end.setdefault(e["name"], []).append(e["ts"] + e["dur"])
+    with_params = {name or type(model).__name__: 2 if model is gpt else 1
+                   for model in (gpt, mlp) for name, m in model.named_modules()
+                   if any(True for _ in m.parameters())
+                   and (name or type(model).__name__) in forward_end}
+    assert {n: backward.count(n) for n in set(backward)} == with_params
+    for e in spans:
+        if e["name"].endswith(" backward"):
+            assert e["ts"] >= min(forward_end[e["name"][:-len(" backward")]])
+    first = next(e for e in spans if e["name"] == "0 backward")
+    origin = t["otherData"]["origin_perf_counter_us"]
+    assert first["ts"] + first["dur"] + origin >= done[-1] * 1e6 - 1e-3
+    assert all(len(p._hooks) == (p is mlp[0].weight) for p in mlp.parameters())
+    assert all(not p._hooks for p in gpt.parameters())
+
+
 def test_an_exception_leaving_record_is_an_instant_event(tmp_path):
     path = str(tmp_path / "fail.json")
     with pytest.raises(ValueError):
