@@ -57,6 +57,8 @@ class _Backward:
     """The two ends of one call's backward: its start noted by the first output
     mark; its end when ``parts`` things are done (input marks, or parameters)."""
 
+    __slots__ = ("name", "parts", "start")   # no __dict__: fewer objects for the GC to scan
+
     def __init__(self, name: str, parts: int):
         self.name, self.parts, self.start = name, parts, None
 
@@ -64,7 +66,7 @@ class _Backward:
         if self.start is None and trace.active is not None:
             self.start = trace.active.now()
 
-    def part_done(self, _: Any = None) -> None:
+    def part_done(self) -> None:
         self.parts -= 1
         if self.parts == 0 and self.start is not None and trace.active is not None:
             trace.active.span(f"{self.name} backward", "module", self.start, trace.active.now())
@@ -74,6 +76,7 @@ class _Backward:
 # ends waiting; the hooks that serve them stay on the parameters while recording.
 _waiting: dict[int, list[_Backward]] = {}
 _hooked: dict[int, Any] = {}             # id(parameter) -> its hook's handle
+_params: dict[int, list] = {}            # id(module) -> its parameters that want gradients
 
 
 def _gradient_done(p: Tensor) -> None:
@@ -84,7 +87,9 @@ def _gradient_done(p: Tensor) -> None:
 
 def _wait_for_parameters(rec: Any, module: Any, back: _Backward) -> None:
     """End ``back`` when the gradients of ``module``'s parameters are complete."""
-    params = [p for p in module.parameters() if p.requires_grad]
+    params = _params.get(id(module))
+    if params is None:
+        params = _params[id(module)] = [p for p in module.parameters() if p.requires_grad]
     back.parts = len(params)
     if not _hooked:
         rec.on_close.append(_unhook)     # nothing is left on the parameters after
@@ -99,10 +104,7 @@ def _unhook() -> None:
         handle.remove()
     _hooked.clear()
     _waiting.clear()
-
-
-def _wants_grad(a: Any) -> bool:
-    return isinstance(a, Tensor) and a.requires_grad
+    _params.clear()
 
 
 def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
@@ -111,11 +113,15 @@ def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
     name, span_args = rec.enter_module(module)
     # (a leaf without parameters, Dropout or GELU, gets its forward span only: its
     # backward is one op, and marks cost two autograd nodes per call)
-    marking = grad_mode.is_grad_enabled() and bool(module._parameters or module._modules)
-    inputs = sum(_wants_grad(a) for a in args) if marking else 0
-    back = _Backward(name, inputs) if marking else None
-    if inputs:
-        args = tuple(mark(a, back.part_done) if _wants_grad(a) else a for a in args)
+    back, inputs = None, 0
+    if grad_mode.is_grad_enabled() and (module._parameters or module._modules):
+        back, marked = _Backward(name, 0), []
+        for a in args:   # (a loop, not generators: this runs at every module call)
+            if isinstance(a, Tensor) and a.requires_grad:
+                inputs += 1
+                a = mark(a, back.part_done)
+            marked.append(a)
+        args, back.parts = tuple(marked), inputs
     start = rec.now()
     try:
         out = module.forward(*args, **kwargs)
@@ -125,12 +131,13 @@ def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
     if back is None:
         return out
     outs = out if isinstance(out, tuple) else (out,)
-    if not any(_wants_grad(o) for o in outs):
+    wanted = [isinstance(o, Tensor) and o.requires_grad for o in outs]
+    if not any(wanted):
         return out                       # no backward goes through this call
     if not inputs:   # after the forward: an inner module's span ends first, as it nests
         _wait_for_parameters(rec, module, back)
         if not back.parts:
             return out                   # nothing of its own gets a gradient
     if isinstance(out, tuple):
-        return tuple(mark(o, back.output_grad) if _wants_grad(o) else o for o in out)
+        return tuple(mark(o, back.output_grad) if w else o for o, w in zip(out, wanted))
     return mark(out, back.output_grad)

@@ -214,7 +214,9 @@ class Recorder:
     def enter_module(self, module: Any) -> tuple[str, dict]:
         """A module's forward starts: returns the span's name (its dotted path; the
         class name for the outermost module) and args. ``exit_module`` when it returns."""
-        path, args = self.module_name(module)
+        parent = self._modules[-1][1] if self._modules else None
+        found = self._names.get((id(parent), id(module)))   # (module_name, once per call site)
+        path, args = found if found is not None else self.module_name(module)
         self._modules.append((path, module))
         return path or type(module).__name__, args
 
