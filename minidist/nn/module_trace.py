@@ -16,8 +16,15 @@ A module whose inputs want no gradient (the embedding of token ids, a first
 layer fed data, the outermost GPT) has no input mark; its backward ends when
 the gradients of its parameters are complete (their post-accumulate hooks),
 which is when torch's hook of such a module has nothing more to wait for.
-A leaf without parameters (Dropout, GELU) gets no marks: its backward is one op.
-Nothing here runs unless a trace is being recorded.
+
+Most calls are of a leaf whose whole backward is one op (Linear, LayerNorm,
+Embedding: the op takes the call's inputs and the module's parameters, and
+nothing else). Its backward span is that op's backward, timed where it runs:
+the op's node gets a subclass of its Function whose backward also records
+the span (``timed``), and no mark is added. A module's first call is marked,
+and shows whether its backward is one op; later calls of such a leaf are timed.
+A leaf without parameters (Dropout, GELU) gets neither: its backward is one op
+of the module around it. Nothing here runs unless a trace is being recorded.
 """
 from __future__ import annotations
 
@@ -77,6 +84,40 @@ class _Backward:
 _waiting: dict[int, list[_Backward]] = {}
 _hooked: dict[int, Any] = {}             # id(parameter) -> its hook's handle
 _params: dict[int, list] = {}            # id(module) -> its parameters that want gradients
+_one_op: dict[int, bool] = {}            # id(leaf module) -> its last backward was one op
+_timed_ops: dict[type, type] = {}        # Function -> its subclass that records a span
+
+
+def timed(fn: type) -> type:
+    """The subclass of the op ``fn`` whose backward is also the span
+    ``ctx.span_name`` (once per node: a B/W split calls backward twice, and its
+    first call, the input gradient, is what a marked module's span covers)."""
+    cls = _timed_ops.get(fn)
+    if cls is None:
+        def backward(ctx: Any, *grads: Any) -> Any:
+            start = trace.active.now() if trace.active is not None else None
+            grads_in = fn.backward(ctx, *grads)
+            if start is not None and ctx.span_name is not None and trace.active is not None:
+                trace.active.span(ctx.span_name, "module", start, trace.active.now())
+                ctx.span_name = None
+            return grads_in
+        cls = _timed_ops[fn] = type(fn.__name__, (fn,), {"backward": staticmethod(backward)})
+    return cls
+
+
+def _is_one_op(node: Any, args: tuple, module: Any) -> bool:
+    """Is the call's whole backward the backward of ``node``: every input of the op an
+    argument of the call or a parameter of the module, and every argument that wants
+    a gradient an input of the op?"""
+    if node is None or node.fn is Mark:
+        return False
+    used = {id(t) for t in node.inputs if t is not None}
+    wanted = {id(a) for a in args if isinstance(a, Tensor) and a.requires_grad}
+    if not wanted <= used:
+        return False
+    own = {id(a) for a in args if isinstance(a, Tensor)}
+    own.update(id(p) for p in module._parameters.values() if p is not None)
+    return used <= own
 
 
 def _gradient_done(p: Tensor) -> None:
@@ -105,6 +146,7 @@ def _unhook() -> None:
     _hooked.clear()
     _waiting.clear()
     _params.clear()
+    _one_op.clear()
 
 
 def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
@@ -113,11 +155,12 @@ def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
     name, span_args = rec.enter_module(module)
     # (a leaf without parameters, Dropout or GELU, gets its forward span only: its
     # backward is one op, and marks cost two autograd nodes per call)
-    back, inputs = None, 0
+    back, inputs, one_op = None, 0, False
     if grad_mode.is_grad_enabled() and (module._parameters or module._modules):
+        one_op = _one_op.get(id(module), False)   # then no marks: its op is timed
         back, marked = _Backward(name, 0), []
         for a in args:   # (a loop, not generators: this runs at every module call)
-            if isinstance(a, Tensor) and a.requires_grad:
+            if isinstance(a, Tensor) and a.requires_grad and not one_op:
                 inputs += 1
                 a = mark(a, back.part_done)
             marked.append(a)
@@ -134,6 +177,11 @@ def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
     wanted = [isinstance(o, Tensor) and o.requires_grad for o in outs]
     if not any(wanted):
         return out                       # no backward goes through this call
+    if not module._modules and isinstance(out, Tensor):   # a leaf: is its backward one op?
+        _one_op[id(module)] = _is_one_op(out._ctx, args, module)
+        if one_op and _one_op[id(module)]:
+            out._ctx.fn, out._ctx.span_name = timed(out._ctx.fn), f"{name} backward"
+            return out
     if not inputs:   # after the forward: an inner module's span ends first, as it nests
         _wait_for_parameters(rec, module, back)
         if not back.parts:

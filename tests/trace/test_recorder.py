@@ -85,6 +85,18 @@ def test_every_module_in_backward_has_a_backward_span(tmp_path_factory, layers, 
     for e in spans:
         if e["name"].endswith(" backward"):
             assert e["ts"] >= min(forward_end[e["name"][:-len(" backward")]])
+    # each step's backward span of a GPT module lies in its parent's (the first step's
+    # leaves are marked, the second's have their one op timed)
+    by_name = {}
+    for e in spans:
+        by_name.setdefault(e["name"], []).append((e["ts"], e["ts"] + e["dur"]))
+    for name, _ in gpt.named_modules():
+        if f"{name} backward" in by_name and name:
+            parent = name.rsplit(".", 1)[0] if "." in name else "GPT"
+            parent = parent if f"{parent} backward" in by_name else "GPT"
+            for (s, e), (ps, pe) in zip(by_name[f"{name} backward"],
+                                        by_name[f"{parent} backward"]):
+                assert ps <= s <= e <= pe, (name, parent)
     first = next(e for e in spans if e["name"] == "0 backward")
     origin = t["otherData"]["origin_perf_counter_us"]
     assert first["ts"] + first["dur"] + origin >= done[-1] * 1e6 - 1e-3
