@@ -16,6 +16,8 @@ A module whose inputs want no gradient (the embedding of token ids, a first
 layer fed data, the outermost GPT) has no input mark; its backward ends when
 the gradients of its parameters are complete (their post-accumulate hooks),
 which is when torch's hook of such a module has nothing more to wait for.
+(Under a B/W split those gradients come in a later W pass, among other ops: such
+a module then gets no backward span, its work being the pipeline's W span.)
 
 Most calls are of a leaf whose whole backward is one op (Linear, LayerNorm,
 Embedding: the op takes the call's inputs and the module's parameters, and
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from minidist.autograd import grad_mode
+from minidist.autograd import grad_mode, weight_grad
 from minidist.autograd.function import Context, Function
 from minidist.autograd.tensor import Tensor
 from minidist.trace import recorder as trace
@@ -64,13 +66,15 @@ class _Backward:
     """The two ends of one call's backward: its start noted by the first output
     mark; its end when ``parts`` things are done (input marks, or parameters)."""
 
-    __slots__ = ("name", "parts", "start")   # no __dict__: fewer objects for the GC to scan
+    __slots__ = ("name", "parts", "start", "params")   # no __dict__: less for the GC
 
     def __init__(self, name: str, parts: int):
-        self.name, self.parts, self.start = name, parts, None
+        self.name, self.parts, self.start, self.params = name, parts, None, False
 
     def output_grad(self) -> None:
         if self.start is None and trace.active is not None:
+            if self.params and weight_grad.splitting:
+                self.parts = -1          # its parameters' gradients come in a W pass
             self.start = trace.active.now()
 
     def part_done(self) -> None:
@@ -121,9 +125,15 @@ def _is_one_op(node: Any, args: tuple, module: Any) -> bool:
 
 
 def _gradient_done(p: Tensor) -> None:
-    """A parameter's gradient is complete (its post-accumulate hook)."""
-    for back in _waiting.pop(id(p), ()):
-        back.part_done()
+    """A parameter's gradient is complete (its post-accumulate hook): for the calls
+    whose backward has started (a pipeline has several in flight)."""
+    waiting = _waiting.pop(id(p), ())
+    later = [back for back in waiting if back.start is None]
+    if later:
+        _waiting[id(p)] = later
+    for back in waiting:
+        if back.start is not None:
+            back.part_done()
 
 
 def _wait_for_parameters(rec: Any, module: Any, back: _Backward) -> None:
@@ -131,7 +141,7 @@ def _wait_for_parameters(rec: Any, module: Any, back: _Backward) -> None:
     params = _params.get(id(module))
     if params is None:
         params = _params[id(module)] = [p for p in module.parameters() if p.requires_grad]
-    back.parts = len(params)
+    back.parts, back.params = len(params), True
     if not _hooked:
         rec.on_close.append(_unhook)     # nothing is left on the parameters after
     for p in params:

@@ -117,3 +117,34 @@ def test_record_refuses_a_second_file_while_recording(tmp_path):
     with trace.record(str(tmp_path / "a.json")):
         with pytest.raises(RuntimeError, match="already recording"):
             trace.start(str(tmp_path / "b.json"))
+
+
+def test_a_split_backward_leaves_no_span_across_its_b_and_w_passes(tmp_path):
+    """Under a B/W split (zero-bubble pipelines) each backward span lies in the B pass
+    or in the W pass: a module fed a plain input, whose own gradients all come in W,
+    has none rather than one that straddles the ops run between the two passes."""
+    import time
+
+    from minidist.autograd.tensor import Tensor
+    from minidist.autograd.weight_grad import backward_split
+    from minidist.backend import Generator
+    from minidist.nn import Linear, Sequential
+    model = Sequential(Linear(4, 4, generator=Generator(0)), Linear(4, 4, generator=Generator(1)))
+    x = Tensor(Generator(2).normal((3, 4)))
+    passes = []
+    with trace.record(str(tmp_path / "split.json")):
+        for _ in range(2):   # the first call of each leaf is marked, the second timed
+            loss = model(x).sum()
+            t0 = time.perf_counter()
+            w = backward_split(loss, weights=model.parameters())
+            t1 = time.perf_counter()
+            w.run()
+            passes += [(t0, t1), (t1, time.perf_counter())]
+    t = trace.load(str(tmp_path / "split.json"))
+    assert check(t) == []
+    origin = t["otherData"]["origin_perf_counter_us"]
+    backward = [e for e in t["traceEvents"] if e["ph"] == "X" and e["name"].endswith("backward")]
+    assert {e["name"] for e in backward} >= {"1 backward"}
+    for e in backward:
+        start, end = (e["ts"] + origin) / 1e6, (e["ts"] + e["dur"] + origin) / 1e6
+        assert any(a - 1e-6 <= start <= end <= b + 1e-6 for a, b in passes), e["name"]
