@@ -113,6 +113,23 @@ def test_ring_attention_with_windows_documents_and_gqa_matches_one_process(world
         assert np.abs(got - want[i]).max() <= 1e-12, (name, n, layout, window, docs)
 
 
+@pytest.mark.parametrize("window", [None, 1, 3])
+def test_one_token_documents_and_a_document_over_every_shard(world, window):
+    """Chunks of 2 tokens: a one-token document, another, then one document to the end,
+    which spans the chunks of every rank (zigzag: the first and the last chunks too)."""
+    n = world.world_size
+    length = 4 * n
+    docs = np.array([0, 1] + [2] * (length - 2), dtype=np.int64)
+    rng = np.random.default_rng(n)
+    arrays = [rng.standard_normal((2, length, 3)) for _ in range(4)]
+    masks = dict(window=window, document_ids=docs)
+    shards = world.run(ring_on_rank, arrays, True, "zigzag", {}, masks)
+    want = single_process(arrays, True, masks)
+    for i in range(4):
+        got = backend.to_host(unshard_sequence([backend.from_host(s[i]) for s in shards]))
+        assert np.abs(got - want[i]).max() <= 1e-12
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
 def test_zigzag_gives_every_rank_the_same_causal_work(n):
     c = 8
