@@ -207,6 +207,26 @@ def refused_size_case(size):
     return None
 
 
+def refused_prefetch_case():
+    from minidist.distributed.fsdp import fully_shard
+    from minidist.nn import Linear
+    unit = fully_shard(Linear(4, 4))
+    try:
+        unit.set_modules_to_forward_prefetch([Linear(2, 2)])
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def sub_mesh_groups_case():
+    """post_forward_group on the dp slices of a 2 x 2 mesh (each rank's mesh differs):
+    blocks of 1 and of 2 of its own slice."""
+    from minidist.distributed.device_mesh import init_device_mesh
+    from minidist.distributed.fsdp.state import post_forward_group
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))["dp"]
+    return list(mesh.mesh), post_forward_group(mesh, 1).ranks, post_forward_group(mesh, 2).ranks
+
+
 @pytest.fixture(scope="module")
 def world4():
     from tests.distributed.worlds import Restarting
@@ -228,3 +248,7 @@ def test_reshard_after_forward_to_a_node_gathers_backward_within_it(world4):
         assert "must divide the mesh's 4 ranks" in message
     for message in world4.run(refused_size_case, 2.0):
         assert "True, False, or an int" in message
+    for message in world4.run(refused_prefetch_case):
+        assert "takes modules that fully_shard has wrapped" in message
+    for rank, (dp, ones, twos) in enumerate(world4.run(sub_mesh_groups_case)):
+        assert ones == [rank] and twos == dp and rank in dp and len(dp) == 2
