@@ -7,7 +7,8 @@ unit i-1's before unit i recomputes in backward; the trained parameters are the 
 bits with prefetch as without, and with an explicit prefetch list.
 
 reshard_after_forward=2 on 4 ranks: backward's all-gathers run in groups of 2 (forward's
-in the 4), and training gives one process's parameters (float64, 1e-12), bit for bit
+in the 4), each rank holds its piece for a group of 2 from forward to backward (then
+nothing), and training gives one process's parameters (float64, 1e-12), bit for bit
 those of reshard_after_forward=True. A size that does not divide the mesh is refused.
 """
 import numpy as np
@@ -186,6 +187,10 @@ def reshard_to_node_case(seed):
     try:
         _, loss = model(backend.from_host(np.zeros((1, 8), dtype="int64")),
                         backend.from_host(np.ones((1, 8), dtype="int64")))
+        states = [block.__dict__["_fsdp_state"] for block in model.blocks]
+        # held from forward to backward: each parameter's piece for a group of 2
+        held = [[(tuple(p.shape), shape) for p, (_, _, shape) in zip(s.post_forward, s.params)]
+                for s in states]
         LOG.append("backward")
         loss.backward()
     finally:
@@ -193,7 +198,8 @@ def reshard_to_node_case(seed):
     split = LOG.index("backward")
     sizes = ([(name, size) for name, size, _ in LOG[:split]],
              [(name, size) for name, size, _ in LOG[split + 1:]])
-    return sizes, training_case(dict(mode="default", seed=seed, reshard=2)), \
+    freed = all(s.post_forward is None for s in states)
+    return sizes, held, freed, training_case(dict(mode="default", seed=seed, reshard=2)), \
         training_case(dict(mode="default", seed=seed, reshard=True))
 
 
@@ -237,8 +243,14 @@ def world4():
 
 def test_reshard_after_forward_to_a_node_gathers_backward_within_it(world4):
     single = single_process(7)
-    for (forward, backward), node, full in world4.run(reshard_to_node_case, 7):
+    for rank, ((forward, backward), held, freed, node, full) in enumerate(
+            world4.run(reshard_to_node_case, 7)):
         assert forward == [("all_gather_into_tensor", 4)] * 3     # root and 2 blocks
+        for unit in held:                    # torch.chunk's piece for rank % 2 of 2
+            for piece, shape in unit:
+                c = -(-shape[0] // 2)
+                assert piece == (min(c, shape[0] - (rank % 2) * c),) + shape[1:]
+        assert freed
         assert backward == [("all_gather_into_tensor", 2)] * 2 + \
             [("reduce_scatter_tensor", 4)] * 3
         for name, value in node.items():
