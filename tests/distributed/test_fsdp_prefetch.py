@@ -4,13 +4,19 @@ Prefetch: the order of collectives and computes in a step of three units (a log 
 the collectives' observer hook and the units' forwards write into) is the one FSDP2's
 prefetch gives: unit i+1's all-gather is issued before unit i computes in forward, and
 unit i-1's before unit i recomputes in backward; the trained parameters are the same
-bits with prefetch as without, and with an explicit prefetch list.
+bits with prefetch as without, and with an explicit prefetch list. The trace's span of
+each unit's wait says whether its gather was prefetched.
 
 reshard_after_forward=2 on 4 ranks: backward's all-gathers run in groups of 2 (forward's
 in the 4), each rank holds its piece for a group of 2 from forward to backward (then
 nothing), and training gives one process's parameters (float64, 1e-12), bit for bit
 those of reshard_after_forward=True. A size that does not divide the mesh is refused.
 """
+import json
+import os
+import shutil
+import tempfile
+
 import numpy as np
 import pytest
 
@@ -61,6 +67,7 @@ def order_case(prefetch):
     from minidist.autograd.tensor import Tensor
     from minidist.distributed.fsdp import fully_shard
     from minidist.distributed.tensor import _collectives
+    from minidist.trace import recorder as trace
     n = dist.get_world_size()
     backend.manual_seed(0)
     widths = [3, 4, 6, 8]
@@ -77,12 +84,20 @@ def order_case(prefetch):
     LOG.clear()
     observer = _Observer()
     _collectives.OBSERVERS.append(observer)
+    folder = tempfile.mkdtemp()
+    rec = trace.start(os.path.join(folder, "step.json"))
     try:
         loss = model(x).sum()
         LOG.append("backward")
         loss.backward()
     finally:
         _collectives.OBSERVERS.remove(observer)
+        trace.stop()
+    with open(rec.part) as f:              # a JSON list of events per line, then the end
+        events = [e for line in f if line.startswith("[") for e in json.loads(line)]
+    shutil.rmtree(folder)
+    spans = [(e["name"], e["args"]["prefetched"]) for e in events
+             if e.get("name", "").startswith("FSDP gather")]
     named = []
     for event in LOG:
         if event == "backward" or event[0] == "compute":
@@ -91,7 +106,7 @@ def order_case(prefetch):
             named.append(("AG", ag[event[2]]))
         else:
             named.append(("RS", ag[event[2] // n]))
-    return named
+    return named, spans
 
 
 def test_prefetch_issues_the_next_units_gather_before_this_unit_computes(world):
@@ -100,10 +115,15 @@ def test_prefetch_issues_the_next_units_gather_before_this_unit_computes(world):
                      AG(2), AG(1), C(2), RS(2), AG(0), C(1), RS(1), C(0), RS(0)]
     without = [AG(0), C(0), AG(1), C(1), AG(2), C(2), "backward",
                AG(2), C(2), RS(2), AG(1), C(1), RS(1), AG(0), C(0), RS(0)]
-    for log in world.run(order_case, True):
+    waits = [f"FSDP gather unit {i} ({phase})" for phase, units in
+             (("forward", (0, 1, 2)), ("backward", (2, 1, 0))) for i in units]
+    for log, spans in world.run(order_case, True):
         assert log == with_prefetch
-    for log in world.run(order_case, False):
+        # the trace's spans: the first unit of each direction waited for its own gather
+        assert spans == list(zip(waits, [False, True, True, False, True, True]))
+    for log, spans in world.run(order_case, False):
         assert log == without
+        assert spans == list(zip(waits, [False] * 6))
 
 
 def training_case(case):

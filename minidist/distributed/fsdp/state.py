@@ -28,9 +28,14 @@ node): after forward each rank keeps the dim-0 piece of every parameter for a gr
 of k ranks (the mesh's ranks in blocks of k, torch's ``mesh.view(-1, k)``), so the
 backward's all-gather runs within that group: k - 1 pieces of M / k instead of N - 1
 of M / N, at the price of M / k bytes held from forward to backward.
+
+In a trace (docs/tracing.md) the prefetched gathers run on the communication thread,
+and a span ``FSDP gather unit k (forward|backward)`` on the main thread shows how long
+unit k still waited for its weights (as ZeRO-3's ``ZeRO-3 gather unit k``).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +50,7 @@ from minidist.distributed.tensor._redistribute import DTensorSpec
 from minidist.distributed.tensor.placement_types import shard_slice
 from minidist.nn.module import Module, Parameter
 from minidist.precision import quantize
+from minidist.trace import recorder as trace
 
 
 @dataclass(frozen=True)
@@ -136,13 +142,19 @@ class FSDPState:
         if phase == "forward" and self.schedule.sequence()[:1] == [self]:
             for state in self.schedule.states:          # a new step: nothing stale survives
                 state.drop_pending()
+        start = time.perf_counter()
         pending, self.pending = self.pending, None
-        if pending is not None and pending[0] == phase:
+        prefetched = pending is not None and pending[0] == phase
+        if prefetched:
             fulls = pending[1].wait()
         else:
             if pending is not None:
                 pending[1].wait()
             fulls = self._start(phase, async_op=False)
+        if trace.active is not None:   # how long this unit still waited for its weights
+            unit = self.schedule.sequence().index(self) if self.params else -1
+            trace.active.span(f"FSDP gather unit {unit} ({phase})", "zero", start,
+                              time.perf_counter(), dict(prefetched=prefetched))
         if keep:
             self.keep_post_forward(fulls)
         if phase == "forward" and self not in self.schedule.order:
