@@ -49,7 +49,7 @@ def build(variant: str, n_layer: int, n_embd: int):
     elif variant == "megatron":
         from minidist.parallel import shard_state_dict
         from minidist.parallel.tensor.gpt import ParallelBlock
-        for i, block in enumerate(model.blocks):
+        for i, block in enumerate(list(model.blocks)):
             megatron = ParallelBlock(cfg)
             megatron.load_state_dict(shard_state_dict(megatron, block.state_dict()))
             setattr(model.blocks, str(i), megatron)
