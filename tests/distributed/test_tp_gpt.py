@@ -167,3 +167,39 @@ def test_tp_plan_block_equals_megatron_bit_for_bit(world, sp, bias, heads, atten
         assert tp["grads"].keys() == meg["grads"].keys()
         for name, g in tp["grads"].items():
             assert g.tobytes() == meg["grads"][name].tobytes(), name
+
+
+def plan_errors_case(_):
+    """Plans that cannot hold: each a ValueError naming what to change."""
+    import minidist.distributed as dist
+    from minidist.distributed.device_mesh import init_device_mesh
+    from minidist.distributed.tensor.parallel import (ColwiseParallel, FusedColwiseParallel,
+                                                      gpt_tp_plan, parallelize_module)
+    from minidist.nn import GPT, GPTConfig, LayerNorm
+    t = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (t,))
+    cfg = GPTConfig(block_size=8, vocab_size=4 * t, n_layer=1, n_head=t, n_embd=4 * t)
+    attempts = {
+        "heads": lambda: gpt_tp_plan(GPTConfig(n_head=t + 1, n_embd=4 * (t + 1)), t),
+        "tied": lambda: parallelize_module(GPT(cfg), mesh, {"lm_head": ColwiseParallel()}),
+        "fused_norm": lambda: parallelize_module(LayerNorm(4), mesh, FusedColwiseParallel()),
+        "fused_chunks": lambda: parallelize_module(GPT(cfg), mesh,
+                                                   {"blocks.0.attn.c_attn":
+                                                    FusedColwiseParallel(chunks=5)}),
+    }
+    messages = {}
+    for name, attempt in attempts.items():
+        try:
+            attempt()
+            messages[name] = "no error"
+        except ValueError as e:
+            messages[name] = str(e)
+    return messages
+
+
+def test_a_plan_that_cannot_hold_is_a_clear_error(world):
+    for m in world.run(plan_errors_case, None):
+        assert "n_head=" in m["heads"] and "tensor-parallel size" in m["heads"]
+        assert "tied" in m["tied"] and "wte.weight" in m["tied"]
+        assert "shards a Linear" in m["fused_norm"]
+        assert "chunks" in m["fused_chunks"]
