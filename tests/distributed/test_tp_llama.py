@@ -57,17 +57,17 @@ def llama_case(case):
 def test_llama_tp_plan_trains_like_one_process(world, layers, sp, tied, seed):
     case = dict(layers=layers, sp=sp, tied=tied, seed=seed)
     L = layers
-    # q, k, v, gate and up each bring their input home (f): 5 per layer where the GPT's
-    # fused c_attn needs 2; o_proj and down_proj sum (g): 2 per layer
+    # PrepareModuleInput gathers a layer's attention input and its MLP input once each:
+    # f and g per layer for attention and for the MLP, as the GPT (and Megatron)
     if sp:   # f: all-gather forward, reduce-scatter backward; g the reverse; RMSNorm
              # weights (used on T/t positions) all-reduced backward
-        want = {"forward": {"all_gather_into_tensor": 5 * L + 2,
+        want = {"forward": {"all_gather_into_tensor": 2 * L + 2,
                             "reduce_scatter_tensor": 2 * L + 1},
                 "backward": {"all_gather_into_tensor": 2 * L + 1,
-                             "reduce_scatter_tensor": 5 * L + 1, "all_reduce": 2 * L + 1}}
+                             "reduce_scatter_tensor": 2 * L + 1, "all_reduce": 2 * L + 1}}
     else:
         want = {"forward": {"all_reduce": 2 * L + 1, "all_gather_into_tensor": 1},
-                "backward": {"all_reduce": 5 * L + 1}}
+                "backward": {"all_reduce": 2 * L + 1}}
     for errors, counts in world.run(llama_case, case):
         assert max(errors.values()) <= TOL, errors
         assert counts == want, counts

@@ -6,6 +6,8 @@ A plan is a dict from module names to styles; these two cover the whole model:
 
     GPT                               Llama
     wte        RowwiseParallel        model.embed_tokens          RowwiseParallel
+                                      self_attn, mlp              PrepareModuleInput
+                                                                  (their input, once)
     attn.c_attn  FusedColwiseParallel  self_attn.q/k/v_proj         ColwiseParallel
     attn.c_proj  RowwiseParallel       self_attn.o_proj             RowwiseParallel
     mlp.c_fc     ColwiseParallel       mlp.gate_proj, mlp.up_proj   ColwiseParallel
@@ -33,7 +35,8 @@ from __future__ import annotations
 from typing import Any
 
 from minidist.distributed.tensor.parallel.style import (ColwiseParallel, FusedColwiseParallel,
-                                                        RowwiseParallel, SequenceParallel)
+                                                        PrepareModuleInput, RowwiseParallel,
+                                                        SequenceParallel)
 from minidist.distributed.tensor.placement_types import Replicate, Shard
 
 
@@ -83,9 +86,13 @@ def llama_tp_plan(config: Any, tp: int, sequence_parallel: bool = False) -> dict
     seq = Shard(1) if sp else Replicate()
     layer = "model.layers.*."
     plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)}
+    for module in ("self_attn", "mlp"):   # gather the input once; the projections share it
+        plan[layer + module] = PrepareModuleInput(input_layouts=(seq,),
+                                                  desired_input_layouts=(Replicate(),),
+                                                  use_local_output=False)
     for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                  "mlp.gate_proj", "mlp.up_proj"):
-        plan[layer + name] = ColwiseParallel(input_layouts=seq)
+        plan[layer + name] = ColwiseParallel()
     for name in ("self_attn.o_proj", "mlp.down_proj"):
         plan[layer + name] = RowwiseParallel(output_layouts=seq)
     plan["lm_head"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())

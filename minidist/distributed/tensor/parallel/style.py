@@ -57,13 +57,17 @@ class ParallelStyle:
 # -- borders ---------------------------------------------------------------------
 
 def _to_layout(x: Any, mesh: Any, given: Placement, wanted: Placement,
-               grad: Placement | None = None) -> Any:
-    """A local tensor laid out as ``given`` (or a DTensor), as ``wanted``, back to local."""
+               grad: Placement | None = None, local: bool = True) -> Any:
+    """A local tensor laid out as ``given`` (or a DTensor), as ``wanted``, back to local
+    (``local=False``: the DTensor, whose users' gradients then add up before its backward
+    moves them once)."""
     if not isinstance(x, (Tensor, DTensor)):
         return x                          # ids, masks: not moved
     if not isinstance(x, DTensor):
         x = DTensor.from_local(x, mesh, [given])
     y = x.redistribute(mesh, [wanted])
+    if not local:
+        return y
     return y.to_local(grad_placements=None if grad is None else [grad])
 
 
@@ -233,7 +237,12 @@ class SequenceParallel(ParallelStyle):
 
 class PrepareModuleInput(ParallelStyle):
     """Take the module's positional inputs from ``input_layouts`` to
-    ``desired_input_layouts`` (one per input; None leaves an input alone)."""
+    ``desired_input_layouts`` (one per input; None leaves an input alone).
+
+    ``use_local_output=False`` hands the module DTensors, for modules whose only use of
+    the input is styled layers (Llama's q/k/v_proj): each ColwiseParallel takes the
+    Replicate DTensor as it is, their Partial gradients add up on it, and one
+    collective brings the sum home (Megatron's one f for the three projections)."""
 
     def __init__(self, *, input_layouts: Any = None, desired_input_layouts: Any = None,
                  use_local_output: bool = True):
@@ -252,7 +261,8 @@ class PrepareModuleInput(ParallelStyle):
             args = list(args)
             for i, (given, wanted) in enumerate(zip(self.input_layouts, self.desired)):
                 if given is not None and i < len(args):
-                    args[i] = _to_layout(args[i], device_mesh, given, wanted)
+                    args[i] = _to_layout(args[i], device_mesh, given, wanted,
+                                         local=self.use_local_output)
             return inner(*args, **kwargs)
         _wrap_forward(module, forward)
         return module
