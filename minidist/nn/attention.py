@@ -123,6 +123,11 @@ class GroupedQueryAttention(Module):
         # n_kv_head / t when a tensor-parallel plan split them)
         nh = _whole_heads(q.shape[-1], hd, self.n_head, "q_proj")
         nkv = _whole_heads(k.shape[-1], hd, self.n_kv_head, "k_proj")
+        if nh * self.n_kv_head != nkv * self.n_head or v.shape[-1] != k.shape[-1]:
+            raise ValueError(f"q_proj gives {nh} query heads, k_proj {nkv} and v_proj "
+                             f"{v.shape[-1] // hd} key/value heads here, not the model's "
+                             f"{self.n_head} : {self.n_kv_head}: a tensor-parallel plan must "
+                             f"split q_proj, k_proj and v_proj alike (each ColwiseParallel)")
         q = q.reshape(B, T, nh, hd).transpose(1, 2)                   # (B, nh, T, hd)
         k = k.reshape(B, T, nkv, hd).transpose(1, 2)                  # (B, nkv, T, hd)
         v = v.reshape(B, T, nkv, hd).transpose(1, 2)

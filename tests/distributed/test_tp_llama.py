@@ -94,10 +94,19 @@ def kv_heads_case(_):
         model(backend.from_host(np.zeros((1, 4), dtype=np.int64)))
     except ValueError as e:
         messages.append(str(e))
+    cfg = LlamaConfig(vocab_size=8, hidden_size=16, intermediate_size=8, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    model = Llama(cfg)      # only the queries split: rank 0's heads would meet wrong keys
+    parallelize_module(model, mesh, {"model.layers.*.self_attn.q_proj": ColwiseParallel()})
+    try:
+        model(backend.from_host(np.zeros((1, 4), dtype=np.int64)))
+    except ValueError as e:
+        messages.append(str(e))
     return messages
 
 
 def test_kv_heads_not_divisible_by_tp_is_a_clear_error(world):
-    for plan_error, forward_error in world.run(kv_heads_case, None):
+    for plan_error, forward_error, half_plan_error in world.run(kv_heads_case, None):
         assert "num_key_value_heads=1" in plan_error and "tensor-parallel size 2" in plan_error
         assert "k_proj" in forward_error and "whole heads" in forward_error
+        assert "split q_proj, k_proj and v_proj alike" in half_plan_error

@@ -26,10 +26,11 @@ pieces as ordinary Parameters, so an optimizer sees nothing new); the styles
 wrap it, converting its inputs and outputs through DTensors at the border.
 ``module._dtensor_placements[name]`` records each parameter's mesh, placements
 and global shape (``parameter_as_dtensor`` gives the DTensor; parameters.py,
-also for state dicts). Every style
-hands local tensors to the next module (``use_local_output=True``), also
-SequenceParallel, whose torch default hands on DTensors for ops minidist does
-not propagate.
+also for state dicts). Every style hands local tensors to the next module by
+default (``use_local_output=True``), also SequenceParallel and
+PrepareModuleInput, whose torch defaults hand on DTensors for ops minidist does
+not propagate; ``PrepareModuleInput(use_local_output=False)`` hands a DTensor to a
+module that gives it only to styled layers (Llama's attention and MLP).
 """
 from __future__ import annotations
 
