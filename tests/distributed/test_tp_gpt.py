@@ -3,7 +3,8 @@ trains to the same parameters as one process: float64, 1e-12, after k AdamW step
 
 Two plans: the MLPs alone, and the whole model (``gpt_tp_plan``: attention with
 c_attn cut head by head, MLP, vocabulary-parallel embedding and head), with and
-without sequence parallelism. CommDebugMode's counts per step equal the formula
+without sequence parallelism, and with the head's logits left sharded for
+``loss_parallel``. CommDebugMode's counts per step equal the formula
 (Megatron: 2 all-reduces forward and 2 backward per block), and a block under the
 plan equals minidist's Megatron ParallelBlock bit for bit (the same sums in the
 same order)."""
@@ -41,7 +42,8 @@ def gpt_case(case):
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.distributed.tensor.debug import CommDebugMode
     from minidist.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                      gpt_tp_plan, parallelize_module)
+                                                      gpt_tp_plan, loss_parallel,
+                                                      parallelize_module)
     from minidist.nn import GPT, GPTConfig
     from minidist.optim import AdamW
     t = dist.get_world_size()
@@ -54,7 +56,8 @@ def gpt_case(case):
         plan = {"blocks.*.mlp.c_fc": ColwiseParallel(),
                 "blocks.*.mlp.c_proj": RowwiseParallel()}
     else:
-        plan = gpt_tp_plan(cfg, t, sequence_parallel=case["plan"] == "full+sp")
+        plan = gpt_tp_plan(cfg, t, sequence_parallel=case["plan"] == "full+sp",
+                           vocab_parallel_loss=case["plan"] == "full+loss_parallel")
     parallelize_module(tp, mesh["tp"], plan)
     rng = np.random.default_rng(case["seed"])
     V, T = cfg.vocab_size, cfg.block_size
@@ -64,7 +67,9 @@ def gpt_case(case):
     for model in (single, tp):
         opt = AdamW(model.parameters(), lr=1e-2)
         for idx, targets in batches:
-            with CommDebugMode() as comm:
+            # loss_parallel: cross-entropy on the DTensor logits the head hands on (a
+            # no-op for the models whose logits are whole)
+            with CommDebugMode() as comm, loss_parallel():
                 _, loss = model(idx, targets)
                 opt.zero_grad()
                 loss.backward()
@@ -88,6 +93,8 @@ def expected_counts(plan, layers, bias):
     if plan == "full":   # + wte's all-reduce, lm_head's gather of logits and its f
         return {"forward": {"all_reduce": 2 * L + 1, "all_gather_into_tensor": 1},
                 "backward": {"all_reduce": 2 * L + 1}}
+    if plan == "full+loss_parallel":   # no gather: 3 all-reduces of B T numbers instead
+        return {"forward": {"all_reduce": 2 * L + 4}, "backward": {"all_reduce": 2 * L + 1}}
     # sequence parallel: f -> all-gather, g -> reduce-scatter; wte and wpe reduce-scatter
     # their lookups, lm_head gathers positions and logits; backward the adjoints, and an
     # all-reduce per parameter used on T/t positions (norm weights and biases, row biases)
@@ -100,7 +107,7 @@ def expected_counts(plan, layers, bias):
                          "all_reduce": per_norm * norms + row_biases}}
 
 
-@pytest.mark.parametrize("plan", ["mlp", "full", "full+sp"])
+@pytest.mark.parametrize("plan", ["mlp", "full", "full+sp", "full+loss_parallel"])
 @settings(max_examples=2, deadline=None)
 @given(layers=st.integers(1, 2), steps=st.integers(1, 2), bias=st.booleans(),
        seed=st.integers(0, 99))

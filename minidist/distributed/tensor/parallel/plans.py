@@ -13,7 +13,9 @@ A plan is a dict from module names to styles; these two cover the whole model:
     mlp.c_fc     ColwiseParallel       mlp.gate_proj, mlp.up_proj   ColwiseParallel
     mlp.c_proj   RowwiseParallel       mlp.down_proj                RowwiseParallel
     lm_head    ColwiseParallel        lm_head                     ColwiseParallel
-               (output Replicate: the model's own cross-entropy sees whole logits)
+               (output Replicate: the model's own cross-entropy sees whole logits;
+               ``vocab_parallel_loss=True``: a [Shard(2)] DTensor for loss_parallel(),
+               torchtitan's way, which never gathers the B x T x V logits)
 
 Each rank keeps n_head / t heads (Llama: n_kv_head / t key/value heads too); the
 attention modules read that count off their projections' outputs. Per block and
@@ -47,8 +49,19 @@ def _divisible(what: dict, tp: int) -> None:
                              f"choose a size that divides it")
 
 
-def gpt_tp_plan(config: Any, tp: int, sequence_parallel: bool = False) -> dict:
-    """The plan for ``nn.GPT(config)`` over ``tp`` ranks (module docstring)."""
+def _head(seq: Any, vocab_parallel_loss: bool) -> ColwiseParallel:
+    """lm_head: whole logits for the model's own cross-entropy (an all-gather of B T V),
+    or, for ``loss_parallel()``, the vocabulary-sharded DTensor (3 all-reduces of B T)."""
+    if vocab_parallel_loss:
+        return ColwiseParallel(input_layouts=seq, use_local_output=False)
+    return ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+
+
+def gpt_tp_plan(config: Any, tp: int, sequence_parallel: bool = False,
+                vocab_parallel_loss: bool = False) -> dict:
+    """The plan for ``nn.GPT(config)`` over ``tp`` ranks (module docstring). With
+    ``vocab_parallel_loss`` the model returns its logits as a [Shard(2)] DTensor, and its
+    forward must run inside ``loss_parallel()``."""
     _divisible({"n_head": config.n_head, "vocab_size": config.vocab_size}, tp)
     if config.moe_every:
         raise ValueError("gpt_tp_plan splits dense MLPs; an MoE block's experts go over an "
@@ -63,7 +76,7 @@ def gpt_tp_plan(config: Any, tp: int, sequence_parallel: bool = False) -> dict:
         "blocks.*.attn.c_proj": RowwiseParallel(output_layouts=seq),
         "blocks.*.mlp.c_fc": ColwiseParallel(input_layouts=seq),
         "blocks.*.mlp.c_proj": RowwiseParallel(output_layouts=seq),
-        "lm_head": ColwiseParallel(input_layouts=seq, output_layouts=Replicate()),
+        "lm_head": _head(seq, vocab_parallel_loss),
     }
     if sp:   # the (T, C) position lookup cut by position; norms on this rank's positions
         plan["wpe"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
@@ -72,9 +85,11 @@ def gpt_tp_plan(config: Any, tp: int, sequence_parallel: bool = False) -> dict:
     return plan
 
 
-def llama_tp_plan(config: Any, tp: int, sequence_parallel: bool = False) -> dict:
+def llama_tp_plan(config: Any, tp: int, sequence_parallel: bool = False,
+                  vocab_parallel_loss: bool = False) -> dict:
     """The plan for ``nn.Llama(config)`` over ``tp`` ranks (module docstring); grouped
-    query attention splits its key/value heads too, so t must divide n_kv_head."""
+    query attention splits its key/value heads too, so t must divide n_kv_head.
+    ``vocab_parallel_loss`` as for the GPT."""
     _divisible({"num_attention_heads": config.num_attention_heads,
                 "num_key_value_heads": config.num_key_value_heads,
                 "vocab_size": config.vocab_size,
@@ -95,7 +110,7 @@ def llama_tp_plan(config: Any, tp: int, sequence_parallel: bool = False) -> dict
         plan[layer + name] = ColwiseParallel()
     for name in ("self_attn.o_proj", "mlp.down_proj"):
         plan[layer + name] = RowwiseParallel(output_layouts=seq)
-    plan["lm_head"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+    plan["lm_head"] = _head(seq, vocab_parallel_loss)
     if sp:
         for norm in ("input_layernorm", "post_attention_layernorm"):
             plan[layer + norm] = SequenceParallel()
