@@ -21,7 +21,8 @@ def llama_case(case):
     import minidist.distributed as dist
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.distributed.tensor.debug import CommDebugMode
-    from minidist.distributed.tensor.parallel import llama_tp_plan, parallelize_module
+    from minidist.distributed.tensor.parallel import (llama_tp_plan, loss_parallel,
+                                                      parallelize_module)
     from minidist.nn import Llama, LlamaConfig
     from minidist.optim import AdamW
     t = dist.get_world_size()
@@ -32,14 +33,14 @@ def llama_case(case):
     single = Llama(cfg)
     tp = copy.deepcopy(single)
     mesh = init_device_mesh("cpu", (t,), mesh_dim_names=("tp",))
-    parallelize_module(tp, mesh["tp"], llama_tp_plan(cfg, t, case["sp"]))
+    parallelize_module(tp, mesh["tp"], llama_tp_plan(cfg, t, case["sp"], case["loss"]))
     rng = np.random.default_rng(case["seed"])
     idx, tgt = (backend.from_host(rng.integers(0, cfg.vocab_size, (2, 2 * t))) for _ in "ab")
     counts = []
     for model in (single, tp):
         opt = AdamW(model.parameters(), lr=1e-2)
         for _ in range(2):
-            with CommDebugMode() as comm:
+            with CommDebugMode() as comm, loss_parallel():
                 _, loss = model(idx, tgt)
                 opt.zero_grad()
                 loss.backward()
@@ -52,22 +53,26 @@ def llama_case(case):
 
 
 @settings(max_examples=3, deadline=None)
-@given(layers=st.integers(1, 2), sp=st.booleans(), tied=st.booleans(),
+@given(layers=st.integers(1, 2), sp=st.booleans(), tied=st.booleans(), loss=st.booleans(),
        seed=st.integers(0, 99))
-def test_llama_tp_plan_trains_like_one_process(world, layers, sp, tied, seed):
-    case = dict(layers=layers, sp=sp, tied=tied, seed=seed)
+def test_llama_tp_plan_trains_like_one_process(world, layers, sp, tied, loss, seed):
+    case = dict(layers=layers, sp=sp, tied=tied, loss=loss, seed=seed)
     L = layers
     # PrepareModuleInput gathers a layer's attention input and its MLP input once each:
-    # f and g per layer for attention and for the MLP, as the GPT (and Megatron)
+    # f and g per layer for attention and for the MLP, as the GPT (and Megatron). The
+    # head: its f, and the logits gathered (1 all-gather) or, for loss_parallel, left
+    # sharded (3 all-reduces of B T numbers)
+    head = {"all_reduce": 3} if loss else {"all_gather_into_tensor": 1}
     if sp:   # f: all-gather forward, reduce-scatter backward; g the reverse; RMSNorm
              # weights (used on T/t positions) all-reduced backward
-        want = {"forward": {"all_gather_into_tensor": 2 * L + 2,
-                            "reduce_scatter_tensor": 2 * L + 1},
-                "backward": {"all_gather_into_tensor": 2 * L + 1,
-                             "reduce_scatter_tensor": 2 * L + 1, "all_reduce": 2 * L + 1}}
+        forward = {"all_gather_into_tensor": 2 * L + 1, "reduce_scatter_tensor": 2 * L + 1}
+        backward = {"all_gather_into_tensor": 2 * L + 1, "reduce_scatter_tensor": 2 * L + 1,
+                    "all_reduce": 2 * L + 1}
     else:
-        want = {"forward": {"all_reduce": 2 * L + 1, "all_gather_into_tensor": 1},
-                "backward": {"all_reduce": 2 * L + 1}}
+        forward, backward = {"all_reduce": 2 * L + 1}, {"all_reduce": 2 * L + 1}
+    for name, n in head.items():
+        forward[name] = forward.get(name, 0) + n
+    want = {"forward": forward, "backward": backward}
     for errors, counts in world.run(llama_case, case):
         assert max(errors.values()) <= TOL, errors
         assert counts == want, counts
