@@ -69,8 +69,11 @@ def _gathered(state):
 def tp_save_case(path):
     """Save at tp = world; on the way, load_state_dict takes the dense model's arrays and
     another TP model's DTensors, each rank keeping its piece."""
+    from dataclasses import replace
+
     from minidist.checkpoint.dtensor import save_dtensors
     from minidist.distributed.tensor import DTensor
+    from minidist.distributed.tensor.parallel import full_state_dict
     from minidist.nn import GPT
     model = _tp_model(1)
     state = model.state_dict()
@@ -80,8 +83,11 @@ def tp_save_case(path):
     from_dense, from_dtensors = _tp_model(2), _tp_model(3)
     from_dense.load_state_dict(GPT(model.config).state_dict())
     from_dtensors.load_state_dict(state)
+    one_process = GPT(replace(model.config, seed=5))   # and back into the plain model
+    one_process.load_state_dict(full_state_dict(model))
     return (_gathered(state), layouts, _gathered(from_dense.state_dict()),
-            _gathered(from_dtensors.state_dict()))
+            _gathered(from_dtensors.state_dict()), _gathered(one_process.state_dict()),
+            _gathered(GPT(model.config).state_dict()))
 
 
 def tp_load_case(path, sequence_parallel):
@@ -94,7 +100,11 @@ def tp_load_case(path, sequence_parallel):
 def test_tp_state_dict_is_dtensors_and_reshards_to_other_degrees(tmp_path):
     path = str(tmp_path / "tp")
     with World(2, timeout=20.0, run_timeout=90.0) as world:
-        saved, layouts, from_dense, from_dtensors = world.run(tp_save_case, path)[0]
+        saved, layouts, from_dense, from_dtensors, plain, dense = world.run(tp_save_case,
+                                                                            path)[0]
+    assert plain.keys() == dense.keys()
+    for name, value in dense.items():
+        assert plain[name].tobytes() == value.tobytes(), name
     assert layouts["blocks.0.attn.c_attn.weight"] == ["Shard(dim=1)"]   # the (3, C, C) stack
     assert layouts["blocks.0.mlp.c_proj.weight"] == ["Shard(dim=1)"]
     assert layouts["wte.weight"] == ["Shard(dim=0)"]

@@ -3,7 +3,8 @@
 Files, in reading order:
 
     parameters.py  a parallelized module's parameters: this rank's pieces, their layouts
-                as DTensors (parameter_as_dtensor), and in model.state_dict() / load
+                as DTensors (parameter_as_dtensor), and in model.state_dict() / load;
+                full_state_dict: whole, in the dense model's shapes
     style.py    ColwiseParallel, FusedColwiseParallel (c_attn's q, k, v head by head),
                 RowwiseParallel, SequenceParallel, PrepareModuleInput: a module's
                 parameters, inputs and outputs as placements; Megatron's f and g fall out
@@ -19,7 +20,7 @@ ColumnParallelLinear / RowParallelLinear); tests hold the two bit for bit equal.
 """
 from minidist.distributed.tensor.parallel.api import parallelize_module
 from minidist.distributed.tensor.parallel.loss import loss_parallel, vocab_parallel_cross_entropy
-from minidist.distributed.tensor.parallel.parameters import parameter_as_dtensor
+from minidist.distributed.tensor.parallel.parameters import full_state_dict, parameter_as_dtensor
 from minidist.distributed.tensor.parallel.plans import gpt_tp_plan, llama_tp_plan
 from minidist.distributed.tensor.parallel.style import (ColwiseParallel, FusedColwiseParallel,
                                                         ParallelStyle, PrepareModuleInput,
@@ -28,4 +29,5 @@ from minidist.distributed.tensor.parallel.style import (ColwiseParallel, FusedCo
 __all__ = ["parallelize_module", "ParallelStyle", "ColwiseParallel", "FusedColwiseParallel",
            "RowwiseParallel",
            "SequenceParallel", "PrepareModuleInput", "parameter_as_dtensor", "loss_parallel",
-           "vocab_parallel_cross_entropy", "gpt_tp_plan", "llama_tp_plan"]
+           "vocab_parallel_cross_entropy", "gpt_tp_plan", "llama_tp_plan",
+           "full_state_dict"]

@@ -20,6 +20,7 @@ each cut (or replicated) parameter as a DTensor over its mesh, which
 whole arrays (each rank keeps its piece; a fused weight's whole (3C, C) array is
 read as its stack). Two hooks on the module do it (``nn.Module``'s
 ``register_state_dict_post_hook`` / ``register_load_state_dict_pre_hook``).
+``full_state_dict(model)`` gathers them whole, in the dense model's shapes.
 """
 from __future__ import annotations
 
@@ -111,6 +112,23 @@ def _pieces_from_state_dict(module: Module, state: dict, prefix: str) -> None:
             piece = distribute_tensor(value, mesh, placements, src_data_rank=None)
             piece = piece.to_local().data              # my cut, no communication
         state[key] = piece.reshape(param.shape)
+
+
+def full_state_dict(module: Module) -> dict:
+    """Every parameter whole, in the dense model's shapes (a fused weight's (3, C, C) stack
+    back to (3C, C)), what the unparallelized model's ``load_state_dict`` takes: one
+    process resumes a tensor-parallel run. A collective (an all-gather per cut
+    parameter); torch's ``get_model_state_dict(..., full_state_dict=True)``."""
+    params = dict(module.named_parameters())
+    out = {}
+    for name, value in module.state_dict().items():
+        if isinstance(value, DTensor):
+            whole = value.full_tensor().data                   # (3, C, C) when fused
+            if whole.ndim > params[name].ndim:
+                whole = whole.reshape((-1,) + tuple(whole.shape[2:]))   # (3C, C)
+            value = whole
+        out[name] = value
+    return out
 
 
 def replicated_parameter(module: Module, name: str, grad: Placement) -> Tensor | None:
