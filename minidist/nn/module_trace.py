@@ -86,9 +86,11 @@ class _Backward:
 # The backward ends that wait for parameters' gradients: id(parameter) -> the
 # ends waiting; the hooks that serve them stay on the parameters while recording.
 _waiting: dict[int, list[_Backward]] = {}
-_hooked: dict[int, Any] = {}             # id(parameter) -> its hook's handle
-_params: dict[int, list] = {}            # id(module) -> its parameters that want gradients
-_one_op: dict[int, bool] = {}            # id(leaf module) -> its last backward was one op
+_hooked: dict[int, tuple] = {}           # id(parameter) -> (parameter, its hook's handle)
+# (keyed by the module itself, not its id: no module is freed and its id reused
+# while recording)
+_params: dict[Any, list] = {}            # module -> its parameters that want gradients
+_one_op: dict[Any, bool] = {}            # leaf module -> its last backward was one op
 _timed_ops: dict[type, type] = {}        # Function -> its subclass that records a span
 
 
@@ -138,20 +140,20 @@ def _gradient_done(p: Tensor) -> None:
 
 def _wait_for_parameters(rec: Any, module: Any, back: _Backward) -> None:
     """End ``back`` when the gradients of ``module``'s parameters are complete."""
-    params = _params.get(id(module))
+    params = _params.get(module)
     if params is None:
-        params = _params[id(module)] = [p for p in module.parameters() if p.requires_grad]
+        params = _params[module] = [p for p in module.parameters() if p.requires_grad]
     back.parts, back.params = len(params), True
     if not _hooked:
         rec.on_close.append(_unhook)     # nothing is left on the parameters after
     for p in params:
         if id(p) not in _hooked:
-            _hooked[id(p)] = p.register_post_accumulate_grad_hook(_gradient_done)
+            _hooked[id(p)] = (p, p.register_post_accumulate_grad_hook(_gradient_done))
         _waiting.setdefault(id(p), []).append(back)
 
 
 def _unhook() -> None:
-    for handle in _hooked.values():
+    for _, handle in _hooked.values():
         handle.remove()
     _hooked.clear()
     _waiting.clear()
@@ -167,7 +169,7 @@ def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
     # backward is one op, and marks cost two autograd nodes per call)
     back, inputs, one_op = None, 0, False
     if grad_mode.is_grad_enabled() and (module._parameters or module._modules):
-        one_op = _one_op.get(id(module), False)   # then no marks: its op is timed
+        one_op = _one_op.get(module, False)   # then no marks: its op is timed
         back, marked = _Backward(name, 0), []
         for a in args:   # (a loop, not generators: this runs at every module call)
             if isinstance(a, Tensor) and a.requires_grad and not one_op:
@@ -188,8 +190,8 @@ def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
     if not any(wanted):
         return out                       # no backward goes through this call
     if not module._modules and isinstance(out, Tensor):   # a leaf: is its backward one op?
-        _one_op[id(module)] = _is_one_op(out._ctx, args, module)
-        if one_op and _one_op[id(module)]:
+        _one_op[module] = _is_one_op(out._ctx, args, module)
+        if one_op and _one_op[module]:
             out._ctx.fn, out._ctx.span_name = timed(out._ctx.fn), f"{name} backward"
             return out
     if not inputs:   # after the forward: an inner module's span ends first, as it nests
