@@ -34,6 +34,10 @@ nanoseconds, and becomes the dict above only when the part is read (merge.py
     ("i", name, cat, ts_ns, tid, scope, args)        ("f", id, ts_ns, tid)
     ("C", name, ts_ns, values)                       ("M", event)
 
+A message a rank sends to itself (a pipeline's two chunks on one rank) is a
+flow on one process; its rows end in ``SELF`` so that the merge names it
+"message to itself" and the check does not take it for two flows' ids colliding.
+
 Each process appends its rows to ``<path>.<pid>.part``, a JSON list of rows a
 line, written by a thread every ``FLUSH_S`` seconds and when recording ends: a
 rank that is killed leaves what it recorded up to ``FLUSH_S`` before. The pid
@@ -52,6 +56,7 @@ from typing import Any
 from minidist import backend
 from minidist.trace.merge import merge, wait_for_ranks
 
+SELF = "self"             # the last field of a flow row of a message to this rank itself
 FLUSH_S = 0.2             # seconds between writes of the buffered events
 _FLOW_MASK = (1 << 52) - 1  # flow ids stay exact in JavaScript's doubles
 
@@ -168,13 +173,14 @@ class Recorder:
         span of the call that sends it."""
         fid = flow_id(src, dst, ctx, tag, self._nth(("to", dst, ctx, tag)))
         self.bytes_sent += nbytes
-        self._add(("s", fid, _ns(self.now()), self.tid()))
+        row = ("s", fid, _ns(self.now()), self.tid())
+        self._add(row if src != dst else row + (SELF,))
 
     def receiving(self, handle: Any, src: int, dst: int, ctx: int, tag: int) -> None:
         """A receive from global rank ``src`` is posted; its flow ends at ``landed``."""
         fid = flow_id(src, dst, ctx, tag, self._nth(("from", src, ctx, tag)))
         with self._lock:
-            self._pending.append((handle, fid))
+            self._pending.append((handle, fid if src != dst else (fid, SELF)))
 
     def landed(self) -> None:
         """End the flows of the receives that have completed: called after a
@@ -185,14 +191,15 @@ class Recorder:
                 return
             self._pending = [(h, fid) for h, fid in self._pending if not h.done]
         ts, tid = _ns(self.now()), self.tid()
-        for fid in done:
-            self._add(("f", fid, ts, tid))
+        for fid in done:   # (fid, SELF): a message this rank sent itself
+            self._add(("f", fid, ts, tid) if isinstance(fid, int) else ("f", fid[0], ts, tid, SELF))
 
     def exchanged(self, src: int, me: int, ctx: int, tag: int) -> None:
         """A message sent and one received from ``src`` at once
         (sendrecv, exchange): the receive's flow ends now."""
         fid = flow_id(src, me, ctx, tag, self._nth(("from", src, ctx, tag)))
-        self._add(("f", fid, _ns(self.now()), self.tid()))
+        row = ("f", fid, _ns(self.now()), self.tid())
+        self._add(row if src != me else row + (SELF,))
 
     # -- modules: forward spans by dotted name ---------------------------------------
     def module_name(self, module: Any) -> tuple[str, dict]:
@@ -229,7 +236,8 @@ class Recorder:
         """Name this process in the trace: its rank, and its mesh coordinates once known."""
         self.rank, self.world_size = rank, world_size
         args = {"rank": rank, "world_size": world_size, "clock_offset_us": clock_offset_s * 1e6,
-                "attempt": int(os.environ.get("MINIDIST_RESTART_COUNT", "0"))}
+                "attempt": int(os.environ.get("MINIDIST_RESTART_COUNT", "0")),
+                "world": int(os.environ.get("MINIDIST_TRACE_WORLD", "0"))}   # (session.py)
         if coords:
             args["coords"] = coords
         self._add(("M", {"ph": "M", "name": "minidist_rank", "tid": 0, "args": args}))
