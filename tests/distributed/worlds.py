@@ -28,3 +28,29 @@ def world_fixture(sizes):
         yield w
         w.close()
     return world
+
+
+class Worlds:
+    """Worlds by size, each started the first time a case asks for it and kept up for
+    the module: ``worlds(n)`` is a ``Restarting`` world of ``n`` ranks, so hypothesis
+    can draw the world size with the rest of a case."""
+
+    def __init__(self):
+        self.by_size: dict[int, Restarting] = {}
+
+    def __call__(self, n: int) -> Restarting:
+        if n not in self.by_size:
+            self.by_size[n] = Restarting(n)
+        return self.by_size[n]
+
+    def close(self):
+        for w in self.by_size.values():
+            w.close()
+
+
+@pytest.fixture(scope="module")
+def worlds():
+    """Module-scoped ``Worlds``: import it into a test module to draw world sizes."""
+    pool = Worlds()
+    yield pool
+    pool.close()
