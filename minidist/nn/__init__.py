@@ -11,6 +11,7 @@ Files, in reading order:
 - gpt.py        a GPT-2-shaped model
 - llama.py      a Llama (Hugging Face's config and parameter names)
 - hf.py         Hugging Face checkpoints in and out (config.json + safetensors)
+- hf_mixtral.py Mixtral's expert tensors (per expert or fused) to the Llama's MoE names
 """
 from minidist.nn import functional
 from minidist.nn.attention import CausalSelfAttention, GroupedQueryAttention
