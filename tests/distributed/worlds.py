@@ -57,6 +57,3 @@ def worlds_fixture(**kwargs):
         yield pool
         pool.close()
     return worlds
-
-
-worlds = worlds_fixture()   # import it into a test module to draw world sizes

@@ -7,7 +7,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.distributed.worlds import worlds  # noqa: F401  (the fixture)
+from tests.distributed.worlds import worlds_fixture
+
+worlds = worlds_fixture()      # a world per drawn size, kept for the module
 
 ROWS, LENGTH, STEPS = 2, 8, 2           # rows per rank
 

@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 
 from minidist.nn import LlamaConfig
 from minidist.parallel.tensor.llama import check_tensor_parallel
-from tests.distributed.worlds import worlds  # noqa: F401  (the fixture)
+from tests.distributed.worlds import worlds_fixture
+
+worlds = worlds_fixture()      # a world per drawn size, kept for the module
 
 B, T, STEPS = 2, 8, 2
 
