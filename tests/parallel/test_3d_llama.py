@@ -60,7 +60,7 @@ def train_single(case):
 MESHES = [(2, 2, 1), (2, 1, 2), (1, 2, 2), (1, 2, 1), (2, 1, 1), (1, 1, 2)]   # dp, tp, pp
 
 
-@settings(max_examples=2, deadline=None)
+@settings(max_examples=1, deadline=None)
 @given(mesh=st.sampled_from(MESHES), kv=st.sampled_from([1, 2, 4]),
        schedule=st.sampled_from(["gpipe", "1f1b"]), microbatches=st.sampled_from([1, 2]),
        tie=st.booleans(), sp=st.booleans(), seed=st.integers(0, 100))

@@ -58,7 +58,7 @@ def sharded_reference(case, dense):
     return {k: backend.to_host(v) for k, v in shard_state_dict(model, full).items()}
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=2, deadline=None)
 @given(tp_kv=st.sampled_from([(2, 2), (2, 4), (4, 4)]), sp=st.booleans(), window=st.sampled_from([None, 3]),
        cuts=st.lists(st.integers(1, T - 1), max_size=2, unique=True), tie=st.booleans(),
        seed=st.integers(0, 100))
