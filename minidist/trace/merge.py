@@ -30,7 +30,7 @@ from typing import Any
 
 WORLD_PID = 10000       # pid = rank + 1000 * attempt + WORLD_PID * world
 NO_RANK_PID = 1000000   # pids of processes that are not ranks start here
-_FLOW_MASK = (1 << 52) - 1   # as recorder.py: flow ids stay exact in doubles
+FLOW_MASK = (1 << 52) - 1    # flow ids stay exact in JavaScript's doubles
 
 
 def parts_of(path: str) -> list[str]:
@@ -209,7 +209,7 @@ def _as_process(events: list[dict], complete: bool, fallback_pid: int, part: str
             continue
         e["pid"] = pid
         if world and "id" in e:   # this world's flows, apart from the other worlds'
-            e["id"] = hash((world, e["id"])) & _FLOW_MASK
+            e["id"] = hash((world, e["id"])) & FLOW_MASK
         if "ts" in e and offset:
             e["ts"] = round(e["ts"] + offset, 3)
         kept.append(e)

@@ -54,18 +54,17 @@ import time
 from typing import Any
 
 from minidist import backend
-from minidist.trace.merge import merge, wait_for_ranks
+from minidist.trace.merge import FLOW_MASK, merge, wait_for_ranks
 
 SELF = "self"             # the last field of a flow row of a message to this rank itself
 FLUSH_S = 0.2             # seconds between writes of the buffered events
-_FLOW_MASK = (1 << 52) - 1  # flow ids stay exact in JavaScript's doubles
 
 active: "Recorder | None" = None   # the recorder of this process; None: tracing is off
 
 
 def flow_id(src: int, dst: int, ctx: int, tag: int, n: int) -> int:
     """The id of the n-th message from global rank src to dst with (ctx, tag)."""
-    return hash((src, dst, ctx, tag, n)) & _FLOW_MASK   # ints hash alike in every process
+    return hash((src, dst, ctx, tag, n)) & FLOW_MASK   # ints hash alike in every process
 
 
 def part_path(path: str, pid: int) -> str:
