@@ -34,8 +34,7 @@ from minidist.distributed.tensor.placement_types import (Partial, Placement, Rep
                                                           chunk_sizes, normalize_dim)
 
 
-_FUNCTIONAL = ("softmax", "log_softmax", "layer_norm", "rms_norm", "embedding",
-               "cross_entropy", "nll_loss")
+_FUNCTIONAL = ("softmax", "log_softmax", "layer_norm", "rms_norm", "embedding")
 
 
 def _ops() -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
+from minidist.backend import from_host, is_array
 from minidist.distributed.tensor.placement_types import Partial, Replicate
 
 _WARNED: set = set()
@@ -52,6 +53,8 @@ def run_rule(op: str, fn: Callable, inputs: list[Any], rules: list, out_shape: t
     locals_ = [x.redistribute(mesh, p).to_local(grad_placements=g)
                for x, p, g in zip(inputs, ins, grads)]
     y = fn(*locals_)
+    if not is_array(y.data):        # NumPy reduces to a scalar: collectives need an array
+        y.data = from_host(y.data, y.data.dtype)
     dtensor = type(inputs[0])       # DTensor, whose methods call these rules (_api.py)
     return dtensor.from_local(y, mesh, out, shape=out_shape)
 
