@@ -89,27 +89,43 @@ def _kinds(ndim):
     return [("R",), ("P", "sum")] + [("S", d) for d in range(ndim)]
 
 
-@st.composite
-def one_case(draw, mesh):
-    op = draw(st.sampled_from(OPS))
-    a, b, c = (draw(st.integers(1, 5)) for _ in range(3))
-    rng = np.random.default_rng(draw(st.integers(0, 999)))
+class Drawn:
+    """Choices drawn by hypothesis (``draw``) or by a NumPy generator (``rng``: the
+    PyTorch comparison, whose one example must not be hypothesis's smallest)."""
+
+    def __init__(self, draw=None, rng=None):
+        self.draw, self.rng = draw, rng
+
+    def integer(self, lo, hi):
+        return self.draw(st.integers(lo, hi)) if self.draw else int(self.rng.integers(lo, hi + 1))
+
+    def choice(self, options):
+        if self.draw:
+            return self.draw(st.sampled_from(options))
+        return options[int(self.rng.integers(len(options)))]
+
+
+def make_case(pick, mesh):
+    """One case: an op, its inputs, their placements, the loss weight (module docstring)."""
+    op = pick.choice(OPS)
+    a, b, c = (pick.integer(1, 5) for _ in range(3))
+    rng = np.random.default_rng(pick.integer(0, 999))
     x = rng.standard_normal((a, b, c))
     arg = None
     if op in ("mean", "mean_keepdim", "sum_keepdim"):
-        arg = draw(st.sampled_from([0, 1, 2, -1, (0, 2), None]))
+        arg = pick.choice([0, 1, 2, -1, (0, 2), None])
     elif op in ("softmax", "log_softmax"):
-        arg = draw(st.integers(-3, 2))
+        arg = pick.integer(-3, 2)
     elif op == "reshape":
         total = a * b * c
         options = [(a * b, c), (a, b * c), (total,), (1, a, b, c), (a, b, 1, c)]
         options += [(total // k, k) for k in range(2, total + 1) if total % k == 0]
         options += [(k, total // k, 1) for k in (2, 3) if total % k == 0]
-        arg = draw(st.sampled_from(options))
+        arg = pick.choice(options)
     elif op == "transpose":
-        arg = (draw(st.integers(-3, 2)), draw(st.integers(-3, 2)))
+        arg = (pick.integer(-3, 2), pick.integer(-3, 2))
     elif op == "permute":
-        arg = tuple(draw(st.permutations([0, 1, 2])))
+        arg = pick.choice([(0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0)])
     inputs = [x]
     if op == "layer_norm":
         inputs += [rng.standard_normal(c), rng.standard_normal(c)]
@@ -117,8 +133,7 @@ def one_case(draw, mesh):
         inputs += [rng.standard_normal(c)]
     elif op == "embedding":
         inputs = [rng.standard_normal((a * 2, c)), rng.integers(0, a * 2, (b, 3))]
-    placements = [draw(st.lists(st.sampled_from(_kinds(full.ndim)), min_size=len(mesh),
-                                max_size=len(mesh))) for full in inputs]
+    placements = [[pick.choice(_kinds(full.ndim)) for _ in mesh] for full in inputs]
     if op == "embedding":      # ids are integers: no Partial
         placements[1] = [p if p[0] != "P" else ("R",) for p in placements[1]]
     case = dict(mesh=mesh, op=op, arg=arg, inputs=inputs, placements=placements)
@@ -126,11 +141,12 @@ def one_case(draw, mesh):
     return case
 
 
-@settings(max_examples=6, deadline=None, phases=[Phase.generate])
+# no shrinking: each example is a world run, and a batch of 8 cases names its failing one
+@settings(max_examples=6, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(data=st.data())
 def test_rules_equal_the_op_on_full_tensors(world, data):
     mesh = data.draw(st.sampled_from(MESHES[world.world_size]))
-    cases = [data.draw(one_case(mesh)) for _ in range(8)]
+    cases = [make_case(Drawn(draw=data.draw), mesh) for _ in range(8)]
     ranks = world.run(rule_case, cases)
     for i, case in enumerate(cases):
         want, want_grads = oracle(case)
