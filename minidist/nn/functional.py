@@ -96,6 +96,9 @@ def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
 def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100,
                   reduction: str = "mean") -> Tensor:
     """Mean of -log softmax(logits)[target] over targets != ignore_index."""
+    if cls := _tensor_like(logits):
+        return cls.__torch_function__(cross_entropy, (), (logits, targets, ignore_index,
+                                                           reduction))
     return ops.CrossEntropy.apply(logits, _raw(targets), ignore_index=ignore_index,
                                   reduction=reduction)
 

@@ -34,7 +34,8 @@ from minidist.distributed.tensor.placement_types import (Partial, Placement, Rep
                                                           chunk_sizes, normalize_dim)
 
 
-_FUNCTIONAL = ("softmax", "log_softmax", "layer_norm", "rms_norm", "embedding")
+_FUNCTIONAL = ("softmax", "log_softmax", "layer_norm", "rms_norm", "embedding",
+               "cross_entropy")
 
 
 def _ops() -> Any:

@@ -15,10 +15,11 @@ Files, in reading order (each docstring has its rule as a table):
     _normalization.py  softmax, log_softmax, layer_norm, rms_norm: the normalised dim whole
     _embedding.py      embedding: a vocab-cut table -> Partial (torch's MaskPartial)
     _view.py           reshape / view, transpose, permute: a cut dim that maps cleanly
-    _loss.py           nll_loss, cross_entropy (sharded under loss_parallel)
+    _loss.py           cross_entropy; vocab-parallel under loss_parallel()
 """
 from minidist.distributed.tensor._ops._common import run_rule
 from minidist.distributed.tensor._ops._embedding import embedding
+from minidist.distributed.tensor._ops._loss import cross_entropy
 from minidist.distributed.tensor._ops._matrix import matmul
 from minidist.distributed.tensor._ops._normalization import (layer_norm, log_softmax, rms_norm,
                                                              softmax)
@@ -28,4 +29,4 @@ from minidist.distributed.tensor._ops._view import permute, reshape, transpose, 
 
 __all__ = ["run_rule", "matmul", "elementwise", "reduction", "softmax", "log_softmax",
            "layer_norm", "rms_norm", "embedding", "reshape", "permute", "transpose",
-           "view_groups"]
+           "view_groups", "cross_entropy"]
