@@ -2,7 +2,7 @@
 
     with loss_parallel():
         loss = F.cross_entropy(logits, targets)   # logits: a (N, V) DTensor, [Shard(1)]
-        loss.backward()
+        loss.backward()                           # (or (B, T, V), [Shard(2)]: a GPT's)
 
 ``F.cross_entropy`` on a DTensor reaches the DTensor's rule (tensor/_ops/_loss.py,
 which has the formula) by its ``__torch_function__``; inside this context the rule
@@ -23,7 +23,7 @@ __all__ = ["loss_parallel", "vocab_parallel_cross_entropy"]
 
 @contextlib.contextmanager
 def loss_parallel() -> Iterator[None]:
-    """Within it, ``F.cross_entropy`` on a [Shard(1)] DTensor is vocab-parallel."""
+    """Within it, ``F.cross_entropy`` on a DTensor cut by vocabulary is vocab-parallel."""
     before = LOSS_PARALLEL["on"]
     LOSS_PARALLEL["on"] = True
     try:
