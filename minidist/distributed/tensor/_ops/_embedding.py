@@ -30,8 +30,9 @@ def _masked_lookup(ids: Any, table: Tensor, lo: int) -> Tensor:
     """table[ids - lo] where lo <= ids < lo + rows, else 0: (*ids.shape, D)."""
     rows = table.shape[0]
     mine = (ids >= lo) & (ids < lo + rows)                     # (*ids.shape,)
-    if rows == 0:                                              # an empty piece holds no row
-        return Tensor(xp.zeros(tuple(ids.shape) + (table.shape[1],), dtype=table.dtype))
+    if rows == 0:       # an empty piece holds no row: zeros, still on the autograd graph
+        zeros = Tensor(xp.zeros(tuple(ids.shape) + (table.shape[1],), dtype=table.dtype))
+        return zeros + table.sum(axis=0)                       # a sum over 0 rows: 0
     picked = F.embedding(xp.where(mine, ids - lo, 0), table)   # (*ids.shape, D)
     return picked * mine[..., None].astype(table.dtype)
 
