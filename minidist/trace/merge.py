@@ -37,21 +37,51 @@ def remove_parts(path: str) -> None:
 
 
 def read_part(part: str) -> tuple[list[dict], bool]:
-    """(events, complete): each line is a list of events (one flush) or the end
-    mark; a line that does not parse ends the part (the rank was killed while
-    writing it)."""
+    """(events, complete): each line is a list of rows (one flush of the
+    recorder) or the end mark; a line that does not parse ends the part (the
+    rank was killed while writing it)."""
     events, complete = [], False
     with open(part) as f:
         for line in f:
             try:
-                event = json.loads(line)
+                rows = json.loads(line)
             except json.JSONDecodeError:
                 break
-            if isinstance(event, list):     # one flush of the recorder
-                events.extend(event)
-            elif event.get("end"):
+            if isinstance(rows, list):     # one flush of the recorder
+                events.extend(event_of(row) for row in rows)
+            elif rows.get("end"):
                 complete = True
     return events, complete
+
+
+def event_of(row: list) -> dict:
+    """A recorder's row (recorder.py) as a Trace Event; times from nanoseconds
+    to microseconds, kept to the nanosecond."""
+    ph = row[0]
+    if ph == "X":
+        _, name, cat, start, end, tid, args = row
+        event = {"ph": "X", "name": name, "cat": cat, "ts": start / 1000,
+                 "dur": (end - start) / 1000, "tid": tid}
+    elif ph == "i":
+        _, name, cat, ts, tid, scope, args = row
+        event = {"ph": "i", "name": name, "cat": cat, "ts": ts / 1000, "tid": tid, "s": scope}
+    elif ph in ("s", "f"):      # a flow leaves (the send) or lands (the receive)
+        _, fid, ts, tid = row
+        event = {"ph": ph, "name": "message", "cat": "flow", "id": fid, "ts": ts / 1000,
+                 "tid": tid}
+        if ph == "f":
+            event["bp"] = "e"
+        return event
+    elif ph == "C":
+        _, name, ts, values = row
+        return {"ph": "C", "name": name, "ts": ts / 1000, "tid": 0, "args": values}
+    elif ph == "M":
+        return row[1]
+    else:
+        raise ValueError(f"a trace part holds a row of unknown kind {ph!r}: {row!r:.80}")
+    if args:
+        event["args"] = args
+    return event
 
 
 def completed_ranks(path: str) -> set[int]:
