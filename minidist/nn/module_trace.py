@@ -123,6 +123,9 @@ def _is_one_op(node: Any, args: tuple, module: Any) -> bool:
         return False
     own = {id(a) for a in args if isinstance(a, Tensor)}
     own.update(id(p) for p in module._parameters.values() if p is not None)
+    # the values the module computes with: its parameters, or what stands in for them
+    # in the call (fully_shard's gathered parameters, put on the module as attributes)
+    own.update(id(getattr(module, n, None)) for n in module._parameters)
     return used <= own
 
 
@@ -191,7 +194,7 @@ def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
         return out                       # no backward goes through this call
     if not module._modules and isinstance(out, Tensor):   # a leaf: is its backward one op?
         _one_op[module] = _is_one_op(out._ctx, args, module)
-        if one_op and _one_op[module]:
+        if not inputs and _one_op[module]:   # (no input marks in the op's way)
             out._ctx.fn, out._ctx.span_name = timed(out._ctx.fn), f"{name} backward"
             return out
     if not inputs:   # after the forward: an inner module's span ends first, as it nests

@@ -86,6 +86,7 @@ class Recorder:
         self._counts: dict[tuple, int] = {}    # (direction, peer, ctx, tag) -> messages
         self._pending: list[tuple] = []        # (recv handle, flow id) not yet landed
         self._names: dict[tuple, tuple] = {}   # (id(parent), id(child)) -> (name, span args)
+        self._paths: dict[int, str] = {}       # id(module) -> its path when last named in a parent
         self._modules: list[tuple] = []        # (dotted path, module) of the calls in progress
         self._steps: dict[str, int] = {}       # per kind: how many steps so far
         self.on_close: list = []               # called when recording ends (module_trace.py)
@@ -208,6 +209,10 @@ class Recorder:
         parent_path, parent = self._modules[-1] if self._modules else ("", None)
         key = (id(parent), id(module))
         found = self._names.get(key)
+        if found is None and parent is None and id(module) in self._paths:
+            # called on its own after being called inside the model (fully_shard's
+            # recompute in backward runs a unit's forward directly): its path there
+            return self._paths[id(module)], {"module": type(module).__name__}
         if found is None:
             path = type(module).__name__ if parent is not None else ""
             for name, inner in parent.named_modules() if parent is not None else ():
@@ -215,6 +220,8 @@ class Recorder:
                     path = f"{parent_path}.{name}" if parent_path else name
                     break                      # (else: called from a module it is not in)
             found = self._names[key] = (path, {"module": type(module).__name__})
+            if parent is not None:
+                self._paths[id(module)] = path
         return found
 
     def enter_module(self, module: Any) -> tuple[str, dict]:
