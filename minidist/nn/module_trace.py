@@ -12,19 +12,24 @@ its ends, as torch's full backward hooks do:
 
     backward span of the module = [first output mark, last input mark]
 
-A module whose inputs want no gradient (the embedding of token ids, a first
-layer fed data, the outermost GPT) has no input mark; its backward ends when
+A module whose inputs want no gradient (the outermost GPT, a block fed data) has
+no input mark; its backward ends when
 the gradients of its parameters are complete (their post-accumulate hooks),
 which is when torch's hook of such a module has nothing more to wait for.
 (Under a B/W split those gradients come in a later W pass, among other ops: such
 a module then gets no backward span, its work being the pipeline's W span.)
 
 Most calls are of a leaf whose whole backward is one op (Linear, LayerNorm,
-Embedding: the op takes the call's inputs and the module's parameters, and
+Embedding: the op takes the call's inputs and the module's parameters, or what
+stands in for them in the call, as fully_shard's gathered parameters, and
 nothing else). Its backward span is that op's backward, timed where it runs:
 the op's node gets a subclass of its Function whose backward also records
 the span (``timed``), and no mark is added. A module's first call is marked,
-and shows whether its backward is one op; later calls of such a leaf are timed.
+and shows whether its backward is one op; later calls of such a leaf are timed,
+and so is its first call when no input was marked (an embedding): its span is
+the op that makes its parameters' gradients, not the wait until they land in
+``.grad``, which under fully_shard comes after the unit's shared reduce-scatter
+and would make the spans of sibling embeddings overlap.
 A leaf without parameters (Dropout, GELU) gets neither: its backward is one op
 of the module around it. Nothing here runs unless a trace is being recorded.
 """
