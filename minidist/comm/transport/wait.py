@@ -28,7 +28,9 @@ The policy, and why:
    rings (doorbell.py; a wake-up costs microseconds, so it is kept for long
    waits); the MPI transport, with no doorbell, naps for doubling times up to
    ``MAX_NAP`` (``Backoff.nap``); the short ways of the local transport hand
-   what is left to the general way, which sleeps on the doorbell.
+   what is left to the general way, which sleeps on the doorbell. Between two
+   sleeps the rank still polls and yields ``CLOCK_EVERY`` - 1 times, so a
+   message that comes while it is awake is seen at once.
 
 The clock is read only every ``CLOCK_EVERY`` polls (each read is a system
 call's worth of time next to a poll). In the local transport a thread other
@@ -78,7 +80,7 @@ class Backoff:
     ``spin_s`` seconds of idleness tell the caller the wait is long (see the
     module docstring for the policy and why)."""
 
-    __slots__ = ("spin_s", "free_polls", "polls", "since", "long", "next_nap")
+    __slots__ = ("spin_s", "free_polls", "polls", "since", "next_nap")
 
     def __init__(self, spin_s: float = SPIN_S, free_polls: int = FREE_POLLS):
         self.spin_s, self.free_polls = spin_s, free_polls
@@ -86,14 +88,14 @@ class Backoff:
 
     def reset(self) -> None:
         """Progress was made: the next poll that finds nothing starts a new wait."""
-        self.polls, self.since, self.long, self.next_nap = 0, None, False, FIRST_NAP
+        self.polls, self.since, self.next_nap = 0, None, FIRST_NAP
 
     def idle(self) -> bool:
         """Account for one poll that found nothing (yielding the core if past
-        the free polls); True once the wait has been idle longer than ``spin_s``,
-        and from then on until ``reset``: the caller sleeps at each poll."""
-        if self.long:
-            return True
+        the free polls); True when the wait has been idle longer than
+        ``spin_s``: the caller sleeps. Past ``spin_s`` that is at every
+        ``CLOCK_EVERY``-th poll (at every one with ``spin_s`` = 0); the polls
+        between still yield, so a message that comes meanwhile is seen at once."""
         self.polls += 1
         if self.polls >= self.free_polls:
             sched_yield()
@@ -102,8 +104,7 @@ class Backoff:
         now = time.monotonic()
         if self.since is None:
             self.since = now
-        self.long = now - self.since >= self.spin_s
-        return self.long
+        return now - self.since >= self.spin_s
 
     def idle_seconds(self) -> float:
         """How long this wait has found nothing (for its timeout)."""
