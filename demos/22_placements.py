@@ -13,7 +13,12 @@ DTensor's redistribute issues (minidist/distributed/tensor/debug/):
    (reshard_after_forward=True), and their gradients reduce-scattered
    (Partial(avg) -> Shard(0)).
 
-Then visualize_sharding shows which rank holds which block of the MLP's c_fc weight.
+Then visualize_sharding shows which rank holds which block of the MLP's c_fc weight,
+and
+
+3. a GPT under gpt_tp_plan (attention with c_attn cut head by head, the MLP, the
+   embedding and head by vocabulary): two all-reduces per block each way, f and g
+   of attention and of the MLP.
 
     python demos/22_placements.py              # 2 processes, a few seconds
     python demos/22_placements.py -n 4 --n-layer 2
@@ -94,6 +99,39 @@ def fsdp_gpt(n_layer, n_embd):
     return diff, comm.get_phase_counts(), params
 
 
+def tp_gpt(n_layer, n_embd):
+    """Each rank: a GPT step under gpt_tp_plan (attention cut head by head, MLP,
+    vocabulary-parallel embedding and head), one process beside it."""
+    from minidist.distributed import get_world_size
+    from minidist.distributed.device_mesh import init_device_mesh
+    from minidist.distributed.tensor import DTensor
+    from minidist.distributed.tensor.debug import CommDebugMode
+    from minidist.distributed.tensor.parallel import gpt_tp_plan, parallelize_module
+    from minidist.nn import GPT, GPTConfig
+    from minidist.optim import AdamW
+    t = get_world_size()
+    cfg = GPTConfig(block_size=16, vocab_size=8 * t, n_layer=n_layer, n_head=t, n_embd=n_embd,
+                    dtype="float64")
+    single, model = GPT(cfg), GPT(cfg)
+    mesh = init_device_mesh("cpu", (t,), mesh_dim_names=("tp",))
+    parallelize_module(model, mesh["tp"], gpt_tp_plan(cfg, t))
+    rng = np.random.default_rng(3)
+    idx, tgt = (from_host(rng.integers(0, cfg.vocab_size, (2, 16))) for _ in range(2))
+    for m in (single, model):
+        opt = AdamW(m.parameters(), lr=1e-2)
+        with CommDebugMode() as comm:
+            _, loss = m(idx, tgt)
+            loss.backward()
+        opt.step()
+    theirs = single.state_dict()
+    diff = 0.0
+    for name, value in model.state_dict().items():    # DTensors: each rank's pieces
+        full = value.full_tensor().data if isinstance(value, DTensor) else value
+        full = to_host(full).reshape(theirs[name].shape)   # c_attn: (3, C, C) -> (3C, C)
+        diff = max(diff, float(np.abs(full - to_host(theirs[name])).max()))
+    return diff, comm.get_phase_counts()
+
+
 def show(title, counts):
     print(title)
     for phase in ("forward", "backward"):
@@ -112,8 +150,9 @@ def main() -> int:
     n = args.world_size
     if args.width % n or (4 * args.width) % n:
         p.error(f"-n ({n}) must divide --width ({args.width}) for the tensor-parallel MLP")
-    if args.n_embd % 2:
-        p.error(f"--n-embd ({args.n_embd}) must be even (2 heads)")
+    if args.n_embd % 2 or args.n_embd % n:
+        p.error(f"--n-embd ({args.n_embd}) must be even (2 heads) and divisible by -n ({n}): "
+                f"the tensor-parallel GPT has one head per rank")
     print(f"{n} processes, float64; the collectives each step issues (CommDebugMode)\n")
     tp = minidist.launch(tp_mlp, n, args.width)
     diff_tp, counts_tp, picture = tp[0]
@@ -134,11 +173,21 @@ def main() -> int:
                 "backward": {"all_gather_into_tensor": args.n_layer,
                              "reduce_scatter_tensor": units}}
                if n > 1 else {"forward": {}, "backward": {}})
-    worst = max(max(r[0] for r in tp), max(r[0] for r in fs))
-    ok = worst <= 1e-12 and counts_tp == want_tp and counts_fs == want_fs
+    gpt = minidist.launch(tp_gpt, n, args.n_layer, args.n_embd)
+    counts_gpt = gpt[0][1]
+    L = args.n_layer
+    show(f"3. GPT ({L} blocks, {n} heads) under gpt_tp_plan over {n} ranks (attention head "
+         f"by head, MLP, embedding and head by vocabulary):", counts_gpt)
+    print(f"   2 all-reduces per block each way (attention's and the MLP's g, then f), + the "
+          f"embedding's sum and the head's f; the logits all-gathered\n")
+    want_gpt = ({"forward": {"all_reduce": 2 * L + 1, "all_gather_into_tensor": 1},
+                 "backward": {"all_reduce": 2 * L + 1}} if n > 1
+                else {"forward": {}, "backward": {}})
+    worst = max(max(r[0] for r in tp), max(r[0] for r in fs), max(r[0] for r in gpt))
+    counts_ok = counts_tp == want_tp and counts_fs == want_fs and counts_gpt == want_gpt
+    ok = worst <= 1e-12 and counts_ok
     print(f"check: max |parallel - single process| = {worst:.1e} (tolerance 1e-12), counts "
-          f"{'equal' if counts_tp == want_tp and counts_fs == want_fs else 'DIFFER FROM'} "
-          f"the formula: {'ok' if ok else 'FAILED'}")
+          f"{'equal' if counts_ok else 'DIFFER FROM'} the formula: {'ok' if ok else 'FAILED'}")
     if args.figure:
         from _figures import placements_counts
         placements_counts(args.figure, {"TP MLP": counts_tp, "FSDP GPT step": counts_fs})

@@ -174,6 +174,7 @@ BAD_BENCH_ARGS = [
     ("bench_collectives", ["--max-size", "4Q"], "not an integer"),
     ("bench_ddp", ["--bucket-mb", "0"], "> 0"),
     ("bench_rounding", ["--n", "0"], "positive integer"),
+    ("bench_ring_attention", ["-n", "3", "--length", "100"], "divisible by 2 x -n"),
 ]
 
 

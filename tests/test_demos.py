@@ -92,6 +92,7 @@ BAD_ARGS = [
     ("07_pipeline.py", ["-p", "3"], "multiple of -p"),
     ("08_3d_parallel.py", ["--tp", "3"], "must divide"),
     ("11_ring_attention.py", ["-n", "3"], "divisible by 2 x -n"),
+    ("11_ring_attention.py", ["--window", "8", "--no-causal"], "needs causal"),
     ("12_checkpoints.py", ["--steps", "3"], "below --steps"),
     ("13_diagnostics.py", ["--bug-rank", "9"], "rank below -n"),
     ("15_moe.py", ["--top-k", "9"], "at most --experts"),

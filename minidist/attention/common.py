@@ -126,28 +126,33 @@ class Structure:
     ``docs`` is None or a pair of integer arrays (Bd, Lq), (Bd, Lk) whose first axis is
     the batch (the first leading dim of the scores) or 1. Nothing (Lq, Lk)-sized is
     kept: ``apply`` masks one tile, ``keys`` / ``rows`` say which tiles can be skipped.
+
+    ``shift``: row i stands at position i + shift of the keys' axis (0 in one process).
+    Ring attention scores a chunk of queries against a chunk of keys that starts
+    elsewhere in the sequence: shift = (query chunk start) - (key chunk start), and
+    causal and window then compare global positions, i + shift >= j and so on.
     """
 
     def __init__(self, is_causal: bool = False, window: int | None = None,
-                 docs: tuple[Any, Any] | None = None):
-        self.is_causal, self.window, self.docs = is_causal, window, docs
+                 docs: tuple[Any, Any] | None = None, shift: int = 0):
+        self.is_causal, self.window, self.docs, self.shift = is_causal, window, docs, shift
 
     def keys(self, i0: int, i1: int, lk: int) -> tuple[int, int]:
         """[start, stop) of the keys that some row in [i0, i1) may see."""
         start, stop = 0, lk
         if self.is_causal:
-            stop = min(i1, lk)
+            stop = max(0, min(i1 + self.shift, lk))
         if self.window is not None:
-            start = max(0, i0 - self.window + 1)
+            start = max(0, i0 + self.shift - self.window + 1)
         return start, stop
 
     def rows(self, j0: int, j1: int, lq: int) -> tuple[int, int]:
         """[start, stop) of the rows that may see some key in [j0, j1)."""
         start, stop = 0, lq
         if self.is_causal:
-            start = min(j0, lq)
+            start = min(max(0, j0 - self.shift), lq)
         if self.window is not None:
-            stop = min(lq, j1 + self.window - 1)
+            stop = min(lq, j1 - self.shift + self.window - 1)
         return start, max(start, stop)
 
     def apply(self, s: Any, i0: int, j0: int) -> None:
@@ -155,10 +160,11 @@ class Structure:
 
         s must be contiguous, with the batch as its first axis (documents view it so)."""
         bq, bk = s.shape[-2:]
-        if self.is_causal and j0 + bk - 1 > i0:     # straddles the diagonal
-            apply_causal(s, i0, j0)
-        if self.window is not None and j0 <= i0 + bq - 1 - self.window:
-            rows = xp.arange(i0, i0 + bq)[:, None]
+        p0 = i0 + self.shift                        # the first row's position among the keys
+        if self.is_causal and j0 + bk - 1 > p0:     # straddles the diagonal
+            apply_causal(s, p0, j0)
+        if self.window is not None and j0 <= p0 + bq - 1 - self.window:
+            rows = xp.arange(p0, p0 + bq)[:, None]
             cols = xp.arange(j0, j0 + bk)[None, :]
             xp.copyto(s, NEG_INF, where=rows - cols >= self.window)    # (bq, bk) -> s
         if self.docs is not None:

@@ -14,9 +14,10 @@ Files, in reading order:
               sampler and RNG state (one process, or DDP where rank 0 writes)
 - sharded.py  ``save_sharded`` / ``load_sharded``: each rank writes its ZeRO shard, a
               manifest with sizes and sha256s; loading at another world size reshards
-- dtensor.py  ``save_dtensors`` / ``load_dtensors``: a state dict of Shard(0) DTensors
-              (fully_shard's ``sharded_state_dict``), each rank its pieces; loading at
-              another world size reads only the pieces that overlap
+- dtensor.py  ``save_dtensors`` / ``load_dtensors``: a state dict of DTensors (fully_shard's
+              ``sharded_state_dict``, a parallelize_module model's ``state_dict()``), each
+              rank its pieces; loading at another world size reads only the pieces that
+              overlap
 - convert.py  ``minidist checkpoint convert OLD NEW --trust-pickle``: the one way to read
               the old pickled format, for a checkpoint one trusts
 

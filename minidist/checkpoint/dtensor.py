@@ -1,25 +1,30 @@
-"""Save a state dict of Shard(0) DTensors sharded, and load it at another world size.
+"""Save a state dict of DTensors sharded, and load it at another world size.
 
-    save_dtensors(path, sharded_state_dict(model))         # every rank its pieces
-    load_dtensors(path, sharded_state_dict(new_model))     # a world of another size
+    save_dtensors(path, sharded_state_dict(model))         # fully_shard: Shard(0) pieces
+    save_dtensors(path, tp_model.state_dict())             # parallelize_module: Shard(0),
+                                                           # Shard(1), Replicate, arrays
+    load_dtensors(path, new_model.state_dict())            # a world of another size
 
-Each rank writes its dim-0 pieces to ``path/piece-<rank>-of-<N>.npz``; rank 0
-writes ``path/dtensors.json``: the world size and each tensor's global shape.
-Old rank r held rows [o_r, o_r + n_r) of a tensor of L rows (torch.chunk's
-pieces: c = ceil(L / N), o_r = min(L, r c)); a new rank reads the old files whose
-rows overlap its own and copies the overlap, so pieces move across world sizes
-without gathering a whole tensor anywhere. Replicate tensors are saved once, by
-rank 0, and read whole. A collective: every rank calls it.
+Each rank writes its pieces to ``path/piece-<rank>-of-<N>.npz``; rank 0 writes
+``path/dtensors.json``: the world size and each tensor's global shape and layout.
+A tensor cut along dim d (``Shard(d)`` on a mesh of the whole world): old rank r
+held the slices [o_r, o_r + n_r) of its L along d (torch.chunk's pieces:
+c = ceil(L / N), o_r = min(L, r c)); a new rank reads the old files whose slices
+overlap its own and copies the overlap, so pieces move across world sizes without
+gathering a whole tensor anywhere, and a Replicate (or plain array) target reads
+every piece. Replicate tensors and plain arrays are saved once, by rank 0, and
+read whole. A collective: every rank calls it.
 """
 from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import minidist.distributed as dist
 from minidist.backend import xp
 from minidist.checkpoint.io import CheckpointError, atomic_write_bytes, load_file, save_file
-from minidist.distributed.tensor import DTensor, Shard
+from minidist.distributed.tensor import DTensor
 from minidist.distributed.tensor.placement_types import local_shard_size_and_offset
 
 MANIFEST = "dtensors.json"
@@ -29,23 +34,35 @@ def _piece(rank: int, world: int) -> str:
     return f"piece-{rank:05d}-of-{world:05d}.npz"
 
 
-def _layout(d: DTensor) -> str:
-    if d.placements == (Shard(0),):
-        return "shard0"
+def _layout(d: Any) -> str:
+    """"shard<d>" for a tensor cut along dim d over the whole world, "replicate" for a
+    Replicate DTensor or a plain array (the same on every rank)."""
+    if not isinstance(d, DTensor):
+        return "replicate"
     if all(p.is_replicate() for p in d.placements):
         return "replicate"
-    raise CheckpointError(f"save_dtensors saves [Shard(0)] or Replicate DTensors, got "
+    if len(d.placements) == 1 and d.placements[0].is_shard():
+        if d.device_mesh.size() != dist.get_world_size():
+            raise CheckpointError(f"save_dtensors cuts pieces by rank of the world: a DTensor "
+                                  f"on a mesh of {d.device_mesh.size()} of the "
+                                  f"{dist.get_world_size()} ranks needs redistributing first")
+        return f"shard{d.placements[0].dim}"
+    raise CheckpointError(f"save_dtensors saves [Shard(d)] or Replicate DTensors, got "
                           f"{list(d.placements)}: redistribute first")
 
 
-def save_dtensors(path: str, state: dict[str, DTensor]) -> None:
+def _local(d: Any) -> Any:
+    return d.to_local().data if isinstance(d, DTensor) else d
+
+
+def save_dtensors(path: str, state: dict[str, Any]) -> None:
     """Every rank writes its pieces of ``state`` under ``path`` (module docstring)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     os.makedirs(path, exist_ok=True)
     mine = {}
     for name, d in state.items():
-        if _layout(d) == "shard0" or rank == 0:
-            mine[name] = d.to_local().data
+        if _layout(d) != "replicate" or rank == 0:
+            mine[name] = _local(d)
     save_file(os.path.join(path, _piece(rank, world)), mine)
     if rank == 0:
         info = {"world": world, "tensors": {n: {"shape": list(d.shape), "layout": _layout(d)}
@@ -54,9 +71,9 @@ def save_dtensors(path: str, state: dict[str, DTensor]) -> None:
     dist.barrier()
 
 
-def load_dtensors(path: str, state: dict[str, DTensor]) -> None:
-    """Fill every DTensor of ``state`` (this world's pieces) from the checkpoint at
-    ``path``, written by a world of any size."""
+def load_dtensors(path: str, state: dict[str, Any]) -> None:
+    """Fill every DTensor (or array, in place) of ``state`` (this world's pieces) from the
+    checkpoint at ``path``, written by a world of any size."""
     with open(os.path.join(path, MANIFEST)) as f:
         info = json.load(f)
     old_world = info["world"]
@@ -70,17 +87,26 @@ def load_dtensors(path: str, state: dict[str, DTensor]) -> None:
     for name, d in state.items():
         saved = info["tensors"].get(name)
         if saved is None or tuple(saved["shape"]) != tuple(d.shape):
-            raise CheckpointError(f"{path}: no tensor {name!r} of shape {d.shape} "
+            raise CheckpointError(f"{path}: no tensor {name!r} of shape {tuple(d.shape)} "
                                   f"(saved: {saved})")
-        local = d.to_local().data
+        local, mine = _local(d), _layout(d)
         if saved["layout"] == "replicate":
-            local[...] = old(0)[name]
-            continue
-        rows = d.shape[0]
-        start = d._spec.local_offset()[0] if _layout(d) == "shard0" else 0
-        stop = start + local.shape[0]
-        for r in range(old_world):
-            size, offset = local_shard_size_and_offset(rows, old_world, r)
+            if mine == "replicate":
+                local[...] = xp.asarray(old(0)[name])
+                continue
+            dim, pieces = int(mine[len("shard"):]), 1   # my slice of rank 0's whole tensor
+        else:
+            dim, pieces = int(saved["layout"][len("shard"):]), old_world
+            if mine not in ("replicate", saved["layout"]):
+                raise CheckpointError(f"{path}: {name!r} was saved cut along dim {dim}, the "
+                                      f"tensor to fill is cut otherwise ({mine}): "
+                                      f"redistribute it first")
+        along = xp.moveaxis(local, dim, 0)                 # a view: dim d first
+        start = d._spec.local_offset()[dim] if mine != "replicate" else 0
+        stop = start + along.shape[0]
+        for r in range(pieces):
+            size, offset = local_shard_size_and_offset(d.shape[dim], pieces, r)
             lo, hi = max(start, offset), min(stop, offset + size)
             if lo < hi:                                   # old piece r overlaps mine
-                local[lo - start:hi - start] = xp.asarray(old(r)[name])[lo - offset:hi - offset]
+                piece = xp.moveaxis(xp.asarray(old(r)[name]), dim, 0)
+                along[lo - start:hi - start] = piece[lo - offset:hi - offset]

@@ -14,7 +14,8 @@ reading order:
     tensor/             DTensor and its placements (Shard, Replicate, Partial), redistribute
                         as collectives; tensor/parallel: parallelize_module and its styles;
                         tensor/debug: CommDebugMode, visualize_sharding
-    fsdp/               fully_shard (FSDP2): parameters as Shard(0) DTensors
+    fsdp/               fully_shard (FSDP2): parameters as Shard(0) DTensors, the next
+                        unit prefetched
 
 They build on comm, autograd and nn and sit at the level of minidist.parallel (DESIGN.md);
 this file imports only comm, so ``import minidist.distributed as dist`` stays light.

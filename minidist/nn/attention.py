@@ -35,6 +35,17 @@ from minidist.nn.rotary import RotaryEmbedding, apply_rotary
 from minidist.precision.autocast import get_autocast_policy
 
 
+def _whole_heads(width: int, head_size: int, n_head: int, name: str) -> int:
+    """How many heads of ``head_size`` a projection's ``width`` outputs hold; a width
+    that cuts a head (a plan splitting n_head heads over t ranks, t not dividing
+    n_head) is an error, not a silent mix of two heads' features."""
+    if width % head_size:
+        raise ValueError(f"{name} gives {width} features here, not whole heads of "
+                         f"{head_size}: its {n_head} heads must be divisible by the "
+                         f"tensor-parallel size")
+    return width // head_size
+
+
 class CausalSelfAttention(Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True,
                  dtype: str = "float32", std: float | None = None,
@@ -52,9 +63,13 @@ class CausalSelfAttention(Module):
         self.resid_dropout = Dropout(dropout)  # masks from the default generator
 
     def forward(self, x: Tensor) -> Tensor:
-        B, T, C = x.shape
-        nh, hs = self.n_head, C // self.n_head
-        q, k, v = split(self.c_attn(x), C, axis=2)                    # 3 x (B, T, C)
+        qkv = self.c_attn(x)                                          # (B, T, 3C)
+        B, T, three_w = qkv.shape
+        # the heads this module holds, read off c_attn's output: all n_head of them, or
+        # n_head / t when a tensor-parallel plan left this rank its heads' q, k, v columns
+        w, hs = three_w // 3, self.n_embd // self.n_head
+        nh = _whole_heads(w, hs, self.n_head, "c_attn")
+        q, k, v = split(qkv, w, axis=2)                               # 3 x (B, T, nh * hs)
         q = q.reshape(B, T, nh, hs).transpose(1, 2)                   # (B, nh, T, hs)
         k = k.reshape(B, T, nh, hs).transpose(1, 2)
         v = v.reshape(B, T, nh, hs).transpose(1, 2)
@@ -67,7 +82,7 @@ class CausalSelfAttention(Module):
         else:
             # op by op, so that autocast rounds each of the two products as it writes them
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
-        y = y.transpose(1, 2).reshape(B, T, C)                        # heads side by side
+        y = y.transpose(1, 2).reshape(B, T, w)                        # heads side by side
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -101,12 +116,21 @@ class GroupedQueryAttention(Module):
         self.o_proj = Linear(n_head * head_dim, n_embd, bias, dtype, std, generator)
 
     def forward(self, x: Tensor, position_ids: Any = None, document_ids: Any = None) -> Tensor:
-        nh, nkv, hd = self.n_head, self.n_kv_head, self.head_dim
-        q = self.q_proj(x)                                            # (B, T, nh * hd)
+        hd = self.head_dim
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)     # (B, T, nh * hd), ...
         B, T, _ = q.shape
+        # the heads this module holds, read off the projections' outputs (n_head / t and
+        # n_kv_head / t when a tensor-parallel plan split them)
+        nh = _whole_heads(q.shape[-1], hd, self.n_head, "q_proj")
+        nkv = _whole_heads(k.shape[-1], hd, self.n_kv_head, "k_proj")
+        if nh * self.n_kv_head != nkv * self.n_head or v.shape[-1] != k.shape[-1]:
+            raise ValueError(f"q_proj gives {nh} query heads, k_proj {nkv} and v_proj "
+                             f"{v.shape[-1] // hd} key/value heads here, not the model's "
+                             f"{self.n_head} : {self.n_kv_head}: a tensor-parallel plan must "
+                             f"split q_proj, k_proj and v_proj alike (each ColwiseParallel)")
         q = q.reshape(B, T, nh, hd).transpose(1, 2)                   # (B, nh, T, hd)
-        k = self.k_proj(x).reshape(B, T, nkv, hd).transpose(1, 2)    # (B, nkv, T, hd)
-        v = self.v_proj(x).reshape(B, T, nkv, hd).transpose(1, 2)
+        k = k.reshape(B, T, nkv, hd).transpose(1, 2)                  # (B, nkv, T, hd)
+        v = v.reshape(B, T, nkv, hd).transpose(1, 2)
         if position_ids is None:
             position_ids = xp.arange(T)
         if position_ids.shape[-1] != T:

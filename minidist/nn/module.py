@@ -102,11 +102,34 @@ class Module:
 
     # -- state --------------------------------------------------------------
     def state_dict(self) -> "OrderedDict[str, Any]":
-        """Parameter name -> array (the live arrays, not copies, as in PyTorch)."""
-        return OrderedDict((name, p.data) for name, p in self.named_parameters())
+        """Parameter name -> array (the live arrays, not copies, as in PyTorch); a module
+        with a state-dict post hook then replaces its entries (tensor parallelism: by
+        DTensors, each holding this rank's piece)."""
+        out = OrderedDict((name, p.data) for name, p in self.named_parameters())
+        for name, module in self.named_modules():
+            for hook in module.__dict__.get("_state_dict_post_hooks", ()):
+                hook(module, out, f"{name}." if name else "")
+        return out
+
+    def register_state_dict_post_hook(self, hook: Any) -> None:
+        """``hook(module, state_dict, prefix)`` runs after ``state_dict()`` has filled the
+        entries of this module (named ``prefix + name``) and may replace them. torch's
+        name; its hook also takes ``local_metadata``."""
+        self.__dict__.setdefault("_state_dict_post_hooks", []).append(hook)
+
+    def register_load_state_dict_pre_hook(self, hook: Any) -> None:
+        """``hook(module, state_dict, prefix)`` runs before ``load_state_dict`` copies, on a
+        copy of the given dict, and may replace this module's entries by what its
+        parameters hold (tensor parallelism: this rank's piece of a DTensor or of a whole
+        array). torch's name; its hook takes more arguments."""
+        self.__dict__.setdefault("_load_state_dict_pre_hooks", []).append(hook)
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
         """Copy arrays into the parameters; names and shapes must match."""
+        state = dict(state)                   # the pre hooks replace entries of a copy
+        for name, module in self.named_modules():
+            for hook in module.__dict__.get("_load_state_dict_pre_hooks", ()):
+                hook(module, state, f"{name}." if name else "")
         own = dict(self.named_parameters())
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]

@@ -137,6 +137,58 @@ def test_tiles_outside_the_window_are_skipped(n, window, bq, bk):
     assert np.all(cover[inside] == 2)
 
 
+@given(n=st.integers(2, 30), data=st.data())
+@settings(max_examples=30, deadline=None)
+def test_a_shifted_structure_masks_a_block_by_its_global_positions(n, data):
+    """Queries [q0, q0 + lq) against keys [k0, k0 + lk) of one sequence, as ring attention
+    scores them: Structure(shift = q0 - k0) gives naive attention with the rows and
+    columns of the whole sequence's mask, forward and backward, and flash computes
+    only tiles that reach a pair inside the diagonal and the window (documents are masked,
+    not skipped), each such pair once in forward and once in backward."""
+    from minidist.attention.common import Structure
+    q0, k0 = data.draw(st.integers(0, n - 1)), data.draw(st.integers(0, n - 1))
+    lq, lk = data.draw(st.integers(1, n - q0)), data.draw(st.integers(1, n - k0))
+    window = data.draw(st.sampled_from([None, 1, 2, 5, 40]))
+    cuts = sorted(data.draw(st.lists(st.integers(1, n - 1), max_size=3)))
+    ids = np.searchsorted(np.array(cuts, dtype=np.int64), np.arange(n), side="right")[None]
+    bq, bk = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 6))
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    reach = (j <= i) if window is None else (j <= i) & (i - j < window)
+    reach = reach[q0:q0 + lq, k0:k0 + lk]
+    keep = reach & (ids[0][q0:q0 + lq, None] == ids[0][None, k0:k0 + lk])
+    rng = np.random.default_rng(n)
+    q, do = rng.standard_normal((2, 1, 2, lq, 3))
+    k, v = rng.standard_normal((2, 1, 2, lk, 3))
+    docs = tuple(backend.from_host(ids[:, a:a + m]) for a, m in ((q0, lq), (k0, lk)))
+    structure = Structure(True, window, docs, shift=q0 - k0)
+
+    seen = []
+    original = flash._tile_scores
+
+    def spy(q_i, k_t, scale, lead, mask, structure, i0, j0):
+        seen.append((i0, q_i.shape[-2], j0, k_t.shape[-1]))
+        return original(q_i, k_t, scale, lead, mask, structure, i0, j0)
+
+    q_, k_, v_, do_ = (backend.from_host(a) for a in (q, k, v, do))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(flash, "_tile_scores", spy)
+        o, lse = flash.flash_forward(q_, k_, v_, block_q=bq, block_k=bk, structure=structure,
+                                     scale=3 ** -0.5)
+        grads = flash.flash_backward(q_, k_, v_, o, lse, do_, block_q=bq, block_k=bk,
+                                     structure=structure, scale=3 ** -0.5)
+    cover = np.zeros(keep.shape, dtype=int)
+    for i0, rows, j0, cols in seen:
+        assert reach[i0:i0 + rows, j0:j0 + cols].any(), "a tile outside the window was computed"
+        cover[i0:i0 + rows, j0:j0 + cols] += 1
+    assert np.all(cover[reach] == 2)
+
+    qt, kt, vt = (Tensor(backend.from_host(a), requires_grad=True) for a in (q, k, v))
+    out = naive_attention(qt, kt, vt, attn_mask=backend.from_host(keep))
+    out.backward(do_)
+    for got, want in zip((o,) + tuple(grads), (out.data, qt.grad, kt.grad, vt.grad)):
+        assert np.abs(backend.to_host(got) - backend.to_host(want)).max() <= 1e-12
+
+
 def test_flash_gqa_never_repeats_k_and_v():
     """No array of the query's head count times Lk x E is made: the matmuls broadcast."""
     b, hkv, g, n, e = 1, 2, 4, 64, 8

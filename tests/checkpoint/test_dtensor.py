@@ -44,3 +44,77 @@ def test_dtensor_checkpoint_reshards_across_world_sizes(tmp_path):
                 for name, value in saved.items():
                     assert loaded[name].tobytes() == value.tobytes(), (n, name)
                     assert not np.isnan(value).any()
+
+
+def _tp_model(seed, sequence_parallel=False):
+    """A GPT under the whole tensor-parallel plan over the world."""
+    import minidist.distributed as dist
+    from minidist.distributed.device_mesh import init_device_mesh
+    from minidist.distributed.tensor.parallel import gpt_tp_plan, parallelize_module
+    from minidist.nn import GPT, GPTConfig
+    t = dist.get_world_size()
+    cfg = GPTConfig(block_size=8, vocab_size=8, n_layer=1, n_head=4, n_embd=16,
+                    dtype="float64", seed=seed)
+    mesh = init_device_mesh("cpu", (t,), mesh_dim_names=("tp",))
+    return parallelize_module(GPT(cfg), mesh["tp"], gpt_tp_plan(cfg, t, sequence_parallel))
+
+
+def _gathered(state):
+    from minidist import backend
+    from minidist.distributed.tensor import DTensor
+    return {k: backend.to_host(v.full_tensor().data if isinstance(v, DTensor) else v)
+            for k, v in state.items()}
+
+
+def tp_save_case(path):
+    """Save at tp = world; on the way, load_state_dict takes the dense model's arrays and
+    another TP model's DTensors, each rank keeping its piece."""
+    from dataclasses import replace
+
+    from minidist.checkpoint.dtensor import save_dtensors
+    from minidist.distributed.tensor import DTensor
+    from minidist.distributed.tensor.parallel import full_state_dict
+    from minidist.nn import GPT
+    model = _tp_model(1)
+    state = model.state_dict()
+    layouts = {k: [str(p) for p in v.placements] for k, v in state.items()
+               if isinstance(v, DTensor)}
+    save_dtensors(path, state)
+    from_dense, from_dtensors = _tp_model(2), _tp_model(3)
+    from_dense.load_state_dict(GPT(model.config).state_dict())
+    from_dtensors.load_state_dict(state)
+    one_process = GPT(replace(model.config, seed=5))   # and back into the plain model
+    one_process.load_state_dict(full_state_dict(model))
+    return (_gathered(state), layouts, _gathered(from_dense.state_dict()),
+            _gathered(from_dtensors.state_dict()), _gathered(one_process.state_dict()),
+            _gathered(GPT(model.config).state_dict()))
+
+
+def tp_load_case(path, sequence_parallel):
+    from minidist.checkpoint.dtensor import load_dtensors
+    model = _tp_model(4, sequence_parallel)              # other values, until loaded
+    load_dtensors(path, model.state_dict())
+    return _gathered(model.state_dict())
+
+
+def test_tp_state_dict_is_dtensors_and_reshards_to_other_degrees(tmp_path):
+    path = str(tmp_path / "tp")
+    with World(2, timeout=20.0, run_timeout=90.0) as world:
+        saved, layouts, from_dense, from_dtensors, plain, dense = world.run(tp_save_case,
+                                                                            path)[0]
+    assert plain.keys() == dense.keys()
+    for name, value in dense.items():
+        assert plain[name].tobytes() == value.tobytes(), name
+    assert layouts["blocks.0.attn.c_attn.weight"] == ["Shard(dim=1)"]   # the (3, C, C) stack
+    assert layouts["blocks.0.mlp.c_proj.weight"] == ["Shard(dim=1)"]
+    assert layouts["wte.weight"] == ["Shard(dim=0)"]
+    assert saved["blocks.0.attn.c_attn.weight"].shape == (3, 16, 16)
+    for name, value in saved.items():
+        assert from_dense[name].tobytes() == value.tobytes(), name
+        assert from_dtensors[name].tobytes() == value.tobytes(), name
+    for n, sp in ((1, False), (4, True)):
+        with World(n, timeout=20.0, run_timeout=90.0) as world:
+            for loaded in world.run(tp_load_case, path, sp):
+                assert loaded.keys() == saved.keys()
+                for name, value in saved.items():
+                    assert loaded[name].tobytes() == value.tobytes(), (n, name)

@@ -1,12 +1,16 @@
 """minidist.distributed.fsdp: FSDP2's fully_shard (torch's names).
 
-    fully_shard.py  fully_shard, MixedPrecisionPolicy, sharded_state_dict: every parameter
+    fully_shard.py  fully_shard, sharded_state_dict: every parameter
                     a Shard(0) DTensor, all-gathered around its unit's use, its gradient
                     reduce-scattered; ZeRO-3 with per-parameter pieces instead of flat ones
+    state.py        FSDPState (a unit's pieces, gathers and reduce), the prefetch of the next
+                    unit, MixedPrecisionPolicy, the smaller group of reshard_after_forward=k
+    reduce_format.py  the gradients' reduce-scatter in an emulated format (bf16, fp16, ...),
+                    every partial sum rounded as on hardware
 
 The flat-buffer version of the same idea is minidist.parallel.zero.Zero3.
 """
-from minidist.distributed.fsdp.fully_shard import (FSDPState, MixedPrecisionPolicy, fully_shard,
-                                                   sharded_state_dict)
+from minidist.distributed.fsdp.fully_shard import fully_shard, sharded_state_dict
+from minidist.distributed.fsdp.state import FSDPState, MixedPrecisionPolicy
 
 __all__ = ["fully_shard", "MixedPrecisionPolicy", "FSDPState", "sharded_state_dict"]

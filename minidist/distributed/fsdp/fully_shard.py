@@ -35,90 +35,38 @@ rows that a DTensor can describe, and the optimizer's state, the checkpoint
 and the gradient clipping work parameter by parameter (FSDP2's reason for the
 change).
 
+``reshard_after_forward=k`` (an int dividing N) keeps, from forward to backward,
+each parameter cut for a group of k ranks (a node), so backward's all-gather runs
+within that group (state.py). The next unit's all-gather is issued before the current
+unit computes, forward and backward (FSDP2's prefetch, state.py);
+``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` choose others.
+
 ``MixedPrecisionPolicy(param_dtype=...)`` casts the gathered parameters (the
 compute copy; the sharded float master stays); ``reduce_dtype`` casts the
-gradient for the reduce-scatter and back. ``module.set_requires_gradient_sync(False)``
+gradient for the reduce-scatter and back; "bfloat16", "float16" and the other
+emulated formats round through minidist.precision, the reduce-scatter rounding each
+partial sum as bf16 hardware does (reduce_format.py). ``module.set_requires_gradient_sync(False)``
 accumulates whole gradients without communication (gradient accumulation: N - 1 of N
 micro-batches), the next synced backward reduce-scatters their sum, once.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from minidist import backend
 from minidist.autograd.engine import backward as run_backward
 from minidist.autograd.function import Function
-from minidist.autograd.grad_mode import enable_grad, no_grad
+from minidist.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
 from minidist.autograd.tensor import Tensor
+from minidist.backend import xp
 from minidist.comm.group import get_world_size
 from minidist.distributed.device_mesh import init_device_mesh
+from minidist.distributed.fsdp.state import FSDPState, MixedPrecisionPolicy
 from minidist.distributed.tensor._api import DTensor, distribute_tensor
-from minidist.backend import xp
-from minidist.distributed.tensor import _collectives as coll
 from minidist.distributed.tensor._collectives import backward_phase
-from minidist.distributed.tensor._redistribute import DTensorSpec, GradPlacements
+from minidist.distributed.tensor._redistribute import GradPlacements
 from minidist.distributed.tensor.placement_types import Shard
 from minidist.nn.module import Module, Parameter
-
-
-@dataclass(frozen=True)
-class MixedPrecisionPolicy:
-    """Dtypes of the gathered parameters and of the gradients' reduce-scatter (None: the
-    parameter's own)."""
-    param_dtype: str | None = None
-    reduce_dtype: str | None = None
-
-
-class FSDPState:
-    """What fully_shard keeps on a module: its mesh, its parameters' pieces and where
-    they are used (a tied parameter is used by two modules)."""
-
-    def __init__(self, mesh: Any, reshard_after_forward: bool, mp_policy: MixedPrecisionPolicy):
-        self.mesh, self.reshard, self.mp_policy = mesh, reshard_after_forward, mp_policy
-        self.params: list[tuple[Parameter, list[tuple[Module, str]], tuple[int, ...]]] = []
-        self.requires_gradient_sync = True
-        self.unsharded_grads: list[Any] | None = None   # accumulated while sync is off
-
-    def reduce_or_keep(self, grads: list[Any]) -> list[Any] | None:
-        """With gradient sync on: the pieces of (grads + what was kept), by one
-        reduce-scatter. Off: add the whole gradients to what is kept, return None (no
-        communication; the next synced backward reduce-scatters the sum)."""
-        if self.unsharded_grads is not None:
-            grads = [g + kept for g, kept in zip(grads, self.unsharded_grads)]
-        if not self.requires_gradient_sync:
-            self.unsharded_grads = grads
-            return None
-        self.unsharded_grads = None
-        return self.reduce(grads)
-
-    def spec(self, shape: tuple[int, ...], placement: Any) -> DTensorSpec:
-        return DTensorSpec(self.mesh, (placement,), shape)
-
-    def gather(self) -> list[Any]:
-        """Every parameter of the unit whole (arrays), by one all-gather."""
-        group = self.mesh.get_group(0)
-        fulls = coll.all_gather_dim0([s.data for s, _, _ in self.params],
-                                     [shape[0] for _, _, shape in self.params], group)
-        dtype = self.mp_policy.param_dtype
-        return fulls if dtype is None else [f.astype(dtype) for f in fulls]
-
-    def reduce(self, grads: list[Any]) -> list[Any]:
-        """This rank's pieces of the mean over ranks of every gradient, by one
-        reduce-scatter (in ``reduce_dtype`` if the policy names one)."""
-        dtype = self.mp_policy.reduce_dtype or self.params[0][0].dtype
-        pieces = coll.reduce_scatter_dim0([g.astype(dtype) for g in grads], "avg",
-                                          self.mesh.get_group(0))
-        return [p.astype(s.dtype) for p, (s, _, _) in zip(pieces, self.params)]
-
-    def put(self, values: list[Any]) -> None:
-        """Make the modules use ``values`` (gathered tensors, or the shards back)."""
-        for value, (_, uses, _) in zip(values, self.params):
-            for module, name in uses:
-                object.__setattr__(module, name, value)
-
-    def shards(self) -> list[Parameter]:
-        return [shard for shard, _, _ in self.params]
 
 
 def _managed_parameters(module: Module) -> dict[int, tuple[Parameter, list]]:
@@ -145,7 +93,9 @@ class _ShardedUnit(Function):
         ctx.state, ctx.inner = state, inner
         ctx.save_for_backward(x)
         ctx.rng_state = backend.default_generator().get_state()
-        state.put([Tensor(f) for f in state.gather()])
+        if is_grad_enabled():                     # a backward will gather it again
+            state.awaits_backward += 1
+        state.put([Tensor(f) for f in state.gather("forward", keep=True)])
         try:
             with no_grad():
                 out = inner(Tensor(x))
@@ -162,7 +112,10 @@ class _ShardedUnit(Function):
         gen.set_state(ctx.rng_state)                  # replay the forward's random draws
         x_in = Tensor(x, requires_grad=ctx.needs_input_grad[0])
         with backward_phase():
-            full = [Tensor(f, requires_grad=True) for f in state.gather()]
+            full = [Tensor(f, requires_grad=True) for f in state.gather("backward")]
+        state.awaits_backward -= 1
+        if not state.awaits_backward:
+            state.post_forward = None             # reshard_after_forward=k: freed
         state.put(full)
         try:
             with enable_grad():
@@ -201,19 +154,29 @@ class _GatheredParameters(Function):
         return tuple(pieces) if len(pieces) > 1 else pieces[0]
 
 
-def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool = True,
+def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool | int = True,
                 mp_policy: MixedPrecisionPolicy | None = None) -> Module:
     """Shard ``module``'s parameters (those no inner unit holds) over the 1-D ``mesh``
-    (default: the world) as Shard(0), gathered around its forward and backward."""
+    (default: the world) as Shard(0), gathered around its forward and backward.
+    ``reshard_after_forward``: True, False, or the size of a smaller group (a node) to
+    keep them sharded over from forward to backward (an int dividing the mesh's size)."""
     if mesh is None:
         mesh = init_device_mesh("cuda" if backend.get_backend() == "cupy" else "cpu",
                                 (get_world_size(),))
     if mesh.ndim != 1:
         raise ValueError(f"fully_shard takes a 1-D mesh, got {mesh.ndim} dimensions: pass "
                          "mesh['dp'] (the data-parallel dimension)")
-    if not isinstance(reshard_after_forward, bool):
-        raise TypeError("reshard_after_forward must be True or False")
-    state = FSDPState(mesh, reshard_after_forward, mp_policy or MixedPrecisionPolicy())
+    if not isinstance(reshard_after_forward, (bool, int)):
+        raise TypeError("reshard_after_forward must be True, False, or an int (the size of "
+                        f"the group to reshard to), not {reshard_after_forward!r}")
+    if not isinstance(reshard_after_forward, bool):   # torch's two ends of the int range
+        if reshard_after_forward == mesh.size():
+            reshard_after_forward = True
+        elif reshard_after_forward == 1:
+            reshard_after_forward = False
+    mp_policy = mp_policy or MixedPrecisionPolicy()
+    mp_policy.check()
+    state = FSDPState(mesh, reshard_after_forward, mp_policy)
     for param, uses in _managed_parameters(module).values():
         shape = tuple(param.shape)
         if not shape:
@@ -226,12 +189,18 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
     if len({s.dtype for s in state.shards()}) > 1:
         raise ValueError("fully_shard gathers a unit's parameters in one buffer: give them one "
                          f"dtype, or shard the modules apart (got {sorted({str(s.dtype) for s in state.shards()})})")
-    if not state.params:
-        object.__setattr__(module, "_fsdp_state", state)
-        return module
-    is_root = any("_fsdp_state" in m.__dict__ for m in module.modules() if m is not module)
-    inner = module.forward
+    for m in module.modules():          # the units inside share one prefetch schedule
+        inner_state = m.__dict__.get("_fsdp_state")
+        if m is not module and inner_state is not None \
+                and inner_state.schedule is not state.schedule:
+            state.schedule.join(inner_state.schedule)
+            state.is_root = True
     object.__setattr__(module, "_fsdp_state", state)
+    _add_methods(module)
+    if not state.params:
+        return module
+    is_root = state.is_root
+    inner = module.forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         recompute = (state.reshard and not is_root and len(args) == 1 and not kwargs
@@ -245,6 +214,20 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
         finally:
             state.put(state.shards())
     object.__setattr__(module, "forward", forward)
+    return module
+
+
+def _fsdp_states(modules: list[Module], who: str) -> list[FSDPState]:
+    states = [m.__dict__.get("_fsdp_state") for m in modules]
+    if any(s is None for s in states):
+        raise ValueError(f"{who} takes modules that fully_shard has wrapped; got "
+                         f"{[type(m).__name__ for m, s in zip(modules, states) if s is None]}")
+    return states
+
+
+def _add_methods(module: Module) -> None:
+    """torch's FSDPModule methods, on the module fully_shard wrapped."""
+    state = module.__dict__["_fsdp_state"]
 
     def set_requires_gradient_sync(requires_gradient_sync: bool, *, recurse: bool = True) -> None:
         """Off: backward keeps whole gradients and skips the reduce-scatter (gradient
@@ -253,8 +236,19 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
             else [module]
         for m in units:
             m.__dict__["_fsdp_state"].requires_gradient_sync = requires_gradient_sync
-    object.__setattr__(module, "set_requires_gradient_sync", set_requires_gradient_sync)
-    return module
+
+    def set_modules_to_forward_prefetch(modules: list[Module]) -> None:
+        """Once this unit has its parameters in forward, issue these units' all-gathers
+        (instead of the next unit's)."""
+        state.forward_prefetch = _fsdp_states(modules, "set_modules_to_forward_prefetch")
+
+    def set_modules_to_backward_prefetch(modules: list[Module]) -> None:
+        """Once this unit has its parameters in backward, issue these units' all-gathers
+        (instead of the previous unit's)."""
+        state.backward_prefetch = _fsdp_states(modules, "set_modules_to_backward_prefetch")
+    for method in (set_requires_gradient_sync, set_modules_to_forward_prefetch,
+                   set_modules_to_backward_prefetch):
+        object.__setattr__(module, method.__name__, method)
 
 
 def sharded_state_dict(module: Module) -> dict[str, DTensor]:

@@ -140,52 +140,82 @@ def partition_replicate(local: Any, reduce_op: str, n: int) -> Any:
 
 # -- many Shard(0) tensors in one collective (FSDP2's copy-in / copy-out) --------------
 
-def all_gather_dim0(locals_: list, lengths: list[int], group: ProcessGroup) -> list:
+class GatheredDim0:
+    """An all-gather of Shard(0) pieces (all_gather_dim0): ``wait()`` gives the whole
+    tensors. With ``async_op=True`` the collective runs on the communication thread
+    (comm/collectives/work.py) until ``wait()``; FSDP prefetches the next unit this way."""
+
+    def __init__(self, work: Any, out: Any, cut: list[tuple[int, int, tuple]]):
+        self.work, self.out, self.cut = work, out, cut
+
+    def wait(self) -> list:
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+        fulls, start = [], 0
+        n = self.out.shape[0]
+        for length, width, shape in self.cut:
+            block = self.out[:, start:start + width].reshape((n * shape[0],) + shape[1:])
+            fulls.append(block[:length])                              # (L_i, ...)
+            start += width
+        return fulls
+
+
+def all_gather_dim0(locals_: list, lengths: list[int], group: ProcessGroup,
+                    async_op: bool = False) -> Any:
     """Shard(0) -> Replicate for several tensors by one all-gather: each piece padded to
-    its c_i = ceil(L_i / n) rows, all flattened side by side, gathered, and cut apart."""
+    its c_i = ceil(L_i / n) rows, all flattened side by side, gathered, and cut apart.
+    Returns the whole tensors, or (``async_op=True``) a GatheredDim0 to ``wait()`` on."""
     n = group.size
-    widths, flats = [], []
+    cut, flats = [], []
     for local, length in zip(locals_, lengths):
         c = chunk_sizes(length, n)[0]
         padded = pad_to(local, 0, c)                                  # (c_i, ...)
-        widths.append(padded.size)
+        cut.append((length, padded.size, (c,) + tuple(local.shape[1:])))
         flats.append(xp.ascontiguousarray(padded).reshape(-1))
     mine = xp.concatenate(flats) if flats else xp.empty(0)           # (sum c_i * row_i,)
     out = xp.empty((n, mine.size), dtype=mine.dtype)                  # (n, sum ...)
+    work = None
     if n == 1:
         out[0] = mine
     elif mine.size:
         _note("all_gather_into_tensor", group, mine.nbytes)
-        all_gather_into_tensor(out, mine, group=group)
-    fulls, start = [], 0
-    for local, length, width in zip(locals_, lengths, widths):
-        c = chunk_sizes(length, n)[0]
-        block = out[:, start:start + width].reshape((n * c,) + tuple(local.shape[1:]))
-        fulls.append(block[:length])                                  # (L_i, ...)
+        work = all_gather_into_tensor(out, mine, group=group, async_op=async_op)
+    gathered = GatheredDim0(work, out, cut)
+    return gathered if async_op else gathered.wait()
+
+
+def stack_dim0(fulls: list, n: int) -> tuple[Any, list]:
+    """The (n, W) buffer whose row j holds piece j of every tensor (each padded to
+    n * c_i rows, cut in n, flattened side by side), and what ``unstack_dim0`` needs."""
+    parts, shapes = [], []
+    for full in fulls:
+        sizes = chunk_sizes(full.shape[0], n)
+        padded = pad_to(full, 0, n * sizes[0])                        # (n * c_i, ...)
+        parts.append(xp.ascontiguousarray(padded).reshape(n, -1))     # (n, c_i * row_i)
+        shapes.append((sizes, tuple(full.shape[1:]), parts[-1].shape[1]))
+    return xp.concatenate(parts, axis=1), shapes                      # (n, sum ...)
+
+
+def unstack_dim0(mine: Any, shapes: list, r: int) -> list:
+    """Rank r's pieces from its row of ``stack_dim0``'s buffer, padding cut off."""
+    pieces, start = [], 0
+    for sizes, rest, width in shapes:
+        block = mine[start:start + width].reshape((sizes[0],) + rest)
+        pieces.append(block[:sizes[r]].copy())                        # (size(r), ...)
         start += width
-    return fulls
+    return pieces
 
 
 def reduce_scatter_dim0(fulls: list, reduce_op: str, group: ProcessGroup) -> list:
     """Partial -> Shard(0) for several tensors by one reduce-scatter (rank r keeps rows
     of piece r of each)."""
     n, r = group.size, group.rank
-    parts, shapes = [], []
-    for full in fulls:
-        sizes = chunk_sizes(full.shape[0], n)
-        padded = pad_to(full, 0, n * sizes[0])                        # (n * c_i, ...)
-        parts.append(xp.ascontiguousarray(padded).reshape(n, -1))     # (n, c_i * row_i)
-        shapes.append((sizes, tuple(full.shape[1:])))
-    stacked = xp.concatenate(parts, axis=1)                           # (n, sum ...)
+    stacked, shapes = stack_dim0(fulls, n)                            # (n, sum ...)
     mine = xp.empty(stacked.shape[1], dtype=stacked.dtype)
     if n == 1:
         mine[...] = stacked[0]
     elif mine.size:
         _note("reduce_scatter_tensor", group, stacked.nbytes)
         reduce_scatter_tensor(mine, stacked, op=REDUCE_OP[reduce_op], group=group)
-    pieces, start = [], 0
-    for part, (sizes, rest) in zip(parts, shapes):
-        block = mine[start:start + part.shape[1]].reshape((sizes[0],) + rest)
-        pieces.append(block[:sizes[r]].copy())                        # (size(r), ...)
-        start += part.shape[1]
-    return pieces
+    return unstack_dim0(mine, shapes, r)

@@ -6,7 +6,8 @@ each rank folds the block it holds into its output with the online-softmax rule,
     m' = max(m, rowmax S);  l' = e^(m - m') l + sum e^(S - m');  O' = e^(m - m') O + e^(S - m') V
 
 With a causal mask the zigzag split (chunks i and 2N-1-i on rank i) gives every rank
-the same work.
+the same work; sliding windows and packed documents mask each block by the global
+positions of its queries and keys.
 
 Ulysses (DeepSpeed-Ulysses): one all-to-all turns sequence shards into head shards
 over the full sequence, attention runs on H/N heads, one all-to-all turns it back;
@@ -16,6 +17,8 @@ Files:
 
 - ring_attention.py  ``ring_attention`` / ``RingAttention``, ``shard_sequence`` (zigzag),
                      ``plan_work``
+- ring_masks.py      ``RingMasks``: each ring step's blocks masked by global positions
+                     (causal, sliding window, packed documents), wholly masked ones skipped
 - ulysses.py         ``ulysses_attention``, ``split_sequence`` (contiguous)
 - llama.py           ``context_parallel(model)``: a Llama's attention through either, RoPE
                      at each token's global position (``sequence_positions``)

@@ -11,10 +11,12 @@
 
 Grouped-query attention passes through: ring attention sends only the nkv key/value
 heads round the ring; Ulysses regroups nkv/N of them per rank (N must divide nkv).
-Sliding windows and packed documents work under Ulysses, whose ranks attend over the
-whole sequence after the all-to-all: pass ``document_ids`` of the whole sequence and
-each rank's ``position_ids`` (its shard of the positions that restart per document,
-``nn.llama.positions_in_documents``). Ring attention refuses them here.
+Sliding windows and packed documents work under both: pass ``document_ids`` of the
+whole sequence (the same on every rank) and each rank's ``position_ids``, its shard of
+the positions that restart per document (``nn.llama.positions_in_documents``), so
+RoPE turns each token by its place in its own document. Ulysses attends over the whole
+sequence after the all-to-all; the ring masks each block by the global positions of
+its queries and keys, and skips the blocks outside the window or the documents.
 
     context_parallel(model, group, "ring")          # every attention through the ring
     pos = sequence_positions(T, rank, N, "zigzag")  # this rank's global positions
@@ -32,12 +34,6 @@ from minidist.parallel.context.ring_attention import ring_attention, shard_seque
 from minidist.parallel.context.ulysses import split_sequence, ulysses_attention
 
 KINDS = ("ring", "ulysses")
-
-
-def _refuse_masks(window: Any, document_ids: Any) -> None:
-    if window is not None or document_ids is not None:
-        raise ValueError("ring attention here supports the causal mask only: a sliding "
-                         "window or packed documents need kind='ulysses'")
 
 
 def context_parallel(model: Module, group: Any = None, kind: str = "ring",
@@ -58,9 +54,8 @@ def context_parallel(model: Module, group: Any = None, kind: str = "ring",
                                  f"ring attention, or a group that divides it)")
 
     def ring(q, k, v, is_causal=False, enable_gqa=False, window=None, document_ids=None):
-        _refuse_masks(window, document_ids)
         return ring_attention(q, k, v, is_causal=is_causal, group=group, layout=layout,
-                              enable_gqa=enable_gqa)
+                              enable_gqa=enable_gqa, window=window, document_ids=document_ids)
 
     def ulysses(q, k, v, is_causal=False, enable_gqa=False, window=None, document_ids=None):
         return ulysses_attention(q, k, v, is_causal=is_causal, group=group, impl=impl,

@@ -32,6 +32,13 @@ and give rank r chunks r and 2N-1-r ("zigzag"). For the block of rank b:
 
 so every step after the first costs the same half block on every rank.
 ``plan_work`` counts it; demos/11_ring_attention.py prints it.
+
+Sliding windows and packed documents (ring_masks.py). Each step's block is cut into
+pairs of (query chunk, key chunk), each contiguous in the sequence, and masked by
+the global positions of its queries and keys: causal, the window (row i sees keys
+i - window + 1 .. i) and the documents (``document_ids`` of the whole sequence, the
+same on every rank). A pair that no query sees is skipped: with a window, all but
+the chunks just before each query chunk, so the work falls from O(T^2 / 2) to O(T w).
 """
 from __future__ import annotations
 
@@ -42,6 +49,7 @@ from minidist.attention import common, flash_backward, flash_forward, merge_part
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
+from minidist.parallel.context.ring_masks import RingMasks, chunks, document_array
 from minidist.precision.autocast import autocast_matmul
 
 LAYOUTS = ("zigzag", "contiguous")
@@ -49,13 +57,6 @@ KV_TAG, DKV_TAG = 701, 702      # tags of the K/V blocks and of their gradient a
 
 
 # -- where the sequence goes --------------------------------------------------------
-
-def _chunks(layout: str, rank: int, world_size: int) -> list[int]:
-    """Which of the equal chunks of the sequence ``rank`` holds, in order."""
-    if layout == "zigzag":
-        return [rank, 2 * world_size - 1 - rank]                # of 2N chunks
-    return [rank]                                               # of N chunks
-
 
 def shard_sequence(x: Any, rank: int, world_size: int, layout: str = "zigzag",
                    axis: int = -2) -> Any:
@@ -68,43 +69,26 @@ def shard_sequence(x: Any, rank: int, world_size: int, layout: str = "zigzag",
         raise ValueError(f"sequence length {length} is not divisible into {n_chunks} "
                          f"chunks ({layout} layout, world size {world_size})")
     parts = xp.split(x, n_chunks, axis=axis)
-    return xp.concatenate([parts[i] for i in _chunks(layout, rank, world_size)], axis=axis)
+    return xp.concatenate([parts[i] for i in chunks(layout, rank, world_size)], axis=axis)
 
 
 def unshard_sequence(shards: list, layout: str = "zigzag", axis: int = -2) -> Any:
     """Inverse of ``shard_sequence``: the shards of ranks 0..N-1 -> the full sequence."""
     n = len(shards)
-    chunks: list = [None] * (2 * n if layout == "zigzag" else n)
+    pieces: list = [None] * (2 * n if layout == "zigzag" else n)
     for rank, shard in enumerate(shards):
-        ids = _chunks(layout, rank, n)
+        ids = chunks(layout, rank, n)
         for i, part in zip(ids, xp.split(shard, len(ids), axis=axis)):
-            chunks[i] = part
-    return xp.concatenate(chunks, axis=axis)
-
-
-def _plan(rank: int, block: int, c: int, is_causal: bool, layout: str) -> list[tuple]:
-    """The (query rows, key columns, causal?) pieces of (Q_rank, K_block) to compute."""
-    everything = slice(0, c)
-    if not is_causal:
-        return [(everything, everything, False)]
-    if block == rank:
-        return [(everything, everything, True)]
-    if layout == "contiguous":
-        return [(everything, everything, False)] if block < rank else []
-    half = c // 2
-    if block < rank:
-        return [(everything, slice(0, half), False)]
-    return [(slice(half, c), everything, False)]
+            pieces[i] = part
+    return xp.concatenate(pieces, axis=axis)
 
 
 def plan_work(rank: int, world_size: int, c: int, is_causal: bool = True,
-              layout: str = "zigzag") -> int:
-    """Query-key pairs scored by ``rank`` over the whole ring (c = its local length)."""
-    total = 0
-    for step in range(world_size):
-        for rows, cols, _ in _plan(rank, (rank - step) % world_size, c, is_causal, layout):
-            total += (rows.stop - rows.start) * (cols.stop - cols.start)
-    return total
+              layout: str = "zigzag", window: int | None = None) -> int:
+    """Query-key pairs ``rank`` scores over the whole ring (c = its local length): the
+    visible pairs of the chunk pairs it computes (``ring_masks``)."""
+    masks = RingMasks(is_causal, window, None, layout, world_size, c)
+    return sum(masks.pairs(rank, (rank - step) % world_size) for step in range(world_size))
 
 
 # -- the ring -------------------------------------------------------------------------
@@ -116,11 +100,11 @@ def _neighbours(group: Any) -> tuple[int, int, int, int]:
     return rank, size, ranks[(rank + 1) % size], ranks[(rank - 1) % size]
 
 
-def ring_forward(q: Any, k: Any, v: Any, is_causal: bool, scale: float, layout: str,
-                 group: Any, blocks: dict) -> tuple[Any, Any]:
+def ring_forward(q: Any, k: Any, v: Any, masks: RingMasks, scale: float, group: Any,
+                 blocks: dict) -> tuple[Any, Any]:
     """Arrays of this rank -> its (O, L), attending to the K/V of every rank."""
     rank, size, nxt, prev = _neighbours(group)
-    c, e = q.shape[-2], k.shape[-1]
+    e = k.shape[-1]
     out = xp.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
     lse = xp.full(q.shape[:-1], common.NEG_INF, dtype=q.dtype)
     kv = xp.concatenate([k, v], axis=-1)                       # one message: (..., c, E + Ev)
@@ -131,9 +115,9 @@ def ring_forward(q: Any, k: Any, v: Any, is_causal: bool, scale: float, layout: 
         if step < size - 1:                                     # next block, while we compute
             pending = [dist.isend(kv, nxt, group, KV_TAG), dist.irecv(incoming, prev, group,
                                                                        KV_TAG)]
-        for rows, cols, causal in _plan(rank, block, c, is_causal, layout):
+        for rows, cols, structure in masks.pieces(rank, block):
             o_b, lse_b = flash_forward(q[..., rows, :], kv[..., cols, :e], kv[..., cols, e:],
-                                       is_causal=causal, scale=scale, **blocks)
+                                       structure=structure, scale=scale, **blocks)
             merge_partial(out[..., rows, :], lse[..., rows], o_b, lse_b)
         for handle in pending:
             handle.wait()
@@ -141,11 +125,11 @@ def ring_forward(q: Any, k: Any, v: Any, is_causal: bool, scale: float, layout: 
     return out, lse
 
 
-def ring_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, is_causal: bool,
-                  scale: float, layout: str, group: Any, blocks: dict) -> tuple[Any, Any, Any]:
+def ring_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, masks: RingMasks,
+                  scale: float, group: Any, blocks: dict) -> tuple[Any, Any, Any]:
     """This rank's (dq, dk, dv) from its O, L and dO; K/V and their gradients ring round."""
     rank, size, nxt, prev = _neighbours(group)
-    c, e = q.shape[-2], k.shape[-1]
+    e = k.shape[-1]
     dq = xp.zeros_like(q)
     kv = xp.concatenate([k, v], axis=-1)
     incoming = xp.empty_like(kv)
@@ -158,10 +142,10 @@ def ring_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, is_caus
             pending = [dist.isend(kv, nxt, group, KV_TAG), dist.irecv(incoming, prev, group,
                                                                        KV_TAG)]
         dkv = xp.zeros_like(kv)                                 # this rank's part for the block
-        for rows, cols, causal in _plan(rank, block, c, is_causal, layout):
+        for rows, cols, structure in masks.pieces(rank, block):
             dq_b, dk_b, dv_b = flash_backward(
                 q[..., rows, :], kv[..., cols, :e], kv[..., cols, e:], out[..., rows, :],
-                lse[..., rows], dout[..., rows, :], is_causal=causal, scale=scale, **blocks)
+                lse[..., rows], dout[..., rows, :], structure=structure, scale=scale, **blocks)
             dq[..., rows, :] += dq_b
             dkv[..., cols, :e] += dk_b
             dkv[..., cols, e:] += dv_b
@@ -185,12 +169,11 @@ class RingAttention(Function):
     """Ring attention as an autograd op: each rank's local q, k, v -> its local output."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal=False, scale=1.0, layout="zigzag", group=None,
-                blocks=None):
+    def forward(ctx, q, k, v, masks=None, scale=1.0, group=None, blocks=None):
         blocks = blocks or {}
-        out, lse = ring_forward(q, k, v, is_causal, scale, layout, group, blocks)
+        out, lse = ring_forward(q, k, v, masks, scale, group, blocks)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = (is_causal, scale, layout, group, blocks)
+        ctx.options = (masks, scale, group, blocks)
         return out
 
     @staticmethod
@@ -202,13 +185,17 @@ class RingAttention(Function):
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
                    scale: float | None = None, group: Any = None, layout: str = "zigzag",
                    block_q: int | None = None, block_k: int | None = None,
-                   enable_gqa: bool = False) -> Tensor:
+                   enable_gqa: bool = False, window: int | None = None,
+                   document_ids: Any = None) -> Tensor:
     """Attention over the whole sequence, each rank holding its shard of q, k, v.
 
     q, k, v: (..., c, E), (..., c, E), (..., c, Ev) on every rank of ``group`` (the
     world if None), laid out by ``shard_sequence(x, rank, N, layout)``; returns this
     rank's rows of softmax(scale Q K^T [+ causal]) V. ``layout`` matters only when
     ``is_causal``: "zigzag" balances the work, "contiguous" is the plain split.
+    ``window`` (with ``is_causal``): row i sees keys i - window + 1 .. i, by global
+    position. ``document_ids``: (T,) or (B, T) integers of the whole sequence
+    (T = N c), the same on every rank; a query sees only keys of its own document.
     Every rank must call it, and later its backward, together. Under
     ``precision.autocast`` the inputs, output and gradients are rounded to its format.
     ``enable_gqa``: k and v may have fewer heads than q (grouped-query attention); only
@@ -222,14 +209,21 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
     if arrays[1].shape[-2] != c:
         raise ValueError(f"each rank must hold as many queries as keys, got {c} and "
                          f"{arrays[1].shape[-2]}")
-    if is_causal and layout == "zigzag" and c % 2:
+    if (is_causal or document_ids is not None) and layout == "zigzag" and c % 2:
         raise ValueError(f"the zigzag layout holds two equal chunks per rank; local length "
                          f"{c} is odd")
+    common.make_structure(arrays[0], arrays[1], is_causal, window, None)  # checks window
+    size = dist.get_world_size(group)
+    docs = None
+    if document_ids is not None:
+        batch = arrays[0].shape[0] if arrays[0].ndim >= 4 else 1
+        docs = document_array(document_ids, batch, size * c)
+    masks = RingMasks(is_causal, window, docs, layout, size, c)
     blocks = {name: size for name, size in (("block_q", block_q), ("block_k", block_k))
               if size is not None}
 
     def run(q_: Tensor, k_: Tensor, v_: Tensor) -> Tensor:
-        return RingAttention.apply(q_, k_, v_, is_causal=is_causal,
-                                   scale=common.default_scale(arrays[0], scale), layout=layout,
-                                   group=group, blocks=blocks)
+        return RingAttention.apply(q_, k_, v_, masks=masks,
+                                   scale=common.default_scale(arrays[0], scale), group=group,
+                                   blocks=blocks)
     return autocast_matmul(run, q, k, v)

@@ -1,10 +1,11 @@
 """Ring attention equals single-process attention, forward and backward.
 
 Each world (sizes 1..4) stays up for the module while hypothesis sends it cases:
-shapes, causal or not, zigzag or contiguous layout, tile sizes. Every rank takes
-its shard of the same q, k, v, dO, runs ring attention forward and backward, and
-returns its shard of O, dQ, dK, dV; the parent reassembles them and compares
-with naive attention in one process: float64, within 1e-10.
+shapes, causal or not, zigzag or contiguous layout, tile sizes, and sliding windows,
+packed documents and grouped-query heads. Every rank takes its shard of the same
+q, k, v, dO, runs ring attention forward and backward, and returns its shard of O,
+dQ, dK, dV; the parent reassembles them and compares with naive attention in one
+process with the same mask: float64, within 1e-10 (1e-12 with masks).
 """
 import numpy as np
 import pytest
@@ -26,19 +27,28 @@ def world(request):
     w.close()
 
 
-def ring_on_rank(arrays, causal, layout, blocks):
-    """Runs on every rank: its shard through ring attention, forward and backward."""
+def ring_on_rank(arrays, causal, layout, blocks, masks=None):
+    """Runs on every rank: its shard through ring attention, forward and backward.
+    ``masks``: window, document_ids (host, of the whole sequence), enable_gqa."""
     rank, size = dist.get_rank(), dist.get_world_size()
     q, k, v, do = (shard_sequence(backend.from_host(a), rank, size, layout) for a in arrays)
     qt, kt, vt = (Tensor(a, requires_grad=True) for a in (q, k, v))
-    out = ring_attention(qt, kt, vt, is_causal=causal, layout=layout, **blocks)
+    out = ring_attention(qt, kt, vt, is_causal=causal, layout=layout, **blocks,
+                         **_on_device(masks))
     out.backward(do)
     return [backend.to_host(a) for a in (out.data, qt.grad, kt.grad, vt.grad)]
 
 
-def single_process(arrays, causal):
+def _on_device(masks):
+    masks = dict(masks or {})
+    if masks.get("document_ids") is not None:
+        masks["document_ids"] = backend.from_host(masks["document_ids"])
+    return masks
+
+
+def single_process(arrays, causal, masks=None):
     q, k, v = (Tensor(backend.from_host(a), requires_grad=True) for a in arrays[:3])
-    out = naive_attention(q, k, v, is_causal=causal)
+    out = naive_attention(q, k, v, is_causal=causal, **_on_device(masks))
     out.backward(backend.from_host(arrays[3]))
     return [backend.to_host(a) for a in (out.data, q.grad, k.grad, v.grad)]
 
@@ -65,13 +75,84 @@ def test_ring_attention_matches_single_process(world, data):
         assert np.abs(got - want[i]).max() <= 1e-10, f"{name}, world {n}, causal={causal}"
 
 
+def _documents(draw, length):
+    """Ids of packed documents in a row of ``length``: sorted cuts, one-token documents
+    and documents longer than a rank's shard among the draws."""
+    cuts = draw(st.lists(st.integers(1, length - 1), max_size=4, unique=True))
+    return np.searchsorted(np.array(sorted(cuts), dtype=np.int64), np.arange(length),
+                           side="right").astype(np.int64)
+
+
+@settings(max_examples=8, deadline=None)
+@given(data=st.data())
+def test_ring_attention_with_windows_documents_and_gqa_matches_one_process(world, data):
+    n = world.world_size
+    batch, kv_heads = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
+    heads = kv_heads * data.draw(st.sampled_from([1, 2, 3]))        # the GQA ratio
+    chunk = data.draw(st.integers(1, 3))
+    length = 2 * n * chunk
+    window = data.draw(st.one_of(st.none(), st.sampled_from([1, length, length + 5]),
+                                 st.integers(1, length)))
+    docs = None
+    if data.draw(st.booleans()):
+        rows = [_documents(data.draw, length) for _ in range(batch)]
+        docs = np.stack(rows) if data.draw(st.booleans()) else rows[0]
+    layout = data.draw(st.sampled_from(["zigzag", "contiguous"]))
+    blocks = data.draw(st.sampled_from([{}, dict(block_q=2, block_k=1)]))
+    e = data.draw(st.integers(1, 4))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**20)))
+    shapes = [(batch, h, length, e) for h in (heads, kv_heads, kv_heads, heads)]
+    arrays = [rng.standard_normal(shape) for shape in shapes]
+    masks = dict(window=window, document_ids=docs, enable_gqa=True)
+
+    shards = world.run(ring_on_rank, arrays, True, layout, blocks, masks)
+    want = single_process(arrays, True, masks)
+    for i, name in enumerate(("out", "dq", "dk", "dv")):
+        got = backend.to_host(unshard_sequence([backend.from_host(s[i]) for s in shards],
+                                               layout))
+        assert np.abs(got - want[i]).max() <= 1e-12, (name, n, layout, window, docs)
+
+
+@pytest.mark.parametrize("window", [None, 1, 3])
+def test_one_token_documents_and_a_document_over_every_shard(world, window):
+    """Chunks of 2 tokens: a one-token document, another, then one document to the end,
+    which spans the chunks of every rank (zigzag: the first and the last chunks too)."""
+    n = world.world_size
+    length = 4 * n
+    docs = np.array([0, 1] + [2] * (length - 2), dtype=np.int64)
+    rng = np.random.default_rng(n)
+    arrays = [rng.standard_normal((2, length, 3)) for _ in range(4)]
+    masks = dict(window=window, document_ids=docs)
+    shards = world.run(ring_on_rank, arrays, True, "zigzag", {}, masks)
+    want = single_process(arrays, True, masks)
+    for i in range(4):
+        got = backend.to_host(unshard_sequence([backend.from_host(s[i]) for s in shards]))
+        assert np.abs(got - want[i]).max() <= 1e-12
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
 def test_zigzag_gives_every_rank_the_same_causal_work(n):
-    zigzag = [plan_work(r, n, c=8, layout="zigzag") for r in range(n)]
-    contiguous = [plan_work(r, n, c=8, layout="contiguous") for r in range(n)]
+    c = 8
+    zigzag = [plan_work(r, n, c, layout="zigzag") for r in range(n)]
+    contiguous = [plan_work(r, n, c, layout="contiguous") for r in range(n)]
     assert len(set(zigzag)) == 1
-    assert contiguous == sorted(contiguous) and contiguous[-1] == n * contiguous[0]
-    assert sum(zigzag) == sum(contiguous)                  # the same total, spread evenly
+    # rank r of the contiguous split: its own block's triangle and r whole blocks
+    assert contiguous == [c * (c + 1) // 2 + r * c * c for r in range(n)]
+    length = n * c                                         # the same total, spread evenly
+    assert sum(zigzag) == sum(contiguous) == length * (length + 1) // 2
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("window", [1, 3, 4, 5, 9, 100])
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+def test_a_window_skips_blocks_and_keeps_every_visible_pair(n, window, layout):
+    c = 8
+    length = n * c
+    work = [plan_work(r, n, c, layout=layout, window=window) for r in range(n)]
+    # row i sees keys max(0, i - window + 1) .. i: nothing visible is skipped
+    assert sum(work) == sum(min(i + 1, window) for i in range(length))
+    if window == 1:                                        # each query sees itself alone
+        assert work == [c] * n
 
 
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
@@ -94,6 +175,26 @@ def test_bad_layouts_and_lengths_are_refused():
         ring_attention(q, q, q, is_causal=True)
     with pytest.raises(ValueError, match="layout"):
         ring_attention(q, q, q, layout="striped")
+    with pytest.raises(ValueError, match="needs is_causal"):
+        ring_attention(q, q, q, window=2)
+
+
+def _refusals(ids):
+    """Every rank: the error ring attention raises for these document_ids (or None)."""
+    q = Tensor(backend.from_host(np.zeros((4, 2))))
+    try:
+        ring_attention(q, q, q, is_causal=True, document_ids=backend.from_host(ids))
+    except (TypeError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def test_document_ids_not_of_the_whole_sequence_are_refused(world):
+    short = world.run(_refusals, np.zeros(4, dtype=np.int64))      # one shard's worth
+    floats = world.run(_refusals, np.zeros(4 * world.world_size))
+    if world.world_size > 1:
+        assert all("whole sequence" in message for message in short)
+    assert all(message.startswith("TypeError") and "integer" in message for message in floats)
 
 
 def ring_on_subgroup(arrays, members):

@@ -2,7 +2,8 @@
 each rank holding a part of every sequence with RoPE at its tokens' global positions,
 reaches the parameters of one process on whole sequences (float64, 1e-12). GQA drawn:
 ring attention sends only the key/value heads; Ulysses refuses kv heads its group
-does not divide."""
+does not divide. Sliding windows and packed documents (positions restarting per
+document) drawn under both, in worlds of 2 and 4."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,6 +17,13 @@ B, T, STEPS = 2, 8, 2
 @pytest.fixture(scope="module")
 def world():
     w = World(2, timeout=20.0, run_timeout=120.0)
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def world4():
+    w = World(4, timeout=20.0, run_timeout=120.0)
     yield w
     w.close()
 
@@ -113,14 +121,15 @@ def test_each_rank_holds_its_global_positions():
     assert _positions() == [[0, 1, 6, 7], [0, 1, 2, 3], [2, 3, 4, 5], [4, 5, 6, 7]]
 
 
-@settings(max_examples=3, deadline=None)
-@given(window=st.sampled_from([None, 3]),
-       cuts=st.lists(st.integers(1, T - 1), min_size=1, max_size=2, unique=True),
-       impl=st.sampled_from(["naive", "flash"]), seed=st.integers(0, 100))
-def test_ulysses_trains_packed_documents_and_windows_as_one_process(world, window, cuts, impl,
-                                                                    seed):
-    case = dict(kind="ulysses", kv=2, impl=impl, tie=False, theta=1e4, seed=seed,
-                window=window, cuts=cuts)
+def _masked_case(kind, kv, window, cuts, impl, seed):
+    case = dict(kind=kind, kv=kv, impl=impl, tie=False, theta=1e4, seed=seed, window=window,
+                cuts=cuts)
+    if kind == "ulysses" and kv == 1:
+        case["kv"] = 2                   # refused: test_ulysses_refuses_kv_heads_...
+    return case
+
+
+def _trains_as_one_process(world, case):
     want, want_losses = train(case, False)
     for rank, (params, losses) in enumerate(world.run(train, case, True)):
         assert np.allclose(losses, want_losses, rtol=1e-12, atol=0)
@@ -128,17 +137,23 @@ def test_ulysses_trains_packed_documents_and_windows_as_one_process(world, windo
             assert np.abs(params[name] - w).max() <= 1e-12, (rank, name, case)
 
 
-def _ring_with_documents():
-    from minidist import backend
-    from minidist.nn import Llama
-    from minidist.parallel.context.llama import context_parallel
-    model = context_parallel(Llama(_config(dict(kv=2, tie=False, seed=0, theta=1e4))))
-    ids = backend.from_host(np.zeros((1, 8), dtype=np.int64))
-    model(backend.from_host(np.zeros((1, 4), dtype=np.int64)), document_ids=ids,
-          position_ids=backend.from_host(np.arange(4)))
+# windows: 1 (each token alone), shorter than a shard, spanning shards, the whole row
+WINDOWS = st.sampled_from([None, 1, 3, 5, T + 2])
+CUTS = st.lists(st.integers(1, T - 1), min_size=1, max_size=3, unique=True)  # 1-token docs too
 
 
-def test_ring_refuses_documents_and_names_ulysses():
-    with World(2, timeout=20.0, run_timeout=60.0) as w:
-        with pytest.raises(RankFailedError, match="need kind='ulysses'"):
-            w.run(_ring_with_documents)
+@pytest.mark.parametrize("kind", ["ring", "ulysses"])
+@settings(max_examples=3, deadline=None)
+@given(kv=st.sampled_from([1, 2, 4]), window=WINDOWS, cuts=CUTS,
+       impl=st.sampled_from(["naive", "flash"]), seed=st.integers(0, 100))
+def test_packed_documents_and_windows_train_as_one_process(world, kind, kv, window, cuts, impl,
+                                                           seed):
+    _trains_as_one_process(world, _masked_case(kind, kv, window, cuts, impl, seed))
+
+
+@settings(max_examples=2, deadline=None)
+@given(kv=st.sampled_from([1, 2, 4]), window=WINDOWS, cuts=st.one_of(st.just([]), CUTS),
+       seed=st.integers(0, 100))
+def test_ring_on_four_ranks_trains_packed_documents_and_windows_as_one_process(
+        world4, kv, window, cuts, seed):
+    _trains_as_one_process(world4, _masked_case("ring", kv, window, cuts, "naive", seed))

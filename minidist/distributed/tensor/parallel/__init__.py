@@ -2,9 +2,15 @@
 
 Files, in reading order:
 
-    style.py    ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput:
-                a module's parameters, inputs and outputs as placements; Megatron's f and
-                g fall out of redistribute's forward and backward
+    parameters.py  a parallelized module's parameters: this rank's pieces, their layouts
+                as DTensors (parameter_as_dtensor), and in model.state_dict() / load;
+                full_state_dict: whole, in the dense model's shapes
+    style.py    ColwiseParallel, FusedColwiseParallel (c_attn's q, k, v head by head),
+                RowwiseParallel, SequenceParallel, PrepareModuleInput: a module's
+                parameters, inputs and outputs as placements; Megatron's f and g fall out
+                of redistribute's forward and backward
+    plans.py    gpt_tp_plan, llama_tp_plan: the whole model's plan (attention, MLP,
+                embeddings, head), with or without sequence parallelism
     api.py      parallelize_module(module, device_mesh, plan): a dict of names to styles
     loss.py     loss_parallel: cross-entropy on vocab-sharded logits, three all-reduces
                 of N numbers instead of an all-gather of N x V
@@ -14,10 +20,14 @@ ColumnParallelLinear / RowParallelLinear); tests hold the two bit for bit equal.
 """
 from minidist.distributed.tensor.parallel.api import parallelize_module
 from minidist.distributed.tensor.parallel.loss import loss_parallel, vocab_parallel_cross_entropy
-from minidist.distributed.tensor.parallel.style import (ColwiseParallel, ParallelStyle,
-                                                        PrepareModuleInput, RowwiseParallel,
-                                                        SequenceParallel, parameter_as_dtensor)
+from minidist.distributed.tensor.parallel.parameters import full_state_dict, parameter_as_dtensor
+from minidist.distributed.tensor.parallel.plans import gpt_tp_plan, llama_tp_plan
+from minidist.distributed.tensor.parallel.style import (ColwiseParallel, FusedColwiseParallel,
+                                                        ParallelStyle, PrepareModuleInput,
+                                                        RowwiseParallel, SequenceParallel)
 
-__all__ = ["parallelize_module", "ParallelStyle", "ColwiseParallel", "RowwiseParallel",
+__all__ = ["parallelize_module", "ParallelStyle", "ColwiseParallel", "FusedColwiseParallel",
+           "RowwiseParallel",
            "SequenceParallel", "PrepareModuleInput", "parameter_as_dtensor", "loss_parallel",
-           "vocab_parallel_cross_entropy"]
+           "vocab_parallel_cross_entropy", "gpt_tp_plan", "llama_tp_plan",
+           "full_state_dict"]

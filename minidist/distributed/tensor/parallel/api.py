@@ -6,6 +6,8 @@
 Names are ``named_modules`` paths; a ``*`` matches any one part
 (``"blocks.*.mlp.c_fc"``), as in torch. A name that matches no module is an
 error listing the names that exist nearby, not a plan silently half-applied.
+A parameter two modules share (a tied embedding and head) stays one Parameter,
+which the plan must cut the same way on both sides.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ def parallelize_module(module: Module, device_mesh: Any = None,
         raise TypeError("parallelize_plan must be a ParallelStyle or a dict of module names "
                         f"to styles, got {type(parallelize_plan).__name__}")
     modules = dict(module.named_modules())
+    tied = _tied_parameters(modules)
     for pattern, style in parallelize_plan.items():
         if not isinstance(style, ParallelStyle):
             raise TypeError(f"plan entry {pattern!r}: {style!r} is not a ParallelStyle")
@@ -50,4 +53,38 @@ def parallelize_module(module: Module, device_mesh: Any = None,
                              f"module; modules there: {near}")
         for name in found:
             style._apply(modules[name], device_mesh)
+    _tie_again(modules, tied)
     return module
+
+
+def _tied_parameters(modules: dict) -> list[list[tuple[str, str, Any]]]:
+    """Parameters that several modules share (GPT's lm_head.weight is wte.weight):
+    lists of (module name, attribute, parameter) naming one object."""
+    by_id: dict[int, list] = {}
+    for owner, m in modules.items():
+        for attr, p in m._parameters.items():
+            if p is not None:
+                by_id.setdefault(id(p), []).append((owner, attr, p))
+    return [users for users in by_id.values() if len(users) > 1]
+
+
+def _tie_again(modules: dict, tied: list) -> None:
+    """Each style cut its module's copy of a tied parameter; make them one Parameter
+    again, which needs the same cut on every side (wte RowwiseParallel and lm_head
+    ColwiseParallel both cut the vocabulary: Shard(0))."""
+    for users in tied:
+        owners = [modules[o] for o, _, _ in users]
+        now = [m._parameters[a] for m, (_, a, _) in zip(owners, users)]
+        layouts = [m.__dict__.get("_dtensor_placements", {}).get(a)
+                   for m, (_, a, _) in zip(owners, users)]
+        if all(p is now[0] for p in now):
+            continue
+        cuts = [None if lay is None else (lay[1], lay[2]) for lay in layouts]
+        if any(c != cuts[0] for c in cuts):
+            names = [f"{o}.{a}" for o, a, _ in users]
+            raise ValueError(f"{names} are one tied parameter, but the plan cuts them "
+                             f"differently ({cuts}): give every module that shares it a style "
+                             f"with the same cut (e.g. wte RowwiseParallel with lm_head "
+                             f"ColwiseParallel: both Shard(0), by vocabulary)")
+        for m, (_, attr, _) in zip(owners[1:], users[1:]):
+            setattr(m, attr, now[0])

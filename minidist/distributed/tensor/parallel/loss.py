@@ -2,7 +2,7 @@
 
     with loss_parallel():
         loss = F.cross_entropy(logits, targets)   # logits: a (N, V) DTensor, [Shard(1)]
-        loss.backward()
+        loss.backward()                           # (or (B, T, V), [Shard(2)]: a GPT's)
 
 Each rank holds V/t columns of the logits. With m the row max (an all-reduce of
 max; a constant for the gradient), the loss of a row is
@@ -41,15 +41,19 @@ def vocab_parallel_cross_entropy(logits: DTensor, targets: Any, ignore_index: in
                                  reduction: str = "mean") -> Tensor:
     """Cross-entropy of (N, V) logits laid out as [Shard(1)] (module docstring)."""
     mesh = logits.device_mesh
-    if mesh.ndim != 1 or logits.ndim != 2 or logits.placements[0] != Shard(1):
-        raise ValueError(f"loss_parallel takes (N, V) logits as [Shard(1)] on a 1-D mesh, got "
-                         f"{logits.shape} as {list(logits.placements)}")
+    last = logits.ndim - 1
+    if mesh.ndim != 1 or logits.ndim < 2 or logits.placements[0] != Shard(last):
+        raise ValueError(f"loss_parallel takes (..., V) logits sharded by vocabulary, "
+                         f"[Shard({max(last, 1)})], on a 1-D mesh, got {logits.shape} as "
+                         f"{list(logits.placements)}")
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     targets = targets.data if isinstance(targets, Tensor) else targets
-    first = logits._spec.local_offset()[1]                     # my first vocabulary id
-    z = logits.to_local()                                      # (N, V/t)
-    cols = z.shape[1]
+    first = logits._spec.local_offset()[last]                  # my first vocabulary id
+    z = logits.to_local()                                      # (..., V/t)
+    cols = z.shape[-1]
+    z = z.reshape(-1, cols)                                    # (N, V/t), N positions
+    targets = targets.reshape(-1)                              # (N,)
     row_max = z.data.max(axis=1, keepdims=True) if cols else \
         xp.full((z.shape[0], 1), -xp.inf, dtype=z.dtype)
     row_max = coll.all_reduce_partial(row_max, "max", mesh.get_group(0))   # (N, 1), constant

@@ -2,6 +2,8 @@
 
     ColwiseParallel     weight (out, in) Shard(0), bias Shard(0): each rank has out/t
                         outputs. Input Replicate -> output Shard(-1).
+    FusedColwiseParallel  the same for each of the chunks of a fused weight (c_attn's
+                        q, k, v): rank r keeps its heads' rows of each.
     RowwiseParallel     weight (out, in) Shard(1), bias Replicate: each rank sums over
                         in/t inputs. Input Shard(-1) -> output Partial -> Replicate.
                         Embedding: the table Shard(0) (vocab-parallel); ids Replicate ->
@@ -23,10 +25,12 @@ The module's own forward runs on local tensors (its parameters hold this rank's
 pieces as ordinary Parameters, so an optimizer sees nothing new); the styles
 wrap it, converting its inputs and outputs through DTensors at the border.
 ``module._dtensor_placements[name]`` records each parameter's mesh, placements
-and global shape (``parameter_as_dtensor`` gives the DTensor). Every style
-hands local tensors to the next module (``use_local_output=True``), also
-SequenceParallel, whose torch default hands on DTensors for ops minidist does
-not propagate.
+and global shape (``parameter_as_dtensor`` gives the DTensor; parameters.py,
+also for state dicts). Every style hands local tensors to the next module by
+default (``use_local_output=True``), also SequenceParallel and
+PrepareModuleInput, whose torch defaults hand on DTensors for ops minidist does
+not propagate; ``PrepareModuleInput(use_local_output=False)`` hands a DTensor to a
+module that gives it only to styled layers (Llama's attention and MLP).
 """
 from __future__ import annotations
 
@@ -37,8 +41,10 @@ from minidist.backend import xp
 from minidist.nn import functional as F
 from minidist.nn.layers import Embedding, Linear
 from minidist.nn.module import Module, Parameter
-from minidist.distributed.tensor._api import DTensor, distribute_tensor
-from minidist.distributed.tensor._redistribute import DTensorSpec, GradPlacements
+from minidist.distributed.tensor._api import DTensor
+from minidist.distributed.tensor.parallel.parameters import (note_layout, parameter_as_dtensor,
+                                                             replicated_parameter,
+                                                             shard_parameter)
 from minidist.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
 
@@ -49,53 +55,20 @@ class ParallelStyle:
         raise NotImplementedError
 
 
-# -- parameters and borders ----------------------------------------------------------
-
-def _shard_parameter(module: Module, name: str, mesh: Any, placement: Placement) -> None:
-    """Replace ``module.<name>`` by this rank's piece (rank 0's values, as torch) and note
-    its DTensor layout."""
-    param = getattr(module, name)
-    if param is None:
-        return
-    if isinstance(placement, Shard) and param.shape[placement.dim] % mesh.size() != 0:
-        raise ValueError(f"{type(module).__name__}.{name} of shape {param.shape} does not split "
-                         f"into {mesh.size()} equal pieces along dim {placement.dim}")
-    local = distribute_tensor(param.data, mesh, [placement]).to_local().data
-    setattr(module, name, Parameter(local.copy()))
-    layouts = module.__dict__.setdefault("_dtensor_placements", {})
-    layouts[name] = (mesh, (placement,), tuple(param.shape))
-
-
-def parameter_as_dtensor(module: Module, name: str) -> DTensor:
-    """The parameter ``name`` of a parallelized module as a DTensor on its mesh (its local
-    tensor is the Parameter itself, so gradients reach the optimizer's tensor)."""
-    mesh, placements, shape = module._dtensor_placements[name]
-    param = getattr(module, name)
-    spec = DTensorSpec(mesh, placements, shape)
-    return DTensor(param, spec, GradPlacements(placements, fixed=True))
-
-
-def _replicated(module: Module, name: str, mesh: Any, grad: Placement) -> Tensor | None:
-    """A Replicate parameter for local use; its gradient is read as ``grad`` (Partial where
-    each rank saw only its positions: then backward all-reduces it)."""
-    param = getattr(module, name)
-    if param is None:
-        return None
-    layouts = module.__dict__.setdefault("_dtensor_placements", {})
-    layouts.setdefault(name, (mesh, (Replicate(),), tuple(param.shape)))
-    if grad.is_replicate():
-        return param
-    return parameter_as_dtensor(module, name).to_local(grad_placements=[grad])
-
+# -- borders ---------------------------------------------------------------------
 
 def _to_layout(x: Any, mesh: Any, given: Placement, wanted: Placement,
-               grad: Placement | None = None) -> Any:
-    """A local tensor laid out as ``given`` (or a DTensor), as ``wanted``, back to local."""
+               grad: Placement | None = None, local: bool = True) -> Any:
+    """A local tensor laid out as ``given`` (or a DTensor), as ``wanted``, back to local
+    (``local=False``: the DTensor, whose users' gradients then add up before its backward
+    moves them once)."""
     if not isinstance(x, (Tensor, DTensor)):
         return x                          # ids, masks: not moved
     if not isinstance(x, DTensor):
         x = DTensor.from_local(x, mesh, [given])
     y = x.redistribute(mesh, [wanted])
+    if not local:
+        return y
     return y.to_local(grad_placements=None if grad is None else [grad])
 
 
@@ -115,15 +88,18 @@ class ColwiseParallel(ParallelStyle):
         self.output_layout = output_layouts or Shard(-1)
         self.use_local_output = use_local_output
 
-    def _apply(self, module: Module, device_mesh: Any) -> Module:
+    def _shard_parameters(self, module: Module, device_mesh: Any) -> None:
         if isinstance(module, Linear):
-            _shard_parameter(module, "weight", device_mesh, Shard(0))
-            _shard_parameter(module, "bias", device_mesh, Shard(0))
+            shard_parameter(module, "weight", device_mesh, Shard(0))
+            shard_parameter(module, "bias", device_mesh, Shard(0))
         elif isinstance(module, Embedding):
-            _shard_parameter(module, "weight", device_mesh, Shard(1))
+            shard_parameter(module, "weight", device_mesh, Shard(1))
         else:
-            raise ValueError(f"ColwiseParallel shards Linear and Embedding, not "
+            raise ValueError(f"{type(self).__name__} shards Linear and Embedding, not "
                              f"{type(module).__name__}")
+
+    def _apply(self, module: Module, device_mesh: Any) -> Module:
+        self._shard_parameters(module, device_mesh)
         inner = module.forward
         embedding = isinstance(module, Embedding)
 
@@ -136,6 +112,35 @@ class ColwiseParallel(ParallelStyle):
             return out.to_local() if self.use_local_output else out
         _wrap_forward(module, forward)
         return module
+
+
+class FusedColwiseParallel(ColwiseParallel):
+    """A Linear whose output is ``chunks`` projections side by side (GPT's c_attn:
+    [q | k | v], each C wide), each chunk cut as ColwiseParallel cuts a weight: rank r
+    holds rows [r C/t, (r+1) C/t) of W_q, of W_k and of W_v, the q, k, v of its heads.
+    The weight read as (chunks, C, in) is Shard(1), the bias (chunks, C) too. The output,
+    (..., chunks C/t) = [q_r | k_r | v_r], goes on as a local tensor (no one placement of
+    [q | k | v] describes it; the attention reads its head count off it)."""
+
+    def __init__(self, chunks: int = 3, *, input_layouts: Placement | None = None,
+                 use_local_output: bool = True):
+        if chunks < 1:
+            raise ValueError(f"FusedColwiseParallel: chunks must be at least 1, got {chunks}")
+        if not use_local_output:
+            raise ValueError("FusedColwiseParallel hands on local tensors: its output "
+                             "[q_r | k_r | v_r] is no one placement of [q | k | v]")
+        super().__init__(input_layouts=input_layouts)
+        self.chunks = chunks
+
+    def _shard_parameters(self, module: Module, device_mesh: Any) -> None:
+        if not isinstance(module, Linear):
+            raise ValueError(f"FusedColwiseParallel shards a Linear, not {type(module).__name__}")
+        k, (out, fan_in) = self.chunks, module.weight.shape
+        if out % k:
+            raise ValueError(f"FusedColwiseParallel(chunks={k}): a weight of {out} outputs is "
+                             f"not {k} equal chunks")
+        shard_parameter(module, "weight", device_mesh, Shard(1), view=(k, out // k, fan_in))
+        shard_parameter(module, "bias", device_mesh, Shard(1), view=(k, out // k))
 
 
 class RowwiseParallel(ParallelStyle):
@@ -155,7 +160,9 @@ class RowwiseParallel(ParallelStyle):
         if not isinstance(module, Linear):
             raise ValueError(f"RowwiseParallel shards Linear and Embedding, not "
                              f"{type(module).__name__}")
-        _shard_parameter(module, "weight", device_mesh, Shard(1))
+        shard_parameter(module, "weight", device_mesh, Shard(1))
+        if module.bias is not None:
+            note_layout(module, "bias", device_mesh, (Replicate(),), tuple(module.bias.shape))
 
         def forward(x: Any) -> Any:
             x = _to_layout(x, device_mesh, self.input_layout, Shard(x.ndim - 1))
@@ -166,7 +173,7 @@ class RowwiseParallel(ParallelStyle):
             # the bias is added once, after the sum; where each rank holds only its
             # positions (Shard), its gradient is a summand, all-reduced backward
             grad = Replicate() if self.output_layout.is_replicate() else Partial()
-            bias = _replicated(module, "bias", device_mesh, grad)
+            bias = replicated_parameter(module, "bias", grad)
             y = y if bias is None else y + bias
             if self.use_local_output:
                 return y
@@ -179,7 +186,7 @@ class RowwiseParallel(ParallelStyle):
     def _apply_embedding(self, module: Embedding, device_mesh: Any) -> Module:
         """A vocab-sharded table (Shard(0)): each rank looks up the ids in its rows and
         gives zeros for the others, a Partial summand; the sum is the lookup."""
-        _shard_parameter(module, "weight", device_mesh, Shard(0))
+        shard_parameter(module, "weight", device_mesh, Shard(0))
         rows = module.weight.shape[0]
         first = device_mesh.get_local_rank() * rows                    # my rows' first id
 
@@ -206,6 +213,9 @@ class SequenceParallel(ParallelStyle):
 
     def _apply(self, module: Module, device_mesh: Any) -> Module:
         seq = Shard(self.sequence_dim)
+        for name, param in module._parameters.items():
+            if param is not None:
+                note_layout(module, name, device_mesh, (Replicate(),), tuple(param.shape))
         inner = module.forward
 
         def forward(x: Any) -> Any:
@@ -213,7 +223,7 @@ class SequenceParallel(ParallelStyle):
             names = [n for n, p in module._parameters.items() if p is not None]
             for name in names:        # whole weights whose gradients are summands
                 object.__setattr__(module, name,
-                                   _replicated(module, name, device_mesh, Partial()))
+                                   replicated_parameter(module, name, Partial()))
             try:
                 y = inner(x)                                            # (B, T/t, C)
             finally:
@@ -228,7 +238,12 @@ class SequenceParallel(ParallelStyle):
 
 class PrepareModuleInput(ParallelStyle):
     """Take the module's positional inputs from ``input_layouts`` to
-    ``desired_input_layouts`` (one per input; None leaves an input alone)."""
+    ``desired_input_layouts`` (one per input; None leaves an input alone).
+
+    ``use_local_output=False`` hands the module DTensors, for modules whose only use of
+    the input is styled layers (Llama's q/k/v_proj): each ColwiseParallel takes the
+    Replicate DTensor as it is, their Partial gradients add up on it, and one
+    collective brings the sum home (Megatron's one f for the three projections)."""
 
     def __init__(self, *, input_layouts: Any = None, desired_input_layouts: Any = None,
                  use_local_output: bool = True):
@@ -247,7 +262,8 @@ class PrepareModuleInput(ParallelStyle):
             args = list(args)
             for i, (given, wanted) in enumerate(zip(self.input_layouts, self.desired)):
                 if given is not None and i < len(args):
-                    args[i] = _to_layout(args[i], device_mesh, given, wanted)
+                    args[i] = _to_layout(args[i], device_mesh, given, wanted,
+                                         local=self.use_local_output)
             return inner(*args, **kwargs)
         _wrap_forward(module, forward)
         return module

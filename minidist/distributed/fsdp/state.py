@@ -1,0 +1,246 @@
+"""What fully_shard keeps on a unit: its pieces, its gathers, their prefetch, its reduce.
+
+Prefetch (FSDP2's implicit prefetch, on minidist's blocking collectives). A unit's
+all-gather is a collective on the communication thread (``async_op=True``,
+comm/collectives/work.py, the mechanism ZeRO-3's ``prefetch=True`` uses), so it can
+be issued before the unit needs it and travel while another unit computes:
+
+    forward  (order of the first forward: root, block 0, block 1, ...)
+        unit i gathers its parameters (or waits for the gather issued earlier),
+        then issues unit i+1's gather, then computes
+    backward (the reverse order)
+        unit i gathers again for its recompute, then issues unit i-1's gather,
+        then recomputes, backpropagates, and reduce-scatters its gradients
+
+So the order of collectives in a step of root + 2 blocks (reshard_after_forward) is
+
+    forward:   AG root, AG b0, AG b1                 (AG b0 issued before the embeddings run)
+    backward:  AG b1, AG b0, RS b1, RS b0, RS root   (AG b0 issued before b1's recompute)
+
+``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` name the
+units to prefetch instead of the next / previous one (torch's names). Every rank
+issues the same collectives in the same order, so the gathers meet; a gather issued
+and then not used (a forward that stopped early) is dropped when the first unit of the
+order starts its next forward, so no stale weights outlive the step.
+
+``reshard_after_forward=k`` (an int, a divisor of the mesh's size N: the ranks of one
+node): after forward each rank keeps the dim-0 piece of every parameter for a group
+of k ranks (the mesh's ranks in blocks of k, torch's ``mesh.view(-1, k)``), so the
+backward's all-gather runs within that group: k - 1 pieces of M / k instead of N - 1
+of M / N, at the price of M / k bytes held from forward to backward.
+
+In a trace (docs/tracing.md) the prefetched gathers run on the communication thread,
+and a span ``FSDP gather unit k (forward|backward)`` on the main thread shows how long
+unit k still waited for its weights (as ZeRO-3's ``ZeRO-3 gather unit k``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from minidist import backend
+from minidist.backend import xp
+from minidist.comm.collectives.api import all_gather_into_tensor
+from minidist.comm.group import ProcessGroup, new_group, world_group
+from minidist.distributed.fsdp.reduce_format import (emulated_format,
+                                                     reduce_scatter_dim0_in_format)
+from minidist.distributed.tensor import _collectives as coll
+from minidist.distributed.tensor._redistribute import DTensorSpec
+from minidist.distributed.tensor.placement_types import shard_slice
+from minidist.nn.module import Module, Parameter
+from minidist.precision import quantize
+from minidist.trace import recorder as trace
+
+
+@dataclass(frozen=True)
+class MixedPrecisionPolicy:
+    """Dtypes of the gathered parameters and of the gradients' reduce-scatter (None: the
+    parameter's own). "float32" / "float64" are NumPy's; "bfloat16", "float16" and the
+    other formats of minidist.precision round the values to the format (the arrays keep
+    their dtype; reduce_format.py says where each rounding happens)."""
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+
+    def check(self) -> None:
+        emulated_format(self.param_dtype)
+        emulated_format(self.reduce_dtype)
+
+
+class Schedule:
+    """The units of one model in the order their forward first ran (shared by all of
+    them; fully_shard on a module joins the schedules of the units inside it). Until one
+    forward has run them all, the order is the modules' (the root, then the units inside
+    it as ``modules()`` lists them), so the first step prefetches too."""
+
+    def __init__(self, state: "FSDPState"):
+        self.states = [state]
+        self.order: list[FSDPState] = []
+
+    def join(self, other: "Schedule") -> None:
+        for state in other.states:
+            state.schedule = self
+            self.states.append(state)
+
+    def sequence(self) -> list["FSDPState"]:
+        units = [state for state in self.states if state.params]
+        return self.order if len(self.order) == len(units) else units
+
+    def neighbour(self, state: "FSDPState", step: int) -> list["FSDPState"]:
+        seq = self.sequence()
+        if state not in seq:
+            return []
+        k = seq.index(state) + step
+        return [seq[k]] if 0 <= k < len(seq) else []
+
+
+class FSDPState:
+    """What fully_shard keeps on a module: its mesh, its parameters' pieces and where
+    they are used (a tied parameter is used by two modules), the gathers under way."""
+
+    def __init__(self, mesh: Any, reshard_after_forward: bool | int,
+                 mp_policy: MixedPrecisionPolicy):
+        self.mesh, self.mp_policy = mesh, mp_policy
+        self.reshard = reshard_after_forward is not False
+        self.post_group = None if isinstance(reshard_after_forward, bool) \
+            else post_forward_group(mesh, reshard_after_forward)
+        self.post_forward: list[Any] | None = None   # pieces for post_group, forward to backward
+        self.params: list[tuple[Parameter, list[tuple[Module, str]], tuple[int, ...]]] = []
+        self.requires_gradient_sync = True
+        self.unsharded_grads: list[Any] | None = None   # accumulated while sync is off
+        self.is_root = False
+        self.awaits_backward = 0                     # resharded forwards whose backward is due
+        self.schedule = Schedule(self)
+        self.forward_prefetch: list[FSDPState] | None = None    # None: the next in order
+        self.backward_prefetch: list[FSDPState] | None = None   # None: the previous one
+        self.pending: tuple[str, coll.GatheredDim0] | None = None  # (phase, gather under way)
+
+    def spec(self, shape: tuple[int, ...], placement: Any) -> DTensorSpec:
+        return DTensorSpec(self.mesh, (placement,), shape)
+
+    def shards(self) -> list[Parameter]:
+        return [shard for shard, _, _ in self.params]
+
+    def put(self, values: list[Any]) -> None:
+        """Make the modules use ``values`` (gathered tensors, or the shards back)."""
+        for value, (_, uses, _) in zip(values, self.params):
+            for module, name in uses:
+                object.__setattr__(module, name, value)
+
+    # -- gathering, with prefetch --------------------------------------------------
+    def _start(self, phase: str, async_op: bool) -> coll.GatheredDim0 | list:
+        lengths = [shape[0] for _, _, shape in self.params]
+        if phase == "backward" and self.post_group is not None:
+            return coll.all_gather_dim0(self.post_forward, lengths, self.post_group, async_op)
+        return coll.all_gather_dim0([s.data for s in self.shards()], lengths,
+                                    self.mesh.get_group(0), async_op)
+
+    def gather(self, phase: str = "forward", keep: bool = False) -> list[Any]:
+        """Every parameter of the unit whole (arrays), by one all-gather (or the one
+        issued ahead for this phase); then issue the prefetch of the unit(s) after it.
+        ``keep``: a resharding forward, which keeps the pieces backward will gather."""
+        if phase == "forward" and self.schedule.sequence()[:1] == [self]:
+            for state in self.schedule.states:          # a new step: nothing stale survives
+                state.drop_pending()
+        start = time.perf_counter()
+        pending, self.pending = self.pending, None
+        prefetched = pending is not None and pending[0] == phase
+        if prefetched:
+            fulls = pending[1].wait()
+        else:
+            if pending is not None:
+                pending[1].wait()
+            fulls = self._start(phase, async_op=False)
+        if trace.active is not None:   # how long this unit still waited for its weights
+            unit = self.schedule.sequence().index(self) if self.params else -1
+            trace.active.span(f"FSDP gather unit {unit} ({phase})", "zero", start,
+                              time.perf_counter(), dict(prefetched=prefetched))
+        if keep:
+            self.keep_post_forward(fulls)
+        if phase == "forward" and self not in self.schedule.order:
+            self.schedule.order.append(self)
+        self.prefetch(phase)
+        fmt = emulated_format(self.mp_policy.param_dtype)
+        if fmt is not None:
+            return [quantize(f, fmt) for f in fulls]
+        dtype = self.mp_policy.param_dtype
+        return fulls if dtype is None else [f.astype(dtype) for f in fulls]
+
+    def prefetch(self, phase: str) -> None:
+        """Issue, asynchronously, the gathers of the units to prefetch after this one."""
+        if phase == "forward":
+            targets = self.forward_prefetch
+            if targets is None:
+                targets = self.schedule.neighbour(self, +1)
+        else:
+            targets = self.backward_prefetch
+            if targets is None:
+                targets = self.schedule.neighbour(self, -1)
+            targets = [t for t in targets if t.awaits_backward]
+        for target in targets:
+            if target.pending is None and target is not self:
+                target.pending = (phase, target._start(phase, async_op=True))
+
+    def drop_pending(self) -> None:
+        if self.pending is not None:
+            self.pending[1].wait()
+            self.pending = None
+
+    def keep_post_forward(self, fulls: list[Any]) -> None:
+        """reshard_after_forward=k: keep this rank's dim-0 piece of each gathered
+        parameter for its group of k (what backward gathers within that group)."""
+        if self.post_group is not None:
+            k, r = self.post_group.size, self.post_group.rank
+            self.post_forward = [xp.ascontiguousarray(shard_slice(f, 0, k, r)) for f in fulls]
+
+    # -- reducing ---------------------------------------------------------------------
+    def reduce_or_keep(self, grads: list[Any]) -> list[Any] | None:
+        """With gradient sync on: the pieces of (grads + what was kept), by one
+        reduce-scatter. Off: add the whole gradients to what is kept, return None (no
+        communication; the next synced backward reduce-scatters the sum)."""
+        if self.unsharded_grads is not None:
+            grads = [g + kept for g, kept in zip(grads, self.unsharded_grads)]
+        if not self.requires_gradient_sync:
+            self.unsharded_grads = grads
+            return None
+        self.unsharded_grads = None
+        return self.reduce(grads)
+
+    def reduce(self, grads: list[Any]) -> list[Any]:
+        """This rank's pieces of the mean over ranks of every gradient, by one
+        reduce-scatter (in ``reduce_dtype`` if the policy names one)."""
+        group = self.mesh.get_group(0)
+        fmt = emulated_format(self.mp_policy.reduce_dtype)
+        if fmt is not None:
+            pieces = reduce_scatter_dim0_in_format(grads, "avg", group, fmt)
+        else:
+            dtype = self.mp_policy.reduce_dtype or self.params[0][0].dtype
+            pieces = coll.reduce_scatter_dim0([g.astype(dtype) for g in grads], "avg", group)
+        return [p.astype(s.dtype) for p, (s, _, _) in zip(pieces, self.params)]
+
+
+def post_forward_group(mesh: Any, size: int) -> ProcessGroup:
+    """This rank's group of ``size`` for reshard_after_forward=size: the mesh's ranks in
+    blocks of ``size``. Every rank of the world builds every such group (new_group's
+    rule), so the meshes of all ranks are gathered first (one all-gather of rank lists)."""
+    n = mesh.size()
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= n \
+            or n % size:
+        raise ValueError(f"reshard_after_forward={size!r}: an int must divide the mesh's "
+                         f"{n} ranks (the ranks of a node, say); use True or False otherwise")
+    world = world_group()
+    mine = xp.asarray(list(mesh.mesh), dtype="int64")                         # (n,)
+    everyone = xp.empty((world.size, n), dtype="int64")                       # (world, n)
+    all_gather_into_tensor(everyone, mine, group=world)
+    meshes = []
+    for row in backend.to_host(everyone).tolist():
+        if row not in meshes:
+            meshes.append(row)
+    group = None
+    for ranks in meshes:
+        for start in range(0, n, size):
+            block = ranks[start:start + size]
+            made = world if len(block) == world.size else new_group(block)
+            if world.rank in block:
+                group = made
+    return group
