@@ -84,7 +84,7 @@ class Backoff:
 
     def __init__(self, spin_s: float = SPIN_S, free_polls: int = FREE_POLLS):
         self.spin_s, self.free_polls = spin_s, free_polls
-        self.reset()
+        self.polls, self.since, self.next_nap = 0, None, FIRST_NAP   # as reset(), inline: hot
 
     def reset(self) -> None:
         """Progress was made: the next poll that finds nothing starts a new wait."""
@@ -96,10 +96,10 @@ class Backoff:
         ``spin_s``: the caller sleeps. Past ``spin_s`` that is at every
         ``CLOCK_EVERY``-th poll (at every one with ``spin_s`` = 0); the polls
         between still yield, so a message that comes meanwhile is seen at once."""
-        self.polls += 1
-        if self.polls >= self.free_polls:
+        polls = self.polls = self.polls + 1
+        if polls >= self.free_polls:
             sched_yield()
-        if self.spin_s and self.polls % CLOCK_EVERY:
+        if polls % CLOCK_EVERY and self.spin_s:
             return False  # look at the clock only now and then
         now = time.monotonic()
         if self.since is None:
