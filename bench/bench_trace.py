@@ -11,6 +11,9 @@ of load from elsewhere hits both; the medians over rounds give
 
     on / off    the price of recording (target <= 1.05)
 
+and, least moved by load from elsewhere, the CPU time of steps that alternate
+one by one between on and off (one recorder, switched on for every other step).
+
 With ``--base DIR`` (a checkout of the code before the trace hooks, e.g.
 ``git worktree add /tmp/base <commit>``) the same "off" measurement runs in a fresh
 process on that code and on this one, alternately, ``--rounds`` times each:
@@ -76,7 +79,7 @@ def gpt_steps(layers: int, width: int, batch: int, steps: int, rounds: int, trac
         out[key].append(statistics.median(wall))
         out[key + "_cpu"].append(statistics.median(cpu))
 
-    out = {"off": [], "on": [], "off_cpu": [], "on_cpu": [], "events": 0}
+    out = {"off": [], "on": [], "off_cpu": [], "on_cpu": [], "events": 0, "paired": []}
     step_times(2, "off")                             # warm-up
     out.update(off=[], off_cpu=[])
     for k in range(rounds):
@@ -88,6 +91,24 @@ def gpt_steps(layers: int, width: int, batch: int, steps: int, rounds: int, trac
             recorder.stop()
             from minidist.trace.merge import read_part
             out["events"] += len(read_part(rec.part)[0]) / (rounds * steps)   # per step
+    if traced:   # one recorder, switched on and off from one step to the next
+        from minidist.trace import recorder
+        rec = recorder.start(os.path.join(folder, "paired.json"))
+        for _ in range(rounds * steps):
+            cpu = []
+            for on in (False, True):
+                recorder.active = rec if on else None
+                dist.barrier()
+                c = time.process_time()
+                _, loss = ddp(idx, tgt)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                synchronize()
+                cpu.append(time.process_time() - c)
+            out["paired"].append(cpu[1] / cpu[0])
+        recorder.active = rec
+        recorder.stop()
     return out
 
 
@@ -147,6 +168,9 @@ def main() -> int:
           f"on {1e3 * on_cpu:.2f} ms   on / off = {on_cpu / off_cpu:.3f}")
     # Off, each event site costs one branch; every site that runs while recording
     # leaves at least one event, so events per step bound the branches per step.
+    paired = max(statistics.median(r["paired"]) for r in ranks)
+    print(f"  CPU on / off, paired steps (on and off alternate step by step, one recorder): "
+          f"{paired:.3f}  (the busiest rank's median over {len(ranks[0]['paired'])} pairs)")
     events = max(r["events"] for r in ranks)
     branch = branch_seconds()
     print(f"  off, the hooks' cost from their count: <= {events:.0f} event sites per step x "

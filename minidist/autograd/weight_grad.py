@@ -32,6 +32,9 @@ from minidist.autograd.function import Context
 from minidist.backend import is_array
 
 
+splitting = False   # True during a B pass, whose weights' gradients come later (a trace asks)
+
+
 class Deferred(NamedTuple):
     """The W part of one op, left by B."""
     node: Context            # the op, its saved values kept until W
@@ -148,6 +151,7 @@ def backward_split(root: Any, grad: Any = None, weights: Iterable = (),
 
     ``weights``: leaf tensors (a module's ``parameters()``). Other leaves (a
     pipeline stage's input x) get their gradient now, as from ``backward``."""
+    global splitting
     by_id = {id(w): w for w in weights}
     for w in by_id.values():
         if w._ctx is not None:
@@ -158,6 +162,10 @@ def backward_split(root: Any, grad: Any = None, weights: Iterable = (),
     if root._ctx is None:               # a leaf: d(leaf)/d(leaf) = 1, nothing to split
         _deliver(root, grad)
     else:
-        with grad_mode.no_grad():
-            _run(root, grad, retain_graph, split)
+        splitting = True
+        try:
+            with grad_mode.no_grad():
+                _run(root, grad, retain_graph, split)
+        finally:
+            splitting = False
     return WeightGradients(split.records, by_id, retain_graph)

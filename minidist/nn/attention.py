@@ -26,9 +26,11 @@ from typing import Any
 
 from minidist.attention import flash_attention, naive_attention
 from minidist.autograd.functional import split
+from minidist.autograd.grad_mode import is_grad_enabled
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn import functional as F
+from minidist.nn.kv_cache import cached_attention_mask
 from minidist.nn.layers import Dropout, Linear
 from minidist.nn.module import Module
 from minidist.nn.rotary import RotaryEmbedding, apply_rotary
@@ -115,7 +117,10 @@ class GroupedQueryAttention(Module):
         self.v_proj = Linear(n_embd, n_kv_head * head_dim, bias, dtype, std, generator)
         self.o_proj = Linear(n_head * head_dim, n_embd, bias, dtype, std, generator)
 
-    def forward(self, x: Tensor, position_ids: Any = None, document_ids: Any = None) -> Tensor:
+    def forward(self, x: Tensor, position_ids: Any = None, document_ids: Any = None,
+                past_key_value: Any = None) -> Tensor:
+        """``past_key_value``: this layer's ``nn.kv_cache.LayerCache`` (decoding: the keys
+        and values of earlier tokens are read from it, this call's appended)."""
         hd = self.head_dim
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)     # (B, T, nh * hd), ...
         B, T, _ = q.shape
@@ -142,7 +147,24 @@ class GroupedQueryAttention(Module):
         op = self.attention       # a function: context parallelism sets one (parallel/context)
         if not callable(op):
             op = flash_attention if op == "flash" else naive_attention
-        y = op(q, k, v, is_causal=True, enable_gqa=True, window=self.window,
-               document_ids=document_ids)                            # (B, nh, T, hd)
+        if past_key_value is not None:
+            y = self._cached(op, q, k, v, past_key_value, document_ids)
+        else:
+            y = op(q, k, v, is_causal=True, enable_gqa=True, window=self.window,
+                   document_ids=document_ids)                        # (B, nh, T, hd)
         y = y.transpose(1, 2).reshape(B, T, nh * hd)                  # heads side by side
         return self.o_proj(y)
+
+    def _cached(self, op: Any, q: Tensor, k: Tensor, v: Tensor, cache: Any,
+                document_ids: Any) -> Tensor:
+        """This call's queries against the cached keys and values and its own (kv_cache.py)."""
+        if is_grad_enabled():
+            raise ValueError("a key/value cache is for inference: run under no_grad() (it "
+                             "keeps arrays, so no gradient would reach earlier tokens)")
+        if document_ids is not None or op not in (naive_attention, flash_attention):
+            raise ValueError("a key/value cache works with one document and naive or flash "
+                             "attention in one process")
+        past = cache.length
+        keys, values = cache.update(k.data, v.data)                  # (B, nkv, past + T, hd)
+        mask = cached_attention_mask(past, q.shape[2], self.window)  # (T, past + T)
+        return op(q, Tensor(keys), Tensor(values), attn_mask=mask, enable_gqa=True)

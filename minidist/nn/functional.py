@@ -16,6 +16,15 @@ from minidist.backend import xp
 from minidist.precision.autocast import autocast_matmul
 
 
+def _tensor_like(*args: Any) -> Any:
+    """torch's ``__torch_function__`` protocol: the class of the first argument that defines
+    it (a DTensor), which then computes the function by its own rules; else None."""
+    for a in args:
+        if hasattr(type(a), "__torch_function__"):
+            return type(a)
+    return None
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """y = x W^T + b; W: (out, in). Under ``precision.autocast``, in its low format."""
     return autocast_matmul(_linear, x, weight, bias)
@@ -29,11 +38,15 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 def embedding(ids: Any, weight: Tensor) -> Tensor:
     """Rows of ``weight`` picked by integer ``ids``: (*ids.shape, dim)."""
+    if cls := _tensor_like(weight, ids):
+        return cls.__torch_function__(embedding, (), (ids, weight))
     return ops.Embedding.apply(_raw(ids), weight)
 
 
 def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
+    if cls := _tensor_like(x):
+        return cls.__torch_function__(layer_norm, (), (x, weight, bias, eps))
     return ops.LayerNorm.apply(x, weight, bias, eps=eps)
 
 
@@ -41,6 +54,8 @@ def rms_norm(x: Tensor, normalized_shape: Any, weight: Tensor | None = None,
              eps: float | None = None) -> Tensor:
     """x / sqrt(mean(x^2) + eps) * w over the last axis (torch's ``F.rms_norm``; eps None:
     the dtype's machine epsilon, as PyTorch). Only the last axis is normalised here."""
+    if cls := _tensor_like(x):
+        return cls.__torch_function__(rms_norm, (), (x, normalized_shape, weight, eps))
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if len(shape) != 1 or shape[0] != x.shape[-1]:
         raise ValueError(f"rms_norm normalises the last axis only: normalized_shape must be "
@@ -67,16 +82,23 @@ def relu(x: Tensor) -> Tensor:
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
+    if cls := _tensor_like(x):
+        return cls.__torch_function__(softmax, (), (x, axis))
     return ops.Softmax.apply(x, axis=axis)
 
 
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
+    if cls := _tensor_like(x):
+        return cls.__torch_function__(log_softmax, (), (x, axis))
     return ops.LogSoftmax.apply(x, axis=axis)
 
 
 def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100,
                   reduction: str = "mean") -> Tensor:
     """Mean of -log softmax(logits)[target] over targets != ignore_index."""
+    if cls := _tensor_like(logits):
+        return cls.__torch_function__(cross_entropy, (), (logits, targets, ignore_index,
+                                                           reduction))
     return ops.CrossEntropy.apply(logits, _raw(targets), ignore_index=ignore_index,
                                   reduction=reduction)
 

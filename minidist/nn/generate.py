@@ -4,7 +4,11 @@
                          top-k: logits below the k-th largest -> -inf
                          next ~ softmax(logits)      (do_sample=False: argmax, greedy)
 
-The whole context is run again for every token (no KV cache): plain, and exact.
+Without a cache the whole context is run again for every token: plain, and the
+oracle. ``use_cache=True`` (a model whose forward takes ``past_key_values``: the
+Llama) runs the prompt once into a ``DynamicCache`` and then one new token per step
+(nn/kv_cache.py); once the sequence outgrows ``context`` it goes back to running
+the last ``context`` tokens whole, as without a cache, since positions then shift.
 Sampling is inverse-CDF with one uniform draw per row, so a seed gives the same
 tokens on every backend.
 """
@@ -17,18 +21,26 @@ from minidist.autograd.grad_mode import no_grad
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn import functional as F
+from minidist.nn.kv_cache import DynamicCache
 
 
 @no_grad()
 def generate(model: Any, idx: Any, max_new_tokens: int, context: int, temperature: float = 1.0,
-             top_k: int | None = None, seed: int = 0, do_sample: bool = True) -> Any:
+             top_k: int | None = None, seed: int = 0, do_sample: bool = True,
+             use_cache: bool = False) -> Any:
     """``max_new_tokens`` tokens after ``idx`` (B, T), the model seeing at most ``context``
     tokens; returns (B, T + new)."""
     gen = backend.Generator(seed)
     was_training = model.training
     model.eval()
+    cache = DynamicCache() if use_cache else None
     for _ in range(max_new_tokens):
-        logits, _ = model(idx[:, -context:])
+        if cache is not None and idx.shape[1] > context:
+            cache = None                          # positions would shift: run whole again
+        if cache is None:
+            logits, _ = model(idx[:, -context:])
+        else:                                     # only the tokens the cache lacks
+            logits, _ = model(idx[:, cache.get_seq_length():], past_key_values=cache)
         logits = logits.data[:, -1, :]                                 # (B, vocab)
         if not do_sample:
             nxt = xp.argmax(logits, axis=-1)[:, None]                  # greedy

@@ -1,6 +1,7 @@
 """Hugging Face Llama checkpoints in and out: ``config.json`` + safetensors, nothing pickled.
 
-    directory/config.json                           LlamaConfig's names (rope_parameters too)
+    directory/config.json                           LlamaConfig's names (rope_parameters too;
+                                                    Mixtral's MoE names, nn/hf_mixtral.py)
     directory/model.safetensors                     one file, or
     directory/model.safetensors.index.json          {"weight_map": {name: file}} and
     directory/model-00001-of-00002.safetensors ...  the shards it names
@@ -25,9 +26,11 @@ from typing import Any
 
 from minidist import backend
 from minidist.backend import xp
+from minidist.nn.hf_mixtral import check_mixtral_config, from_mixtral_names, to_mixtral_names
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")   # same tensors, Mistral windows
-MODEL_TYPES = ("llama", "mistral")
+# the same tensors (Mistral adds a window; Mixtral's MoE experts: nn/hf_mixtral.py)
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")
+MODEL_TYPES = ("llama", "mistral", "mixtral")
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 # names Hugging Face once saved that are not parameters (the rotary table is recomputed)
@@ -72,7 +75,17 @@ def config_from_hf(hf: dict, dtype: str | None, config_class: Any) -> Any:
                                  f"supported; only the default rotary embedding is")
     theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
     window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None
-    return config_class(
+    moe = {}
+    if hf.get("model_type") == "mixtral":
+        if hf.get("router_jitter_noise", 0.0):
+            raise CheckpointMismatch(f"router_jitter_noise={hf['router_jitter_noise']}: the "
+                                     f"router here has no jitter; set it to 0.0")
+        # transformers adds its (differently pooled) balancing loss only when asked to
+        coef = hf.get("router_aux_loss_coef", 0.0) if hf.get("output_router_logits") else 0.0
+        moe = dict(num_local_experts=hf["num_local_experts"],
+                   num_experts_per_tok=hf.get("num_experts_per_tok", 2),
+                   router_aux_loss_coef=coef)
+    cfg = config_class(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"], num_hidden_layers=hf["num_hidden_layers"],
         num_attention_heads=hf["num_attention_heads"],
@@ -82,7 +95,13 @@ def config_from_hf(hf: dict, dtype: str | None, config_class: Any) -> Any:
         tie_word_embeddings=hf.get("tie_word_embeddings", False),
         attention_bias=hf.get("attention_bias", False), mlp_bias=hf.get("mlp_bias", False),
         sliding_window=window, initializer_range=hf.get("initializer_range", 0.02),
-        dtype=dtype or hf.get("dtype") or hf.get("torch_dtype") or "float32")
+        dtype=dtype or hf.get("dtype") or hf.get("torch_dtype") or "float32", **moe)
+    if moe:
+        try:
+            check_mixtral_config(cfg)
+        except ValueError as err:
+            raise CheckpointMismatch(f"this Mixtral config is not supported: {err}") from None
+    return cfg
 
 
 def config_to_hf(cfg: Any) -> dict:
@@ -99,6 +118,12 @@ def config_to_hf(cfg: Any) -> dict:
     if cfg.sliding_window is not None:
         out.update(architectures=["MistralForCausalLM"], model_type="mistral",
                    sliding_window=cfg.sliding_window)
+    if cfg.num_local_experts:
+        out.update(architectures=["MixtralForCausalLM"], model_type="mixtral",
+                   sliding_window=cfg.sliding_window, num_local_experts=cfg.num_local_experts,
+                   num_experts_per_tok=cfg.num_experts_per_tok, router_jitter_noise=0.0,
+                   router_aux_loss_coef=cfg.router_aux_loss_coef,
+                   output_router_logits=bool(cfg.router_aux_loss_coef))
     return out
 
 
@@ -190,6 +215,8 @@ def load_llama(cls: type, directory: str, dtype: str | None = None, *,
         raise ValueError(f"dtype {dtype!r}: a model here is float16, float32 or float64 "
                          f"(bfloat16 checkpoints load as float32)")
     model = cls(config_from_hf(hf, dtype, config_class))
+    if model.config.num_local_experts:
+        tensors = from_mixtral_names(tensors)
     check_tensors(model, tensors)
     for name, p in model.named_parameters():          # widened on the host, then moved
         p.data = backend.from_host(tensors[name].astype(str(p.dtype)))
@@ -201,12 +228,13 @@ def save_llama(model: Any, directory: str) -> None:
     embedding, which is what ``transformers`` writes and expects)."""
     _safetensors()
     if model.config.num_local_experts:
-        raise ValueError("save_pretrained writes Llama / Mistral checkpoints; a model with "
-                         "MoE layers (num_local_experts > 0) has no such layout here")
+        check_mixtral_config(model.config)         # before anything is written
     from safetensors.numpy import save_file
     os.makedirs(directory, exist_ok=True)
     tensors = {name: backend.to_host(xp.ascontiguousarray(p.data))
                for name, p in model.named_parameters()}
+    if model.config.num_local_experts:
+        tensors = to_mixtral_names(tensors)
     save_file(tensors, os.path.join(directory, SINGLE), metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config_to_hf(model.config), f, indent=2)

@@ -150,9 +150,12 @@ class LlamaDecoderLayer(Module):
             self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, cfg.dtype,
                               std, generator)
 
-    def forward(self, x: Tensor, position_ids: Any = None, document_ids: Any = None) -> Tensor:
-        """x (B, T, C); position_ids (T,) or (B, T), default 0 .. T-1."""
-        x = x + self.self_attn(self.input_layernorm(x), position_ids, document_ids)
+    def forward(self, x: Tensor, position_ids: Any = None, document_ids: Any = None,
+                past_key_value: Any = None) -> Tensor:
+        """x (B, T, C); position_ids (T,) or (B, T), default 0 .. T-1; past_key_value:
+        this layer's key/value cache when decoding (nn/kv_cache.py)."""
+        x = x + self.self_attn(self.input_layernorm(x), position_ids, document_ids,
+                               past_key_value)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -219,19 +222,27 @@ class Llama(Module):
                                                             "lm_head": self.lm_head}
 
     def forward(self, idx: Any, targets: Any = None, position_ids: Any = None,
-                document_ids: Any = None) -> tuple[Tensor, Tensor | None]:
+                document_ids: Any = None,
+                past_key_values: Any = None) -> tuple[Tensor, Tensor | None]:
         """idx (B, T) -> logits (B, T, vocab), and the loss if targets are given.
 
         ``document_ids`` (T,) or (B, T): packed documents, each causal within itself,
-        positions restarting per document unless ``position_ids`` are given."""
+        positions restarting per document unless ``position_ids`` are given.
+        ``past_key_values``: a ``DynamicCache`` (nn/kv_cache.py) holding the earlier
+        tokens' keys and values; ``idx`` is then only the new tokens, at positions
+        following the cached ones, and the cache gains theirs (inference)."""
         idx = idx.data if isinstance(idx, Tensor) else idx
         if idx.ndim != 2:
             raise ValueError(f"idx must be (B, T) token ids, got shape {tuple(idx.shape)}")
         if position_ids is None and document_ids is not None:
             position_ids = positions_in_documents(document_ids)
+        if position_ids is None and past_key_values is not None:
+            position_ids = past_key_values.get_seq_length() + xp.arange(idx.shape[1])
         x = self.embed(idx)
-        for layer in self.blocks:
-            if self.config.checkpoint and self.training:
+        for i, layer in enumerate(self.blocks):
+            if past_key_values is not None:
+                x = layer(x, position_ids, document_ids, past_key_value=past_key_values.layer(i))
+            elif self.config.checkpoint and self.training:
                 x = checkpoint(partial(layer, position_ids=position_ids,
                                        document_ids=document_ids), x)
             else:
@@ -243,10 +254,13 @@ class Llama(Module):
         return logits, loss
 
     def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, seed: int = 0, do_sample: bool = True) -> Any:
-        """``max_new_tokens`` tokens after ``idx`` (B, T); ``do_sample=False``: greedy."""
+                 top_k: int | None = None, seed: int = 0, do_sample: bool = True,
+                 use_cache: bool = True) -> Any:
+        """``max_new_tokens`` tokens after ``idx`` (B, T); ``do_sample=False``: greedy;
+        ``use_cache``: keep each layer's keys and values (nn/kv_cache.py), as Hugging
+        Face's generate does by default."""
         return generate(self, idx, max_new_tokens, self.config.max_position_embeddings,
-                        temperature, top_k, seed, do_sample)
+                        temperature, top_k, seed, do_sample, use_cache)
 
     @classmethod
     def from_pretrained(cls, directory: str, dtype: str | None = None) -> "Llama":

@@ -20,7 +20,8 @@ Files, in reading order:
 
 - recorder.py  the recorder of one process: events, flow ids both ends compute, the part file
 - session.py   when recording starts and stops (``record``), which process merges
-- merge.py     the parts of a run into one JSON (gzipped for .gz), failures as events
+- merge.py     the parts of a run into one JSON (gzipped for .gz), failures as events;
+               each world of a run that starts several its own processes
 - check.py     what makes a trace valid: keys per phase, flows matched, spans nested
 - summary.py   reading it back: busy, idle and exposed communication per rank, the
                pipeline bubble, DDP's hidden fraction

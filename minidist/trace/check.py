@@ -6,8 +6,9 @@
   numeric ``ts`` in microseconds; spans ("X") have a ``dur`` >= 0, a ``name`` and a
   ``cat``; counters ("C") and metadata ("M") carry ``args``;
 - every flow start ("s") is matched by exactly one flow end ("f") with its id, on
-  another rank (the receiver), no earlier than ... anything: the receive may be
-  posted first, so only the pairing is checked;
+  another rank (the receiver; the same rank only for a "message to itself"), no
+  earlier than ... anything: the receive may be posted first, so only the
+  pairing is checked;
 - the spans of one thread nest: a span that starts inside another ends inside it
   (what viewers need to stack them; "X" events of one thread are a tree).
 """
@@ -62,7 +63,8 @@ def _check_flows(events: list[dict]) -> list[str]:
     events = [e for e in events if e.get("ph") in ("s", "f") and not _check_event(0, e)]
     starts = Counter(e["id"] for e in events if e.get("ph") == "s")
     ends = Counter(e["id"] for e in events if e.get("ph") == "f")
-    start_pid = {e["id"]: e["pid"] for e in events if e.get("ph") == "s"}
+    start_pid = {e["id"]: e["pid"] for e in events
+                 if e.get("ph") == "s" and e.get("name") != "message to itself"}
     found = []
     for fid, n in starts.items():
         if n != 1 or ends.get(fid, 0) != 1:

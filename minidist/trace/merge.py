@@ -4,9 +4,13 @@
     merge("run.json.gz", failures=[...]) # gzip when the name ends in .gz
 
 Each part holds one process's events without a pid (recorder.py); here each
-process becomes a trace process: pid = rank (+ 1000 per restart of the world),
-named ``rank 3 (dp 1, pp 1, tp 0)``, and a process that never joined a world
-(the script around ``minidist.launch``) is named by its OS pid. Times are
+process becomes a trace process: pid = rank (+ 1000 per restart of the world,
++ 10000 per world a script started before this one), named
+``rank 3 (dp 1, pp 1, tp 0)``, or ``world 2 rank 3 (...)`` when the run started
+several worlds one after another, and a process that never joined a world
+(the script around ``minidist.launch``) is named by its OS pid. The ranks of
+every world number their messages from 0, so the flow ids of world k > 0 are
+rehashed with k: each world's arrows join its own ranks. Times are
 shifted so that the run starts at 0; under MPI each rank's clock offset to
 rank 0 is added first. A part cut short (the rank was killed) loses at most its
 last, half-written line. ``failures`` (from the launcher) become instant events
@@ -24,7 +28,9 @@ import os
 import time
 from typing import Any
 
-NO_RANK_PID = 100000   # pids of processes that are not ranks start here
+WORLD_PID = 10000       # pid = rank + 1000 * attempt + WORLD_PID * world
+NO_RANK_PID = 1000000   # pids of processes that are not ranks start here
+FLOW_MASK = (1 << 52) - 1    # flow ids stay exact in JavaScript's doubles
 
 
 def parts_of(path: str) -> list[str]:
@@ -37,21 +43,51 @@ def remove_parts(path: str) -> None:
 
 
 def read_part(part: str) -> tuple[list[dict], bool]:
-    """(events, complete): each line is a list of events (one flush) or the end
-    mark; a line that does not parse ends the part (the rank was killed while
-    writing it)."""
+    """(events, complete): each line is a list of rows (one flush of the
+    recorder) or the end mark; a line that does not parse ends the part (the
+    rank was killed while writing it)."""
     events, complete = [], False
     with open(part) as f:
         for line in f:
             try:
-                event = json.loads(line)
+                rows = json.loads(line)
             except json.JSONDecodeError:
                 break
-            if isinstance(event, list):     # one flush of the recorder
-                events.extend(event)
-            elif event.get("end"):
+            if isinstance(rows, list):     # one flush of the recorder
+                events.extend(event_of(row) for row in rows)
+            elif rows.get("end"):
                 complete = True
     return events, complete
+
+
+def event_of(row: list) -> dict:
+    """A recorder's row (recorder.py) as a Trace Event; times from nanoseconds
+    to microseconds, kept to the nanosecond."""
+    ph = row[0]
+    if ph == "X":
+        _, name, cat, start, end, tid, args = row
+        event = {"ph": "X", "name": name, "cat": cat, "ts": start / 1000,
+                 "dur": (end - start) / 1000, "tid": tid}
+    elif ph == "i":
+        _, name, cat, ts, tid, scope, args = row
+        event = {"ph": "i", "name": name, "cat": cat, "ts": ts / 1000, "tid": tid, "s": scope}
+    elif ph in ("s", "f"):      # a flow leaves (the send) or lands (the receive)
+        _, fid, ts, tid, *to_itself = row     # (recorder.SELF: a rank's message to itself)
+        event = {"ph": ph, "name": "message to itself" if to_itself else "message",
+                 "cat": "flow", "id": fid, "ts": ts / 1000, "tid": tid}
+        if ph == "f":
+            event["bp"] = "e"
+        return event
+    elif ph == "C":
+        _, name, ts, values = row
+        return {"ph": "C", "name": name, "ts": ts / 1000, "tid": 0, "args": values}
+    elif ph == "M":
+        return row[1]
+    else:
+        raise ValueError(f"a trace part holds a row of unknown kind {ph!r}: {row!r:.80}")
+    if args:
+        event["args"] = args
+    return event
 
 
 def completed_ranks(path: str) -> set[int]:
@@ -89,11 +125,16 @@ def merge(path: str, failures: list[dict] | None = None, keep_parts: bool = Fals
         process = _as_process(events, complete, NO_RANK_PID + k, part)
         if process["rank"] is not None or any(e["ph"] != "M" for e in process["events"]):
             processes.append(process)   # (a process that recorded nothing is left out)
-    pid_of = {(p["attempt"], p["rank"]): p["pid"] for p in processes if p["rank"] is not None}
+    if len({p["world"] for p in processes if p["rank"] is not None}) > 1:
+        for p in processes:   # several worlds: each rank's name says which
+            if p["rank"] is not None:
+                p["name"]["name"] = f"world {p['world']} {p['name']['name']}"
+    pid_of = {(p["attempt"], p["rank"]): p["pid"] for p in processes
+              if p["rank"] is not None and p["world"] == 0}
     out: list[dict] = []
     for p in processes:
         out.extend(p["events"])
-    for failure in failures or []:
+    for failure in failures or []:   # (from the launcher, which starts one world)
         pid = pid_of.get((failure.get("attempt", 0), failure["rank"]),
                          failure["rank"] + 1000 * failure.get("attempt", 0))
         out.append({"ph": "i", "name": f"rank {failure['rank']} failed", "cat": "failure",
@@ -151,11 +192,12 @@ def _as_process(events: list[dict], complete: bool, fallback_pid: int, part: str
     info = _meta(events, "minidist_rank")
     coords = _meta(events, "minidist_coords")
     if info is None:
-        rank, attempt, offset = None, 0, 0.0
+        rank, attempt, offset, world = None, 0, 0.0, 0
         pid, name = fallback_pid, f"process {part.rsplit('.', 2)[-2]} (not a rank)"
     else:
         rank, attempt, offset = info["rank"], info.get("attempt", 0), info.get("clock_offset_us", 0.0)
-        pid = rank + 1000 * attempt
+        world = info.get("world", 0)
+        pid = rank + 1000 * attempt + WORLD_PID * world
         name = f"rank {rank}"
         if coords:
             name += " (" + ", ".join(f"{d} {i}" for d, i in coords.items()) + ")"
@@ -166,13 +208,17 @@ def _as_process(events: list[dict], complete: bool, fallback_pid: int, part: str
         if e.get("ph") == "M" and e.get("name", "").startswith("minidist_"):
             continue
         e["pid"] = pid
+        if world and "id" in e:   # this world's flows, apart from the other worlds'
+            e["id"] = hash((world, e["id"])) & FLOW_MASK
         if "ts" in e and offset:
             e["ts"] = round(e["ts"] + offset, 3)
         kept.append(e)
-    kept.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": name}})
+    named = {"name": name}   # (merge prefixes the world when there are several)
+    kept.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": named})
     kept.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
                  "args": {"sort_index": pid}})
     if rank is not None:
         kept.append({"ph": "M", "name": "process_labels", "pid": pid, "tid": 0,
                      "args": {"labels": f"world {info['world_size']}"}})
-    return dict(events=kept, complete=complete, rank=rank, attempt=attempt, pid=pid)
+    return dict(events=kept, complete=complete, rank=rank, attempt=attempt, pid=pid,
+                world=world, name=named)

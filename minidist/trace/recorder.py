@@ -25,11 +25,23 @@ process of a machine, so spans of different ranks line up; the same clock the
 DDP timeline and the pipeline executor already stamp. A rank under MPI also
 notes its offset to rank 0's clock (``note_rank``), which the merge adds.
 
-Each process appends its events to ``<path>.<pid>.part``, a JSON list of
-events a line, written by a thread every ``FLUSH_S`` seconds and when
-recording ends: a rank that is killed leaves what it recorded up to ``FLUSH_S``
-before. The pid of the events is set at the merge (merge.py), from the rank the
-process noted.
+Recording is on the hot path (a module call, a mark of its backward), so an
+event is recorded as a *row*, a tuple of its fields with times in integer
+nanoseconds, and becomes the dict above only when the part is read (merge.py
+``event_of``): no dict is built and no float is printed while the step runs::
+
+    ("X", name, cat, start_ns, end_ns, tid, args)    ("s", id, ts_ns, tid)
+    ("i", name, cat, ts_ns, tid, scope, args)        ("f", id, ts_ns, tid)
+    ("C", name, ts_ns, values)                       ("M", event)
+
+A message a rank sends to itself (a pipeline's two chunks on one rank) is a
+flow on one process; its rows end in ``SELF`` so that the merge names it
+"message to itself" and the check does not take it for two flows' ids colliding.
+
+Each process appends its rows to ``<path>.<pid>.part``, a JSON list of rows a
+line, written by a thread every ``FLUSH_S`` seconds and when recording ends: a
+rank that is killed leaves what it recorded up to ``FLUSH_S`` before. The pid
+of the events is set at the merge (merge.py), from the rank the process noted.
 """
 from __future__ import annotations
 
@@ -42,17 +54,17 @@ import time
 from typing import Any
 
 from minidist import backend
-from minidist.trace.merge import merge, wait_for_ranks
+from minidist.trace.merge import FLOW_MASK, merge, wait_for_ranks
 
+SELF = "self"             # the last field of a flow row of a message to this rank itself
 FLUSH_S = 0.2             # seconds between writes of the buffered events
-_FLOW_MASK = (1 << 52) - 1  # flow ids stay exact in JavaScript's doubles
 
 active: "Recorder | None" = None   # the recorder of this process; None: tracing is off
 
 
 def flow_id(src: int, dst: int, ctx: int, tag: int, n: int) -> int:
     """The id of the n-th message from global rank src to dst with (ctx, tag)."""
-    return hash((src, dst, ctx, tag, n)) & _FLOW_MASK   # ints hash alike in every process
+    return hash((src, dst, ctx, tag, n)) & FLOW_MASK   # ints hash alike in every process
 
 
 def part_path(path: str, pid: int) -> str:
@@ -68,14 +80,15 @@ class Recorder:
         self.rank: int | None = None           # set once the process joins a world
         self.world_size = 1
         self.bytes_sent = 0                    # cumulative, for the "bytes sent" counter
-        self._events: list[dict] = []
+        self._events: list[tuple] = []         # rows (module docstring), not yet written
         self._lock = threading.Lock()
         self._tids: dict[int, int] = {}        # thread ident -> small tid (main: 0)
         self._counts: dict[tuple, int] = {}    # (direction, peer, ctx, tag) -> messages
         self._pending: list[tuple] = []        # (recv handle, flow id) not yet landed
-        self._names: dict[tuple, str] = {}     # (id(parent), id(child)) -> dotted name
+        self._names: dict[tuple, tuple] = {}   # (id(parent), id(child)) -> (name, span args)
         self._modules: list[tuple] = []        # (dotted path, module) of the calls in progress
         self._steps: dict[str, int] = {}       # per kind: how many steps so far
+        self.on_close: list = []               # called when recording ends (module_trace.py)
         self._file = open(self.part, "a")
         self.tid()  # names the thread that started recording
         # A thread writes the buffered events every FLUSH_S: a rank killed while it
@@ -96,9 +109,10 @@ class Recorder:
             name = "main" if main else current.name
             if name == "minidist-comm":
                 name = "comm (asynchronous collectives, DDP buckets)"
-            self._add({"ph": "M", "name": "thread_name", "tid": tid, "args": {"name": name}})
-            self._add({"ph": "M", "name": "thread_sort_index", "tid": tid,
-                       "args": {"sort_index": tid}})
+            self._add(("M", {"ph": "M", "name": "thread_name", "tid": tid,
+                             "args": {"name": name}}))
+            self._add(("M", {"ph": "M", "name": "thread_sort_index", "tid": tid,
+                             "args": {"sort_index": tid}}))
         return tid
 
     def tid_of(self, ident: int | None) -> int:
@@ -118,33 +132,23 @@ class Recorder:
     def span(self, name: str, cat: str, start: float, end: float, args: dict | None = None,
              tid: int | None = None) -> None:
         """A complete span from ``start`` to ``end`` (perf_counter seconds)."""
-        dur = (int(end * 1e9) - int(start * 1e9)) / 1000     # whole nanoseconds, like ts
-        event = {"ph": "X", "name": name, "cat": cat, "ts": _us(start), "dur": dur,
-                 "tid": self.tid() if tid is None else tid}
-        if args:
-            event["args"] = args
-        self._add(event)
+        self._events.append(("X", name, cat, int(start * 1e9), int(end * 1e9),
+                             self.tid() if tid is None else tid, args))
 
     def instant(self, name: str, cat: str, args: dict | None = None,
                 at: float | None = None, scope: str = "t") -> None:
         """A moment: ``scope`` "t" on this thread, "p" across the whole rank."""
-        event = {"ph": "i", "name": name, "cat": cat, "ts": _us(self.now() if at is None else at),
-                 "tid": self.tid(), "s": scope}
-        if args:
-            event["args"] = args
-        self._add(event)
+        self._add(("i", name, cat, _ns(self.now() if at is None else at), self.tid(), scope,
+                   args))
 
     def counter(self, name: str, values: dict, at: float | None = None) -> None:
-        self._add({"ph": "C", "name": name, "ts": _us(self.now() if at is None else at),
-                   "tid": 0, "args": values})
+        self._add(("C", name, _ns(self.now() if at is None else at), values))
 
     def call(self, name: str, ranks: list, start: float, fields: dict) -> None:
         """The span of a collective or point-to-point call that began at ``start``:
         ``fields`` (algorithm, dtype, shape, peer, bytes sent and received...) are its args;
         then the counters of bytes sent and of live array memory."""
-        args = {k: v if isinstance(v, (int, float, str, bool, list, tuple)) or v is None
-                else str(v) for k, v in fields.items()}
-        args["group"] = list(ranks)
+        args = dict(fields, group=list(ranks))   # a value JSON lacks is written as str()
         end = self.now()
         self.span(name, "comm", start, end, args)
         self.counter("bytes sent", {"bytes": self.bytes_sent}, at=end)
@@ -168,14 +172,14 @@ class Recorder:
         span of the call that sends it."""
         fid = flow_id(src, dst, ctx, tag, self._nth(("to", dst, ctx, tag)))
         self.bytes_sent += nbytes
-        self._add({"ph": "s", "name": "message", "cat": "flow", "id": fid,
-                   "ts": _us(self.now()), "tid": self.tid()})
+        row = ("s", fid, _ns(self.now()), self.tid())
+        self._add(row if src != dst else row + (SELF,))
 
     def receiving(self, handle: Any, src: int, dst: int, ctx: int, tag: int) -> None:
         """A receive from global rank ``src`` is posted; its flow ends at ``landed``."""
         fid = flow_id(src, dst, ctx, tag, self._nth(("from", src, ctx, tag)))
         with self._lock:
-            self._pending.append((handle, fid))
+            self._pending.append((handle, fid if src != dst else (fid, SELF)))
 
     def landed(self) -> None:
         """End the flows of the receives that have completed: called after a
@@ -185,42 +189,42 @@ class Recorder:
             if not done:
                 return
             self._pending = [(h, fid) for h, fid in self._pending if not h.done]
-        ts, tid = _us(self.now()), self.tid()
-        for fid in done:
-            self._add({"ph": "f", "name": "message", "cat": "flow", "id": fid, "ts": ts,
-                       "tid": tid, "bp": "e"})
+        ts, tid = _ns(self.now()), self.tid()
+        for fid in done:   # (fid, SELF): a message this rank sent itself
+            self._add(("f", fid, ts, tid) if isinstance(fid, int) else ("f", fid[0], ts, tid, SELF))
 
     def exchanged(self, src: int, me: int, ctx: int, tag: int) -> None:
         """A message sent and one received from ``src`` at once
         (sendrecv, exchange): the receive's flow ends now."""
         fid = flow_id(src, me, ctx, tag, self._nth(("from", src, ctx, tag)))
-        self._add({"ph": "f", "name": "message", "cat": "flow", "id": fid, "ts": _us(self.now()),
-                   "tid": self.tid(), "bp": "e"})
+        row = ("f", fid, _ns(self.now()), self.tid())
+        self._add(row if src != me else row + (SELF,))
 
     # -- modules: forward spans by dotted name ---------------------------------------
-    def module_name(self, module: Any) -> str:
+    def module_name(self, module: Any) -> tuple[str, dict]:
         """The dotted path of ``module`` inside the outermost module being called
-        (``h.3.attn``, as in ``named_modules``); "" for the outermost itself."""
-        if not self._modules:
-            return ""
-        parent_path, parent = self._modules[-1]
+        (``h.3.attn``, as in ``named_modules``; "" for the outermost itself), and
+        the args of its spans, ``{"module": class name}``."""
+        parent_path, parent = self._modules[-1] if self._modules else ("", None)
         key = (id(parent), id(module))
-        path = self._names.get(key)
-        if path is None:
-            path = type(module).__name__   # called from a module it does not belong to
-            for name, inner in parent.named_modules():   # a child, or inside a ModuleList
-                if inner is module and name:
+        found = self._names.get(key)
+        if found is None:
+            path = type(module).__name__ if parent is not None else ""
+            for name, inner in parent.named_modules() if parent is not None else ():
+                if inner is module and name:   # a child, or inside a ModuleList
                     path = f"{parent_path}.{name}" if parent_path else name
-                    break
-            self._names[key] = path
-        return path
+                    break                      # (else: called from a module it is not in)
+            found = self._names[key] = (path, {"module": type(module).__name__})
+        return found
 
-    def enter_module(self, module: Any) -> str:
+    def enter_module(self, module: Any) -> tuple[str, dict]:
         """A module's forward starts: returns the span's name (its dotted path; the
-        class name for the outermost module). ``exit_module`` when it returns."""
-        path = self.module_name(module)
+        class name for the outermost module) and args. ``exit_module`` when it returns."""
+        parent = self._modules[-1][1] if self._modules else None
+        found = self._names.get((id(parent), id(module)))   # (module_name, once per call site)
+        path, args = found if found is not None else self.module_name(module)
         self._modules.append((path, module))
-        return path or type(module).__name__
+        return path or type(module).__name__, args
 
     def exit_module(self) -> None:
         self._modules.pop()
@@ -231,18 +235,19 @@ class Recorder:
         """Name this process in the trace: its rank, and its mesh coordinates once known."""
         self.rank, self.world_size = rank, world_size
         args = {"rank": rank, "world_size": world_size, "clock_offset_us": clock_offset_s * 1e6,
-                "attempt": int(os.environ.get("MINIDIST_RESTART_COUNT", "0"))}
+                "attempt": int(os.environ.get("MINIDIST_RESTART_COUNT", "0")),
+                "world": int(os.environ.get("MINIDIST_TRACE_WORLD", "0"))}   # (session.py)
         if coords:
             args["coords"] = coords
-        self._add({"ph": "M", "name": "minidist_rank", "tid": 0, "args": args})
+        self._add(("M", {"ph": "M", "name": "minidist_rank", "tid": 0, "args": args}))
         self.flush()   # on disk at once: a rank killed early is still named
 
     def note_coords(self, coords: dict) -> None:
         """The rank's coordinates on a device mesh, for its name: ``rank 3 (dp 1, pp 1, tp 0)``."""
-        self._add({"ph": "M", "name": "minidist_coords", "tid": 0, "args": coords})
+        self._add(("M", {"ph": "M", "name": "minidist_coords", "tid": 0, "args": coords}))
 
-    def _add(self, event: dict) -> None:
-        self._events.append(event)   # no lock: list.append is atomic, flush deletes a prefix
+    def _add(self, row: tuple) -> None:
+        self._events.append(row)   # no lock: list.append is atomic, flush deletes a prefix
 
     def _flush_every(self) -> None:
         while not self._closed.wait(FLUSH_S):
@@ -257,12 +262,14 @@ class Recorder:
             events = self._events[:n]
             del self._events[:n]      # events appended meanwhile stay for the next flush
             # one line per flush, a JSON list: one call of the encoder for all of them
-            self._file.write(json.dumps(events, separators=(",", ":")) + "\n")
+            self._file.write(json.dumps(events, separators=(",", ":"), default=str) + "\n")
             self._file.flush()
 
     def close(self) -> None:
         """Write what is left and mark the part complete (``{"end": true}``)."""
         self._closed.set()
+        for callback in self.on_close:
+            callback()
         self.landed()
         self.flush()
         with self._lock:
@@ -272,9 +279,9 @@ class Recorder:
                 self._file = None
 
 
-def _us(t: float) -> float:
-    """Seconds to microseconds, to the nanosecond (int() is faster than round(x, 3))."""
-    return int(t * 1e9) / 1000
+def _ns(t: float) -> int:
+    """perf_counter seconds to whole nanoseconds (an int prints faster than a float)."""
+    return int(t * 1e9)
 
 
 # --------------------------------------------------------------------------------

@@ -14,6 +14,12 @@ every rank's part to be complete (at most ``WAIT_S``), so that rank 0 does not
 merge while rank 3 is still writing. ``MINIDIST_TRACE_MERGE=parent`` tells the
 ranks that a process above them (the launcher, a script around
 ``minidist.launch`` inside ``record``) merges instead.
+
+A script that starts several worlds one after another (a ``World`` per
+schedule, ``minidist.launch`` twice) records them all into one file: the
+process that starts them records too, numbers them (``MINIDIST_TRACE_WORLD``,
+``world_env``) and merges once at its end, so that each world's ranks are
+processes of their own in the trace (``world 1 rank 0``, merge.py).
 """
 from __future__ import annotations
 
@@ -64,3 +70,21 @@ def record(path: str) -> Iterator[recorder.Recorder]:
                 os.environ[key] = value
         if recorder.active is rec:
             finish()
+
+
+def world_env() -> dict[str, str]:
+    """The trace variables for the ranks of a world this process starts (``World``
+    calls it): none when nothing is traced. Under ``MINIDIST_TRACE`` this process
+    starts recording too, if it was not, and merges at its end (every world in
+    one file); each world gets the next index, 0 for the first."""
+    path = os.environ.get("MINIDIST_TRACE")
+    if not path or rank_from_env() is not None:   # (a rank's own worlds: not numbered)
+        return {}
+    rec = recorder.active
+    if rec is None:
+        if os.environ.get("MINIDIST_TRACE_MERGE") == "parent":
+            return {}   # a process above this one merges (a launcher's one world)
+        rec = recorder.start(path)
+    if rec.rank is not None:
+        return {}
+    return {"MINIDIST_TRACE_MERGE": "parent", "MINIDIST_TRACE_WORLD": str(rec.next_step("world"))}

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from minidist.trace.merge import NO_RANK_PID, WORLD_PID
+
 COMM = "comm"
 
 
@@ -88,12 +90,14 @@ def summarize(trace: dict) -> dict:
 
 
 def pipeline_bubbles(spans: list[dict]) -> dict:
-    """(group, step) -> the bubble of that pipeline step, as ``measured_bubble``."""
+    """(group, step) -> the bubble of that pipeline step, as ``measured_bubble``;
+    (group, step, world) for the worlds after the first of a run (merge.py)."""
     steps = defaultdict(lambda: defaultdict(list))
     for e in spans:
         if e["cat"] == "pipeline":
-            args = e["args"]
-            steps[(tuple(args["group"]), args["step"])][e["pid"]].append(e)
+            args, world = e["args"], world_of(e["pid"])
+            key = (tuple(args["group"]), args["step"]) + ((world,) if world else ())
+            steps[key][e["pid"]].append(e)
     bubbles = {}
     for key, stages in steps.items():
         worst = 0.0
@@ -103,6 +107,11 @@ def pipeline_bubbles(spans: list[dict]) -> dict:
             worst = max(worst, (span - busy) / busy)
         bubbles[key] = worst
     return bubbles
+
+
+def world_of(pid: int) -> int:
+    """Which world of the run a rank's pid belongs to (merge.py numbers them)."""
+    return pid // WORLD_PID if pid < NO_RANK_PID else 0
 
 
 def ddp_hidden_fractions(events: list[dict]) -> dict:
@@ -141,8 +150,10 @@ def render(summary: dict) -> str:
             lines.append(f"  {names.get(e['pid'], e['pid']):<8} {e['name']:<18} "
                          f"{e['dur'] * ms:8.2f} ms  {moved / 1e6:8.3f} MB moved  "
                          f"group {args.get('group')}  {what}")
-    for (group, step), bubble in sorted(summary["bubbles"].items()):
-        lines.append(f"pipeline bubble, stages {list(group)}, step {step}: {bubble:.3f} "
+    by_world = sorted(summary["bubbles"].items(), key=lambda kv: (kv[0][2:], kv[0][:2]))
+    for (group, step, *world), bubble in by_world:
+        where = f"world {world[0]}, " if world else ""
+        lines.append(f"pipeline bubble, {where}stages {list(group)}, step {step}: {bubble:.3f} "
                      f"(idle / busy of the worst stage)")
     for (pid, step), fraction in sorted(summary["ddp_hidden"].items()):
         name = summary["ranks"].get(pid, {}).get("name", f"pid {pid}").split(" (")[0]

@@ -12,6 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.distributed.test_propagation_rules import (TABLE, Drawn, _name, make_case, oracle, rule_case,
+                                                      table_cases)
 from tests.distributed.test_redistribute import cases, redistribute_case
 from tests.distributed.worlds import world_fixture
 
@@ -69,3 +71,56 @@ def test_propagated_ops_match_torch_dtensor(world):
         assert placements == their_placements, (case["op"], case["placements"])
         np.testing.assert_allclose(out, their_out, rtol=1e-12, atol=1e-12)
     assert compared >= 10
+
+
+def test_rule_table_matches_torch_dtensor():
+    """Every row of the rule table of test_propagation_rules.py (mesh of 2): torch's
+    output placements are the table's and its values the single-process op's. Rows
+    torch refuses (rms_norm over its cut dim, an uneven regroup by view) or keeps as a
+    _StridedShard (an inner dim of a merge, which minidist gathers) are not compared."""
+    cases = table_cases()
+    compared = 0
+    for case, row, theirs in zip(cases, TABLE, torch_dtensor.run(2, "rule", cases)):
+        if isinstance(theirs[0][0], str) or "_StridedShard" in theirs[0][1][0]:
+            continue
+        compared += 1
+        out, placements = theirs[0]
+        assert placements == [_name(p) for p in row[4]], row
+        np.testing.assert_allclose(out, oracle(case)[0], rtol=1e-12, atol=1e-12)
+    assert compared >= len(TABLE) - 3
+
+
+def _comparable(case):
+    """Whether torch picks the rule minidist has: torch does not shard a dimension shorter
+    than the mesh dim (it replicates instead); for a norm with a Partial input it picks,
+    by cost, a reduce-scatter to Shard(0) where minidist all-reduces to Replicate; its
+    rms_norm on the CPU is a composite of pointwise ops, which keeps a cut weight cut."""
+    specs = case["placements"]
+    if any(p[0] == "S" and full.shape[p[1]] < n for full, spec in zip(case["inputs"], specs)
+           for n, p in zip(case["mesh"], spec)):
+        return False
+    if case["op"] in ("layer_norm", "rms_norm") and any(p[0] == "P" for s in specs for p in s):
+        return False
+    return case["op"] != "rms_norm" or all(p == ("R",) for p in specs[1])
+
+
+def test_drawn_rules_match_torch_dtensor(world):
+    """Cases of the new rules drawn at random (a fixed seed) on meshes (4,) and (2, 2):
+    the same output placements as torch's sharding propagation and the same values."""
+    if world.world_size != 4:
+        return
+    rng = np.random.default_rng(30)
+    cases = [make_case(Drawn(rng=rng), [(4,), (2, 2)][i % 2]) for i in range(2 * BATCH)]
+    theirs = torch_dtensor.run(4, "rule", cases)
+    ours = world.run(rule_case, cases)[0]
+    compared = 0
+    for case, their_ranks, (out, placements, _, warned) in zip(cases, theirs, ours):
+        their = their_ranks[0]
+        if warned or isinstance(their[0], str) or any("Strided" in p for p in their[1]):
+            continue
+        if not _comparable(case):
+            continue
+        compared += 1
+        assert placements == their[1], (case["op"], case["arg"], case["placements"])
+        np.testing.assert_allclose(out, their[0], rtol=1e-12, atol=1e-12)
+    assert compared >= BATCH // 2

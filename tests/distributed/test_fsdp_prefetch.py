@@ -12,7 +12,6 @@ in the 4), each rank holds its piece for a group of 2 from forward to backward (
 nothing), and training gives one process's parameters (float64, 1e-12), bit for bit
 those of reshard_after_forward=True. A size that does not divide the mesh is refused.
 """
-import json
 import os
 import shutil
 import tempfile
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 
 from minidist import backend
+from minidist.trace.merge import read_part
 from tests.distributed.worlds import world_fixture
 
 world = world_fixture([2, 3])
@@ -93,8 +93,7 @@ def order_case(prefetch):
     finally:
         _collectives.OBSERVERS.remove(observer)
         trace.stop()
-    with open(rec.part) as f:              # a JSON list of events per line, then the end
-        events = [e for line in f if line.startswith("[") for e in json.loads(line)]
+    events, _ = read_part(rec.part)
     shutil.rmtree(folder)
     spans = [(e["name"], e["args"]["prefetched"]) for e in events
              if e.get("name", "").startswith("FSDP gather")]

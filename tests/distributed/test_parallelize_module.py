@@ -237,15 +237,24 @@ def loss_parallel_case(seed):
     with loss_parallel(), CommDebugMode() as comm:
         loss = F.cross_entropy(logits, backend.from_host(targets))
         loss.backward()
-    return (float(backend.to_host(loss.data)), float(backend.to_host(want.data)),
+    gathered = distribute_tensor(backend.from_host(full), logits.device_mesh, [Shard(1)])
+    gathered._local_tensor.requires_grad_()
+    outside = F.cross_entropy(gathered, backend.from_host(targets))    # no loss_parallel
+    outside.backward()
+    return (float(backend.to_host(loss.to_local().data)), float(backend.to_host(want.data)),
             backend.to_host(logits.grad.full_tensor().data), backend.to_host(dense.grad),
-            comm.get_phase_counts())
+            comm.get_phase_counts(), [repr(p) for p in loss.placements],
+            float(backend.to_host(outside.to_local().data)),
+            backend.to_host(gathered.grad.full_tensor().data))
 
 
 def test_loss_parallel_equals_cross_entropy_on_full_logits(world):
     t = world.world_size
-    for loss, want, grad, want_grad, counts in world.run(loss_parallel_case, 9):
-        assert abs(loss - want) <= TOL
+    for loss, want, grad, want_grad, counts, placements, outside, outside_grad in \
+            world.run(loss_parallel_case, 9):
+        assert abs(loss - want) <= TOL and abs(outside - want) <= TOL
+        assert placements == ["Replicate()"]          # a DTensor, as torch's
         np.testing.assert_allclose(grad, want_grad, rtol=TOL, atol=TOL)
+        np.testing.assert_allclose(outside_grad, want_grad, rtol=TOL, atol=TOL)
         if t > 1:   # max, sum of exponentials, target logit; backward: none
             assert counts == {"forward": {"all_reduce": 3}, "backward": {}}

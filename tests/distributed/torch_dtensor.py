@@ -64,7 +64,51 @@ def op(case):
     return (out.full_tensor().numpy().copy(), [repr(p) for p in out.placements])
 
 
-CASES = {"redistribute": redistribute, "op": op}
+def _torch_rule(case, xs):
+    """The op of tests/distributed/test_propagation_rules.py in torch's words."""
+    import torch
+    import torch.nn.functional as F
+    op, arg = case["op"], case["arg"]
+    if op == "mean":
+        return xs[0].mean() if arg is None else xs[0].mean(dim=arg)
+    if op in ("mean_keepdim", "sum_keepdim"):
+        fn = xs[0].mean if op == "mean_keepdim" else xs[0].sum
+        return fn(dim=arg, keepdim=True)
+    if op in ("softmax", "log_softmax"):
+        return getattr(torch, op)(xs[0], arg)
+    if op == "layer_norm":
+        return F.layer_norm(xs[0], (xs[0].shape[-1],), xs[1], xs[2], eps=1e-5)
+    if op == "rms_norm":
+        return F.rms_norm(xs[0], (xs[0].shape[-1],), xs[1], eps=1e-6)
+    if op == "embedding":
+        return F.embedding(xs[1], xs[0])
+    if op == "reshape":
+        return xs[0].reshape(arg)
+    if op == "transpose":
+        return xs[0].transpose(*arg)
+    return xs[0].permute(*arg)
+
+
+def rule(case):
+    """A propagated op of test_propagation_rules.py on torch's DTensors: (full output,
+    output placements as text; torch's _MaskPartial, an embedding's Partial sum, as
+    Partial(sum))."""
+    import torch
+    from torch.distributed.tensor import distribute_tensor
+    mesh = _mesh(tuple(case["mesh"]))
+    xs = [distribute_tensor(torch.from_numpy(np.array(full)), mesh, _placements(spec))
+          for full, spec in zip(case["inputs"], case["placements"])]
+    try:
+        out = _torch_rule(case, xs)
+        full = out.full_tensor().numpy().copy()
+    except Exception as e:  # noqa: BLE001 (torch refuses some cases: reported, not compared)
+        return ("refused", f"{type(e).__name__}: {e}"[:300])
+    names = ["Partial(sum)" if repr(p).startswith("_MaskPartial") else repr(p)
+             for p in out.placements]
+    return (full, names)
+
+
+CASES = {"redistribute": redistribute, "op": op, "rule": rule}
 
 
 def _worker(rank, n, folder, fn_name, cases):

@@ -1,27 +1,33 @@
-"""3D parallelism takes a LlamaConfig as it takes a GPTConfig: dp x tp x pp = 2 x 2 x 1 and
-2 x 1 x 2 on 4 processes train a GQA Llama to the parameters of one process (float64,
-1e-12), each rank comparing its shards with the slices of the dense result."""
+"""3D parallelism takes a LlamaConfig as it takes a GPTConfig: a dp x tp x pp mesh on 2 or
+4 processes trains a GQA Llama to the parameters of one process (float64, 1e-12), each
+rank comparing its shards with the slices of the dense result. Drawn: the mesh, the
+GQA ratio (the tp group divides the key/value heads), the schedule, micro-batches,
+sequence parallelism and tied embeddings; 2 x 2 x 1 and 2 x 1 x 2 always run."""
 import numpy as np
-import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from minidist import backend
-from minidist.comm import DeviceMesh, World
+from minidist.comm import DeviceMesh
 from minidist.nn import Llama, LlamaConfig
 from minidist.optim import AdamW
 from minidist.parallel.three_d import ThreeDParallelGPT
+from tests.distributed.worlds import worlds_fixture
+
+worlds = worlds_fixture(timeout=30.0, run_timeout=120.0)   # a world per drawn size
 
 STEPS, T = 2, 4
 
 
 def _config(case):
     return LlamaConfig(vocab_size=12, hidden_size=8, intermediate_size=12, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2,
+                       num_attention_heads=4, num_key_value_heads=case["kv"],
                        tie_word_embeddings=case["tie"], max_position_embeddings=T,
-                       dtype="float64", seed=3)
+                       dtype="float64", seed=case["seed"])
 
 
 def _batches(case):
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(case["seed"])
     rows = case["dp"] * case["microbatches"] * 2
     return [(rng.integers(0, 12, (rows, T)), rng.integers(0, 12, (rows, T)))
             for _ in range(STEPS)]
@@ -51,18 +57,21 @@ def train_single(case):
     return {n: backend.to_host(q.data) for n, q in model.named_parameters()}
 
 
-@pytest.fixture(scope="module")
-def world4():
-    w = World(4, timeout=30.0, run_timeout=120.0)
-    yield w
-    w.close()
+MESHES = [(2, 2, 1), (2, 1, 2), (1, 2, 2), (1, 2, 1), (2, 1, 1), (1, 1, 2)]   # dp, tp, pp
 
 
-@pytest.mark.parametrize("case", [
-    dict(dp=2, tp=2, pp=1, schedule="1f1b", microbatches=2, tie=True, sp=True),
-    dict(dp=2, tp=1, pp=2, schedule="1f1b", microbatches=2, tie=False, sp=False),
-], ids=["dp2-tp2-sp-tied", "dp2-pp2"])
-def test_3d_trains_a_llama_as_one_process(world4, case):
+@settings(max_examples=1, deadline=None)
+@given(mesh=st.sampled_from(MESHES), kv=st.sampled_from([1, 2, 4]),
+       schedule=st.sampled_from(["gpipe", "1f1b"]), microbatches=st.sampled_from([1, 2]),
+       tie=st.booleans(), sp=st.booleans(), seed=st.integers(0, 100))
+@example(mesh=(2, 2, 1), kv=2, schedule="1f1b", microbatches=2, tie=True, sp=True, seed=3)
+@example(mesh=(2, 1, 2), kv=2, schedule="1f1b", microbatches=2, tie=False, sp=False, seed=3)
+def test_3d_trains_a_llama_as_one_process(worlds, mesh, kv, schedule, microbatches, tie, sp,
+                                          seed):
+    dp, tp, pp = mesh
+    kv = max(kv, tp)                         # the tp group must divide the kv heads
+    case = dict(dp=dp, tp=tp, pp=pp, kv=kv, schedule=schedule, microbatches=microbatches,
+                tie=tie, sp=sp and tp > 1, seed=seed)
     dense = train_single(case)
-    for err in world4.run(train_3d, case, dense):
+    for err in worlds(dp * tp * pp).run(train_3d, case, dense):
         assert err <= 1e-12, (case, err)

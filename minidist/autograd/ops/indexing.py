@@ -54,5 +54,5 @@ class Embedding(Function):
     def backward(ctx, grad):
         (ids,) = ctx.saved
         gw = xp.zeros(ctx.shape, ctx.dtype)
-        backend.scatter_add(gw, ids.reshape(-1), grad.reshape(-1, ctx.shape[1]))
+        backend.scatter_add(gw, ids.reshape(-1), grad.reshape(ids.size, ctx.shape[1]))
         return None, gw

@@ -52,6 +52,7 @@ from minidist.comm.launch.output import RankOutput, redirect_this_process
 from minidist.comm.launch.report import traceback_from_user_code
 from minidist.comm.transport.link import link_bytes_per_s, topology
 from minidist.comm.transport.wait import cores_available
+from minidist.trace.session import world_env
 
 GRACE_S = 1.0  # after a failure, how long the other ranks get to report before being killed
 
@@ -84,6 +85,9 @@ class World:
         if slot_bytes is None:
             slot_bytes = 1 << 20 if world_size <= 8 else 1 << 18
         self.world_size = world_size
+        # Under MINIDIST_TRACE, which world of the run this is (trace/session.py);
+        # first, so that the trace is merged after this world has closed at exit
+        env = dict(world_env(), **(env or {}))
         self.run_timeout = run_timeout  # limit on one run() (None: rely on comm timeouts)
         self.closed = False
         self._output = output
@@ -95,7 +99,7 @@ class World:
         # The ranks use this process's backend, also when it was chosen with
         # set_backend() rather than MINIDIST_BACKEND (which they would inherit).
         options = dict(timeout=timeout, check=check, init_group=init_group,
-                       backend=backend.get_backend(), env=dict(env or {}))
+                       backend=backend.get_backend(), env=env)
         ctx = multiprocess.get_context("spawn")
         self._conns, self._procs = [], []
         try:

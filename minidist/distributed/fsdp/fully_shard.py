@@ -24,7 +24,11 @@ unit's forward from its saved input (as ZeRO-3 here does: NumPy cannot free the
 memory under an array that the graph saved): per step two all-gathers and one
 reduce-scatter of (N-1)/N * M each, and only a unit's full weights at a time.
 ``False`` keeps them from forward to backward: one all-gather, more memory. The
-root (a module holding units) always keeps its own until backward, as torch.
+root (a module holding units) always keeps its own until backward, as torch; so
+does a unit that holds an MoE (its balancing loss leaves the unit beside the
+output, and a graph-free forward would cut that loss's gradient). A unit's
+forward may take more arguments than its input (a Llama layer's positions and
+documents) as long as only the input is a Tensor.
 
 Bytes per rank for parameters, gradients and Adam's two moments in float32:
 ``16 P / N`` (the dim-0 pieces: at most N-1 rows of padding per parameter over
@@ -201,12 +205,18 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
         return module
     is_root = state.is_root
     inner = module.forward
+    # an MoE's balancing loss leaves the unit beside its output (the model adds it to
+    # the loss): a graph-free forward would cut its gradient, so such a unit is kept
+    side_outputs = any(hasattr(m, "aux_loss") for m in module.modules())
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        recompute = (state.reshard and not is_root and len(args) == 1 and not kwargs
-                     and isinstance(args[0], Tensor))
+        rest = (*args[1:], *kwargs.values())      # a Llama layer's positions, documents
+        recompute = (state.reshard and not is_root and not side_outputs and args
+                     and isinstance(args[0], Tensor)
+                     and not any(isinstance(a, Tensor) for a in rest))
         if recompute:
-            return _ShardedUnit.apply(args[0], *state.shards(), state=state, inner=inner)
+            return _ShardedUnit.apply(args[0], *state.shards(), state=state,
+                                      inner=lambda x: inner(x, *args[1:], **kwargs))
         gathered = _GatheredParameters.apply(*state.shards(), state=state)  # kept to backward
         state.put(list(gathered) if isinstance(gathered, tuple) else [gathered])
         try:

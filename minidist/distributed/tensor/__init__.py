@@ -7,8 +7,9 @@ Files, in reading order:
     _redistribute.py    the steps from one list of placements to another; the autograd op
     _api.py             DTensor, distribute_tensor, DTensor.from_local / to_local /
                         full_tensor / redistribute
-    _ops.py             sharding propagation: matmul, add / sub / mul, sum; the fallback
-                        to Replicate with a warning
+    _ops/               sharding propagation: matmul, add / sub / mul, sum / mean,
+                        softmax, norms, embedding, reshape / transpose / permute; the
+                        fallback to Replicate with a warning (its __init__ lists the files)
     parallel/           parallelize_module and its styles (its __init__ lists the files)
     debug/              CommDebugMode, visualize_sharding
 

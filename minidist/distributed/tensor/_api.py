@@ -34,6 +34,16 @@ from minidist.distributed.tensor.placement_types import (Partial, Placement, Rep
                                                           chunk_sizes, normalize_dim)
 
 
+_FUNCTIONAL = ("softmax", "log_softmax", "layer_norm", "rms_norm", "embedding",
+               "cross_entropy")
+
+
+def _ops() -> Any:
+    """The rules (imported late: they build DTensors with this module's class)."""
+    from minidist.distributed.tensor import _ops as ops
+    return ops
+
+
 def _check_placements(placements: Sequence[Placement] | None, mesh: Any, ndim: int,
                       what: str) -> tuple[Placement, ...]:
     """Placements as a tuple with Shard dims made non-negative, or a clear error."""
@@ -144,26 +154,54 @@ class DTensor:
     def backward(self, grad: Any = None) -> None:
         self._local_tensor.backward(grad)
 
-    # -- ops, by sharding propagation (_ops.py) -------------------------------
+    # -- ops, by sharding propagation (_ops/, whose docstrings hold the rules) ------------
     def __matmul__(self, other: "DTensor") -> "DTensor":
-        from minidist.distributed.tensor import _ops
-        return _ops.matmul(self, other)
+        return _ops().matmul(self, other)
 
     def __add__(self, other: "DTensor") -> "DTensor":
-        from minidist.distributed.tensor import _ops
-        return _ops.elementwise("add", self, other)
+        return _ops().elementwise("add", self, other)
 
     def __sub__(self, other: "DTensor") -> "DTensor":
-        from minidist.distributed.tensor import _ops
-        return _ops.elementwise("sub", self, other)
+        return _ops().elementwise("sub", self, other)
 
     def __mul__(self, other: "DTensor") -> "DTensor":
-        from minidist.distributed.tensor import _ops
-        return _ops.elementwise("mul", self, other)
+        return _ops().elementwise("mul", self, other)
 
     def sum(self, dim: Any = None, keepdim: bool = False) -> "DTensor":
-        from minidist.distributed.tensor import _ops
-        return _ops.sum_(self, dim, keepdim)
+        return _ops().reduction("sum", self, dim, keepdim)
+
+    def mean(self, dim: Any = None, keepdim: bool = False) -> "DTensor":
+        return _ops().reduction("mean", self, dim, keepdim)
+
+    def softmax(self, dim: int = -1) -> "DTensor":
+        return _ops().softmax(self, dim)
+
+    def log_softmax(self, dim: int = -1) -> "DTensor":
+        return _ops().log_softmax(self, dim)
+
+    def reshape(self, *shape: Any) -> "DTensor":
+        return _ops().reshape(self, *shape)
+
+    def view(self, *shape: Any) -> "DTensor":
+        """As reshape, but refuses (as torch's strict view) where a cut dim would move."""
+        return _ops().reshape(self, *shape, strict=True)
+
+    def permute(self, *dims: Any) -> "DTensor":
+        return _ops().permute(self, *dims)
+
+    def transpose(self, dim0: int, dim1: int) -> "DTensor":
+        return _ops().transpose(self, dim0, dim1)
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any = (), args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        """``minidist.nn.functional``'s functions given a DTensor come here (torch's protocol
+        for tensor-likes): the rule of the same name in _ops/, or a clear error."""
+        rule = getattr(_ops(), func.__name__, None)
+        if rule is None or func.__name__ not in _FUNCTIONAL:
+            raise TypeError(f"F.{func.__name__} has no sharding rule for DTensors; call "
+                            ".full_tensor() (or .to_local()) first")
+        return rule(*args, **(kwargs or {}))
 
     @staticmethod
     def from_local(local_tensor: Any, device_mesh: Any = None,

@@ -1,22 +1,17 @@
 """expert_parallel takes a Llama with MoE layers as it takes the GPT: Mixtral-style top-2
 SwiGLU experts spread over the ep ranks, DeepSeek-style shared experts on every rank,
 train to the parameters of one process on the whole batch (float64, within 1e-12),
-with the balancing loss's counts summed over the ranks."""
+with the balancing loss's counts summed over the ranks. Drawn: the group (2 or 4 ranks,
+two or one of the 4 experts each), shared experts, the balancing loss."""
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minidist.comm import World
+from tests.distributed.worlds import worlds_fixture
 
-B, T, STEPS = 2, 6, 2
+worlds = worlds_fixture()      # a world per drawn size, kept for the module
 
-
-@pytest.fixture(scope="module")
-def world():
-    w = World(2, timeout=20.0, run_timeout=120.0)
-    yield w
-    w.close()
+B, T, STEPS = 2, 6, 2          # B rows per rank
 
 
 def _config(case):
@@ -28,7 +23,7 @@ def _config(case):
                        router_aux_loss_coef=case["aux"], dtype="float64", seed=case["seed"])
 
 
-def train(case, parallel):
+def train(case, ep, parallel):
     import minidist.distributed as dist
     from minidist import backend
     from minidist.nn import Llama
@@ -44,7 +39,7 @@ def train(case, parallel):
     rng = np.random.default_rng(case["seed"])
     losses = []
     for _ in range(STEPS):
-        idx = rng.integers(0, 13, (2 * B, T))                # the world is 2 ranks
+        idx = rng.integers(0, 13, (ep * B, T))
         tgt = np.roll(idx, -1, axis=1)
         rows = slice(rank * B, (rank + 1) * B) if parallel else slice(None)
         _, loss = model(backend.from_host(idx[rows]), backend.from_host(tgt[rows]))
@@ -57,13 +52,13 @@ def train(case, parallel):
     return {k: backend.to_host(p.data).copy() for k, p in model.named_parameters()}, losses
 
 
-@settings(max_examples=3, deadline=None)
-@given(shared=st.sampled_from([0, 1, 2]), aux=st.sampled_from([0.0, 0.01]),
+@settings(max_examples=2, deadline=None)
+@given(ep=st.sampled_from([2, 4]), shared=st.sampled_from([0, 1, 2]), aux=st.sampled_from([0.0, 0.01]),
        seed=st.integers(0, 100))
-def test_expert_parallel_llama_trains_as_one_process(world, shared, aux, seed):
+def test_expert_parallel_llama_trains_as_one_process(worlds, ep, shared, aux, seed):
     case = dict(shared=shared, aux=aux, seed=seed)
-    want, _ = train(case, False)
-    for rank, (params, _) in enumerate(world.run(train, case, True)):
+    want, _ = train(case, ep, False)
+    for rank, (params, _) in enumerate(worlds(ep).run(train, case, ep, True)):
         assert params, "no parameters"
         for name, got in params.items():       # this rank's experts and every dense one
             diff = np.abs(got - want[name]).max()

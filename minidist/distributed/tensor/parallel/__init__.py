@@ -12,8 +12,9 @@ Files, in reading order:
     plans.py    gpt_tp_plan, llama_tp_plan: the whole model's plan (attention, MLP,
                 embeddings, head), with or without sequence parallelism
     api.py      parallelize_module(module, device_mesh, plan): a dict of names to styles
-    loss.py     loss_parallel: cross-entropy on vocab-sharded logits, three all-reduces
-                of N numbers instead of an all-gather of N x V
+    loss.py     loss_parallel(): switches the cross_entropy rule (tensor/_ops/_loss.py)
+                to vocab-parallel: three all-reduces of N numbers instead of an
+                all-gather of N x V
 
 The hand-written layers of the same math are minidist.parallel.tensor (Megatron's
 ColumnParallelLinear / RowParallelLinear); tests hold the two bit for bit equal.

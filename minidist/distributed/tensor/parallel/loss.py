@@ -4,84 +4,29 @@
         loss = F.cross_entropy(logits, targets)   # logits: a (N, V) DTensor, [Shard(1)]
         loss.backward()                           # (or (B, T, V), [Shard(2)]: a GPT's)
 
-Each rank holds V/t columns of the logits. With m the row max (an all-reduce of
-max; a constant for the gradient), the loss of a row is
-
-    lse - z[target],  lse = m + log sum_r sum_(j in r) exp(z_j - m)
-
-The inner sums are Partial summands, made Replicate by one all-reduce; z[target]
-is nonzero on the one rank that holds the target's column, so it is a Partial
-too and a second all-reduce gives it to every rank. Three all-reduces of N
-numbers, instead of gathering N x V logits. The gradient, softmax - onehot, stays
-sharded: each rank's backward touches only its columns (no communication).
-
-Inside ``loss_parallel()`` ``minidist.nn.functional.cross_entropy`` takes a DTensor
-(torch routes it by dispatch; here the function is swapped for the context).
+``F.cross_entropy`` on a DTensor reaches the DTensor's rule (tensor/_ops/_loss.py,
+which has the formula) by its ``__torch_function__``; inside this context the rule
+computes the loss from each rank's columns with three all-reduces of N numbers,
+and the gradient, softmax - onehot, stays sharded. Outside it, the logits are
+gathered to Replicate first (the class dim must be whole for a softmax). The loss
+is a Replicate DTensor, as torch's.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Iterator
 
-from minidist.autograd.tensor import Tensor
-from minidist.backend import to_host, xp
-from minidist.distributed.tensor import _collectives as coll
-from minidist.distributed.tensor._api import DTensor
-from minidist.distributed.tensor.placement_types import Partial, Replicate, Shard
-from minidist.nn import functional as F
+from minidist.distributed.tensor._ops._loss import LOSS_PARALLEL, vocab_parallel_cross_entropy
 
-
-def _replicate(summand: Tensor, mesh: Any) -> Tensor:
-    """Sum a Partial summand over the mesh (an all-reduce; backward: the identity)."""
-    return DTensor.from_local(summand, mesh, [Partial()]).redistribute(
-        mesh, [Replicate()]).to_local()
-
-
-def vocab_parallel_cross_entropy(logits: DTensor, targets: Any, ignore_index: int = -100,
-                                 reduction: str = "mean") -> Tensor:
-    """Cross-entropy of (N, V) logits laid out as [Shard(1)] (module docstring)."""
-    mesh = logits.device_mesh
-    last = logits.ndim - 1
-    if mesh.ndim != 1 or logits.ndim < 2 or logits.placements[0] != Shard(last):
-        raise ValueError(f"loss_parallel takes (..., V) logits sharded by vocabulary, "
-                         f"[Shard({max(last, 1)})], on a 1-D mesh, got {logits.shape} as "
-                         f"{list(logits.placements)}")
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-    targets = targets.data if isinstance(targets, Tensor) else targets
-    first = logits._spec.local_offset()[last]                  # my first vocabulary id
-    z = logits.to_local()                                      # (..., V/t)
-    cols = z.shape[-1]
-    z = z.reshape(-1, cols)                                    # (N, V/t), N positions
-    targets = targets.reshape(-1)                              # (N,)
-    row_max = z.data.max(axis=1, keepdims=True) if cols else \
-        xp.full((z.shape[0], 1), -xp.inf, dtype=z.dtype)
-    row_max = coll.all_reduce_partial(row_max, "max", mesh.get_group(0))   # (N, 1), constant
-    sums = _replicate((z - row_max).exp().sum(axis=1), mesh)  # (N,) sum_j exp(z_j - m)
-    lse = sums.log() + row_max.reshape(-1)
-    mine = (targets >= first) & (targets < first + cols)
-    onehot = (xp.arange(cols)[None, :] == (targets - first)[:, None]) & mine[:, None]
-    picked = _replicate((z * onehot.astype(z.dtype)).sum(axis=1), mesh)   # (N,) z[target]
-    valid = (targets != ignore_index).astype(z.dtype)
-    total = ((lse - picked) * valid).sum()
-    if reduction == "sum":
-        return total
-    count = float(to_host(valid.sum()))
-    return total * (1.0 / max(1.0, count))
+__all__ = ["loss_parallel", "vocab_parallel_cross_entropy"]
 
 
 @contextlib.contextmanager
 def loss_parallel() -> Iterator[None]:
-    """Within it, ``F.cross_entropy`` on a [Shard(1)] DTensor is vocab-parallel."""
-    plain = F.cross_entropy
-
-    def cross_entropy(logits: Any, targets: Any, ignore_index: int = -100,
-                      reduction: str = "mean") -> Tensor:
-        if isinstance(logits, DTensor):
-            return vocab_parallel_cross_entropy(logits, targets, ignore_index, reduction)
-        return plain(logits, targets, ignore_index, reduction)
-    F.cross_entropy = cross_entropy
+    """Within it, ``F.cross_entropy`` on a DTensor cut by vocabulary is vocab-parallel."""
+    before = LOSS_PARALLEL["on"]
+    LOSS_PARALLEL["on"] = True
     try:
         yield
     finally:
-        F.cross_entropy = plain
+        LOSS_PARALLEL["on"] = before
