@@ -174,7 +174,7 @@ def cpu_report(cpu: dict, world: int, wire: float) -> None:
     """Rank 0's CPU time per step: its main thread's and the background thread's.
     CPU time is what a busy machine inflates least: a rank that is preempted
     waits, but its CPU time does not grow."""
-    from minidist.comm.transport.base import cores_available
+    from minidist.comm.transport.wait import cores_available
     per_rank = cores_available() / world
     print(f"CPU per step on rank 0 ({per_rank:g} core(s) per rank): main thread + background "
           "thread = total")

@@ -3,7 +3,8 @@
 - ``Tensor``: data + grad + the op that made it (tensor.py)
 - ``Function``: forward and backward of one op; custom ops subclass it (function.py)
 - the backward pass (engine.py): topological order, each op's backward, gradient
-  sums, leaves (into an existing ``.grad`` in place); ``no_grad`` (grad_mode.py)
+  sums, leaves (into an existing ``.grad`` in place; copied into one given by
+  ``set_empty_grad``); ``no_grad`` (grad_mode.py)
 - the backward split into input (B) and deferred weight (W) gradients
   (weight_grad.py), through the engine's one extension point, ``split``
 - every op (ops/), ``gradcheck`` (gradcheck.py), ``checkpoint`` (activation_checkpoint.py)
@@ -11,6 +12,7 @@
   ``register_recompute_context`` / ``capture_forward_context`` (recompute.py)
 """
 from minidist.autograd.activation_checkpoint import checkpoint
+from minidist.autograd.engine import set_empty_grad
 from minidist.autograd.function import Context, Function
 from minidist.autograd.functional import concat, matmul, split, stack, where
 from minidist.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
@@ -23,4 +25,4 @@ __all__ = ["Tensor", "tensor", "Function", "Context", "no_grad", "enable_grad",
            "is_grad_enabled", "set_grad_enabled", "gradcheck", "GradcheckError",
            "checkpoint", "concat", "stack", "split", "where", "matmul",
            "backward_split", "WeightGradients", "register_recompute_context",
-           "capture_forward_context"]
+           "capture_forward_context", "set_empty_grad"]

@@ -12,7 +12,9 @@
        with earlier layers. A leaf that already holds a ``.grad`` array gets
        the gradient added into that array in place, as in PyTorch: DDP sets
        it to a view of its bucket, so the gradient lands where the all-reduce
-       reads it, in one pass (parallel/data/ddp.py).
+       reads it, in one pass (parallel/data/ddp.py). A ``.grad`` given with
+       ``set_empty_grad`` (memory whose values are not written yet, as
+       ``torch.empty``) gets its first gradient copied in, later ones added.
 
 Unless ``retain_graph=True``, each node drops what it saved as soon as it has
 run, so memory falls as backward proceeds; a second backward through the same
@@ -54,6 +56,21 @@ def _topological_order(root: Context) -> list[Context]:
     return order
 
 
+# id(leaf) -> the array set_empty_grad gave it as .grad, until a gradient is written there
+_empty_grads: dict[int, Any] = {}
+
+
+def set_empty_grad(leaf: Any, array: Any) -> None:
+    """Make ``array`` the ``.grad`` of ``leaf`` without writing it: its values
+    count for nothing (as ``torch.empty``'s), so the next backward copies the
+    leaf's gradient into it, where a written ``.grad`` gets it added. The same
+    bits as filling it with -0.0 first (-0.0 + g is g), without the pass over
+    the memory: DDP gives each parameter its bucket view so (parallel/data/ddp.py).
+    Until that backward, ``leaf.grad`` shows whatever the memory held."""
+    leaf.grad = array
+    _empty_grads[id(leaf)] = array
+
+
 def _deliver(leaf: Any, grad: Any) -> None:
     """Add a finished gradient into ``leaf.grad`` and fire the leaf's hooks."""
     if grad.dtype != leaf.data.dtype:
@@ -65,7 +82,13 @@ def _deliver(leaf: Any, grad: Any) -> None:
             raise RuntimeError(f"a leaf's .grad has shape {tuple(leaf.grad.shape)} but its "
                                f"gradient has shape {tuple(grad.shape)}: set .grad to None or "
                                f"to an array of the leaf's shape")
-        xp.add(leaf.grad, grad, out=leaf.grad)  # in place: .grad stays the same array
+        if _empty_grads.pop(id(leaf), None) is leaf.grad:
+            # The first gradient into an empty .grad: a copy. +g is g bit for bit;
+            # the ufunc's loop copies MB-sized arrays faster than memcpy here
+            # (2.7 vs 3.2 ms for 8 x 4 MiB, 1 thread, 2-core VM).
+            xp.positive(grad, out=leaf.grad)
+        else:
+            xp.add(leaf.grad, grad, out=leaf.grad)  # in place: .grad stays the same array
     for hook in leaf._hooks:
         hook(leaf)
 

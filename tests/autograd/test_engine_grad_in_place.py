@@ -1,11 +1,13 @@
 """A leaf that already holds a ``.grad`` array (DDP's bucket view) gets its
 gradients added into that array in place, as in PyTorch: the same array, the
 same memory, every later gradient accumulated there; from -0.0 the first
-gradient's bits exactly; a ``.grad`` of another shape is an error naming it."""
+gradient's bits exactly; a ``.grad`` of another shape is an error naming it;
+an empty ``.grad`` (set_empty_grad) gets the first gradient copied in."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from minidist.autograd import Tensor
+from minidist.autograd import Tensor, set_empty_grad
 from minidist.backend import to_host, xp
 
 
@@ -39,3 +41,34 @@ def test_a_grad_of_another_shape_is_an_error_naming_it():
     w.grad = xp.zeros(4)
     with pytest.raises(RuntimeError, match=r"\.grad has shape \(4,\)"):
         (w * 2.0).sum().backward()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(width=32), min_size=1, max_size=6),
+       st.floats(width=32, allow_nan=False, allow_infinity=False))
+def test_an_empty_grad_takes_the_first_gradient_bit_for_bit_then_adds(values, scale):
+    """set_empty_grad: whatever the memory held (NaN here), the first backward
+    leaves the bits of the gradient a fresh .grad gets (those of -0.0 + g), in
+    the same array; the second adds in place."""
+    coef = xp.asarray(values, dtype="float32")
+    w = Tensor(xp.full(len(values), scale, dtype="float32"), requires_grad=True)
+    w2 = Tensor(xp.full(len(values), scale, dtype="float32"), requires_grad=True)
+    home = xp.full(len(values), float("nan"), dtype="float32")
+    with np.errstate(invalid="ignore", over="ignore"):   # inf * 0 drawn on purpose
+        (w * coef).sum().backward()
+        fresh = to_host(w.grad).copy()
+        set_empty_grad(w2, home)
+        assert w2.grad is home
+        (w2 * coef).sum().backward()
+        assert w2.grad is home and to_host(home).tobytes() == fresh.tobytes()
+        (w2 * coef).sum().backward()
+        assert to_host(home).tobytes() == (fresh + fresh).tobytes()
+
+
+def test_only_the_array_given_as_empty_is_overwritten():
+    """A .grad replaced after set_empty_grad is a written one: added into."""
+    w = Tensor(xp.ones(3), requires_grad=True)
+    set_empty_grad(w, xp.full(3, float("nan")))
+    w.grad = xp.ones(3)
+    (w * 2.0).sum().backward()
+    assert to_host(w.grad).tolist() == [3.0, 3.0, 3.0]

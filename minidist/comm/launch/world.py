@@ -51,7 +51,7 @@ from minidist.comm.errors import RankFailedError, WorldAbortedError, WorldTimeou
 from minidist.comm.launch.output import RankOutput, redirect_this_process
 from minidist.comm.launch.report import traceback_from_user_code
 from minidist.comm.transport.link import link_bytes_per_s, topology
-from minidist.comm.transport.base import cores_available
+from minidist.comm.transport.wait import cores_available
 from minidist.trace.session import world_env
 
 GRACE_S = 1.0  # after a failure, how long the other ranks get to report before being killed

@@ -7,6 +7,7 @@ Files, in reading order:
 - base.py       the ``Transport`` interface (isend, irecv, receive-and-reduce, wait_all)
 - reduce_op.py  ``ReduceOp`` (SUM, AVG, MAX, MIN, PROD): what a receive-and-reduce applies
 - shm.py        the shared-memory segment of a local world and its layout
+- wait.py       ``Backoff``: how every wait spins, then yields, then sleeps, and why
 - doorbell.py   futex doorbells: how a waiting rank sleeps until a peer has news
 - flight.py     the flight recorder: each rank's last call, in shared memory, to name who hangs
 - pending.py    pending sends and receives of the local transport, where a piece lands

@@ -27,9 +27,6 @@ which is again a view on the CPU backends and a host-to-device copy on CuPy.
 """
 from __future__ import annotations
 
-import os
-import threading
-import time
 from typing import Any
 
 from minidist import backend
@@ -166,70 +163,3 @@ def dtype_code(dtype: Any) -> int:
 
 def dtype_name(code: int) -> str:
     return code.to_bytes(8, "little", signed=True).rstrip(b"\0").decode(errors="replace")
-
-
-# --------------------------------------------------------------------------
-# Waiting without hogging the CPU.
-# --------------------------------------------------------------------------
-
-class Backoff:
-    """Spin, then yield, then sleep: how a rank of the MPI transport waits.
-
-    Spinning (polling without pause) for ``spin_s`` seconds gives the lowest
-    latency when every rank has a core of its own. With more ranks than cores
-    (4 ranks on 2 cores) a spinning rank steals the core its peer needs to make
-    progress, so the world is started with ``spin_s`` = 0 there (see
-    ``spin_seconds``). After spinning the rank yields the CPU (``sched_yield``)
-    for ``yield_s`` seconds, then sleeps in growing naps up to ``max_sleep``.
-    (The local transport sleeps on a doorbell instead of napping: local.py.)
-    """
-
-    CHECK_EVERY = 64  # polls between looks at the clock
-
-    def __init__(self, spin_s: float = 0.0, yield_s: float = 0.002, max_sleep: float = 0.001):
-        self.spin_s, self.yield_s, self.max_sleep = spin_s, yield_s, max_sleep
-        self.reset()
-
-    def reset(self) -> None:
-        self.polls = 0
-        self.idle_since = None
-        self.nap = 1e-5
-
-    def pause(self) -> None:
-        self.polls += 1
-        if self.polls < self.CHECK_EVERY:
-            return  # a few free polls: the message is often just behind
-        now = time.monotonic()
-        if self.idle_since is None:
-            self.idle_since = now
-        idle = now - self.idle_since
-        if idle < self.spin_s:
-            return
-        if idle < self.spin_s + self.yield_s:
-            sched_yield()
-        else:
-            time.sleep(self.nap)
-            self.nap = min(self.nap * 2, self.max_sleep)
-
-
-def cores_available() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def spin_seconds(ranks_here: int) -> float:
-    """How long to spin before yielding: long when each rank has its own core."""
-    return 0.002 if ranks_here <= cores_available() else 0.0
-
-
-sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
-
-
-def in_background_thread() -> bool:
-    """Is this a thread other than the main one: the thread that runs
-    asynchronous collectives (collectives/work.py), or one of the user's? Such a thread
-    does not spin while it waits: the main thread is computing on the same
-    core and needs the GIL, so it sleeps at once."""
-    return threading.current_thread() is not threading.main_thread()

@@ -25,15 +25,13 @@ when a receive with another tag is waiting behind it on the same channel.
 a ring) take a short way when nothing else is under way with their peers:
 short_way.py.
 
-Waiting: when a pass moves nothing, the rank keeps polling for up to
-``SPIN_S`` seconds (the background thread of collectives/work.py does not poll at all),
-yielding the CPU between polls (``sched_yield`` costs
-little when nobody else wants the core, and lets a peer that shares our core
-run, with more ranks than cores or other load on the machine). Then it sleeps
-on its doorbell until a peer rings it (doorbell.py); peers ring after every
-piece they publish and every slot they free. A wake-up costs from a few to
-tens of microseconds (more in a VM), so sleeping is kept for long waits: a
-peer that is computing, not communicating.
+Waiting (wait.py, the policy of every wait): when a pass moves nothing, the
+rank polls again, then yields its core between polls, for up to ``spin_s``
+seconds (the background thread of collectives/work.py does not poll at all).
+Then it sleeps on its doorbell until a peer rings it (doorbell.py); peers ring
+after every piece they publish and every slot they free. A wake-up costs from
+a few to tens of microseconds (more in a VM), so sleeping is kept for long
+waits: a peer that is computing, not communicating.
 
 With an emulated link (link.py, off by default) each piece is stamped with
 the time it lands; a receiver leaves it in its slot until then, and a rank
@@ -42,7 +40,6 @@ that waits only for pieces on the wire sleeps until the first one lands.
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from typing import Any
 
@@ -55,10 +52,9 @@ from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.comm.transport.pending import SMALL_COPY, TAG_BITS, Channel, Recv, Send, Unexpected
 from minidist.comm.transport.short_way import ShortWays
 from minidist.trace import recorder as trace
-from minidist.comm.transport.base import (Handle, Transport, cores_available, dtype_code,
-                                     host_bytes, host_view, in_background_thread, sched_yield)
-
-SPIN_S = 0.002  # how long a rank polls before it sleeps on its doorbell (transport.spin_s)
+from minidist.comm.transport.base import Handle, Transport, dtype_code, host_bytes, host_view
+from minidist.comm.transport.wait import (REPLY_POLLS, SPIN_S, Backoff, free_polls,
+                                          in_background_thread)
 
 
 class LocalTransport(ShortWays, Transport):
@@ -73,15 +69,10 @@ class LocalTransport(ShortWays, Transport):
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside a world of {self.world_size}")
         self.rank, self.timeout = rank, timeout
-        self.spin_s = SPIN_S  # polling before sleeping on the doorbell (see above)
-        # More ranks than cores: yield at once when a poll finds nothing.
-        oversubscribed = self.world_size > cores_available()
-        self.free_polls = 1 if oversubscribed else 32
-        # The short way (exchange) waits for a reply that is microseconds away:
-        # with a core per rank it busy-polls longer before yielding, as MPICH
-        # does, because a yield may hand the core to another process of the
-        # machine for a whole time slice (milliseconds) where the reply needed 3 us.
-        self.short_polls = 1 if oversubscribed else 1000
+        # How a wait spins, yields and sleeps on the doorbell: wait.py.
+        self.spin_s = SPIN_S
+        self.free_polls = free_polls(self.world_size)
+        self.reply_polls = free_polls(self.world_size, REPLY_POLLS)   # exchange's reply
         self._words = self._seg.buf.cast("q")
         self._bells = Doorbells(self._seg.buf, shm.BELLS_OFFSET, self.world_size)
         # Our record of the flight recorder (flight.py): the call in progress.
@@ -256,33 +247,24 @@ class LocalTransport(ShortWays, Transport):
     def wait_all(self, handles: list, timeout: float | None = None, what: str = "",
                  abortable: bool = True) -> None:
         timeout = self.timeout if timeout is None else timeout
-        spin_s = 0.0 if in_background_thread() else self.spin_s
-        polls, idle_since = 0, None
+        backoff = Backoff(0.0 if in_background_thread() else self.spin_s, self.free_polls)
         while True:
             with self._lock:
                 moved = self._progress()
             if all(h.done for h in handles):
                 return
             if moved:
-                polls, idle_since = 0, None
+                backoff.reset()
                 continue
             if self._link is not None and self._link.sleep_until_next():
                 if abortable:   # slept while a piece was on the (emulated) wire
                     self._check_abort()
                 continue
-            polls += 1
-            if polls >= self.free_polls:
-                sched_yield()
-            if polls % 32 and spin_s:
-                continue  # look at the clock only now and then
-            now = time.monotonic()
-            if idle_since is None:
-                idle_since = now
-            if now - idle_since < spin_s:
+            if not backoff.idle():
                 continue
             if abortable:
                 self._check_abort()
-            if now - idle_since > timeout:
+            if backoff.idle_seconds() > timeout:
                 raise self._timeout_error(handles, timeout, what)
             self._sleep(handles)
 

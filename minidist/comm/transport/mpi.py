@@ -29,8 +29,8 @@ from minidist import backend
 from minidist.comm.errors import TIMEOUT_HINT, CommError, CommTimeoutError, MessageMismatchError
 from minidist.comm.transport import topology
 from minidist.comm.transport.reduce_op import ReduceOp, combine_fn
-from minidist.comm.transport.base import (Backoff, Handle, Transport, flat_target, host_bytes,
-                                     host_view, spin_seconds)
+from minidist.comm.transport.base import Handle, Transport, flat_target, host_bytes, host_view
+from minidist.comm.transport.wait import SPIN_S, Backoff, free_polls
 
 
 class _MpiHandle(Handle):
@@ -161,19 +161,17 @@ class MpiTransport(Transport):
     def wait_all(self, handles: list, timeout: float | None = None, what: str = "",
                  abortable: bool = True) -> None:
         timeout = self.timeout if timeout is None else timeout
-        backoff = Backoff(spin_seconds(self.world_size))
-        start = time.monotonic()
+        backoff = Backoff(SPIN_S, free_polls(self.world_size))   # wait.py
         pending = [h for h in handles if not h.done]
         while pending:
             still = [h for h in pending if not self._test(h)]
             if len(still) < len(pending):
                 backoff.reset()
-                start = time.monotonic()
             pending = still
-            if not pending:
-                return
-            backoff.pause()
-            if time.monotonic() - start > timeout:
+            if not pending or not backoff.idle():
+                continue
+            backoff.nap()   # no doorbell to sleep on: naps that grow
+            if backoff.idle_seconds() > timeout:
                 where = f" in {what}" if what else ""
                 raise CommTimeoutError(
                     f"rank {self.rank}: waited {timeout:g} s{where} without progress on: "

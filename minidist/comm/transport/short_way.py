@@ -19,15 +19,14 @@ hands what is left to the general way, which handles every case.
 """
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import Any
 
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.comm.transport.shm import S_BYTES, S_CODE, S_OFFSET, S_TAG, S_TOTAL
 from minidist.comm.transport.pending import SMALL_COPY, TAG_BITS, BytesRecv, Recv, Send
-from minidist.comm.transport.base import (dtype_code, host_bytes, host_view, in_background_thread,
-                                     sched_yield)
+from minidist.comm.transport.base import dtype_code, host_bytes, host_view
+from minidist.comm.transport.wait import Backoff, in_background_thread
 
 _BYTES_CODE = dtype_code(host_view(bytearray(1)).dtype)  # the header's dtype of raw bytes
 
@@ -78,19 +77,12 @@ class ShortWays:
         (dropped); None to hand over to the general way, having taken nothing."""
         ch, w = self._in[src], self._words
         seen = ch.count
-        polls, start = 0, None
+        backoff = Backoff(self.spin_s, self.reply_polls)
         while w[ch.head_i] == seen:
             if self._posts != posts:
                 return None  # another thread posted a receive: it may take our message
-            polls += 1
-            if polls >= self.short_polls:
-                sched_yield()  # a peer that shares our core gets to run
-            if polls % 32 == 0:
-                now = time.monotonic()
-                if start is None:
-                    start = now
-                elif now - start > self.spin_s:
-                    return None  # a long wait: wait_all sleeps on the doorbell
+            if backoff.idle():
+                return None  # a long wait: wait_all sleeps on the doorbell
         with self._lock:
             if self._posts != posts or ch.count != seen:
                 return None
@@ -157,7 +149,7 @@ class ShortWays:
         reads from ``src`` meanwhile."""
         ch, w = self._in[src], self._words
         total, sent, send_done = data.size, 0, False
-        polls, start = 0, None
+        backoff = Backoff(self.spin_s, self.free_polls)
         while True:
             moved = False
             while not send_done:
@@ -182,14 +174,6 @@ class ShortWays:
             if send_done and r.done:
                 return sent, send_done
             if moved:
-                polls, start = 0, None
-                continue
-            polls += 1
-            if polls >= self.free_polls:
-                sched_yield()
-            if polls % 32 == 0:
-                now = time.monotonic()
-                if start is None:
-                    start = now
-                elif now - start > self.spin_s:
-                    return sent, send_done  # a long wait: wait_all sleeps on the doorbell
+                backoff.reset()
+            elif backoff.idle():
+                return sent, send_done  # a long wait: wait_all sleeps on the doorbell

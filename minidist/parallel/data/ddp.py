@@ -36,6 +36,7 @@ import time
 from typing import Any, Callable, Iterator
 
 import minidist.distributed as dist
+from minidist.autograd.engine import set_empty_grad
 from minidist.nn.module import Module
 from minidist.optim.optimizer import optimizer_bytes
 from minidist.parallel.data.buckets import DEFAULT_BUCKET_CAP_MB, Bucket, assign_buckets
@@ -53,10 +54,11 @@ class DistributedDataParallel(Module):
     each bucket's all-reduce during backward (True) or all of them after it (False,
     for comparison); ``gradient_as_bucket_view``: each ``p.grad`` is a view of its
     bucket (as torch's option of that name): forward gives a parameter without
-    a gradient its view, filled with -0.0, and backward adds the gradient into
-    it in place (-0.0 + g is g, bit for bit), instead of into a new array that
-    DDP then copies into the bucket; ``broadcast_buffers`` is not needed
-    (minidist modules hold parameters only).
+    a gradient its view as an empty ``.grad`` (``set_empty_grad``: values not
+    written yet), and backward copies the gradient straight into it (later
+    micro-batches of ``no_sync`` add into it in place), instead of into a new
+    array that DDP then copies into the bucket; ``broadcast_buffers`` is not
+    needed (minidist modules hold parameters only).
     """
 
     def __init__(self, module: Module, group: Any = None,
@@ -94,13 +96,15 @@ class DistributedDataParallel(Module):
 
     def _grads_as_bucket_views(self) -> None:
         """A parameter without a gradient (the first step, or after
-        ``zero_grad()``) gets its bucket view as ``.grad``, filled with -0.0, the
-        one float x for which x + g is g bit for bit (+0.0 + -0.0 is +0.0)."""
+        ``zero_grad()``) gets its bucket view as an empty ``.grad``: backward
+        copies its first gradient there (autograd/engine.py), the bits of
+        filling the view with -0.0 (x + -0.0 is x) without a pass over the
+        bucket. Until backward writes it, the view still holds the last step's
+        gradient."""
         for b in self.buckets:
             for p, view in zip(b.params, b.views):
                 if p.grad is None:
-                    view.fill(-0.0)
-                    p.grad = view
+                    set_empty_grad(p, view)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

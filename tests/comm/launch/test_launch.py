@@ -196,7 +196,7 @@ def _blas_threads():
 
 
 def test_ranks_get_a_share_of_the_cores_for_blas_unless_the_user_chose(monkeypatch):
-    from minidist.comm.transport.base import cores_available
+    from minidist.comm.transport.wait import cores_available
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(var, raising=False)
     n = 3
