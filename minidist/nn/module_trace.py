@@ -13,11 +13,18 @@ its ends, as torch's full backward hooks do:
     backward span of the module = [first output mark, last input mark]
 
 A module whose inputs want no gradient (the outermost GPT, a block fed data) has
-no input mark; its backward ends when
-the gradients of its parameters are complete (their post-accumulate hooks),
-which is when torch's hook of such a module has nothing more to wait for.
-(Under a B/W split those gradients come in a later W pass, among other ops: such
-a module then gets no backward span, its work being the pipeline's W span.)
+no input mark; its backward ends when the backwards of the calls inside it have
+ended and the gradients of its own parameters (``module._parameters``) are
+complete (their post-accumulate hooks):
+
+    backward span = [first output mark, last end of (inner calls' backward spans,
+                                                     own parameters' hooks)]
+
+It does not wait for the gradients of inner modules' parameters to land in
+``.grad``: under fully_shard they all land after the unit's one reduce-scatter,
+and two sibling modules fed token ids would end together, overlapping. (Under a
+B/W split those gradients come in a later W pass, among other ops: such a module
+then gets no backward span, its work being the pipeline's W span.)
 
 Most calls are of a leaf whose whole backward is one op (Linear, LayerNorm,
 Embedding: the op takes the call's inputs and the module's parameters, or what
@@ -69,12 +76,15 @@ def mark(x: Tensor, note: Callable[[], None]) -> Tensor:
 
 class _Backward:
     """The two ends of one call's backward: its start noted by the first output
-    mark; its end when ``parts`` things are done (input marks, or parameters)."""
+    mark; its end when ``parts`` things are done (input marks, or parameters and
+    the backwards of the calls inside it); then it tells ``parent``, the call
+    around it that waits for it, if any."""
 
-    __slots__ = ("name", "parts", "start", "params")   # no __dict__: less for the GC
+    __slots__ = ("name", "parts", "start", "params", "parent")   # no __dict__: less for the GC
 
     def __init__(self, name: str, parts: int):
         self.name, self.parts, self.start, self.params = name, parts, None, False
+        self.parent = None
 
     def output_grad(self) -> None:
         if self.start is None and trace.active is not None:
@@ -84,8 +94,12 @@ class _Backward:
 
     def part_done(self) -> None:
         self.parts -= 1
-        if self.parts == 0 and self.start is not None and trace.active is not None:
-            trace.active.span(f"{self.name} backward", "module", self.start, trace.active.now())
+        if self.parts == 0:
+            if self.start is not None and trace.active is not None:
+                trace.active.span(f"{self.name} backward", "module", self.start,
+                                  trace.active.now())
+            if self.parent is not None:
+                self.parent.part_done()
 
 
 # The backward ends that wait for parameters' gradients: id(parameter) -> the
@@ -97,6 +111,7 @@ _hooked: dict[int, tuple] = {}           # id(parameter) -> (parameter, its hook
 _params: dict[Any, list] = {}            # module -> its parameters that want gradients
 _one_op: dict[Any, bool] = {}            # leaf module -> its last backward was one op
 _timed_ops: dict[type, type] = {}        # Function -> its subclass that records a span
+_open: list = []                         # the calls whose forward is running, innermost last
 
 
 def timed(fn: type) -> type:
@@ -111,6 +126,8 @@ def timed(fn: type) -> type:
             if start is not None and ctx.span_name is not None and trace.active is not None:
                 trace.active.span(ctx.span_name, "module", start, trace.active.now())
                 ctx.span_name = None
+                if ctx.span_parent is not None:
+                    ctx.span_parent.part_done()
             return grads_in
         cls = _timed_ops[fn] = type(fn.__name__, (fn,), {"backward": staticmethod(backward)})
     return cls
@@ -147,11 +164,13 @@ def _gradient_done(p: Tensor) -> None:
 
 
 def _wait_for_parameters(rec: Any, module: Any, back: _Backward) -> None:
-    """End ``back`` when the gradients of ``module``'s parameters are complete."""
+    """End ``back`` when the gradients of ``module``'s own parameters are complete
+    (and the backwards of the calls inside it, counted in ``back.parts`` already)."""
     params = _params.get(module)
     if params is None:
-        params = _params[module] = [p for p in module.parameters() if p.requires_grad]
-    back.parts, back.params = len(params), True
+        params = _params[module] = [p for p in module._parameters.values()
+                                    if p is not None and p.requires_grad]
+    back.parts, back.params = back.parts + len(params), True
     if not _hooked:
         rec.on_close.append(_unhook)     # nothing is left on the parameters after
     for p in params:
@@ -185,10 +204,19 @@ def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
                 a = mark(a, back.part_done)
             marked.append(a)
         args, back.parts = tuple(marked), inputs
+    # the call that waits for this one's backward: the call around it, if that has no
+    # input to mark (its end is then the end of the backwards inside it)
+    parent = _open[-1] if _open else None
+    parent = parent if parent is not None and parent.params else None
+    if back is not None:
+        back.params = not inputs and bool(module._modules)   # (it waits for what is inside)
+        _open.append(back)
     start = rec.now()
     try:
         out = module.forward(*args, **kwargs)
     finally:
+        if back is not None:
+            _open.pop()
         rec.exit_module()
         rec.span(name, "module", start, rec.now(), span_args)
     if back is None:
@@ -201,11 +229,17 @@ def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
         _one_op[module] = _is_one_op(out._ctx, args, module)
         if not inputs and _one_op[module]:   # (no input marks in the op's way)
             out._ctx.fn, out._ctx.span_name = timed(out._ctx.fn), f"{name} backward"
+            out._ctx.span_parent = parent
+            if parent is not None:
+                parent.parts += 1
             return out
     if not inputs:   # after the forward: an inner module's span ends first, as it nests
         _wait_for_parameters(rec, module, back)
         if not back.parts:
             return out                   # nothing of its own gets a gradient
+    if parent is not None:
+        back.parent = parent
+        parent.parts += 1
     if isinstance(out, tuple):
         return tuple(mark(o, back.output_grad) if w else o for o, w in zip(out, wanted))
     return mark(out, back.output_grad)

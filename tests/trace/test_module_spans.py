@@ -5,6 +5,8 @@ calls of a one-op leaf are timed): under fully_shard (one unit per block, then t
 root), under DDP, and in one process with lm_head tied to wte. In each, the file
 passes ``trace check`` (spans nest per thread) and every module that has
 parameters has exactly one "<name> backward" span per backward on every rank.
+Also under fully_shard: two sibling modules fed token ids, each an embedding and
+a Linear, whose parameters' gradients all land after the unit's one reduce-scatter.
 """
 from collections import Counter
 
@@ -48,6 +50,26 @@ def gpt_steps(how: str) -> list:
         + [outer[:-1] or "GPT"]
 
 
+def branches_steps(how: str) -> list:
+    """Two siblings fed plain input, ``(a(idx) + b(idx)).sum()``, one fully_shard unit."""
+    from minidist.backend import xp
+    from minidist.distributed.fsdp import fully_shard
+    from minidist.nn import Embedding, Linear, Module, Sequential
+
+    class Branches(Module):
+        def __init__(self):
+            super().__init__()
+            self.a = Sequential(Embedding(16, 8, "float64"), Linear(8, 8, dtype="float64"))
+            self.b = Sequential(Embedding(16, 8, "float64"), Linear(8, 8, dtype="float64"))
+
+        def forward(self, idx):
+            return (self.a(idx) + self.b(idx)).sum()
+    model = fully_shard(Branches())
+    for _ in range(STEPS):
+        model(xp.zeros((2, 4), dtype="int64")).backward()
+    return ["a", "a.0", "a.1", "b", "b.0", "b.1", "Branches"]
+
+
 def _backward_spans(t: dict, pid: int) -> Counter:
     return Counter(e["name"][:-len(" backward")] for e in t["traceEvents"]
                    if e.get("pid") == pid and e.get("ph") == "X"
@@ -62,12 +84,12 @@ def _assert_one_span_per_backward(t: dict, pids: list, names: list) -> None:
             assert spans[name] == STEPS, (pid, name, spans)
 
 
-@pytest.mark.parametrize("how", ["fsdp", "ddp"])
+@pytest.mark.parametrize("how", ["fsdp", "ddp", "branches"])
 def test_a_traced_data_parallel_gpt_step_nests_one_backward_per_module(tmp_path, how):
     out = str(tmp_path / "run.json")
     with trace.record(out):
         with World(2, timeout=30.0, run_timeout=120.0) as world:
-            names = world.run(gpt_steps, how)[0]
+            names = world.run(branches_steps if how == "branches" else gpt_steps, how)[0]
     t = trace.load(out)
     pids = sorted({e["pid"] for e in t["traceEvents"] if e.get("name") == names[0] + " backward"})
     assert len(pids) == 2
