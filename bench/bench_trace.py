@@ -63,17 +63,20 @@ def gpt_steps(layers: int, width: int, batch: int, steps: int, rounds: int, trac
     idx = gen.integers(0, cfg.vocab_size, (batch, cfg.block_size))
     tgt = gen.integers(0, cfg.vocab_size, (batch, cfg.block_size))
 
+    def one_step() -> None:
+        _, loss = ddp(idx, tgt)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        synchronize()
+
     def step_times(n: int, key: str) -> None:
         """Median wall and CPU seconds of ``n`` steps, into out[key], out[key + "_cpu"]."""
         wall, cpu = [], []
         for _ in range(n):
             dist.barrier()
             t, c = time.perf_counter(), time.process_time()
-            _, loss = ddp(idx, tgt)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            synchronize()
+            one_step()
             wall.append(time.perf_counter() - t)
             cpu.append(time.process_time() - c)      # every thread of this rank
         out[key].append(statistics.median(wall))
@@ -100,11 +103,7 @@ def gpt_steps(layers: int, width: int, batch: int, steps: int, rounds: int, trac
                 recorder.active = rec if on else None
                 dist.barrier()
                 c = time.process_time()
-                _, loss = ddp(idx, tgt)
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                synchronize()
+                one_step()
                 cpu.append(time.process_time() - c)
             out["paired"].append(cpu[1] / cpu[0])
         recorder.active = rec

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minidist import backend
+from tests.distributed.test_fully_shard import policy_backward
 from tests.distributed.worlds import world_fixture
 
 world = world_fixture([2, 3])
@@ -70,24 +71,9 @@ def bf16_training_case(policy):
     """One backward of a float64 GPT under fully_shard with ``policy``; per parameter:
     the gradient's dtype, whether its values are bf16 numbers, and the largest error
     against one process over the largest gradient."""
-    import minidist.distributed as dist
-    from minidist.distributed.fsdp import MixedPrecisionPolicy, fully_shard, sharded_state_dict
-    from minidist.nn import GPT, GPTConfig
+    from minidist.distributed.fsdp import sharded_state_dict
     from minidist.precision import quantize
-    n, r = dist.get_world_size(), dist.get_rank()
-    cfg = GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8,
-                    dtype="float64", seed=3)
-    single, model = GPT(cfg), GPT(cfg)
-    fully_shard(model.blocks[0], mp_policy=MixedPrecisionPolicy(**policy))
-    fully_shard(model, mp_policy=MixedPrecisionPolicy(**policy))
-    rng = np.random.default_rng(3)
-    idx, tgt = rng.integers(0, 11, (6, 8)), rng.integers(0, 11, (6, 8))
-    _, loss = single(backend.from_host(idx), backend.from_host(tgt))
-    loss.backward()
-    per = 6 // n
-    _, loss = model(*(backend.from_host(a[r * per:(r + 1) * per]) for a in (idx, tgt)))
-    loss.backward()
-    theirs = {k: backend.to_host(p.grad) for k, p in single.named_parameters()}
+    theirs, model = policy_backward(policy)
     out = {}
     for name, d in sharded_state_dict(model).items():
         grad = d.grad.full_tensor().data

@@ -131,11 +131,12 @@ def test_gradient_accumulation_without_sync_reduces_once(world):
         assert counts["reduce_scatter_tensor"] == 2          # the block and the root, once
 
 
-def mixed_precision_case(policy):
-    """A float64 GPT under fully_shard with a MixedPrecisionPolicy: the gradients' pieces
-    stay float64 (the master), their values those of float32 compute / reduction."""
+def policy_backward(policy: dict):
+    """One backward of a float64 one-block GPT in one process and under fully_shard
+    with ``MixedPrecisionPolicy(**policy)`` (this rank's share of the same batch):
+    (the one process's gradients on the host, the sharded model)."""
     import minidist.distributed as dist
-    from minidist.distributed.fsdp import MixedPrecisionPolicy, fully_shard, sharded_state_dict
+    from minidist.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from minidist.nn import GPT, GPTConfig
     n, r = dist.get_world_size(), dist.get_rank()
     cfg = GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8,
@@ -150,7 +151,14 @@ def mixed_precision_case(policy):
     per = BATCH // n
     _, loss = model(*(backend.from_host(a[r * per:(r + 1) * per]) for a in (idx, tgt)))
     loss.backward()
-    theirs = {k: backend.to_host(p.grad) for k, p in single.named_parameters()}
+    return {k: backend.to_host(p.grad) for k, p in single.named_parameters()}, model
+
+
+def mixed_precision_case(policy):
+    """A float64 GPT under fully_shard with a MixedPrecisionPolicy: the gradients' pieces
+    stay float64 (the master), their values those of float32 compute / reduction."""
+    from minidist.distributed.fsdp import sharded_state_dict
+    theirs, model = policy_backward(policy)
     out = {}
     for name, d in sharded_state_dict(model).items():
         grad = backend.to_host(d.grad.full_tensor().data)
