@@ -149,7 +149,8 @@ EXAMPLES = """examples:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from minidist import __version__
+    from minidist import __version__, trace
+    trace.session.discard_script_recording()   # `run --trace` traces the ranks; others need none
     parser = argparse.ArgumentParser(prog="minidist", description=DESCRIPTION, epilog=EXAMPLES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"minidist {__version__}")

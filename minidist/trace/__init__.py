@@ -33,6 +33,8 @@ Docs: docs/tracing.md. Demo: demos/20_trace.py. Tests: tests/trace/.
 """
 from minidist.trace.merge import load, merge
 from minidist.trace.recorder import start, stop
-from minidist.trace.session import record
+from minidist.trace.session import record, record_script_from_env
 
 __all__ = ["record", "start", "stop", "merge", "load"]
+
+record_script_from_env()   # MINIDIST_TRACE=run.json python script.py: this process records

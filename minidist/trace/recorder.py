@@ -49,12 +49,13 @@ import atexit
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
 
 from minidist import backend
-from minidist.trace.merge import FLOW_MASK, merge, wait_for_ranks
+from minidist.trace.merge import FLOW_MASK, merge, read_part, wait_for_ranks
 
 SELF = "self"             # the last field of a flow row of a message to this rank itself
 FLUSH_S = 0.2             # seconds between writes of the buffered events
@@ -90,6 +91,7 @@ class Recorder:
         self._modules: list[tuple] = []        # (dotted path, module) of the calls in progress
         self._steps: dict[str, int] = {}       # per kind: how many steps so far
         self.on_close: list = []               # called when recording ends (module_trace.py)
+        self.from_env = False                  # started for a script by MINIDIST_TRACE (session.py)
         self._file = open(self.part, "a")
         self.tid()  # names the thread that started recording
         # A thread writes the buffered events every FLUSH_S: a rank killed while it
@@ -336,7 +338,21 @@ def finish() -> None:
         return
     if rec.rank == 0:
         wait_for_ranks(rec.path, rec.world_size, WAIT_S)
+    if rec.from_env and not recorded_anything(rec):
+        os.remove(rec.part)   # (a script that ran no module, step or collective)
+        print(f"minidist: MINIDIST_TRACE={rec.path}: this process ran nothing that is "
+              f"traced (no module, optimizer step, collective or world), so no trace was "
+              f"written", file=sys.stderr)
+        return
     merge(rec.path)
+
+
+def recorded_anything(rec: Recorder) -> bool:
+    """Whether the part holds an event beyond the names of threads, or a world was started."""
+    if rec._steps.get("world"):
+        return True
+    events, _ = read_part(rec.part)
+    return any(e["ph"] != "M" for e in events)
 
 
 def _at_exit() -> None:

@@ -1,9 +1,10 @@
 """When recording starts and stops, and which process merges the parts.
 
-Three ways to trace a run, one file at the end:
+Four ways to trace a run, one file at the end:
 
     minidist run -n 4 --trace run.json train.py     # the launcher merges, failures included
     MINIDIST_TRACE=run.json mpiexec -n 4 python train.py   # rank 0 merges at the end
+    MINIDIST_TRACE=run.json python train.py          # one process: it merges at its end
     with minidist.trace.record("run.json"):          # in a script: rank 0 merges on exit
         ...
 
@@ -19,13 +20,17 @@ A script that starts several worlds one after another (a ``World`` per
 schedule, ``minidist.launch`` twice) records them all into one file: the
 process that starts them records too, numbers them (``MINIDIST_TRACE_WORLD``,
 ``world_env``) and merges once at its end, so that each world's ranks are
-processes of their own in the trace (``world 1 rank 0``, merge.py).
+processes of their own in the trace (``world 1 rank 0``, merge.py). A script
+of one process under ``MINIDIST_TRACE`` records from the import of minidist
+(``record_script_from_env``), so its own modules are in the trace as well.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 from typing import Iterator
+
+import multiprocess
 
 from minidist.trace import recorder
 from minidist.trace.recorder import WAIT_S, finish  # noqa: F401  (finish: here as before)
@@ -70,6 +75,35 @@ def record(path: str) -> Iterator[recorder.Recorder]:
                 os.environ[key] = value
         if recorder.active is rec:
             finish()
+
+
+def record_script_from_env() -> None:
+    """``MINIDIST_TRACE=run.json python train.py`` where ``train.py`` is one process
+    (it starts no world, or starts worlds of its own): record this process from the
+    import of minidist to its exit, then merge, as a rank under mpiexec records from
+    ``init_process_group`` to its exit. Called when minidist is imported.
+
+    A rank records from when it joins its world instead (``start_from_env``): one
+    mpiexec or a launcher started (its rank is in the environment), or one a
+    ``World`` is spawning (it imports minidist while it unpickles its task). The
+    ``minidist`` command gives its recording up (``discard_script_recording``):
+    its ``run`` traces with ``--trace``."""
+    path = os.environ.get("MINIDIST_TRACE")
+    if not path or recorder.active is not None or rank_from_env() is not None:
+        return
+    if os.environ.get("MINIDIST_TRACE_MERGE") == "parent":
+        return   # a process above this one merges
+    if getattr(multiprocess.current_process(), "_inheriting", False):
+        return   # being spawned: a rank of a World
+    recorder.start(path).from_env = True
+
+
+def discard_script_recording() -> None:
+    """Give up the recording ``record_script_from_env`` started: no part, no merge."""
+    rec = recorder.active
+    if rec is not None and rec.from_env:
+        recorder.stop()
+        os.remove(rec.part)
 
 
 def world_env() -> dict[str, str]:
