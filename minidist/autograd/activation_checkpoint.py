@@ -15,6 +15,12 @@ Parameters used inside ``block`` get their gradients during the recompute,
 and their post-accumulate hooks fire there. At least one input must require
 grad, or the checkpoint is not part of the graph (as in PyTorch's reentrant
 checkpoint).
+
+``block`` may return a tuple of tensors, as in PyTorch: a value computed inside
+that the loss needs besides the block's output (a router's balancing terms,
+nn/moe.py) must leave as one of them, for only what the checkpoint returns is
+part of the graph; read off the block afterwards it is a constant of the
+no-grad forward, and its gradient would be silently lost.
 """
 from __future__ import annotations
 
@@ -38,10 +44,10 @@ class _Checkpoint(Function):
         ctx.context = capture_forward_context()   # the autocast / FP8 policy now active
         with no_grad():
             out = fn(*[Tensor(a) for a in arrays])
-        return out.data
+        return tuple(o.data for o in out) if isinstance(out, tuple) else out.data
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, *grads):
         arrays = ctx.saved
         gen = backend.default_generator()
         state_now = gen.get_state()
@@ -49,13 +55,35 @@ class _Checkpoint(Function):
         inputs = [Tensor(a, requires_grad=need) for a, need in zip(arrays, ctx.needs_input_grad)]
         with ctx.context, enable_grad():
             out = ctx.fn_to_run(*inputs)
+            outs = out if isinstance(out, tuple) else (out,)
+            roots = [(o, g) for o, g in zip(outs, grads) if o.requires_grad]
+            if len(roots) > 1:   # several outputs: one backward from a root that joins them
+                roots = [(_Join.apply(*[o for o, _ in roots], grads=[g for _, g in roots]), None)]
         gen.set_state(state_now)
-        run_backward(out, grad)
+        if roots:
+            run_backward(*roots[0])
         return tuple(t.grad if t.requires_grad else None for t in inputs)
 
 
-def checkpoint(fn: Callable[..., Tensor], *inputs: Tensor) -> Tensor:
-    """``fn(*inputs)``, keeping no intermediates; they are recomputed in backward."""
+class _Join(Function):
+    """A scalar standing for several outputs, so that one backward reaches them
+    all: its backward hands each output the gradient given for it (nothing is
+    computed, so the gradients are the bits a backward from each would start with)."""
+
+    @staticmethod
+    def forward(ctx, *arrays, grads=None):
+        ctx.grads = tuple(grads)
+        return backend.xp.zeros(())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.grads
+
+
+def checkpoint(fn: Callable[..., Tensor | tuple[Tensor, ...]], *inputs: Tensor
+               ) -> Tensor | tuple[Tensor, ...]:
+    """``fn(*inputs)`` (a tensor, or a tuple of tensors), keeping no intermediates;
+    they are recomputed in backward."""
     if is_grad_enabled() and not any(isinstance(t, Tensor) and t.requires_grad for t in inputs):
         # the trap of this design: parameters inside fn would silently get no gradient
         warnings.warn("checkpoint: no input requires grad, so the block is not part of "

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from minidist import backend
-from minidist.autograd.activation_checkpoint import checkpoint
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn import functional as F
@@ -25,7 +24,7 @@ from minidist.nn.attention import CausalSelfAttention
 from minidist.nn.generate import generate
 from minidist.nn.layers import MLP, Dropout, Embedding, LayerNorm, Linear
 from minidist.nn.module import Module, ModuleList
-from minidist.nn.moe import MoE
+from minidist.nn.moe import MoE, run_block
 
 
 @dataclass
@@ -130,12 +129,17 @@ class GPT(Module):
         """idx: integer (B, T) -> logits (B, T, vocab), and the loss if targets given."""
         idx = idx.data if isinstance(idx, Tensor) else idx
         x = self.embed(idx)                                           # (B, T, C)
+        recompute = self.config.checkpoint and self.training
+        aux_losses = []                  # each MoE block's router loss, with its graph
         for block in self.blocks:
-            x = checkpoint(block, x) if self.config.checkpoint and self.training else block(x)
+            moe = block.mlp if hasattr(block.mlp, "aux_loss") else None
+            x, aux = run_block(block, moe, x, lambda routing: routing.aux_loss, recompute)
+            if aux is not None:
+                aux_losses.append(aux)
         logits, loss = self.head(x, targets)                          # (B, T, vocab)
         if loss is not None:
-            for moe in self.moe_layers():  # the balancing losses join the objective
-                loss = loss + moe.aux_loss
+            for aux in aux_losses:       # the balancing losses join the objective
+                loss = loss + aux
         return logits, loss
 
     def moe_layers(self) -> list:

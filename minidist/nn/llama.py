@@ -29,7 +29,6 @@ from functools import partial
 from typing import Any
 
 from minidist import backend
-from minidist.autograd.activation_checkpoint import checkpoint
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn import functional as F
@@ -37,7 +36,8 @@ from minidist.nn.attention import GroupedQueryAttention
 from minidist.nn.generate import generate
 from minidist.nn.layers import Embedding, Linear, RMSNorm, SwiGLU
 from minidist.nn.module import Module, ModuleList
-from minidist.nn.moe import MoE
+from minidist.nn.moe import MoE, run_block
+from minidist.nn.router import pooled_balance
 
 
 @dataclass
@@ -62,7 +62,7 @@ class LlamaConfig:
     num_experts_per_tok: int = 2          # top-k (Mixtral: 2)
     n_shared_experts: int = 0             # DeepSeek: always-on experts, one SwiGLU this wide
     moe_intermediate_size: int | None = None  # an expert's H (None: intermediate_size)
-    router_aux_loss_coef: float = 0.0     # Switch balancing loss alpha, added to the loss
+    router_aux_loss_coef: float = 0.0     # alpha of Mixtral's balancing loss, added to the loss
     # minidist's own knobs
     dtype: str = "float32"                # parameter and activation dtype
     seed: int = 0                         # weight init seed (same weights on every backend)
@@ -128,7 +128,7 @@ def _moe(cfg: LlamaConfig, generator: Any) -> MoE:
     if cfg.n_shared_experts:
         shared = SwiGLU(h, cfg.n_shared_experts * width, cfg.mlp_bias, cfg.dtype, std, generator)
     return MoE(h, cfg.num_local_experts, cfg.num_experts_per_tok, normalize=True,
-               aux_coef=cfg.router_aux_loss_coef, dtype=cfg.dtype, std=std,
+               aux_coef=0.0, dtype=cfg.dtype, std=std,   # (Llama.forward adds Mixtral's)
                generator=generator, expert=expert, shared=shared)
 
 
@@ -239,18 +239,22 @@ class Llama(Module):
         if position_ids is None and past_key_values is not None:
             position_ids = past_key_values.get_seq_length() + xp.arange(idx.shape[1])
         x = self.embed(idx)
+        recompute = self.config.checkpoint and self.training
+        mean_probs = []   # each MoE layer's mean router probabilities (E,), with their graph
         for i, layer in enumerate(self.blocks):
             if past_key_values is not None:
                 x = layer(x, position_ids, document_ids, past_key_value=past_key_values.layer(i))
-            elif self.config.checkpoint and self.training:
-                x = checkpoint(partial(layer, position_ids=position_ids,
-                                       document_ids=document_ids), x)
-            else:
-                x = layer(x, position_ids, document_ids)
+                continue
+            moe = layer.mlp if hasattr(layer.mlp, "aux_loss") else None
+            run = partial(layer, position_ids=position_ids, document_ids=document_ids)
+            x, probs = run_block(run, moe, x, lambda routing: routing.mean_probs, recompute)
+            if probs is not None:
+                mean_probs.append(probs)
         logits, loss = self.head(x, targets)
-        if loss is not None and self.config.router_aux_loss_coef:
-            for moe in self.moe_layers():      # the balancing losses join the objective
-                loss = loss + moe.aux_loss
+        if loss is not None and self.config.router_aux_loss_coef and mean_probs:
+            # Mixtral's balancing loss, over the tokens of every layer (router.py)
+            routings = [moe.last for moe in self.moe_layers()]
+            loss = loss + self.config.router_aux_loss_coef * pooled_balance(routings, mean_probs)
         return logits, loss
 
     def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,

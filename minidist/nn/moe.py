@@ -12,13 +12,17 @@ their tokens (its backward gathers them again).
 This layer is the oracle of the expert-parallel one (parallel/expert/), which moves
 the same rows to the ranks of their experts with two all-to-alls and must give the
 same numbers. ``aux_loss`` (alpha * balance + beta * z) of the last forward is
-added to the model's loss by the GPT; ``last`` keeps what the router decided, for
-the demo and the tests. Docs: docs/moe.md. Demo: demos/15_moe.py.
+added to the model's loss by the GPT (the Llama adds Mixtral's loss pooled over its
+layers instead, router.py ``pooled_balance``); ``last`` keeps what the router
+decided, for the demo and the tests. ``run_block`` runs a block that holds an MoE,
+under activation checkpointing too, and returns the router's term the loss needs
+with its graph. Docs: docs/moe.md. Demo: demos/15_moe.py.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from minidist.autograd.activation_checkpoint import checkpoint
 from minidist.autograd.function import Function
 from minidist.autograd.functional import concat
 from minidist.autograd.tensor import Tensor
@@ -153,3 +157,24 @@ class MoE(Module):
         """After an optimizer step: nudge the selection bias by the last step's loads."""
         if self.bias_rate > 0 and self.last is not None:
             self.expert_bias = nudge_bias(self.expert_bias, self.last.counts, self.bias_rate)
+
+
+def run_block(fn: Callable[[Tensor], Tensor], moe: MoE | None, x: Tensor,
+              term: Callable[[Routing], Tensor], recompute: bool = False
+              ) -> tuple[Tensor, Tensor | None]:
+    """``fn(x)`` (a block whose MLP is ``moe``, or None), and for an MoE
+    ``term(moe.last)``: the tensor of its routing that the loss adds (the GPT's
+    ``aux_loss``, the Llama's ``mean_probs``), with its graph.
+
+    ``recompute``: run the block under an activation checkpoint (in no_grad, and
+    again in backward). The term then leaves the checkpoint as its second output,
+    so that its gradient runs through the recompute as the block's output's does;
+    read off ``moe.last`` after the checkpoint it would be a constant of the no-grad
+    forward, and the router would silently get no gradient from the loss it adds.
+    """
+    if moe is None:
+        return (checkpoint(fn, x) if recompute else fn(x)), None
+
+    def with_term(x: Tensor) -> tuple[Tensor, Tensor]:
+        return fn(x), term(moe.last)
+    return checkpoint(with_term, x) if recompute else with_term(x)

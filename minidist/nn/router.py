@@ -28,6 +28,8 @@ Balancing, three ways:
   gradient), P_i = mean over tokens of p_t,i. Minimal (alpha) when both are 1/E.
 - router z-loss (Zoph et al., 2022, ST-MoE eq. 5):  beta * mean_t (logsumexp_i logits_t,i)^2,
   keeps the logits small so the softmax stays well conditioned.
+- Mixtral's balancing loss (transformers): the same product, pooled over the
+  tokens of every layer and counting slots, ``pooled_balance``; what the Llama adds.
 - auxiliary-loss-free balancing (DeepSeek-V3, Liu et al., 2024, section 2.1.2): a
   bias b_i added to the scores only for the top-k choice, and after each step
   b_i += gamma * sign(mean load - load_i): overloaded experts become less attractive.
@@ -56,6 +58,8 @@ class Routing:
     aux_loss: Tensor      # alpha * balance + beta * z (a scalar)
     balance: Tensor       # E * sum_i f_i P_i (without alpha)
     z: Tensor             # mean_t logsumexp(logits_t)^2 (without beta)
+    tokens: int = 0       # the tokens ``counts`` counts, over all ranks
+    mean_probs: Tensor | None = None   # (E,) P_i: mean over this call's tokens of p_t,i
 
 
 def capacity(capacity_factor: float, tokens: int, k: int, n_expert: int) -> int:
@@ -135,9 +139,34 @@ def route(logits: Tensor, k: int, *, normalize: bool = True, bias: Any = None,
     if total_counts is not None:
         counts, tokens = total_counts(counts, S)
     f = Tensor(counts.astype(logits.dtype) / (tokens * k))           # (E,) no gradient
-    balance = (f * probs.mean(axis=0)).sum() * E
+    P = probs.mean(axis=0)                                           # (E,)
+    balance = (f * P).sum() * E
     z = z_loss(logits)
-    return Routing(experts, gates, kept, counts, balance * aux_coef + z * z_coef, balance, z)
+    return Routing(experts, gates, kept, counts, balance * aux_coef + z * z_coef, balance, z,
+                   tokens, P)
+
+
+def pooled_balance(routings: list[Routing], mean_probs: list[Tensor] | None = None) -> Tensor:
+    """One Switch balancing loss over the tokens of several layers, as transformers'
+    ``load_balancing_loss_func`` computes Mixtral's:
+
+        E * sum_i F_i * P_i,   F_i = assignments to expert i in every layer
+                                     / tokens in every layer     (sums to k)
+                               P_i = mean over the layers of their P_i
+
+    F counts slots, not shares: for one layer this is k * ``balance``. The layers
+    route the same tokens, so the mean of their P_i is the mean over all their
+    tokens. ``mean_probs``: the layers' P in place of ``routing.mean_probs`` (what
+    an activation checkpoint returned, with its graph; nn/moe.py)."""
+    P = [r.mean_probs for r in routings] if mean_probs is None else mean_probs
+    counts = sum(r.counts for r in routings)                         # (E,) no gradient
+    tokens = sum(r.tokens for r in routings)
+    slots = Tensor(counts.astype(P[0].dtype) / tokens)                # (E,) F_i, no gradient
+    mean_P = P[0]
+    for p in P[1:]:
+        mean_P = mean_P + p
+    mean_P = mean_P / len(P)                                         # (E,)
+    return (slots * mean_P).sum() * counts.shape[0]
 
 
 def nudge_bias(bias: Any, counts: Any, rate: float) -> Any:

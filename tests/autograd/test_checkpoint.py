@@ -87,6 +87,48 @@ def test_checkpoint_gives_bitwise_identical_gradients(dtype, n_blocks, width, ba
         np.testing.assert_array_equal(ckpt[name], plain[name], err_msg=name)
 
 
+def block_with_side_output(x: Tensor, params: dict, p_drop: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The MLP block, a value the loss adds that is computed inside it (as a router's
+    balancing loss is), and one that needs no gradient."""
+    h = ops.Gelu.apply(ops.Linear.apply(x, params["w1"], params["b1"]))   # (B, 4C)
+    side = (h * h).mean()                                                 # a scalar
+    if p_drop > 0:
+        h = ops.Dropout.apply(h, p=p_drop)
+    return x + ops.Linear.apply(h, params["w2"], params["b2"]), side, Tensor(h.data.max())
+
+
+@FEWER
+@given(n_blocks=st.integers(1, 3), width=st.integers(1, 5), batch=st.integers(1, 3),
+       p_drop=st.sampled_from([0.0, 0.5]), seed=seeds)
+def test_a_checkpoint_returning_several_outputs_gives_the_gradient_of_each(n_blocks, width, batch,
+                                                                        p_drop, seed):
+    """checkpoint(fn) with fn returning a tuple, as torch's: the loss uses the second
+    output, so its gradient must reach the block's weights through the recompute.
+    Equal to rounding, not bit for bit: an activation both outputs use sums its
+    gradients in the order the backward meets them, which one root per output
+    changes (read off after a checkpoint, the second output's share would be
+    missing altogether: off by far more than rounding)."""
+    blocks = make_blocks(n_blocks, width, "float64", seed)
+    x_host = randn(seed + 1, (batch, width), "float64")
+
+    def grads(use_checkpoint):
+        for params in blocks:
+            for t in params.values():
+                t.grad = None
+        minidist.manual_seed(seed)
+        h, loss = Tensor(x_host, requires_grad=True), None
+        for params in blocks:
+            run = lambda t, params=params: block_with_side_output(t, params, p_drop)  # noqa: E731
+            h, side, _ = checkpoint(run, h) if use_checkpoint else run(h)
+            loss = side if loss is None else loss + side
+        loss = loss * 3.0 + (h * h).sum()
+        loss.backward()
+        return [backend.to_host(t.grad).copy() for params in blocks for t in params.values()]
+
+    for plain, ckpt in zip(grads(False), grads(True)):
+        np.testing.assert_allclose(ckpt, plain, rtol=1e-13, atol=1e-15)
+
+
 def test_checkpoint_replays_the_dropout_mask_and_leaves_the_generator_as_it_was():
     blocks = make_blocks(1, 4, "float64", 0)
     fn = lambda t: mlp_block(t, blocks[0], 0.5)  # noqa: E731

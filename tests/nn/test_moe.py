@@ -167,3 +167,40 @@ def test_gpt_with_moe_blocks_adds_their_aux_loss_and_learns():
         loss.backward()
         opt.step()
     assert loss.item() < first
+
+
+def _grads(model, idx):
+    model.zero_grad()
+    _, loss = model(idx, idx)
+    loss.backward()
+    return loss.item(), {n: backend.to_host(p.grad) for n, p in model.named_parameters()}
+
+
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 100), llama=st.booleans())
+def test_activation_checkpointing_keeps_the_routers_balancing_gradient(seed, llama):
+    """Under config.checkpoint a block runs in no_grad and again in backward: the
+    router's balancing loss must leave the checkpoint with its graph (nn/moe.py
+    run_block), or the router gets no gradient from it. Same loss, same gradients
+    (to rounding: the recompute sums some gradients in another order)."""
+    from minidist.nn import Llama, LlamaConfig
+    rng = np.random.default_rng(seed)
+    idx = backend.from_host(rng.integers(0, 13, (2, 8)))
+
+    def model(checkpoint):
+        if llama:
+            cfg = LlamaConfig(vocab_size=13, hidden_size=16, intermediate_size=12,
+                              num_hidden_layers=2, num_attention_heads=2, num_local_experts=4,
+                              router_aux_loss_coef=0.5, dtype="float64", seed=seed,
+                              checkpoint=checkpoint)
+            return Llama(cfg)
+        return GPT(GPTConfig(block_size=8, vocab_size=13, n_layer=2, n_head=2, n_embd=8,
+                             moe_every=1, n_expert=4, moe_aux_coef=0.5, moe_z_coef=0.1,
+                             dtype="float64", seed=seed, checkpoint=checkpoint))
+
+    loss, plain = _grads(model(False), idx)
+    loss_ckpt, ckpt = _grads(model(True), idx)
+    assert loss_ckpt == loss
+    for name in plain:
+        np.testing.assert_allclose(ckpt[name], plain[name], rtol=1e-11, atol=1e-14,
+                                   err_msg=name)
