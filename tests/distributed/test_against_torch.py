@@ -6,6 +6,11 @@ pieces, three dtypes, every pair of placements) run through torch's
 piece and the placements must agree: bit for bit where no Partial sum is
 involved, to 1e-12 (float64) / 1e-5 (float32) where one is. Pairs that torch
 refuses are skipped (minidist goes through Replicate instead).
+
+Run on the NumPy backend only: torch's side does not change with the backend, and
+minidist's side of every case (``redistribute_case``, ``every_pair_case``,
+``rule_case``) runs under the guard backend in test_redistribute.py, test_ops.py
+and test_propagation_rules.py.
 """
 import numpy as np
 import pytest
@@ -15,11 +20,14 @@ from hypothesis import strategies as st
 from tests.distributed.test_propagation_rules import (TABLE, Drawn, _name, make_case, oracle, rule_case,
                                                       table_cases)
 from tests.distributed.test_redistribute import cases, redistribute_case
+from minidist.backend import get_backend
 from tests.distributed.worlds import world_fixture
 
 pytest.importorskip("torch")
 torch_dtensor = pytest.importorskip("tests.distributed.torch_dtensor")
 
+pytestmark = pytest.mark.skipif(get_backend() != "numpy",
+                                reason="an oracle test: minidist's side runs under guard elsewhere")
 world = world_fixture([3, 4])
 BATCH = 12
 
