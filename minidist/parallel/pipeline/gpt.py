@@ -38,6 +38,7 @@ class GPTPiece(Module):
 
     def __init__(self, model: Module, layers: range, first: bool, last: bool):
         super().__init__()
+        refuse_balancing_losses(model)
         object.__setattr__(self, "model", model)      # not registered: only the parts below
         self.first, self.last, self.layers = first, last, layers
         embedding, head = model.stage_ends()               # {name: module} each
@@ -55,6 +56,21 @@ class GPTPiece(Module):
         if self.last:
             return self.model.head(x, targets)[1]                      # scalar loss
         return x
+
+
+def refuse_balancing_losses(model: Module) -> None:
+    """A piece passes on activations and the last returns the cross-entropy alone, so
+    an MoE router's balancing loss (nn/router.py) would be left out of the objective
+    without a word: such a model is refused. Loss-free balancing (DeepSeek-V3's bias)
+    needs no loss and is kept."""
+    moes = model.moe_layers() if hasattr(model, "moe_layers") else []
+    pooled = getattr(model.config, "router_aux_loss_coef", 0.0)       # the Llama's
+    if any(moe.aux_coef or moe.z_coef for moe in moes) or (moes and pooled):
+        raise ValueError(
+            "a pipeline trains on the cross-entropy alone, so the MoE balancing loss of "
+            f"{len(moes)} layer(s) would be lost: turn it off (GPTConfig(moe_aux_coef=0, "
+            "moe_z_coef=0), LlamaConfig(router_aux_loss_coef=0)) and balance with "
+            "GPTConfig(moe_bias_rate=...) instead, or train without a pipeline")
 
 
 def split_gpt(model: Module, stages: int, virtual: int = 1) -> list[GPTPiece]:

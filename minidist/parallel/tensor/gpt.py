@@ -70,6 +70,10 @@ class TensorParallelGPT(Module):
     def __init__(self, cfg: GPTConfig, group: Any = None, sequence_parallel: bool = False):
         super().__init__()
         self.config, self.group, self.sequence_parallel = cfg, group, sequence_parallel
+        if cfg.moe_every:
+            raise ValueError("tensor parallelism here splits dense MLPs; a GPT with MoE "
+                             f"blocks (moe_every={cfg.moe_every}) is split by expert "
+                             "parallelism instead (minidist.parallel.expert_parallel)")
         if sequence_parallel and cfg.block_size % dist.get_world_size(group):
             raise ValueError(f"sequence parallelism splits positions: block_size="
                              f"{cfg.block_size} is not divisible by the tensor-parallel "

@@ -75,6 +75,23 @@ def test_split_layers_is_balanced_and_refuses_empty_stages():
         split_layers(3, 4)
 
 
+def test_a_moe_model_whose_balancing_loss_a_pipeline_would_drop_is_refused():
+    """The last piece returns the cross-entropy alone: a router's balancing loss would be
+    silently lost, so it is refused; loss-free (bias) balancing is kept."""
+    from minidist.nn import Llama, LlamaConfig
+    small = dict(n_layer=2, n_head=2, n_embd=8, block_size=8, vocab_size=11, moe_every=1)
+    with pytest.raises(ValueError, match="balancing loss of 2 layer"):
+        split_gpt(GPT(GPTConfig(**small)), 2)                     # moe_aux_coef 0.01
+    with pytest.raises(ValueError, match="moe_z_coef=0"):
+        split_gpt(GPT(GPTConfig(moe_aux_coef=0.0, moe_z_coef=1e-3, **small)), 2)
+    assert len(split_gpt(GPT(GPTConfig(moe_aux_coef=0.0, moe_bias_rate=1e-3, **small)), 2)) == 2
+    llama = dict(vocab_size=11, hidden_size=8, intermediate_size=8, num_hidden_layers=2,
+                 num_attention_heads=2, num_local_experts=4)
+    with pytest.raises(ValueError, match="router_aux_loss_coef=0"):
+        split_gpt(Llama(LlamaConfig(router_aux_loss_coef=0.01, **llama)), 2)
+    assert len(split_gpt(Llama(LlamaConfig(**llama)), 2)) == 2
+
+
 def test_interleaved_needs_microbatches_a_multiple_of_stages():
     with pytest.raises(ValueError, match="multiple of the stages"):
         make_schedule("interleaved", 4, 6, 2)

@@ -259,3 +259,11 @@ def test_attention_heads_not_divisible_by_tp_is_an_error_that_says_so(world):
         pytest.skip("2 heads divide among 1 or 2 ranks")
     for message in world.run(heads_error):
         assert "n_head=2 is not divisible by the tensor-parallel size" in message
+
+
+def test_a_gpt_with_moe_blocks_is_sent_to_expert_parallelism():
+    """Refused before any communication, with what to use instead (not a KeyError from
+    the dense state dict's expert weights)."""
+    from minidist.parallel.tensor.gpt import TensorParallelGPT
+    with pytest.raises(ValueError, match=r"MoE blocks \(moe_every=2\) is split by expert"):
+        TensorParallelGPT(GPTConfig(n_layer=2, moe_every=2))
