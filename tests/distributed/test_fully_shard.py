@@ -175,3 +175,39 @@ def test_mixed_precision_policy_keeps_float64_master_gradients(world):
                 assert err <= tol, (policy, name, err)
             if policy:   # float32 somewhere: not the float64 bits
                 assert max(err for _, err in found.values()) > 0.0, policy
+
+
+def autocast_grads(reshard, policy):
+    """The gradients of two fully_shard MLP units and the root, forward under a
+    precision policy that has closed by backward."""
+    import minidist
+    import minidist.distributed as dist
+    from minidist.autograd import Tensor
+    from minidist.distributed.fsdp import fully_shard, sharded_state_dict
+    from minidist.nn import MLP, Sequential
+    from minidist.precision import DelayedScaling, autocast, fp8_autocast
+    minidist.manual_seed(0)
+    model = Sequential(MLP(8, 16, generator=backend.Generator(1)),
+                       MLP(8, 16, generator=backend.Generator(2)))
+    for unit in model:
+        fully_shard(unit, reshard_after_forward=reshard)
+    fully_shard(model)
+    rng = np.random.default_rng(dist.get_rank())
+    x = Tensor(backend.from_host(rng.standard_normal((4, 8)).astype("float32")))
+    with autocast("bf16") if policy == "bf16" else fp8_autocast(DelayedScaling()):
+        y = model(x)
+    (y * y).sum().backward()
+    return {n: backend.to_host(d.grad.full_tensor().data)
+            for n, d in sharded_state_dict(model).items()}
+
+
+def test_a_resharded_unit_recomputes_under_the_forwards_precision_policy(world):
+    """reshard_after_forward=True recomputes each unit in backward, after the autocast
+    (or FP8) block has closed: the recompute re-enters the policy the forward ran under
+    (autograd/recompute.py), so the gradients are the bits of keeping the weights."""
+    for policy in ("bf16", "fp8"):
+        kept, resharded = world.run(autocast_grads, False, policy), world.run(autocast_grads,
+                                                                              True, policy)
+        for a, b in zip(kept, resharded):
+            for name in a:
+                np.testing.assert_array_equal(b[name], a[name], err_msg=f"{policy} {name}")

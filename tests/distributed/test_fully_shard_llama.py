@@ -4,11 +4,12 @@ Every rank takes its rows of the same global batch (accumulated over micro-batch
 the first ones with gradient sync off); one process runs the same micro-batches in turn. Float64
 AdamW steps; the parameters, gathered from their Shard(0) pieces, equal one
 process's to 1e-12. Drawn: the world, the GQA ratio, a sliding window, packed
-documents, tied embeddings, micro-batches, reshard_after_forward, and Mixtral-style
-MoE layers (with DeepSeek's shared experts and the balancing loss).
+documents, tied embeddings, micro-batches, reshard_after_forward, activation
+checkpointing, and Mixtral-style MoE layers (with DeepSeek's shared experts and the
+balancing loss).
 """
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.distributed.worlds import worlds_fixture
@@ -26,7 +27,8 @@ def _model(case):
                              num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=case["kv"], sliding_window=case["window"],
                              tie_word_embeddings=case["tie"], max_position_embeddings=LENGTH,
-                             dtype="float64", seed=case["seed"], **moe))
+                             dtype="float64", seed=case["seed"], checkpoint=case["ckpt"],
+                             **moe))
 
 
 def _data(case, batch):
@@ -84,24 +86,29 @@ def run_step(model, case, ranks, per, idx, tgt, docs, sharded):
             (loss * (len(chunk) / per / len(ranks))).backward()
 
 @settings(max_examples=3, deadline=None)
+@example(n=2, kv=2, window=None, cuts=[3], tie=False, micro=2, reshard=True, moe=True,
+         shared=0, ckpt=True, seed=1)      # checkpointed MoE layers: always one such case
 @given(n=st.sampled_from([2, 3]), kv=st.sampled_from([1, 2, 4]),
        window=st.sampled_from([None, 3]),
        cuts=st.lists(st.integers(1, LENGTH - 1), max_size=2, unique=True), tie=st.booleans(),
        micro=st.sampled_from([1, 2]), reshard=st.booleans(), moe=st.booleans(),
-       shared=st.sampled_from([0, 1]), seed=st.integers(0, 100))
+       shared=st.sampled_from([0, 1]), ckpt=st.booleans(), seed=st.integers(0, 100))
 def test_fully_shard_trains_a_llama_as_one_process(worlds, n, kv, window, cuts, tie, micro,
-                                                   reshard, moe, shared, seed):
+                                                   reshard, moe, shared, ckpt, seed):
     case = dict(kv=kv, window=window, cuts=cuts, tie=tie, micro=micro, reshard=reshard,
-                moe=moe, shared=shared, seed=seed)
+                moe=moe, shared=shared, ckpt=ckpt, seed=seed)
     _, ref = train(case, n, False)
     layers, units, micro = 2, 3, case["micro"]     # a unit per layer, and the root
     kept = not reshard or moe                       # an MoE layer keeps its gathered weights
+    # activation checkpointing runs each layer's forward again in backward, which gathers
+    # its weights once more and keeps them for the layer's backward (no third gather)
+    forward = micro * (units + layers * ckpt)
     for rank, (counts, params) in enumerate(worlds(n).run(train, case, n, True)):
         for c in counts:    # all-gathers per micro-batch, one reduce-scatter per unit
-            assert c["forward"] == {"all_gather_into_tensor": micro * units}, c
+            assert c["forward"] == {"all_gather_into_tensor": forward}, c
             assert c["backward"] == {"reduce_scatter_tensor": units,
-                                     **({} if kept else {"all_gather_into_tensor":
-                                                         micro * layers})}, c
+                                     **({} if kept or ckpt else {"all_gather_into_tensor":
+                                                                 micro * layers})}, c
         assert params.keys() == {k for k in ref if not (tie and k == "lm_head.weight")}
         for name, got in params.items():
             diff = np.abs(got - ref[name]).max()

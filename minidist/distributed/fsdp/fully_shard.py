@@ -61,6 +61,7 @@ from minidist import backend
 from minidist.autograd.engine import backward as run_backward
 from minidist.autograd.function import Function
 from minidist.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
+from minidist.autograd.recompute import capture_forward_context, is_recomputing
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.comm.group import get_world_size
@@ -97,6 +98,7 @@ class _ShardedUnit(Function):
         ctx.state, ctx.inner = state, inner
         ctx.save_for_backward(x)
         ctx.rng_state = backend.default_generator().get_state()
+        ctx.context = capture_forward_context()   # the autocast / FP8 policy now active
         if is_grad_enabled():                     # a backward will gather it again
             state.awaits_backward += 1
         state.put([Tensor(f) for f in state.gather("forward", keep=True)])
@@ -122,7 +124,7 @@ class _ShardedUnit(Function):
             state.post_forward = None             # reshard_after_forward=k: freed
         state.put(full)
         try:
-            with enable_grad():
+            with ctx.context, enable_grad():      # as the forward ran (autograd/recompute.py)
                 out = inner(x_in)
             gen.set_state(now)
             run_backward(out, grad)
@@ -211,7 +213,9 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         rest = (*args[1:], *kwargs.values())      # a Llama layer's positions, documents
-        recompute = (state.reshard and not is_root and not side_outputs and args
+        # (inside a recompute, the graph is used at once: the gathered path, one gather)
+        recompute = (state.reshard and not is_root and not side_outputs
+                     and not is_recomputing() and args
                      and isinstance(args[0], Tensor)
                      and not any(isinstance(a, Tensor) for a in rest))
         if recompute:

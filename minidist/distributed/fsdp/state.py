@@ -41,6 +41,7 @@ from typing import Any
 
 from minidist import backend
 from minidist.backend import xp
+from minidist.autograd.recompute import is_recomputing
 from minidist.comm.collectives.api import all_gather_into_tensor
 from minidist.comm.group import ProcessGroup, new_group, world_group
 from minidist.distributed.fsdp.reduce_format import (emulated_format,
@@ -159,7 +160,8 @@ class FSDPState:
             self.keep_post_forward(fulls)
         if phase == "forward" and self not in self.schedule.order:
             self.schedule.order.append(self)
-        self.prefetch(phase)
+        if not (phase == "forward" and is_recomputing()):   # (the next unit is done with)
+            self.prefetch(phase)
         fmt = emulated_format(self.mp_policy.param_dtype)
         if fmt is not None:
             return [quantize(f, fmt) for f in fulls]
