@@ -18,10 +18,21 @@ norm of the whole is then built from per-rank pieces:
 and each rank calls ``clip_grads_with_norm_(my_params, max_norm, total_norm)``.
 (``grad_norm_share`` and ``norm_from_share`` are the two ends of that, for any p.)
 ``clip_grad_norm_`` is the one-process composition of the two halves.
+
+A parameter that ``fully_shard`` or ``parallelize_module`` made one rank's piece of
+a larger tensor (a DTensor's local part) is registered as such (``register_piece``),
+with how its share adds up with the other ranks' pieces; ``clip_grad_norm_`` then
+combines those shares, so that it returns, and clips by, the norm of the whole
+tensors on every rank, as torch's does for DTensor parameters. The pieces are
+combined kind by kind (one collective per kind of cut, in the order the parameter
+list first meets it, which is the same on every rank), so every rank must call it.
+This layer cannot talk to other ranks (it sits below comm): the distributed layer
+supplies the combining (distributed/tensor/_piece_norm.py).
 """
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Iterable
 
 from minidist.autograd import Tensor
@@ -110,16 +121,54 @@ def clip_grads_with_norm_(params: Tensor | Iterable[Tensor], max_norm: float,
             g *= clip_coef
 
 
+# -- pieces of tensors cut over ranks -----------------------------------------------
+
+_pieces: dict[int, tuple[weakref.ref, Any]] = {}   # id(param) -> (the param, its layout)
+
+
+def register_piece(param: Tensor, layout: Any) -> None:
+    """``param`` is this rank's piece of a tensor cut over several ranks. ``layout.key``
+    tells kinds of cut apart (pieces with one key combine together) and
+    ``layout.combine(share, norm_type)`` adds a share of this kind over the ranks
+    holding the other pieces (a collective)."""
+    key = id(param)
+    _pieces[key] = (weakref.ref(param, lambda _: _pieces.pop(key, None)), layout)
+
+
+def piece_layout(param: Tensor) -> Any:
+    """The layout ``param`` was registered with, or None for a whole tensor."""
+    found = _pieces.get(id(param))
+    return found[1] if found is not None and found[0]() is param else None
+
+
+def total_grad_norm(params: Tensor | Iterable[Tensor], norm_type: float = 2.0) -> float:
+    """The p-norm of the gradients of ``params`` taken as one vector; pieces count
+    with the pieces the other ranks hold (module docstring), so the result is the
+    norm of the whole tensors, the same on every rank."""
+    params = [params] if isinstance(params, Tensor) else list(params)
+    whole, kinds = [], {}          # kinds: key -> (layout, grads), in first-met order
+    for p in params:
+        layout = piece_layout(p)
+        grads = whole if layout is None else kinds.setdefault(layout.key, (layout, []))[1]
+        grads.extend(_grads([p]))
+    shares = [grad_norm_share(whole, norm_type)]
+    for layout, grads in kinds.values():   # a kind with no gradient here still combines
+        shares.append(layout.combine(grad_norm_share(grads, norm_type), norm_type))
+    share = max(shares) if _check_norm_type(norm_type) == math.inf else sum(shares)
+    return norm_from_share(share, norm_type)
+
+
 def clip_grad_norm_(params: Tensor | Iterable[Tensor], max_norm: float,
                     norm_type: float = 2.0, error_if_nonfinite: bool = False) -> float:
     """Clip the gradients of ``params`` in place to total norm ``max_norm``.
 
     Same semantics as ``torch.nn.utils.clip_grad_norm_``; parameters without a
-    gradient are skipped. Returns the total norm *before* clipping, as a Python
+    gradient are skipped, and pieces of cut tensors count as the whole tensors
+    (``total_grad_norm``). Returns the total norm *before* clipping, as a Python
     float (not a 0-d array: deciding whether to clip needs it on the host anyway).
     """
     params = [params] if isinstance(params, Tensor) else list(params)
-    total_norm = grad_norm(_grads(params), norm_type)
+    total_norm = total_grad_norm(params, norm_type)
     if error_if_nonfinite:
         check_finite(total_norm, norm_type)
     clip_grads_with_norm_(params, max_norm, total_norm)

@@ -37,7 +37,8 @@ ZeRO-3's flat shards), the same formula as ZeRO-3. The difference from ZeRO-3
 parameter is cut on its own, so a rank's piece of a weight is a block of whole
 rows that a DTensor can describe, and the optimizer's state, the checkpoint
 and the gradient clipping work parameter by parameter (FSDP2's reason for the
-change).
+change): ``optim.clip_grad_norm_(model.parameters(), ...)`` counts each piece with
+the other ranks' (distributed/tensor/_piece_norm.py).
 
 ``reshard_after_forward=k`` (an int dividing N) keeps, from forward to backward,
 each parameter cut for a group of k ranks (a node), so backward's all-gather runs
@@ -69,6 +70,7 @@ from minidist.distributed.device_mesh import init_device_mesh
 from minidist.distributed.fsdp.state import FSDPState, MixedPrecisionPolicy
 from minidist.distributed.tensor._api import DTensor, distribute_tensor
 from minidist.distributed.tensor._collectives import backward_phase
+from minidist.distributed.tensor._piece_norm import note_piece
 from minidist.distributed.tensor._redistribute import GradPlacements
 from minidist.distributed.tensor.placement_types import Shard
 from minidist.nn.module import Module, Parameter
@@ -189,6 +191,7 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
             raise ValueError(f"fully_shard cuts parameters along dim 0; {uses[0][1]} is a scalar")
         piece = distribute_tensor(param.data, mesh, [Shard(0)]).to_local().data.copy()
         shard = Parameter(piece)
+        note_piece(shard, mesh, (Shard(0),), cut_from=param)   # clip_grad_norm_ counts the whole
         for owner, name in uses:
             setattr(owner, name, shard)
         state.params.append((shard, uses, shape))

@@ -31,6 +31,7 @@ from minidist.autograd.tensor import Tensor
 from minidist.backend import from_host, is_array
 from minidist.nn.module import Module, Parameter
 from minidist.distributed.tensor._api import DTensor, distribute_tensor
+from minidist.distributed.tensor._piece_norm import note_piece
 from minidist.distributed.tensor._redistribute import DTensorSpec, GradPlacements
 from minidist.distributed.tensor.placement_types import Placement, Shard
 
@@ -44,6 +45,7 @@ def note_layout(module: Module, name: str, mesh: Any, placements: tuple,
         module.register_state_dict_post_hook(_dtensors_into_state_dict)
         module.register_load_state_dict_pre_hook(_pieces_from_state_dict)
     layouts[name] = (mesh, tuple(placements), tuple(shape))
+    note_piece(getattr(module, name), mesh, placements)   # clip_grad_norm_ counts the whole
 
 
 def shard_parameter(module: Module, name: str, mesh: Any, placement: Placement,

@@ -1,0 +1,54 @@
+"""How a parameter cut over ranks adds its share of a gradient norm to the others'.
+
+A parameter that ``fully_shard`` or ``parallelize_module`` cut is, on each rank, a
+piece of the whole tensor: Shard(d) along some dimensions of a device mesh,
+Replicate along others. The whole tensor's norm share (sum |g|^p; max |g| for
+p = inf) is the sum (max) of the pieces' shares over the ranks of every mesh
+dimension that cuts it, and nothing over a dimension that replicates it (each of
+those ranks holds the same piece):
+
+    share(whole) = all_reduce_sum over the Shard dims' groups ( share(my piece) )
+
+A parameter cut twice (tensor parallel, then ``fully_shard`` over the data-parallel
+mesh: torchtitan's 2-D) adds over both cuts' groups. ``optim.clip_grad_norm_``
+sums the pieces of one kind first and calls ``combine`` once per kind
+(optim/clip.py).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from minidist import backend
+from minidist.comm.collectives.api import all_reduce
+from minidist.comm.transport.reduce_op import ReduceOp
+from minidist.distributed.tensor.placement_types import Shard
+from minidist.optim.clip import piece_layout, register_piece
+
+
+class PieceNorm:
+    """The cuts of one kind of piece: [(mesh, placements), ...], first cut first."""
+
+    def __init__(self, cuts: list[tuple[Any, tuple]]):
+        self.cuts = list(cuts)
+        self.groups = [mesh.get_group(dim) for mesh, placements in self.cuts
+                       for dim, p in enumerate(placements) if isinstance(p, Shard)]
+        # tells kinds apart on this rank; optim.clip orders the kinds as the parameters do
+        self.key = tuple((id(mesh), tuple(placements)) for mesh, placements in self.cuts)
+
+    def combine(self, share: float, norm_type: float) -> float:
+        """The share of the whole tensors from this rank's pieces' share (a collective
+        over each cutting group; nothing when no dimension cuts)."""
+        total = backend.from_host([share])                                   # (1,) float64
+        op = ReduceOp.MAX if float(norm_type) == math.inf else ReduceOp.SUM
+        for group in self.groups:
+            all_reduce(total, op=op, group=group)
+        return float(backend.to_host(total)[0])
+
+
+def note_piece(param: Any, mesh: Any, placements: tuple, cut_from: Any = None) -> None:
+    """Register ``param`` as a piece laid out as ``placements`` on ``mesh``; ``cut_from``:
+    the parameter it was cut from, when that was itself a piece (its cuts come first)."""
+    before = piece_layout(cut_from) if cut_from is not None else None
+    cuts = (before.cuts if before is not None else []) + [(mesh, tuple(placements))]
+    register_piece(param, PieceNorm(cuts))
