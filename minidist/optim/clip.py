@@ -20,8 +20,8 @@ and each rank calls ``clip_grads_with_norm_(my_params, max_norm, total_norm)``.
 ``clip_grad_norm_`` is the one-process composition of the two halves.
 
 A parameter that ``fully_shard`` or ``parallelize_module`` made one rank's piece of
-a larger tensor (a DTensor's local part) is registered as such (``register_piece``),
-with how its share adds up with the other ranks' pieces; ``clip_grad_norm_`` then
+a larger tensor (a DTensor's local part) is registered as such, with how its share
+adds up with the other ranks' pieces (autograd/pieces.py). ``clip_grad_norm_`` then
 combines those shares, so that it returns, and clips by, the norm of the whole
 tensors on every rank, as torch's does for DTensor parameters. The pieces are
 combined kind by kind (one collective per kind of cut, in the order the parameter
@@ -32,10 +32,10 @@ supplies the combining (distributed/tensor/_piece_norm.py).
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Any, Iterable
 
 from minidist.autograd import Tensor
+from minidist.autograd.pieces import piece_kinds
 from minidist.backend import xp
 
 
@@ -121,39 +121,15 @@ def clip_grads_with_norm_(params: Tensor | Iterable[Tensor], max_norm: float,
             g *= clip_coef
 
 
-# -- pieces of tensors cut over ranks -----------------------------------------------
-
-_pieces: dict[int, tuple[weakref.ref, Any]] = {}   # id(param) -> (the param, its layout)
-
-
-def register_piece(param: Tensor, layout: Any) -> None:
-    """``param`` is this rank's piece of a tensor cut over several ranks. ``layout.key``
-    tells kinds of cut apart (pieces with one key combine together) and
-    ``layout.combine(share, norm_type)`` adds a share of this kind over the ranks
-    holding the other pieces (a collective)."""
-    key = id(param)
-    _pieces[key] = (weakref.ref(param, lambda _: _pieces.pop(key, None)), layout)
-
-
-def piece_layout(param: Tensor) -> Any:
-    """The layout ``param`` was registered with, or None for a whole tensor."""
-    found = _pieces.get(id(param))
-    return found[1] if found is not None and found[0]() is param else None
-
-
 def total_grad_norm(params: Tensor | Iterable[Tensor], norm_type: float = 2.0) -> float:
     """The p-norm of the gradients of ``params`` taken as one vector; pieces count
     with the pieces the other ranks hold (module docstring), so the result is the
     norm of the whole tensors, the same on every rank."""
     params = [params] if isinstance(params, Tensor) else list(params)
-    whole, kinds = [], {}          # kinds: key -> (layout, grads), in first-met order
-    for p in params:
-        layout = piece_layout(p)
-        grads = whole if layout is None else kinds.setdefault(layout.key, (layout, []))[1]
-        grads.extend(_grads([p]))
-    shares = [grad_norm_share(whole, norm_type)]
-    for layout, grads in kinds.values():   # a kind with no gradient here still combines
-        shares.append(layout.combine(grad_norm_share(grads, norm_type), norm_type))
+    whole, kinds = piece_kinds(params)
+    shares = [grad_norm_share(_grads(whole), norm_type)]
+    for layout, pieces in kinds:   # a kind with no gradient here still combines
+        shares.append(layout.combine(grad_norm_share(_grads(pieces), norm_type), norm_type))
     share = max(shares) if _check_norm_type(norm_type) == math.inf else sum(shares)
     return norm_from_share(share, norm_type)
 

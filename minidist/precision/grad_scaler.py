@@ -25,11 +25,16 @@ all must agree on "found inf" or they would step differently. Pass
 ``found_inf_reduce``: a callable taking the local flag (a 0-d float32 array,
 1.0 if this rank found inf / NaN) and returning the flag combined over ranks,
 e.g. ``lambda f: dist.all_reduce(f, op=ReduceOp.MAX)``. It runs in ``unscale_``.
+Parameters that ``fully_shard`` or ``parallelize_module`` cut need none: their
+flag is max-combined over the ranks holding the other pieces (autograd/pieces.py),
+as torch's GradScaler does for DTensor gradients.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
+from minidist.autograd.pieces import piece_kinds
 from minidist.backend import xp
 from minidist.precision.rounding import quiet
 
@@ -77,13 +82,15 @@ class GradScaler:
         inv_scale = self._scale.astype(xp.float64) ** -1
         inv_scale = inv_scale.astype(xp.float32)
         found_inf = xp.zeros((), dtype=xp.float32)
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                bad = ~xp.isfinite(p.grad).all()
-                found_inf = xp.maximum(found_inf, bad.astype(xp.float32))
-                p.grad *= inv_scale.astype(p.grad.dtype)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        for p in params:
+            if p.grad is None:
+                continue
+            bad = ~xp.isfinite(p.grad).all()
+            found_inf = xp.maximum(found_inf, bad.astype(xp.float32))
+            p.grad *= inv_scale.astype(p.grad.dtype)
+        for layout, _ in piece_kinds(params)[1]:   # pieces: their holders agree
+            found_inf = xp.asarray(layout.combine(float(found_inf), math.inf), dtype=xp.float32)
         if self._found_inf_reduce is not None:
             found_inf = self._found_inf_reduce(found_inf)
         state["found_inf"] = found_inf

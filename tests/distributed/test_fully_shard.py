@@ -211,3 +211,39 @@ def test_a_resharded_unit_recomputes_under_the_forwards_precision_policy(world):
         for a, b in zip(kept, resharded):
             for name in a:
                 np.testing.assert_array_equal(b[name], a[name], err_msg=f"{policy} {name}")
+
+
+def scaler_case(bad_rank):
+    """One GradScaler step on fully_shard pieces, an inf put into rank ``bad_rank``'s
+    piece only: (whether this rank's parameters changed, the new scale)."""
+    import minidist.distributed as dist
+    from minidist.autograd import Tensor
+    from minidist.distributed.fsdp import fully_shard
+    from minidist.nn import MLP, Sequential
+    from minidist.optim import SGD
+    from minidist.precision import GradScaler
+    model = Sequential(MLP(8, 16, generator=backend.Generator(1)),
+                       MLP(8, 16, generator=backend.Generator(2)))
+    for unit in model:
+        fully_shard(unit)
+    fully_shard(model)
+    opt, scaler = SGD(model.parameters(), lr=0.1), GradScaler(init_scale=8.0)
+    x = Tensor(backend.from_host(np.ones((2, 8), dtype="float32")))
+    scaler.scale(model(x).sum()).backward()
+    params = list(model.parameters())
+    if dist.get_rank() == bad_rank:
+        params[-1].grad[...] = np.inf
+    before = [backend.to_host(p.data).copy() for p in params]
+    scaler.step(opt)
+    scaler.update()
+    changed = any(not np.array_equal(backend.to_host(p.data), b) for p, b in zip(params, before))
+    return changed, scaler.get_scale()
+
+
+def test_an_inf_in_one_ranks_piece_makes_every_rank_skip_the_step(world):
+    """GradScaler on fully_shard's pieces max-combines found_inf over the mesh (as torch's
+    for DTensor gradients): a rank whose own pieces are finite skips the step too."""
+    for bad_rank in (None, world.world_size - 1):
+        for changed, scale in world.run(scaler_case, bad_rank):
+            assert changed == (bad_rank is None)
+            assert scale == (8.0 if bad_rank is None else 4.0)

@@ -12,7 +12,8 @@ those ranks holds the same piece):
 A parameter cut twice (tensor parallel, then ``fully_shard`` over the data-parallel
 mesh: torchtitan's 2-D) adds over both cuts' groups. ``optim.clip_grad_norm_``
 sums the pieces of one kind first and calls ``combine`` once per kind
-(optim/clip.py).
+(optim/clip.py), and ``GradScaler`` max-combines its inf / NaN flag the same way
+(precision/grad_scaler.py); autograd/pieces.py keeps the registry.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from minidist import backend
 from minidist.comm.collectives.api import all_reduce
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.distributed.tensor.placement_types import Shard
-from minidist.optim.clip import piece_layout, register_piece
+from minidist.autograd.pieces import piece_layout, register_piece
 
 
 class PieceNorm:
