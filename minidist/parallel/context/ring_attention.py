@@ -22,6 +22,11 @@ block's share of the true softmax, so
 and the dK/dV accumulators travel around the ring one step behind their K/V
 block, arriving back at their owner after N hops.
 
+With a window or packed documents the ring stops after the last step at which
+any rank sees the block it holds (``RingMasks.steps``, S <= N): K/V travel S - 1
+hops, and each dK/dV accumulator goes from the last rank it visited straight back
+to its owner, S - 1 ranks behind (with S = N that is the next rank, the ring's hop).
+
 Causal load balance (zigzag). With a contiguous split and causal attention,
 rank N-1 attends to N blocks and rank 0 to one. Cut the sequence into 2N chunks
 and give rank r chunks r and 2N-1-r ("zigzag"). For the block of rank b:
@@ -109,10 +114,11 @@ def ring_forward(q: Any, k: Any, v: Any, masks: RingMasks, scale: float, group: 
     lse = xp.full(q.shape[:-1], common.NEG_INF, dtype=q.dtype)
     kv = xp.concatenate([k, v], axis=-1)                       # one message: (..., c, E + Ev)
     incoming = xp.empty_like(kv)
-    for step in range(size):
+    steps = masks.steps()                                       # S <= N: the rest see nothing
+    for step in range(steps):
         block = (rank - step) % size
         pending = []
-        if step < size - 1:                                     # next block, while we compute
+        if step < steps - 1:                                    # next block, while we compute
             pending = [dist.isend(kv, nxt, group, KV_TAG), dist.irecv(incoming, prev, group,
                                                                        KV_TAG)]
         for rows, cols, structure in masks.pieces(rank, block):
@@ -129,16 +135,18 @@ def ring_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, masks: 
                   scale: float, group: Any, blocks: dict) -> tuple[Any, Any, Any]:
     """This rank's (dq, dk, dv) from its O, L and dO; K/V and their gradients ring round."""
     rank, size, nxt, prev = _neighbours(group)
+    ranks = list(range(size)) if group is None else group.ranks
     e = k.shape[-1]
     dq = xp.zeros_like(q)
     kv = xp.concatenate([k, v], axis=-1)
     incoming = xp.empty_like(kv)
     dkv_in = xp.empty_like(kv)
     sends = []
-    for step in range(size):
+    steps = masks.steps()
+    for step in range(steps):
         block = (rank - step) % size
         pending = []
-        if step < size - 1:
+        if step < steps - 1:
             pending = [dist.isend(kv, nxt, group, KV_TAG), dist.irecv(incoming, prev, group,
                                                                        KV_TAG)]
         dkv = xp.zeros_like(kv)                                 # this rank's part for the block
@@ -152,13 +160,14 @@ def ring_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, masks: 
         if step > 0:                       # the ranks before us already added their parts
             dist.recv(dkv_in, prev, group, DKV_TAG)
             dkv += dkv_in
-        if size > 1:
-            sends.append(dist.isend(dkv, nxt, group, DKV_TAG))
+        if steps > 1:                      # on round the ring; after the last step, home
+            to = nxt if step < steps - 1 else ranks[block]
+            sends.append(dist.isend(dkv, to, group, DKV_TAG))
         for handle in pending:
             handle.wait()
         kv, incoming = incoming, kv
-    if size > 1:                           # our own block, with every rank's part in it
-        dist.recv(dkv_in, prev, group, DKV_TAG)
+    if steps > 1:                          # our own block, with every rank's part in it
+        dist.recv(dkv_in, ranks[(rank + steps - 1) % size], group, DKV_TAG)
         dkv = dkv_in
     for handle in sends:
         handle.wait()

@@ -25,9 +25,14 @@ half, N (2N+1). With a window w, a query chunk sees only itself and the
 ceil((w-1)/cs) chunks before it, so about 2N (1 + ceil((w-1)/cs)) pairs are computed:
 the fraction of the causal work done is (1 + ceil((w-1)/cs)) / (N + 1/2), e.g. with
 T = 8192 on N = 4 ranks (cs = 1024) and w = 1024, 2/4.5: 56% of the work is saved,
-and more as N grows. The K/V blocks still travel the whole ring (every rank holds
-some keys another needs only when the window spans chunks), so the bytes sent stay
-those of the causal ring. ``plan_work(..., window=w)`` counts it.
+and more as N grows. ``plan_work(..., window=w)`` counts it.
+
+What it saves in bytes: the ring runs only as many steps as some rank still sees
+a block (``steps``). Under the contiguous layout a window of w keys needs the
+blocks of the 1 + ceil((w-1)/c) ranks up to and including its own, so K/V travel that
+many hops less one, not N - 1 (packed documents that do not span shards cut it the
+same way). Under zigzag a rank's second chunk needs the keys of the next rank's,
+which the one-way ring reaches last, so the whole ring runs.
 
 Documents are skipped by their id ranges: a query chunk whose smallest id exceeds the
 key chunk's largest id (or the other way round), in every row of the batch, shares no
@@ -99,6 +104,22 @@ class RingMasks:
         if self.window is not None and shift - cs + 1 >= self.window:   # all too far back
             return False
         return self.ranges is None or self._documents_meet(qc, kc)
+
+    def sees(self, rank: int, block: int) -> bool:
+        """Whether ``rank``'s queries see any key of ``block``."""
+        if not self.is_causal and self.docs is None:
+            return True
+        return any(self.visible(qc, kc) for qc in chunks(self.layout, rank, self.world_size)
+                   for kc in chunks(self.layout, block, self.world_size))
+
+    def steps(self) -> int:
+        """Ring steps worth running: 1 + the last step t at which some rank r still sees
+        block (r - t) mod N (the same number on every rank: the masks are global)."""
+        n = self.world_size
+        for t in range(n - 1, 0, -1):
+            if any(self.sees(r, (r - t) % n) for r in range(n)):
+                return t + 1
+        return 1
 
     def pieces(self, rank: int, block: int) -> list[tuple[slice, slice, common.Structure]]:
         """(local query rows, local key columns, masks) to compute at this ring step."""

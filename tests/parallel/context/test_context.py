@@ -155,6 +155,48 @@ def test_a_window_skips_blocks_and_keeps_every_visible_pair(n, window, layout):
         assert work == [c] * n
 
 
+def ring_messages_on_rank(arrays, layout, window):
+    """Ring attention forward + backward on this rank, counting the K/V messages and
+    the dK/dV messages it sends: (outputs and gradients, kv sends, dkv sends)."""
+    import importlib
+    module = importlib.import_module("minidist.parallel.context.ring_attention")
+    sent = {module.KV_TAG: 0, module.DKV_TAG: 0}
+    plain = module.dist.isend
+
+    def counting(tensor, dst, group=None, tag=0):
+        sent[tag] += 1
+        return plain(tensor, dst, group, tag)
+    module.dist.isend = counting
+    try:
+        results = ring_on_rank(arrays, True, layout, {}, dict(window=window))
+    finally:
+        module.dist.isend = plain
+    return results, sent[module.KV_TAG], sent[module.DKV_TAG]
+
+
+@pytest.mark.parametrize("window", [1, 3, 4, 5, 9])
+def test_a_window_shortens_the_ring_under_the_contiguous_layout(world, window):
+    """Under the contiguous layout a window of w keys needs the blocks of the
+    1 + ceil((w-1)/c) ranks up to its own: K/V travel that many hops less one (twice:
+    forward and backward), each dK/dV accumulator as many and one home; zigzag runs
+    the whole ring unless the window is one key. Both still equal one process."""
+    n, c = world.world_size, 4
+    rng = np.random.default_rng(window)
+    arrays = [rng.standard_normal((2, n * c, 3)) for _ in range(4)]
+    want = single_process(arrays, True, dict(window=window))
+    for layout in ("contiguous", "zigzag"):
+        if layout == "contiguous":
+            steps = min(n, 1 + -(-(window - 1) // c))
+        else:       # a rank's late chunk needs the next rank's: the last hop of the ring
+            steps = n if window > 1 else 1
+        for rank, (got, kv, dkv) in enumerate(world.run(ring_messages_on_rank, arrays,
+                                                        layout, window)):
+            assert (kv, dkv) == (2 * (steps - 1), steps if steps > 1 else 0), (layout, rank)
+            for name, a, b in zip("o q k v".split(), got, want):
+                mine = shard_sequence(backend.from_host(b), rank, n, layout)
+                assert np.abs(a - backend.to_host(mine)).max() <= 1e-12, (layout, name)
+
+
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 def test_unshard_inverts_shard(layout):
     x = backend.from_host(np.arange(2 * 3 * 24.0).reshape(2, 24, 3))
