@@ -10,7 +10,9 @@ those ranks holds the same piece):
     share(whole) = all_reduce_sum over the Shard dims' groups ( share(my piece) )
 
 A parameter cut twice (tensor parallel, then ``fully_shard`` over the data-parallel
-mesh: torchtitan's 2-D) adds over both cuts' groups. ``optim.clip_grad_norm_``
+mesh: torchtitan's 2-D) adds over both cuts' groups. Expert parallelism's experts
+are pieces too: expert e's parameters live on one rank of each expert-parallel
+group, so the experts' shares add over that group (``note_piece_over``). ``optim.clip_grad_norm_``
 sums the pieces of one kind first and calls ``combine`` once per kind
 (optim/clip.py), and ``GradScaler`` max-combines its inf / NaN flag the same way
 (precision/grad_scaler.py); autograd/pieces.py keeps the registry.
@@ -28,18 +30,16 @@ from minidist.autograd.pieces import piece_layout, register_piece
 
 
 class PieceNorm:
-    """The cuts of one kind of piece: [(mesh, placements), ...], first cut first."""
+    """How one kind of piece combines: over ``groups`` (each a collective, in order);
+    ``key`` tells kinds apart on this rank (optim/clip.py orders the kinds as the
+    parameter list meets them)."""
 
-    def __init__(self, cuts: list[tuple[Any, tuple]]):
-        self.cuts = list(cuts)
-        self.groups = [mesh.get_group(dim) for mesh, placements in self.cuts
-                       for dim, p in enumerate(placements) if isinstance(p, Shard)]
-        # tells kinds apart on this rank; optim.clip orders the kinds as the parameters do
-        self.key = tuple((id(mesh), tuple(placements)) for mesh, placements in self.cuts)
+    def __init__(self, groups: list, key: tuple):
+        self.groups, self.key = list(groups), key
 
     def combine(self, share: float, norm_type: float) -> float:
         """The share of the whole tensors from this rank's pieces' share (a collective
-        over each cutting group; nothing when no dimension cuts)."""
+        over each cutting group; nothing when no group cuts)."""
         total = backend.from_host([share])                                   # (1,) float64
         op = ReduceOp.MAX if float(norm_type) == math.inf else ReduceOp.SUM
         for group in self.groups:
@@ -48,8 +48,20 @@ class PieceNorm:
 
 
 def note_piece(param: Any, mesh: Any, placements: tuple, cut_from: Any = None) -> None:
-    """Register ``param`` as a piece laid out as ``placements`` on ``mesh``; ``cut_from``:
-    the parameter it was cut from, when that was itself a piece (its cuts come first)."""
+    """Register ``param`` as a piece laid out as ``placements`` on ``mesh``: it combines
+    over the group of each mesh dimension that cuts it (Shard), not over those that
+    replicate it. ``cut_from``: the parameter it was cut from, when that was itself a
+    piece (its groups come first)."""
+    groups = [mesh.get_group(dim) for dim, p in enumerate(placements) if isinstance(p, Shard)]
+    note_piece_over(param, groups, (id(mesh), tuple(placements)), cut_from)
+
+
+def note_piece_over(param: Any, groups: list, key: Any, cut_from: Any = None) -> None:
+    """Register ``param`` as a piece whose holders are spread over ``groups`` (expert
+    parallelism: an expert's parameters live on one rank of the expert-parallel group)."""
     before = piece_layout(cut_from) if cut_from is not None else None
-    cuts = (before.cuts if before is not None else []) + [(mesh, tuple(placements))]
-    register_piece(param, PieceNorm(cuts))
+    if before is not None:
+        groups, key = before.groups + list(groups), before.key + (key,)
+    else:
+        key = (key,)
+    register_piece(param, PieceNorm(groups, key))

@@ -34,6 +34,7 @@ from typing import Any
 import minidist.distributed as dist
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
+from minidist.distributed.tensor._piece_norm import note_piece_over
 from minidist.nn.module import Module
 from minidist.nn.moe import Experts, MoE, dispatch_order, index_add, run_experts
 from minidist.nn.router import expert_counts
@@ -85,6 +86,8 @@ class ExpertParallelMoE(MoE):
         per = E // ep
         mine = range(mesh.ep_rank * per, (mesh.ep_rank + 1) * per)
         self.experts = Experts({i: moe.experts[i] for i in mine})
+        for p in self.experts.parameters():   # pieces of the expert stack: clip_grad_norm_
+            note_piece_over(p, [mesh.ep_group], ("experts", id(mesh)))   # adds the others'
         self.mesh, self.groups = mesh, 1   # capacity: this rank's tokens are one group
         self.aux_loss, self.last = None, None
 

@@ -1,7 +1,8 @@
 """An expert-parallel GPT with MoE blocks (ep, and dp x ep) equals one process training
 the same model on the same global batch: outputs, aux losses, the dropped assignments,
 gradients and AdamW steps, at worlds 2, 3 and 4, with uneven expert loads and experts
-that receive no token. float64, within 1e-10 (sums are reordered across ranks).
+that receive no token, and clip_grad_norm_ over every rank's experts. float64, within
+1e-10 (sums are reordered across ranks).
 """
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import minidist.distributed as dist
 from minidist import backend
 from minidist.comm import RankFailedError, World
 from minidist.nn import GPT, GPTConfig
-from minidist.optim import AdamW
+from minidist.optim import AdamW, clip_grad_norm_
 from minidist.parallel.expert import (ExpertMesh, expert_parallel,
                                       sync_expert_parallel_gradients)
 
@@ -68,15 +69,25 @@ def on_rank(case):
     b = case["b"]
     mine = slice(r * b, (r + 1) * b)
     opt = AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    return _train(model, opt, idx[mine], tgt[mine],
-                  lambda: sync_expert_parallel_gradients(model, mesh))
+
+    def after_backward():
+        sync_expert_parallel_gradients(model, mesh)
+        _clip(model, case)
+    return _train(model, opt, idx[mine], tgt[mine], after_backward)
+
+
+def _clip(model, case):
+    """``clip_grad_norm_(model.parameters())`` if the case clips: on a rank's experts it
+    must count every rank's experts (they are pieces: optim/clip.py)."""
+    if case.get("clip"):
+        clip_grad_norm_(model.parameters(), case["clip"])
 
 
 def single_process(case, n):
     model = GPT(_config(case, n))
     idx, tgt = _batch(case, n)
     opt = AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    return _train(model, opt, idx, tgt, lambda: None)
+    return _train(model, opt, idx, tgt, lambda: _clip(model, case))
 
 
 @settings(max_examples=4, deadline=None)
@@ -88,7 +99,7 @@ def test_expert_parallel_gpt_matches_single_process(world, data):
                 cf=data.draw(st.sampled_from([0.0, 0.5, 1.25])), every=data.draw(st.integers(1, 2)),
                 b=data.draw(st.integers(1, 2)), T=data.draw(st.sampled_from([3, 8])),
                 skew=data.draw(st.booleans()), bias_rate=data.draw(st.sampled_from([0.0, 0.01])),
-                seed=data.draw(st.integers(0, 999)))
+                clip=data.draw(st.sampled_from([0.05, None])), seed=data.draw(st.integers(0, 999)))
     case["k"] = min(case["k"], case["E"])
     ranks = world.run(on_rank, case)
     (want, want_params) = single_process(case, n)
