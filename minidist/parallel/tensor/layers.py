@@ -40,6 +40,7 @@ from minidist.attention import flash_attention, naive_attention
 from minidist.autograd.functional import split
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
+from minidist.distributed.tensor._piece_norm import note_piece_over
 from minidist.nn import functional as F
 from minidist.nn.layers import Dropout, LayerNorm, Linear
 from minidist.nn.module import Module, Parameter
@@ -80,6 +81,7 @@ class ColumnParallelLinear(Module):
         dense = Linear(in_features, out_features, bias, dtype, std, generator)
         self.weight = Parameter(self.shard("weight", dense.weight.data))   # (out/t, in)
         self.bias = Parameter(self.shard("bias", dense.bias.data)) if bias else None
+        note_tp_pieces(self, group)
 
     def shard(self, name: str, full: Any) -> Any:
         """This rank's rows of the dense weight (out, in) or bias (out,)."""
@@ -112,6 +114,7 @@ class RowParallelLinear(Module):
         dense = Linear(in_features, out_features, bias, dtype, std, generator)
         self.weight = Parameter(self.shard("weight", dense.weight.data))   # (out, in/t)
         self.bias = Parameter(dense.bias.data.copy()) if bias else None   # (out,), replicated
+        note_tp_pieces(self, group, ("weight",))
 
     def shard(self, name: str, full: Any) -> Any:
         if name == "weight":
@@ -217,6 +220,16 @@ class ParallelSelfAttention(Module):
 
 
 # -- dense weights <-> shards ---------------------------------------------------------
+
+def note_tp_pieces(module: Module, group: Any, names: tuple = ("weight", "bias")) -> None:
+    """Register the cut parameters ``names`` of ``module`` as pieces over the tensor-parallel
+    ``group`` (autograd/pieces.py), so that ``optim.clip_grad_norm_(model.parameters())``
+    and ``GradScaler`` count every rank's piece, as ``parallel.clip_grad_norm_`` does."""
+    for name in names:
+        param = getattr(module, name, None)
+        if param is not None:
+            note_piece_over(param, [group], ("tp", id(group)))
+
 
 def shard_state_dict(model: Module, dense: dict) -> dict:
     """Slice a dense model's arrays (``name -> array``: weights, or gradients)

@@ -32,6 +32,7 @@ from minidist.backend import xp
 from minidist.nn import functional as F
 from minidist.nn.layers import Embedding
 from minidist.nn.module import Module, Parameter
+from minidist.parallel.tensor.layers import note_tp_pieces
 from minidist.parallel.tensor.mappings import reduce_from_tp, reduce_scatter_to_sp
 
 
@@ -58,6 +59,7 @@ class VocabParallelEmbedding(Module):
         self.start, self.stop = vocab_range(num_embeddings, group)
         dense = Embedding(num_embeddings, embedding_dim, dtype, std, generator)
         self.weight = Parameter(self.shard("weight", dense.weight.data))  # (V/t, C)
+        note_tp_pieces(self, group, ("weight",))
 
     def shard(self, name: str, full: Any) -> Any:
         return full[self.start:self.stop].copy()
