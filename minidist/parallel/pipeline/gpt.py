@@ -12,7 +12,9 @@ hold): the dense ``nn.GPT`` and ``nn.Llama``, and their tensor-parallel versions
 parallelism).
 
 A piece is a view on the model: it registers only the modules it uses, so
-``piece.parameters()`` is what that rank trains. With tied embeddings
+``piece.parameters()`` is what that rank trains. With ``config.checkpoint`` each
+block is recomputed in its backward (activation checkpointing, as the whole model
+does), so a stage keeps only its blocks' inputs for the micro-batches in flight. With tied embeddings
 (``tie_weights``) the first and the last piece share W = wte = lm_head; when they
 live on different ranks each holds its copy and gets half of the gradient
 (the embedding's and the head's part), so ``sync_tied_gradients`` adds the two
@@ -25,6 +27,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import minidist.distributed as dist
+from minidist.autograd.activation_checkpoint import checkpoint
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn.module import Module, ModuleList
@@ -51,8 +54,10 @@ class GPTPiece(Module):
     def forward(self, x: Any, targets: Any = None) -> Tensor:
         if self.first:
             x = self.model.embed(x)                                    # (B, T, C)
+        # config.checkpoint: each block recomputed in its backward, as in the whole model
+        recompute = getattr(self.model.config, "checkpoint", False) and self.model.training
         for block in self.blocks:
-            x = block(x)
+            x = checkpoint(block, x) if recompute else block(x)
         if self.last:
             return self.model.head(x, targets)[1]                      # scalar loss
         return x

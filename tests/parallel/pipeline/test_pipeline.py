@@ -92,6 +92,25 @@ def test_a_moe_model_whose_balancing_loss_a_pipeline_would_drop_is_refused():
     assert len(split_gpt(Llama(LlamaConfig(**llama)), 2)) == 2
 
 
+def test_pieces_recompute_their_blocks_under_config_checkpoint():
+    """config.checkpoint: a piece runs each block again in its backward (the whole
+    model's activation checkpointing), and not in eval mode or without the flag."""
+    for flag, training, calls in ((True, True, 4), (False, True, 2), (True, False, 2)):
+        model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=8, block_size=4, vocab_size=11,
+                              dtype="float64", checkpoint=flag))
+        model.train(training)
+        counted = []
+        for block in model.blocks:
+            def counting(x, forward=block.forward):
+                counted.append(1)
+                return forward(x)
+            block.forward = counting
+        (piece,) = split_gpt(model, 1)
+        idx = backend.from_host(np.zeros((1, 4), dtype=np.int64))
+        piece(idx, idx).backward()
+        assert len(counted) == calls, (flag, training)
+
+
 def test_interleaved_needs_microbatches_a_multiple_of_stages():
     with pytest.raises(ValueError, match="multiple of the stages"):
         make_schedule("interleaved", 4, 6, 2)
@@ -123,7 +142,7 @@ def world(request):
 def _config(case, pieces):
     return GPTConfig(block_size=4, vocab_size=11, n_layer=pieces + case["extra_layers"],
                      n_head=2, n_embd=8, tie_weights=case["tie"], dtype="float64",
-                     seed=case["seed"])
+                     seed=case["seed"], checkpoint=case.get("checkpoint", False))
 
 
 def _batch(case, cfg):
@@ -173,7 +192,7 @@ def pipeline_cases(draw, p):
     m = p * draw(st.integers(1, 3)) if schedule == "interleaved" else draw(st.integers(1, 7))
     return dict(schedule=schedule, v=v, m=m, mb=draw(st.integers(1, 2)),
                 extra_layers=draw(st.integers(0, 2)), tie=draw(st.booleans()),
-                seed=draw(st.integers(0, 2**16)))
+                checkpoint=draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
 
 
 @settings(max_examples=8, deadline=None)
