@@ -1,8 +1,9 @@
 """Tensors that are one rank's piece of a larger tensor, and how their reductions combine.
 
 ``fully_shard`` and ``parallelize_module`` (minidist.distributed) cut a parameter
-over the ranks of a device mesh: on each rank the Parameter is a piece of the
-whole. Two things below the distributed layer must then reduce over the other
+over the ranks of a device mesh, expert parallelism spreads a layer's experts over
+ranks, the tensor-parallel layers slice their weights: on each rank the Parameter
+is a piece of the whole. Two things below the distributed layer must then reduce over the other
 pieces too, as torch does for DTensor parameters: the gradient norm of
 ``clip_grad_norm_`` (optim/clip.py) and the inf / NaN check of ``GradScaler``
 (precision/grad_scaler.py). They cannot talk to other ranks (they sit below comm),

@@ -19,8 +19,9 @@ and each rank calls ``clip_grads_with_norm_(my_params, max_norm, total_norm)``.
 (``grad_norm_share`` and ``norm_from_share`` are the two ends of that, for any p.)
 ``clip_grad_norm_`` is the one-process composition of the two halves.
 
-A parameter that ``fully_shard`` or ``parallelize_module`` made one rank's piece of
-a larger tensor (a DTensor's local part) is registered as such, with how its share
+A parameter that ``fully_shard``, ``parallelize_module``, expert parallelism or the
+tensor-parallel layers made one rank's piece of a larger tensor (a DTensor's local
+part, an expert of a layer's stack, a slice) is registered as such, with how its share
 adds up with the other ranks' pieces (autograd/pieces.py). ``clip_grad_norm_`` then
 combines those shares, so that it returns, and clips by, the norm of the whole
 tensors on every rank, as torch's does for DTensor parameters. The pieces are

@@ -10,12 +10,14 @@ those ranks holds the same piece):
     share(whole) = all_reduce_sum over the Shard dims' groups ( share(my piece) )
 
 A parameter cut twice (tensor parallel, then ``fully_shard`` over the data-parallel
-mesh: torchtitan's 2-D) adds over both cuts' groups. Expert parallelism's experts
-are pieces too: expert e's parameters live on one rank of each expert-parallel
-group, so the experts' shares add over that group (``note_piece_over``). ``optim.clip_grad_norm_``
-sums the pieces of one kind first and calls ``combine`` once per kind
-(optim/clip.py), and ``GradScaler`` max-combines its inf / NaN flag the same way
-(precision/grad_scaler.py); autograd/pieces.py keeps the registry.
+mesh: torchtitan's 2-D) adds over both cuts' groups. Pieces without a mesh add over
+a group (``note_piece_over``): expert e's parameters live on one rank of each
+expert-parallel group, and the Megatron-style layers of parallel/tensor/ hold a
+slice on each rank of the tensor-parallel group.
+
+``optim.clip_grad_norm_`` sums the pieces of one kind first and calls ``combine``
+once per kind (optim/clip.py), and ``GradScaler`` max-combines its inf / NaN flag
+the same way (precision/grad_scaler.py); autograd/pieces.py keeps the registry.
 """
 from __future__ import annotations
 
@@ -23,10 +25,10 @@ import math
 from typing import Any
 
 from minidist import backend
+from minidist.autograd.pieces import piece_layout, register_piece
 from minidist.comm.collectives.api import all_reduce
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.distributed.tensor.placement_types import Shard
-from minidist.autograd.pieces import piece_layout, register_piece
 
 
 class PieceNorm:
