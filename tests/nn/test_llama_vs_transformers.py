@@ -72,10 +72,9 @@ def tokens(seed, batch=2, length=12, vocab=53):
     return np.random.default_rng(seed).integers(0, vocab, (batch, length))
 
 
-def compare(theirs, tmp_path, dtype, tol, idx, targets):
-    theirs.save_pretrained(tmp_path)
-    ours = Llama.from_pretrained(str(tmp_path))
-    assert ours.config.dtype == dtype
+def both_backward(ours, theirs, idx, targets, tol):
+    """Forward and backward of both models on the same tokens (the cross-entropy against
+    ``targets``); their logits and losses agree within ``tol``, relative."""
     logits, loss = ours(backend.from_host(idx), backend.from_host(targets))
     loss.backward()
     out = theirs(torch.tensor(idx))
@@ -84,6 +83,13 @@ def compare(theirs, tmp_path, dtype, tol, idx, targets):
     t_loss.backward()
     assert rel(backend.to_host(logits.data), out.logits.detach().numpy()) <= tol
     assert abs(float(backend.to_host(loss.data)) - t_loss.item()) <= tol * abs(t_loss.item())
+
+
+def compare(theirs, tmp_path, dtype, tol, idx, targets):
+    theirs.save_pretrained(tmp_path)
+    ours = Llama.from_pretrained(str(tmp_path))
+    assert ours.config.dtype == dtype
+    both_backward(ours, theirs, idx, targets, tol)
     t_params = dict(theirs.named_parameters())
     for name, p in ours.named_parameters():
         want = t_params[name].grad.numpy()

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from test_llama_moe import _copy_from_mixtral, _lift_router  # noqa: E402  (tests/nn on path)
-from test_llama_vs_transformers import lift_to_float64, rel, tokens  # noqa: E402
+from test_llama_vs_transformers import both_backward, lift_to_float64, rel, tokens  # noqa: E402
 
 from minidist.nn.hf import CheckpointMismatch  # noqa: E402
 
@@ -64,14 +64,7 @@ def compare(theirs, directory, tol, seed):
     ours = Llama.from_pretrained(str(directory))
     assert ours.config.num_local_experts == theirs.config.num_local_experts
     idx, tgt = tokens(seed, length=9, vocab=VOCAB), tokens(seed + 1, length=9, vocab=VOCAB)
-    logits, loss = ours(backend.from_host(idx), backend.from_host(tgt))
-    loss.backward()
-    out = theirs(torch.tensor(idx))
-    t_loss = torch.nn.functional.cross_entropy(out.logits.flatten(0, 1),
-                                               torch.tensor(tgt).flatten())
-    t_loss.backward()
-    assert rel(backend.to_host(logits.data), out.logits.detach().numpy()) <= tol
-    assert abs(float(backend.to_host(loss.data)) - t_loss.item()) <= tol * abs(t_loss.item())
+    both_backward(ours, theirs, idx, tgt, tol)
     want = their_grads_as_ours(ours, theirs)
     for name, p in ours.named_parameters():
         err = np.abs(backend.to_host(p.grad) - want[name]).max()
