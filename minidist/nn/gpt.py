@@ -24,7 +24,7 @@ from minidist.nn.attention import CausalSelfAttention
 from minidist.nn.generate import generate
 from minidist.nn.layers import MLP, Dropout, Embedding, LayerNorm, Linear
 from minidist.nn.module import Module, ModuleList
-from minidist.nn.moe import MoE, run_block
+from minidist.nn.moe import MoE, routing_mlp, run_block
 
 
 @dataclass
@@ -132,8 +132,7 @@ class GPT(Module):
         recompute = self.config.checkpoint and self.training
         aux_losses = []                  # each MoE block's router loss, with its graph
         for block in self.blocks:
-            moe = block.mlp if hasattr(block.mlp, "aux_loss") else None
-            x, aux = run_block(block, moe, x, lambda routing: routing.aux_loss, recompute)
+            x, aux = run_block(block, routing_mlp(block), x, "aux_loss", recompute)
             if aux is not None:
                 aux_losses.append(aux)
         logits, loss = self.head(x, targets)                          # (B, T, vocab)
@@ -144,7 +143,7 @@ class GPT(Module):
 
     def moe_layers(self) -> list:
         """The MoE modules of the blocks (those that route: ``aux_loss`` and ``last``)."""
-        return [b.mlp for b in self.blocks if hasattr(b.mlp, "aux_loss")]
+        return [m for b in self.blocks if (m := routing_mlp(b)) is not None]
 
     def update_moe_bias(self) -> None:
         """DeepSeek-V3 balancing: call after each optimizer step (no-op when off)."""

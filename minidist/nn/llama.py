@@ -36,7 +36,7 @@ from minidist.nn.attention import GroupedQueryAttention
 from minidist.nn.generate import generate
 from minidist.nn.layers import Embedding, Linear, RMSNorm, SwiGLU
 from minidist.nn.module import Module, ModuleList
-from minidist.nn.moe import MoE, run_block
+from minidist.nn.moe import MoE, routing_mlp, run_block
 from minidist.nn.router import pooled_balance
 
 
@@ -214,7 +214,7 @@ class Llama(Module):
 
     def moe_layers(self) -> list:
         """The MoE modules of the layers (those that route: ``aux_loss`` and ``last``)."""
-        return [layer.mlp for layer in self.blocks if hasattr(layer.mlp, "aux_loss")]
+        return [m for layer in self.blocks if (m := routing_mlp(layer)) is not None]
 
     def stage_ends(self) -> tuple[dict, dict]:
         """The modules a pipeline's first piece holds (embeddings) and its last (head)."""
@@ -245,9 +245,8 @@ class Llama(Module):
             if past_key_values is not None:
                 x = layer(x, position_ids, document_ids, past_key_value=past_key_values.layer(i))
                 continue
-            moe = layer.mlp if hasattr(layer.mlp, "aux_loss") else None
             run = partial(layer, position_ids=position_ids, document_ids=document_ids)
-            x, probs = run_block(run, moe, x, lambda routing: routing.mean_probs, recompute)
+            x, probs = run_block(run, routing_mlp(layer), x, "mean_probs", recompute)
             if probs is not None:
                 mean_probs.append(probs)
         logits, loss = self.head(x, targets)

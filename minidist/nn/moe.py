@@ -159,12 +159,17 @@ class MoE(Module):
             self.expert_bias = nudge_bias(self.expert_bias, self.last.counts, self.bias_rate)
 
 
-def run_block(fn: Callable[[Tensor], Tensor], moe: MoE | None, x: Tensor,
-              term: Callable[[Routing], Tensor], recompute: bool = False
-              ) -> tuple[Tensor, Tensor | None]:
-    """``fn(x)`` (a block whose MLP is ``moe``, or None), and for an MoE
-    ``term(moe.last)``: the tensor of its routing that the loss adds (the GPT's
-    ``aux_loss``, the Llama's ``mean_probs``), with its graph.
+def routing_mlp(block: Module) -> MoE | None:
+    """The block's MLP if it routes tokens (an MoE, expert-parallel or not), else None."""
+    mlp = getattr(block, "mlp", None)
+    return mlp if hasattr(mlp, "aux_loss") else None
+
+
+def run_block(fn: Callable[[Tensor], Tensor], moe: MoE | None, x: Tensor, term: str,
+              recompute: bool = False) -> tuple[Tensor, Tensor | None]:
+    """``fn(x)`` (a block whose MLP is ``moe``, or None), and for an MoE the field
+    ``term`` of its routing (``moe.last``): the tensor the loss adds (the GPT's
+    ``"aux_loss"``, the Llama's ``"mean_probs"``), with its graph.
 
     ``recompute``: run the block under an activation checkpoint (in no_grad, and
     again in backward). The term then leaves the checkpoint as its second output,
@@ -176,5 +181,5 @@ def run_block(fn: Callable[[Tensor], Tensor], moe: MoE | None, x: Tensor,
         return (checkpoint(fn, x) if recompute else fn(x)), None
 
     def with_term(x: Tensor) -> tuple[Tensor, Tensor]:
-        return fn(x), term(moe.last)
+        return fn(x), getattr(moe.last, term)
     return checkpoint(with_term, x) if recompute else with_term(x)

@@ -98,17 +98,17 @@ def plan_work(rank: int, world_size: int, c: int, is_causal: bool = True,
 
 # -- the ring -------------------------------------------------------------------------
 
-def _neighbours(group: Any) -> tuple[int, int, int, int]:
-    """(rank in group, group size, global rank of the next, of the previous)."""
+def _ring(group: Any) -> tuple[int, int, list[int]]:
+    """(rank in group, group size, the global rank of each group rank)."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
-    ranks = list(range(size)) if group is None else group.ranks
-    return rank, size, ranks[(rank + 1) % size], ranks[(rank - 1) % size]
+    return rank, size, list(range(size)) if group is None else group.ranks
 
 
 def ring_forward(q: Any, k: Any, v: Any, masks: RingMasks, scale: float, group: Any,
                  blocks: dict) -> tuple[Any, Any]:
     """Arrays of this rank -> its (O, L), attending to the K/V of every rank."""
-    rank, size, nxt, prev = _neighbours(group)
+    rank, size, ranks = _ring(group)
+    nxt, prev = ranks[(rank + 1) % size], ranks[(rank - 1) % size]
     e = k.shape[-1]
     out = xp.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
     lse = xp.full(q.shape[:-1], common.NEG_INF, dtype=q.dtype)
@@ -134,8 +134,8 @@ def ring_forward(q: Any, k: Any, v: Any, masks: RingMasks, scale: float, group: 
 def ring_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, masks: RingMasks,
                   scale: float, group: Any, blocks: dict) -> tuple[Any, Any, Any]:
     """This rank's (dq, dk, dv) from its O, L and dO; K/V and their gradients ring round."""
-    rank, size, nxt, prev = _neighbours(group)
-    ranks = list(range(size)) if group is None else group.ranks
+    rank, size, ranks = _ring(group)
+    nxt, prev = ranks[(rank + 1) % size], ranks[(rank - 1) % size]
     e = k.shape[-1]
     dq = xp.zeros_like(q)
     kv = xp.concatenate([k, v], axis=-1)
