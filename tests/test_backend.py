@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from minidist import backend
 from minidist.backend import GuardArray, xp
+from minidist.backend.ordered_scatter import ordered_scatter_add
 
 
 @pytest.fixture
@@ -81,6 +82,27 @@ def test_scatter_add_sums_repeated_indices(indices):
     expected = np.zeros((5, 2))
     np.add.at(expected, indices, 1.0)
     np.testing.assert_array_equal(backend.to_host(target), expected)
+
+
+@given(indices=st.lists(st.integers(-5, 4), max_size=30), row=st.sampled_from([(), (3,), (2, 2)]),
+       dtype=st.sampled_from(["float16", "float32", "float64"]), seed=st.integers(0, 99))
+def test_ordered_scatter_add_has_the_bits_of_numpy_add_at(indices, row, dtype, seed):
+    """Repeats added one after another in their order: np.add.at's bits, not an atomic
+    add's (on CuPy the kernel runs; on the CPU backends the kernel's loop, its oracle)."""
+    rng = np.random.default_rng(seed)
+    target = rng.standard_normal((5,) + row).astype(dtype)
+    values = rng.standard_normal((len(indices),) + row).astype(dtype)
+    expected = target.copy()
+    np.add.at(expected, np.array(indices, dtype="int64"), values)
+    got = backend.from_host(target)
+    ordered_scatter_add(got, backend.from_host(np.array(indices, dtype="int64")),
+                        backend.from_host(values), on_gpu=backend.get_backend() == "cupy")
+    unsigned = f"uint{8 * target.itemsize}"
+    np.testing.assert_array_equal(backend.to_host(got).view(unsigned), expected.view(unsigned))
+
+
+def test_device_type_is_what_init_device_mesh_expects():
+    assert backend.device_type() == ("cuda" if backend.get_backend() == "cupy" else "cpu")
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])

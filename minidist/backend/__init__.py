@@ -25,7 +25,7 @@ The three backends
 Helpers that are not portable between NumPy and CuPy live here too:
 ``to_host`` / ``from_host``, a seeded ``Generator`` that draws the same numbers
 on every backend, ``scatter_add``, ``bits`` / ``from_bits``, ``synchronize``,
-``use_device`` / ``current_device`` / ``device_name``, ``Timer``, ``MemoryTracker`` and
+``use_device`` / ``current_device`` / ``device_name`` / ``device_type``, ``Timer``, ``MemoryTracker`` and
 ``MatmulFlopCounter``.
 """
 from __future__ import annotations
@@ -143,23 +143,36 @@ def to_host(a: Any) -> np.ndarray:
 
 
 def from_host(a: Any, dtype: Any = None) -> Any:
-    """Host data (NumPy array, list, scalar) -> an array of the active backend."""
+    """Host data (NumPy array, list, scalar) -> an array of the active backend.
+
+    An array that is already the backend's passes through (cast to ``dtype`` if given),
+    so code that is handed either kind need not ask which it got."""
     if _state["name"] == "numpy":
         return np.asarray(a, dtype=dtype)
-    if isinstance(a, GuardArray):
-        a = a._a
+    if isinstance(a, xp.ndarray):  # already on the device
+        return xp.asarray(a, dtype=dtype)
     return xp.asarray(np.asarray(a, dtype=dtype))
 
 
 def scatter_add(target: Any, indices: Any, values: Any) -> None:
     """In place: ``target[indices[i]] += values[i]``, repeated indices summed.
 
-    (``target[indices] += values`` would keep only one of the repeats.)
+    (``target[indices] += values`` would keep only one of the repeats.) The repeats
+    are added in the order of ``indices``, one after another, on every backend: on
+    CuPy by ``ordered_scatter.ordered_scatter_add`` (a 1-D index array into a
+    C-contiguous target) rather than atomic adds, whose order, and so whose last
+    bit, changes from run to run.
     """
     name = _state["name"]
     if name == "cupy":
-        import cupyx
-        cupyx.scatter_add(target, indices, values)
+        if (isinstance(indices, xp.ndarray) and indices.ndim == 1
+                and indices.dtype.kind in "iu" and target.flags.c_contiguous):
+            from minidist.backend.ordered_scatter import ordered_scatter_add
+            ordered_scatter_add(target, indices, xp.broadcast_to(
+                values, indices.shape + target.shape[1:]))
+        else:  # other keys (slices, tuples of arrays): atomic adds, in no fixed order
+            import cupyx
+            cupyx.scatter_add(target, indices, values)
     elif name == "guard":
         np.add.at(target._a, _unwrap(indices), _unwrap(values))
     else:
@@ -220,6 +233,12 @@ def device_name() -> str:
     import cupy
     name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
     return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def device_type() -> str:
+    """torch's name for where the arrays live: "cuda" on CuPy, else "cpu" (what
+    ``init_device_mesh`` expects, as ``"cuda" if torch.cuda.is_available() else "cpu"``)."""
+    return "cuda" if _state["name"] == "cupy" else "cpu"
 
 
 def current_device() -> int | None:

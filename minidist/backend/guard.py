@@ -128,8 +128,8 @@ class GuardArray(NDArrayOperatorsMixin):
     def __int__(self) -> int:
         return int(self._a)
 
-    def __index__(self) -> int:
-        return self._a.__index__()
+    # No __index__: CuPy's arrays have none, so `range(a)`, `lst[a]` or `x.reshape(a)`
+    # on a device array raises TypeError; say int(a), which synchronises, on purpose.
 
     def __complex__(self) -> complex:
         return complex(self._a)
@@ -163,6 +163,8 @@ class GuardNamespace:
         attr = getattr(np, name)
         if name in self._TRANSFERS:
             fn = _make_transfer(attr)
+        elif name == "where":
+            fn = _where_like_cupy
         elif isinstance(attr, type) or not callable(attr):
             fn = attr  # dtypes, constants
         elif hasattr(attr, "__name__") and type(attr).__name__ == "module":
@@ -190,6 +192,15 @@ def _make_wrapped(fn):
         return _wrap(fn(*_unwrap(args), **_unwrap(kwargs)))
     wrapped.__name__ = getattr(fn, "__name__", "fn")
     return wrapped
+
+
+def _where_like_cupy(condition, *args, **kwargs):
+    """``xp.where``: CuPy's takes only an array condition, not a Python bool."""
+    if not isinstance(condition, GuardArray):
+        raise TypeError(f"xp.where's condition must be an array on CuPy, not "
+                        f"{type(condition).__name__} (guard backend, behaving like CuPy); "
+                        "wrap it in xp.asarray(...)")
+    return _wrap(np.where(condition._a, *_unwrap(args), **_unwrap(kwargs)))
 
 
 def _host_ok(obj):

@@ -102,7 +102,9 @@ class Pow(Function):
         zero = xp.zeros((), grad.dtype)
         if ctx.needs_input_grad[0]:
             # a^0 is constant: its derivative is 0, also at a = 0 (not 0 * 0^-1 = nan)
-            ga = unbroadcast(xp.where(p == 0, zero, grad * p * a ** (p - 1)), shape_of(a))
+            # (xp.asarray: p may be a number, and CuPy's where takes only an array condition)
+            ga = unbroadcast(xp.where(xp.asarray(p == 0), zero, grad * p * a ** (p - 1)),
+                             shape_of(a))
         if ctx.needs_input_grad[1]:
             # 0^p is 0 or 1 for every p >= 0: flat, not 0 * log 0 = nan
             flat = (a == 0) & (p >= 0)
