@@ -33,6 +33,7 @@ import sys
 import numpy as np
 
 import minidist
+from minidist import backend
 from minidist.backend import from_host, to_host
 from _args import positive_int
 
@@ -48,7 +49,7 @@ def tp_mlp(width):
     from minidist.nn import MLP
     from minidist import backend
     t = get_world_size()
-    mesh = init_device_mesh("cpu", (t,), mesh_dim_names=("tp",))
+    mesh = init_device_mesh(backend.device_type(), (t,), mesh_dim_names=("tp",))
     dense = MLP(width, 4 * width, 0.0, True, "float64", generator=backend.Generator(0))
     model = copy.deepcopy(dense)
     parallelize_module(model, mesh["tp"], {"c_fc": ColwiseParallel(),
@@ -113,7 +114,7 @@ def tp_gpt(n_layer, n_embd):
     cfg = GPTConfig(block_size=16, vocab_size=8 * t, n_layer=n_layer, n_head=t, n_embd=n_embd,
                     dtype="float64")
     single, model = GPT(cfg), GPT(cfg)
-    mesh = init_device_mesh("cpu", (t,), mesh_dim_names=("tp",))
+    mesh = init_device_mesh(backend.device_type(), (t,), mesh_dim_names=("tp",))
     parallelize_module(model, mesh["tp"], gpt_tp_plan(cfg, t))
     rng = np.random.default_rng(3)
     idx, tgt = (from_host(rng.integers(0, cfg.vocab_size, (2, 16))) for _ in range(2))

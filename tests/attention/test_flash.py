@@ -198,3 +198,20 @@ def test_bad_block_sizes_are_refused():
     with pytest.raises(ValueError, match="attention must be"):
         from minidist.nn import GPT, GPTConfig
         GPT(GPTConfig(attention="fast"))
+
+
+def test_default_tiles_are_the_backends_and_used_when_none_are_given(monkeypatch):
+    """512-row tiles on the CPU backends, 1024 on CuPy (fewer kernel launches); a call
+    without block sizes runs exactly as one that names the default tiles."""
+    expected = (flash.GPU_BLOCK,) * 2 if backend.get_backend() == "cupy" else \
+        (flash.BLOCK_Q, flash.BLOCK_K)
+    assert flash.default_tiles() == expected
+    seen, real = [], flash.flash_forward
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["block_q"], kwargs["block_k"]))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(flash, "flash_forward", spy)
+    q = Tensor(backend.from_host(np.random.default_rng(0).standard_normal((1, 5, 4))))
+    flash_attention(q, q, q, is_causal=True)
+    assert seen == [expected]

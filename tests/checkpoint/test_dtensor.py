@@ -3,6 +3,7 @@ tensor, gathered, is the saved one bit for bit; each rank reads only overlapping
 import numpy as np
 
 from minidist.comm import World
+from minidist import backend
 
 
 def _model(seed):
@@ -55,7 +56,7 @@ def _tp_model(seed, sequence_parallel=False):
     t = dist.get_world_size()
     cfg = GPTConfig(block_size=8, vocab_size=8, n_layer=1, n_head=4, n_embd=16,
                     dtype="float64", seed=seed)
-    mesh = init_device_mesh("cpu", (t,), mesh_dim_names=("tp",))
+    mesh = init_device_mesh(backend.device_type(), (t,), mesh_dim_names=("tp",))
     return parallelize_module(GPT(cfg), mesh["tp"], gpt_tp_plan(cfg, t, sequence_parallel))
 
 

@@ -22,6 +22,8 @@ COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_in
 DTYPES = ("float16", "float32", "float64", "int8", "int32", "int64", "uint8")
 OPS = ("SUM", "AVG", "MAX", "MIN", "PROD")
 ALGORITHMS = ("ring", "tree", "recursive_doubling", "naive", "allgather", "direct", "auto")
+if backend.get_backend() == "cupy":  # "direct" reads peers' host memory, not device arrays
+    ALGORITHMS = tuple(a for a in ALGORITHMS if a != "direct")
 UFUNC = {"SUM": np.add, "AVG": np.add, "PROD": np.multiply, "MAX": np.maximum, "MIN": np.minimum}
 
 

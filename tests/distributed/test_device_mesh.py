@@ -11,7 +11,7 @@ def mesh_case(shape):
     import minidist.distributed as dist
     from minidist import backend
     from minidist.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(backend.device_type(), shape, mesh_dim_names=("dp", "tp"))
     x = backend.xp.ones(1) * dist.get_rank()
     dist.all_reduce(x, group=mesh.get_group("tp"))          # sums my tp ranks
     tp = mesh["tp"]

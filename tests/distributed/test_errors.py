@@ -1,4 +1,5 @@
 """Bad input gets an error that names what was wrong, on every rank, without a hang."""
+from minidist import backend
 from tests.distributed.worlds import world_fixture
 
 world = world_fixture([2])
@@ -17,8 +18,8 @@ def errors_case(_):
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
     xp = backend.xp
-    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    other = init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(backend.device_type(), (2,), mesh_dim_names=("tp",))
+    other = init_device_mesh(backend.device_type(), (1, 2), mesh_dim_names=("dp", "tp"))
     x = distribute_tensor(xp.ones((4, 3)), mesh, [Shard(0)])
     rank = mesh.get_rank()
     return {
@@ -31,8 +32,9 @@ def errors_case(_):
         "from_local_rows": _message(lambda: DTensor.from_local(
             xp.ones((1 + 2 * rank, 3)), mesh, [Shard(0)], run_check=True, shape=(4, 3))),
         "name": _message(lambda: mesh["dp"]),
-        "device": _message(lambda: init_device_mesh("cuda", (2,))),
-        "world": _message(lambda: init_device_mesh("cpu", (3,))),
+        "device": _message(lambda: init_device_mesh(
+            "cpu" if backend.device_type() == "cuda" else "cuda", (2,))),
+        "world": _message(lambda: init_device_mesh(backend.device_type(), (3,))),
     }
 
 
@@ -44,5 +46,5 @@ def test_bad_input_is_a_clear_error(world):
         assert "disagree" in found["from_local"] and "(2, 3)" in found["from_local"]
         assert "torch.chunk" in found["from_local_rows"] and "[1, 3]" in found["from_local_rows"]
         assert "no dimension named 'dp'" in found["name"]
-        assert "use 'cpu'" in found["device"]
+        assert f"use '{backend.device_type()}'" in found["device"]
         assert "3 ranks but the world has 2" in found["world"]

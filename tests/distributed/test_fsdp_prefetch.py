@@ -248,7 +248,7 @@ def sub_mesh_groups_case():
     blocks of 1 and of 2 of its own slice."""
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.distributed.fsdp.state import post_forward_group
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))["dp"]
+    mesh = init_device_mesh(backend.device_type(), (2, 2), mesh_dim_names=("dp", "tp"))["dp"]
     return list(mesh.mesh), post_forward_group(mesh, 1).ranks, post_forward_group(mesh, 2).ranks
 
 

@@ -21,7 +21,7 @@ def fsdp_tp_case(seed, whole=False, clip=None):
                                                       gpt_tp_plan, parallelize_module)
     from minidist.nn import GPT, GPTConfig
     from minidist.optim import AdamW, clip_grad_norm_
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(backend.device_type(), (2, 2), mesh_dim_names=("dp", "tp"))
     cfg = GPTConfig(block_size=8, vocab_size=12, n_layer=2, n_head=2, n_embd=8,
                     dtype="float64", seed=seed)
     single, model = GPT(cfg), GPT(cfg)

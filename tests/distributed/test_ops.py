@@ -27,7 +27,7 @@ def op_case(case):
 
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.distributed.tensor import distribute_tensor
-    mesh = init_device_mesh("cpu", case["mesh"])
+    mesh = init_device_mesh(backend.device_type(), case["mesh"])
     xs = []
     for full, spec in zip(case["inputs"], case["placements"]):
         x = distribute_tensor(backend.from_host(full), mesh, _placements(spec))
@@ -110,7 +110,7 @@ def rule_case(_):
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
     xp = backend.xp
-    mesh = init_device_mesh("cpu", (2,))
+    mesh = init_device_mesh(backend.device_type(), (2,))
     a = distribute_tensor(xp.ones((2, 4, 6)), mesh, [Shard(2)])
     b = distribute_tensor(xp.ones((6, 4)), mesh, [Shard(0)])
     c = distribute_tensor(xp.ones((6, 4)), mesh, [Shard(1)])

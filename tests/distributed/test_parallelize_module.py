@@ -43,7 +43,7 @@ def mlp_case(case):
     rng = np.random.default_rng(case["seed"])
     x_full = rng.standard_normal((B, T, C))
     dy_full = rng.standard_normal((B, T, C))
-    mesh = init_device_mesh("cpu", (t,), mesh_dim_names=("tp",))
+    mesh = init_device_mesh(backend.device_type(), (t,), mesh_dim_names=("tp",))
 
     def run(model, x, dy):
         xt = Tensor(backend.from_host(x), requires_grad=True)
@@ -110,7 +110,7 @@ def missing_case(_):
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.distributed.tensor.parallel import ColwiseParallel, parallelize_module
     from minidist.nn import MLP
-    mesh = init_device_mesh("cpu", (backend_world_size(),))
+    mesh = init_device_mesh(backend.device_type(), (backend_world_size(),))
     try:
         parallelize_module(MLP(4, 8), mesh, {"c_fcc": ColwiseParallel()})
     except ValueError as e:
@@ -156,7 +156,7 @@ def sequence_parallel_case(seed):
     dense = NormMLP(C)
     dense.ln.weight.data[...] = backend.from_host(rng.standard_normal(C))
     model = copy.deepcopy(dense)
-    mesh = init_device_mesh("cpu", (t,))
+    mesh = init_device_mesh(backend.device_type(), (t,))
     parallelize_module(model.ln, mesh, SequenceParallel())     # then its input, outside
     parallelize_module(model, mesh, {
         "ln": PrepareModuleInput(input_layouts=Replicate(), desired_input_layouts=Shard(1)),
@@ -191,7 +191,7 @@ def embedding_case(seed):
     rng = np.random.default_rng(seed)
     dense = Embedding(4 * t, 3, "float64", generator=backend.Generator(seed))
     model = copy.deepcopy(dense)
-    parallelize_module(model, init_device_mesh("cpu", (t,)), RowwiseParallel())
+    parallelize_module(model, init_device_mesh(backend.device_type(), (t,)), RowwiseParallel())
     ids = backend.from_host(rng.integers(0, 4 * t, (2, 5)))
     dy = backend.from_host(rng.standard_normal((2, 5, 3)))
     out = []
@@ -231,7 +231,7 @@ def loss_parallel_case(seed):
     dense = Tensor(backend.from_host(full), requires_grad=True)
     want = F.cross_entropy(dense, backend.from_host(targets))
     want.backward()
-    logits = distribute_tensor(backend.from_host(full), init_device_mesh("cpu", (t,)),
+    logits = distribute_tensor(backend.from_host(full), init_device_mesh(backend.device_type(), (t,)),
                                [Shard(1)])
     logits._local_tensor.requires_grad_()
     with loss_parallel(), CommDebugMode() as comm:

@@ -56,7 +56,7 @@ def rule_case(cases):
     from minidist.distributed.tensor import distribute_tensor
     results = []
     for case in cases:
-        mesh = init_device_mesh("cpu", case["mesh"])
+        mesh = init_device_mesh(backend.device_type(), case["mesh"])
         xs = []
         for full, spec in zip(case["inputs"], case["placements"]):
             x = distribute_tensor(backend.from_host(full), mesh, _placements(spec))
@@ -224,7 +224,7 @@ def test_each_rule_gives_its_tables_placements(world):
 def view_case(_):
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.distributed.tensor import Shard, distribute_tensor
-    mesh = init_device_mesh("cpu", (2,))
+    mesh = init_device_mesh(backend.device_type(), (2,))
     x = distribute_tensor(backend.xp.ones((2, 4, 3)), mesh, [Shard(1)])
     kept = x.view(2, 2, 2, 3).placements
     try:

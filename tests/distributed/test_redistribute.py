@@ -48,7 +48,7 @@ def redistribute_case(case):
     """On every rank: distribute as src, redistribute to dst; local piece and full tensor."""
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.distributed.tensor import distribute_tensor
-    mesh = init_device_mesh("cpu", case["mesh"])
+    mesh = init_device_mesh(backend.device_type(), case["mesh"])
     full = backend.from_host(case["full"])
     x = distribute_tensor(full, mesh, _placements(case["src"]))
     y = x.redistribute(mesh, _placements(case["dst"]))
@@ -101,7 +101,7 @@ def grad_case(case):
     """loss = sum(W * y.full_tensor()) on every rank, y = x.redistribute(dst): dL/dx = W."""
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.distributed.tensor import distribute_tensor
-    mesh = init_device_mesh("cpu", case["mesh"])
+    mesh = init_device_mesh(backend.device_type(), case["mesh"])
     x = distribute_tensor(backend.from_host(case["full"]).copy(), mesh, _placements(case["src"]))
     x._local_tensor.requires_grad_()
     y = x.redistribute(mesh, _placements(case["dst"]))
@@ -131,7 +131,7 @@ def reduce_scatter_grad_case(case):
     import minidist.distributed as dist
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = init_device_mesh(backend.device_type(), (dist.get_world_size(),))
     x = distribute_tensor(backend.from_host(case["full"]), mesh, [Shard(0)])
     x._local_tensor.requires_grad_()
     w = x.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])

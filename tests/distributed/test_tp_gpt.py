@@ -51,7 +51,7 @@ def gpt_case(case):
                     n_embd=4 * t, dtype="float64", seed=case["seed"], bias=case["bias"])
     single = GPT(cfg)
     tp = copy.deepcopy(single)
-    mesh = init_device_mesh("cpu", (t,), mesh_dim_names=("tp",))
+    mesh = init_device_mesh(backend.device_type(), (t,), mesh_dim_names=("tp",))
     if case["plan"] == "mlp":
         plan = {"blocks.*.mlp.c_fc": ColwiseParallel(),
                 "blocks.*.mlp.c_proj": RowwiseParallel()}
@@ -146,7 +146,7 @@ def block_case(case):
             "mlp.c_proj": RowwiseParallel(output_layouts=seq)}
     if sp:
         plan.update({"ln_1": SequenceParallel(), "ln_2": SequenceParallel()})
-    mesh = init_device_mesh("cpu", (t,))
+    mesh = init_device_mesh(backend.device_type(), (t,))
     tp = parallelize_module(copy.deepcopy(dense), mesh, plan)
     rng = np.random.default_rng(case["seed"])
     x, dy = (rng.standard_normal((2, cfg.block_size, cfg.n_embd)) for _ in range(2))
@@ -184,7 +184,7 @@ def plan_errors_case(_):
                                                       gpt_tp_plan, parallelize_module)
     from minidist.nn import GPT, GPTConfig, LayerNorm
     t = dist.get_world_size()
-    mesh = init_device_mesh("cpu", (t,))
+    mesh = init_device_mesh(backend.device_type(), (t,))
     cfg = GPTConfig(block_size=8, vocab_size=4 * t, n_layer=1, n_head=t, n_embd=4 * t)
     attempts = {
         "heads": lambda: gpt_tp_plan(GPTConfig(n_head=t + 1, n_embd=4 * (t + 1)), t),

@@ -32,7 +32,7 @@ def llama_case(case):
                       tie_word_embeddings=case["tied"])
     single = Llama(cfg)
     tp = copy.deepcopy(single)
-    mesh = init_device_mesh("cpu", (t,), mesh_dim_names=("tp",))
+    mesh = init_device_mesh(backend.device_type(), (t,), mesh_dim_names=("tp",))
     parallelize_module(tp, mesh["tp"], llama_tp_plan(cfg, t, case["sp"], case["loss"]))
     rng = np.random.default_rng(case["seed"])
     idx, tgt = (backend.from_host(rng.integers(0, cfg.vocab_size, (2, 2 * t))) for _ in "ab")
@@ -92,7 +92,7 @@ def kv_heads_case(_):
     except ValueError as e:
         messages.append(str(e))
     model = Llama(cfg)
-    mesh = init_device_mesh("cpu", (2,))
+    mesh = init_device_mesh(backend.device_type(), (2,))
     parallelize_module(model, mesh, {"model.layers.*.self_attn.k_proj": ColwiseParallel(),
                                      "model.layers.*.self_attn.v_proj": ColwiseParallel()})
     try:
