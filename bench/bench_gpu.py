@@ -1,14 +1,21 @@
-"""minidist on CuPy vs PyTorch on the same GPU: GPT step, flash attention, all-reduce.
+"""minidist on CuPy vs PyTorch on the same GPU: GPT and Llama steps, flash attention,
+all-reduce, block-scaled quantisation.
 
-    python bench/bench_gpu.py                        # all three, default sizes
-    python bench/bench_gpu.py --lengths 1024 4096 --steps 20 --sizes 1M 64M
+    python bench/bench_gpu.py                        # everything, default sizes
+    python bench/bench_gpu.py --parts gpt attention --lengths 1024 4096 --steps 20
+    python bench/bench_gpu.py --parts allreduce --sizes 1M 64M
 
 In one run, on one GPU, each beside its PyTorch counterpart (eager, CUDA):
 
 1. a GPT training step (forward + backward + AdamW, float32): minidist.nn.GPT
    on CuPy vs its PyTorch twin (tests/oracles/torch_gpt.py) with identical
-   weights and batch; the model sizes of bench_autograd.py; median step time.
-   Target: minidist <= 1.5x torch eager.
+   weights and batch; the model sizes of bench_autograd.py; median step time;
+   then the same for the Llama (minidist.nn.Llama vs transformers'
+   LlamaForCausalLM with its weights). Target: minidist <= 1.5x torch eager.
+   Where the time goes: PyTorch's profiler (CUPTI) sees every kernel the
+   process launches, CuPy's too, so one profiled step of each framework gives
+   its kernel count and the device's busy time; the rest of the step is host
+   time (Python, the launches themselves).
 2. causal attention forward + backward at each ``--lengths`` s: minidist's
    flash_attention on CuPy vs torch.nn.functional.scaled_dot_product_attention
    (is_causal=True: PyTorch's fused kernel). Target at s=4096: <= 3x.
@@ -17,6 +24,11 @@ In one run, on one GPU, each beside its PyTorch counterpart (eager, CUDA):
    message staged through host shared memory) vs torch.distributed, NCCL when
    each rank has a GPU of its own, gloo (CUDA tensors) when they share one,
    since NCCL refuses two ranks on one device. The backend used is printed.
+4. MX (E4M3, E2M1) and NVFP4 quantisation of --quant-n float32 values in
+   blocks of 32 / 16: minidist's mx_quantize / nvfp4_quantize on CuPy vs
+   torchao's to_mx / nvfp4_quantize on the same GPU, where torchao imports.
+   minidist returns the element values as float32, torchao packed codes: the
+   same rounding, different output bytes.
 
 Steps alternate between the two frameworks so that noise hits both alike.
 Without CuPy, a CUDA device, or PyTorch built with CUDA the script says so in
@@ -33,6 +45,9 @@ import gpt_race
 from _args import byte_size, positive_int
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+PARTS = ("gpt", "llama", "attention", "allreduce", "quant")
+parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                    help="which measurements to run (default: all)")
 parser.add_argument("--steps", type=positive_int, default=15, help="timed GPT steps per framework")
 gpt_race.add_gpt_size_arguments(parser)  # the same GPT as bench_autograd.py
 parser.add_argument("--lengths", type=positive_int, nargs="+", default=[1024, 4096],
@@ -49,6 +64,8 @@ parser.add_argument("--repeats", type=positive_int, default=5,
 parser.add_argument("--sizes", type=byte_size, nargs="+",
                     default=[1 << 20, 16 << 20, 64 << 20],
                     help="all-reduce message sizes in bytes (K, M suffixes)")
+parser.add_argument("--quant-n", type=positive_int, default=1 << 24,
+                    help="values quantised per MX / NVFP4 run (a multiple of 32)")
 args = parser.parse_args()
 gpt_race.check_gpt_size(parser, args)
 
@@ -121,21 +138,44 @@ def verdict(ratio: float, target: float) -> str:
     return f"(target <= {target:g}x{'' if ratio <= target else ', MISSED'})"
 
 
-# -- 1. GPT training step --------------------------------------------------------------
+# -- 1. GPT and Llama training steps --------------------------------------------------
 
-def gpt_step() -> float:
-    model, minidist_step, torch_step = gpt_race.build(args, CUDA)
-    cfg = model.config
+def training_step(kind: str) -> float:
+    """minidist / torch median step time for ``kind`` ("gpt" or "llama"), printed with
+    where the time goes."""
+    model, minidist_step, torch_step = gpt_race.build(argparse.Namespace(**{**vars(args),
+                                                                           "model": kind}), CUDA)
     med = medians({"minidist": minidist_step, "torch": torch_step}, args.steps)
     tokens = args.batch * args.block
-    print(f"\n1. GPT training step: {cfg.n_layer} layers, width {cfg.n_embd}, {cfg.n_head} heads, "
-          f"batch {args.batch} x {args.block}, {model.num_parameters():,} params, float32")
-    print(f"   {'framework':<10} {'median ms':>10} {'tokens/s':>10}")
-    for name, t in med.items():
-        print(f"   {name:<10} {1e3 * t:10.2f} {tokens / t:10.0f}")
+    name = "Llama" if kind == "llama" else "GPT"
+    print(f"\n1. {name} training step: {args.n_layer} layers, width {args.n_embd}, "
+          f"{args.n_head} heads, batch {args.batch} x {args.block}, "
+          f"{model.num_parameters():,} params, float32")
+    print(f"   {'framework':<10} {'median ms':>10} {'tokens/s':>10} {'kernels':>8} "
+          f"{'device busy ms':>15}")
+    for framework, step in (("minidist", minidist_step), ("torch", torch_step)):
+        kernels, busy = kernel_profile(step)
+        print(f"   {framework:<10} {1e3 * med[framework]:10.2f} {tokens / med[framework]:10.0f} "
+              f"{kernels:>8} {busy:>15}")
     ratio = med["minidist"] / med["torch"]
     print(f"   ratio minidist / torch eager: {ratio:.2f}x {verdict(ratio, 1.5)}")
     return ratio
+
+
+def kernel_profile(step) -> tuple[str, str]:
+    """(kernels launched, device busy ms) in one profiled ``step``: PyTorch's profiler
+    records every CUDA kernel of the process through CUPTI, CuPy's included."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        sync()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step()
+            sync()
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        busy_us = sum(e.device_time for e in kernels)
+        return str(len(kernels)), f"{busy_us / 1e3:.2f}"
+    except Exception as exc:  # a profiler that cannot start here: say so, time anyway
+        return "?", f"({type(exc).__name__})"
 
 
 # -- 2. flash attention forward + backward -------------------------------------------
@@ -241,15 +281,60 @@ def all_reduce() -> dict:
     return ratios
 
 
+# -- 4. MX / NVFP4 quantisation -------------------------------------------------------
+
+def quantisation() -> dict:
+    """Median seconds of minidist's and torchao's block quantisation of the same values."""
+    from minidist.precision import mx_quantize, nvfp4_quantize
+    host = np.random.default_rng(0).standard_normal(args.quant_n).astype("float32")
+    x = backend.from_host(host.reshape(-1, 1024))
+    tx = torch.from_numpy(host.reshape(-1, 1024)).to(CUDA)
+    try:
+        from torchao.prototype.mx_formats.mx_tensor import to_mx
+        from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize as ao_nvfp4
+        from torchao.prototype.mx_formats.nvfp4_tensor import per_tensor_amax_to_scale
+        ao = {"mxfp8 e4m3": lambda: to_mx(tx, torch.float8_e4m3fn, 32),
+              "mxfp4 e2m1": lambda: to_mx(tx, torch.float4_e2m1fn_x2, 32),
+              "nvfp4": lambda: ao_nvfp4(tx, 16, per_tensor_amax_to_scale(tx.abs().max()))}
+        why = ""
+    except Exception as exc:  # torchao absent, or built for another PyTorch
+        ao, why = {}, f"torchao does not run here ({type(exc).__name__}: {exc})"
+    ours = {"mxfp8 e4m3": lambda: mx_quantize(x, "fp8_e4m3fn"),
+            "mxfp4 e2m1": lambda: mx_quantize(x, "fp4_e2m1fn"),
+            "nvfp4": lambda: nvfp4_quantize(x)}
+    print(f"\n4. block quantisation of {args.quant_n:,} float32 values (rows of 1024), "
+          f"median of {args.repeats}; minidist returns float32 values, torchao packed codes")
+    if why:
+        print(f"   {why}")
+    print(f"   {'format':<11} {'minidist ms':>12} {'Gelem/s':>8} {'torchao ms':>11} {'ratio':>7}")
+    ratios = {}
+    for fmt, step in ours.items():
+        steps = {"minidist": step, **({"torchao": ao[fmt]} if fmt in ao else {})}
+        med = medians(steps, args.repeats)
+        rate = args.quant_n / med["minidist"] / 1e9
+        if "torchao" in med:
+            ratios[fmt] = med["minidist"] / med["torchao"]
+            ref = f"{1e3 * med['torchao']:>11.2f} {ratios[fmt]:>6.2f}x"
+        else:
+            ref = f"{'-':>11} {'-':>7}"
+        print(f"   {fmt:<11} {1e3 * med['minidist']:>12.2f} {rate:>8.2f} {ref}", flush=True)
+    return ratios
+
+
 if __name__ == "__main__":
     print(f"GPU: {torch.cuda.get_device_name(CUDA)}; CuPy {cupy.__version__}, "
           f"PyTorch {torch.__version__}, CUDA {torch.version.cuda}")
-    gpt = gpt_step()
-    flash = attention()
-    comm = all_reduce()
+    steps = {kind: training_step(kind) for kind in ("gpt", "llama") if kind in args.parts}
+    flash = attention() if "attention" in args.parts else {}
+    comm = all_reduce() if "allreduce" in args.parts else {}
+    quant = quantisation() if "quant" in args.parts else {}
     print("\nsummary (minidist / torch, time):")
-    print(f"   GPT step            {gpt:.2f}x {verdict(gpt, 1.5)}")
+    for kind, r in steps.items():
+        label = "GPT step" if kind == "gpt" else "Llama step"
+        print(f"   {label:<19} {r:.2f}x {verdict(r, 1.5)}")
     for s, r in flash.items():
-        print(f"   flash s={s:<11}{r:.2f}x" + (f" {verdict(r, 3)}" if s == 4096 else ""))
+        print(f"   flash s={s:<11} {r:.2f}x" + (f" {verdict(r, 3)}" if s == 4096 else ""))
     for nbytes, r in comm.items():
         print(f"   all-reduce {size_text(nbytes):<8} {r:.2f}x")
+    for fmt, r in quant.items():
+        print(f"   {fmt:<19} {r:.2f}x (vs torchao)")

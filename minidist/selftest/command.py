@@ -3,6 +3,7 @@
     minidist selftest --backend cupy             # on a GPU: everything, cupy against numpy
     minidist selftest --backend guard --quick    # the CuPy-like guard, small and fast
     minidist selftest -k "round or flash"        # only what matches (as pytest's -k)
+    minidist selftest --backend cupy --jobs 8    # the property suite in 8 pytest-xdist workers
 
 1. The comparison suite (checks.py): every check computes the same thing on the
    chosen backend and on NumPy from the same host inputs, and compares them
@@ -13,7 +14,8 @@
    ``--quick``, only its single-process part (backend, autograd, nn, optim,
    precision, attention: about 30 s on 2 cores). Without a checkout next to the
    package (an installed wheel) there is no tests/ folder: the command says so and
-   runs the comparison suite alone.
+   runs the comparison suite alone. ``--jobs N`` spreads it over N pytest-xdist
+   workers (each its own process, so on CuPy each its own CUDA context).
 
 Exit status: 0 if everything passed, 1 if anything failed, 2 if the backend
 cannot run here (no CuPy or no CUDA device for ``cupy``).
@@ -21,6 +23,7 @@ cannot run here (no CuPy or no CUDA device for ``cupy``).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import pathlib
 import re
@@ -49,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
                              "(words, and / or / not, parentheses: as pytest's -k)")
     parser.add_argument("--quick", action="store_true",
                         help="small comparison sizes and only the single-process tests")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="run the property suite in N pytest-xdist workers (needs "
+                             "pytest-xdist; default 1: one process)")
     return run
 
 
@@ -66,8 +72,15 @@ def run(ns: argparse.Namespace) -> int:
     with active_backend(ns.backend):
         where = f"{ns.backend} on {backend.device_name()}"
     print(f"minidist selftest: {where}")
+    if ns.jobs < 1:
+        print(f"minidist selftest: --jobs must be at least 1, not {ns.jobs}", file=sys.stderr)
+        return 2
+    if ns.jobs > 1 and importlib.util.find_spec("xdist") is None:
+        print("minidist selftest: --jobs needs pytest-xdist (pip install pytest-xdist)",
+              file=sys.stderr)
+        return 2
     failed = run_checks(checks, ns.backend, ns.quick)
-    tests_ok = run_property_suite(ns.backend, ns.expr, ns.quick)
+    tests_ok = run_property_suite(ns.backend, ns.expr, ns.quick, ns.jobs)
     suite = {True: "passed", False: "failed", None: "not run"}[tests_ok]
     verdict = "FAILED" if failed or tests_ok is False else "passed"
     print(f"minidist selftest, {where}: {verdict} ({failed} of {len(checks)} "
@@ -88,15 +101,18 @@ def run_checks(checks: list[Check], backend_name: str, quick: bool) -> int:
     return failed
 
 
-def run_property_suite(backend_name: str, expr: str | None, quick: bool) -> bool | None:
-    """pytest on the checkout's tests/ under MINIDIST_BACKEND: True if it passed,
-    None if there is no tests/ folder or -k matched no test."""
+def run_property_suite(backend_name: str, expr: str | None, quick: bool,
+                       jobs: int = 1) -> bool | None:
+    """pytest on the checkout's tests/ under MINIDIST_BACKEND (in ``jobs`` xdist workers
+    when more than one): True if it passed, None if there is no tests/ folder or -k
+    matched no test."""
     if not TESTS.is_dir():
         print(f"property suite: not run: no tests/ folder next to the package ({TESTS}); "
               "it comes with a source checkout")
         return None
     paths = [f"tests/{p}" for p in QUICK_TESTS] if quick else ["tests"]
-    args = ["-m", "pytest", *paths] + (["-k", expr] if expr else [])
+    args = ["-m", "pytest", *paths] + (["-k", expr] if expr else []) + \
+        (["-n", str(jobs)] if jobs > 1 else [])
     print(f"property suite, in {REPO}: MINIDIST_BACKEND={backend_name} python "
           f"{shlex.join(args)}", flush=True)
     env = dict(os.environ, MINIDIST_BACKEND=backend_name)
