@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from minidist.calc.llama import (LLAMA3_70B, LLAMA3_8B, kv_cache_bytes, llama_flops_per_token,
                                  llama_params)
 from minidist.cli import main
+from oracles.optional import require_transformers_model
 
 
 def test_llama3_8b_and_70b_parameter_counts():
@@ -40,7 +41,7 @@ def test_count_equals_the_models_parameters(c):
     want = llama_params(**c)
     from minidist.nn import Llama, LlamaConfig
     assert Llama(LlamaConfig(**c)).num_parameters() == want.total
-    transformers = pytest.importorskip("transformers")
+    transformers = require_transformers_model()
     theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig(**c))
     assert sum(p.numel() for p in theirs.parameters()) == want.total
 
