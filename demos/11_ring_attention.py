@@ -41,8 +41,6 @@ from _args import non_negative_int, positive_int
 
 def on_rank(arrays, causal, layout, window):
     """Each rank: its shard of q, k, v, dO -> ring attention forward + backward."""
-    # functions, not modules, from here: a module named in a function of __main__
-    # would be pickled whole to reach the ranks
     rank, size = get_rank(), get_world_size()
     q, k, v, do = (shard_sequence(from_host(a), rank, size, layout) for a in arrays)
     qt, kt, vt = (Tensor(a, requires_grad=True) for a in (q, k, v))

@@ -11,8 +11,9 @@ How a world lives and dies:
 - The parent creates the shared-memory segment, then starts the ranks with the
   ``spawn`` method (a fresh interpreter; nothing is inherited through fork, as
   CUDA requires). Each rank attaches the segment by name and joins the group.
-- ``run`` sends the function (pickled with dill, so closures work) to every
-  rank over a pipe and collects the return values.
+- ``run`` sends the function (pickled with dill, so closures work; importable
+  modules by reference, payload.py) to every rank over a pipe and collects the
+  return values.
 - If a rank raises, it marks the world as aborted in shared memory, so ranks
   blocked on it stop at once with ``WorldAbortedError``. The parent waits a
   moment for the others to report, terminates the rest, removes the segment
@@ -48,6 +49,7 @@ from multiprocess.connection import wait as wait_any
 from minidist import backend
 from minidist.comm.transport import flight, shm
 from minidist.comm.errors import RankFailedError, WorldAbortedError, WorldTimeoutError
+from minidist.comm.launch import payload
 from minidist.comm.launch.output import RankOutput, redirect_this_process
 from minidist.comm.launch.report import traceback_from_user_code
 from minidist.comm.transport.link import link_bytes_per_s, topology
@@ -134,10 +136,10 @@ class World:
         """Call ``fn(*args, **kwargs)`` on every rank; return the per-rank results."""
         if self.closed:
             raise RuntimeError("this world is closed (a rank failed, or close() was called)")
-        payload = dill.dumps((fn, args, kwargs), recurse=True)
+        message = payload.dumps((fn, args, kwargs))
         try:
             for conn in self._conns:
-                conn.send_bytes(payload)
+                conn.send_bytes(message)
             return self._collect(self.run_timeout, getattr(fn, "__name__", "fn"))
         except BaseException:
             self.close(force=True)
