@@ -57,8 +57,9 @@ def test_flops_per_token_is_six_n_matmul_plus_attention():
     assert llama_flops_per_token(8192, **LLAMA3_8B) == 6 * n_mm + 12 * 32 * 8192 * 4096
 
 
-def test_cli_prints_the_8b_count_and_refuses_a_missing_size(capsys):
-    assert main(["calc", "llama", "--preset", "llama3-8b"]) == 0
+@pytest.mark.parametrize("flag", ["--model", "--preset"])   # --model as in plan; --preset kept
+def test_cli_prints_the_8b_count_and_refuses_a_missing_size(flag, capsys):
+    assert main(["calc", "llama", flag, "llama3-8b"]) == 0
     assert "8,030,261,248" in capsys.readouterr().out
     with pytest.raises(SystemExit) as stop:
         main(["calc", "llama", "--hidden", "64"])
