@@ -48,7 +48,8 @@ from multiprocess.connection import wait as wait_any
 
 from minidist import backend
 from minidist.comm.transport import flight, shm
-from minidist.comm.errors import RankFailedError, WorldAbortedError, WorldTimeoutError
+from minidist.comm.errors import (NestedWorldError, RankFailedError, WorldAbortedError,
+                                  WorldTimeoutError)
 from minidist.comm.launch import payload
 from minidist.comm.launch.output import RankOutput, redirect_this_process
 from minidist.comm.launch.report import traceback_from_user_code
@@ -84,6 +85,12 @@ class World:
         None: the ranks write to this process's stdout and stderr directly)."""
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
+        if multiprocess.current_process().daemon:
+            raise NestedWorldError(
+                f"{multiprocess.current_process().name} cannot start a world of its own (a "
+                "rank's processes cannot have children): under `minidist run` join the world "
+                "this process is in (dist.launched(), then dist.init_process_group()), or run "
+                "the script with python")
         if slot_bytes is None:
             slot_bytes = 1 << 20 if world_size <= 8 else 1 << 18
         self.world_size = world_size
