@@ -29,6 +29,7 @@ import minidist.distributed as dist
 from minidist.backend import xp
 from minidist.comm.collectives import cost
 from _args import positive_int
+from _launched import one_process_only
 
 
 def bytes_per_rank(m_bytes: int) -> list:
@@ -64,6 +65,7 @@ if __name__ == "__main__":
                         help="largest size of the sweep")
     parser.add_argument("--figure", metavar="PATH", help="save the sweep as a PNG (default: none)")
     args = parser.parse_args()
+    one_process_only("it starts its own world to time the ring all-reduce against the naive one")
     n = args.world_size
     if n < 2:
         parser.error("-n must be at least 2: with one process nothing travels")

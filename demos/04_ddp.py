@@ -17,6 +17,7 @@ all-reduce ran in the background, relative to the end of backward, and the
 fraction of the communication hidden behind backward.
 
     python demos/04_ddp.py                # 4 processes, ~5 s
+    minidist run -n 4 demos/04_ddp.py     # the same, each process a rank of minidist run
     python demos/04_ddp.py -n 2 --steps 5 --bucket-mb 0.05
     python demos/04_ddp.py --figure /tmp/buckets.png   # also draw the timeline
     python demos/04_ddp.py --link-gbps 0.5   # bytes take time on a wire: watch overlap
@@ -32,8 +33,9 @@ import sys
 
 import numpy as np
 
-from minidist.comm import World
 from minidist import backend
+from minidist import distributed as dist
+from minidist.comm import World
 from minidist.autograd import Tensor
 from minidist.nn import MLP, Sequential
 from minidist.comm.transport.link import ENV as LINK_ENV, link_bytes_per_s
@@ -110,6 +112,18 @@ def train_single(args):
     return {n: backend.to_host(p.data).copy() for n, p in model.named_parameters()}
 
 
+def difference(params, single) -> float:
+    """max |ddp - single| over every parameter of one rank."""
+    return max(float(np.max(np.abs(params[k] - single[k]))) for k in single)
+
+
+def worst_over_ranks(diff: float) -> float:
+    """Under minidist run / mpiexec: the largest of every rank's difference (all_reduce MAX)."""
+    t = backend.from_host(np.array([diff]))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(backend.to_host(t)[0])
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-n", "--world-size", type=positive_int, default=4)
@@ -124,19 +138,31 @@ if __name__ == "__main__":
                         help="emulate a link of this many GB/s between ranks (comm/transport/link.py)")
     args = parser.parse_args()
 
-    single = train_single(args)
-    results = {}
-    with World(args.world_size, link_gbps=args.link_gbps) as world:
-        for naive in (True, False):
-            results[naive] = world.run(train_rank, args, naive)
+    if dist.launched():  # minidist run / mpiexec started us: we are one rank of the world
+        dist.init_process_group()
+        args.world_size = dist.get_world_size()
+        single = train_single(args)
+        mine = {naive: train_rank(args, naive) for naive in (True, False)}
+        worst_of = {naive: worst_over_ranks(difference(mine[naive][0], single))
+                    for naive in (True, False)}
+        if dist.get_rank() != 0:
+            sys.exit(0)      # rank 0 prints and checks
+        results = {naive: [mine[naive]] for naive in (True, False)}
+    else:
+        single = train_single(args)
+        results = {}
+        with World(args.world_size, link_gbps=args.link_gbps) as world:
+            for naive in (True, False):
+                results[naive] = world.run(train_rank, args, naive)
+        worst_of = {naive: max(difference(r[0], single) for r in results[naive])
+                    for naive in (True, False)}
     n_params = len(single)
     print(f"{args.world_size} ranks x {args.batch} samples, {args.steps} AdamW steps, "
           f"{args.layers} x MLP({args.width}) in float64, {n_params} parameter tensors")
     print(link_line(args.link_gbps) + "\n")
     worst = 0.0
     for naive, label in ((True, "naive DDP"), (False, "bucketed DDP")):
-        diff = max(float(np.max(np.abs(r[0][k] - single[k]))) for r in results[naive]
-                   for k in single)
+        diff = worst_of[naive]
         worst = max(worst, diff)
         print(f"{label:<13} max |ddp - single| = {diff:.1e}")
     _, _, timeline, buckets = results[False][0]

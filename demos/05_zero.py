@@ -28,6 +28,7 @@ import numpy as np
 from minidist.calc.memory import model_state_bytes_per_param
 from minidist.comm import World
 from _args import positive_int
+from _launched import one_process_only
 
 TOLERANCE = 1e-12
 NAMES = {0: "DDP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
@@ -83,6 +84,7 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=positive_int, default=5)
     parser.add_argument("--figure", metavar="PATH", help="save part 1 as a PNG (default: none)")
     args = parser.parse_args()
+    one_process_only("it starts its own world to train under ZeRO 1, 2 and 3 beside one process")
     n = args.world_size
 
     with World(n) as world:

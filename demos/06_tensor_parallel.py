@@ -34,6 +34,7 @@ from minidist.distributed import get_stats
 from minidist.nn import GPT, GPTConfig
 from minidist.parallel import TensorParallelGPT, shard_state_dict
 from _args import or_usage_error, positive_int
+from _launched import one_process_only
 
 TOLERANCE = 1e-12
 
@@ -64,6 +65,7 @@ def main() -> int:
     parser.add_argument("--batch", type=positive_int, default=4)
     parser.add_argument("--figure", metavar="PATH", help="save a PNG (default: none)")
     args = parser.parse_args()
+    one_process_only("it starts its own world of --tp ranks and compares it with one process")
     if 64 % args.tp or args.n_head % args.tp or args.block_size % args.tp:
         parser.error(f"--tp ({args.tp}) must divide the vocabulary (64), --n-head "
                      f"({args.n_head}) and --block-size ({args.block_size}): each rank holds "

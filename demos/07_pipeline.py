@@ -37,6 +37,7 @@ from minidist.nn import GPT
 from minidist.parallel import (make_schedule, measured_bubble, pieces_of_rank, render_timeline,
                                run_pipeline, simulate, split_gpt, sync_tied_gradients)
 from _args import non_negative, positive_int
+from _launched import one_process_only
 
 MARGIN = 0.06      # measured bubbles run high: message and wake-up latency only add idle time
 TOLERANCE = 1e-12
@@ -78,6 +79,7 @@ def main() -> int:
     parser.add_argument("--figure", metavar="PATH",
                         help="save the measured timelines as a PNG (default: none)")
     args = parser.parse_args()
+    one_process_only("it starts its own world of pipeline stages and compares it with one process")
     p, m, v, op_s = args.stages, args.microbatches, args.virtual, args.op_ms / 1e3
     if m % p:
         parser.error(f"the interleaved schedule needs -m ({m}) to be a multiple of -p ({p})")

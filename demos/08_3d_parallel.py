@@ -34,6 +34,7 @@ from minidist.nn import GPT, GPTConfig
 from minidist.optim import SGD
 from minidist.parallel import ThreeDParallelGPT
 from _args import positive, positive_int
+from _launched import one_process_only
 
 TOLERANCE = 1e-12
 
@@ -61,6 +62,7 @@ def main() -> int:
     parser.add_argument("--lr", type=positive, default=0.3)
     parser.add_argument("--figure", metavar="PATH", help="save a PNG (default: none)")
     args = parser.parse_args()
+    one_process_only("it starts its own world of dp x pp x tp ranks beside one process")
     if 32 % args.tp:
         parser.error(f"--tp ({args.tp}) must divide the vocabulary (32): each rank holds a slice")
     shape = dict(dp=args.dp, pp=args.pp, tp=args.tp)

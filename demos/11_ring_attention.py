@@ -37,12 +37,11 @@ from minidist.backend import from_host, to_host
 from minidist.distributed import get_rank, get_stats, get_world_size
 from minidist.parallel import plan_work, ring_attention, shard_sequence, unshard_sequence
 from _args import non_negative_int, positive_int
+from _launched import one_process_only
 
 
 def on_rank(arrays, causal, layout, window):
     """Each rank: its shard of q, k, v, dO -> ring attention forward + backward."""
-    # functions, not modules, from here: a module named in a function of __main__
-    # would be pickled whole to reach the ranks
     rank, size = get_rank(), get_world_size()
     q, k, v, do = (shard_sequence(from_host(a), rank, size, layout) for a in arrays)
     qt, kt, vt = (Tensor(a, requires_grad=True) for a in (q, k, v))
@@ -64,6 +63,7 @@ def main() -> int:
     parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--figure", metavar="PATH", help="save the work per rank as a PNG")
     args = parser.parse_args()
+    one_process_only("it starts its own worlds and compares ring attention with one process")
     n = args.world_size
     if args.length % (2 * n):
         parser.error(f"--length ({args.length}) must be divisible by 2 x -n ({2 * n}): "

@@ -34,6 +34,7 @@ import numpy as np
 
 from minidist.comm import World
 from _args import non_negative_int, positive_int
+from _launched import one_process_only
 
 GLOBAL_BATCH = 12          # divisible by 4, 3 and 2: equal rows per rank at every size
 
@@ -80,6 +81,7 @@ def main() -> int:
                         help="the step the checkpoint is taken")
     parser.add_argument("--figure", metavar="PATH", help="save a PNG (default: none)")
     args = parser.parse_args()
+    one_process_only("it starts worlds of 4, 2 and 3 ranks to save a checkpoint and reshard it")
     k, steps = args.save_at, args.steps
     if k >= steps:
         parser.error(f"--save-at ({k}) must be a step below --steps ({steps})")

@@ -22,6 +22,7 @@ import numpy as np
 
 from minidist.comm import World
 from _args import non_negative_int, positive_int
+from _launched import one_process_only
 
 
 def train_rank(args):
@@ -74,6 +75,7 @@ if __name__ == "__main__":
     parser.add_argument("--bug-step", type=int, default=3, help="-1: no bug")
     parser.add_argument("--bug-rank", type=non_negative_int, default=1)
     args = parser.parse_args()
+    one_process_only("it starts its own world of --world-size ranks to run and diagnose")
     if not -1 <= args.bug_step < args.steps or args.bug_rank >= args.world_size:
         parser.error(f"--bug-step must be -1 or a step below --steps ({args.steps}), and "
                      f"--bug-rank a rank below -n ({args.world_size}); got {args.bug_step}, "

@@ -32,6 +32,7 @@ from minidist.distributed import get_rank, get_world_size
 from minidist.nn import GPT, GPTConfig
 from minidist.optim import AdamW
 from _args import or_usage_error, positive, positive_int
+from _launched import one_process_only
 
 
 def config(args, **changes):
@@ -92,6 +93,7 @@ def main() -> int:
     p.add_argument("--capacity", type=positive, default=1.25, help="capacity factor of part 3")
     p.add_argument("--figure", metavar="PATH")
     args = p.parse_args()
+    one_process_only("it starts its own world of expert-parallel ranks beside one process")
     n, E, k = args.world_size, args.experts, args.top_k
     if args.batch % n or E % n:
         p.error(f"--batch ({args.batch}) and --experts ({E}) must be divisible by -n ({n})")

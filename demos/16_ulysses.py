@@ -30,6 +30,7 @@ from minidist.distributed import barrier, get_rank, get_stats, get_world_size
 from minidist.parallel import (ring_attention, shard_sequence, split_sequence,
                                ulysses_attention, unshard_sequence)
 from _args import positive_int
+from _launched import one_process_only
 
 
 def on_rank(arrays, method):
@@ -61,6 +62,7 @@ def main() -> int:
     p.add_argument("--d", type=positive_int, default=16, help="head dim")
     p.add_argument("--figure", metavar="PATH")
     args = p.parse_args()
+    one_process_only("it starts its own worlds, Ulysses and ring attention beside one process")
     n, H, D = args.world_size, args.heads, args.d
     if n < 2 or H % n:
         p.error(f"Ulysses needs -n ({n}) of at least 2 that divides --heads ({H})")

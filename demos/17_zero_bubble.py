@@ -38,6 +38,7 @@ from minidist.parallel import (chunks_per_rank, make_schedule, measured_bubble, 
                                sync_tied_gradients)
 from minidist.parallel.pipeline.schedule import virtual_stage
 from _args import non_negative, positive_int
+from _launched import one_process_only
 
 SCHEDULES = ("1f1b", "zb_h1", "zb_h2", "zb_v")
 DRAWN = ("1f1b", "zb_h1", "zb_v")
@@ -95,6 +96,7 @@ def main() -> int:
     parser.add_argument("--figure", metavar="PATH",
                         help="save the measured 1F1B, ZB-H1, ZB-V timelines as a PNG")
     args = parser.parse_args()
+    one_process_only("it starts its own world of pipeline stages to run each schedule")
     p, m, op_s = args.stages, args.microbatches, args.op_ms / 1e3
     if p < 2 or m < 1:
         parser.error(f"need at least 2 stages and 1 micro-batch, got -p {p} -m {m}")

@@ -24,6 +24,7 @@ import time
 
 from minidist.comm import World
 from _args import positive, positive_int
+from _launched import one_process_only
 
 
 def train_rank(args, hook):
@@ -82,6 +83,7 @@ if __name__ == "__main__":
                         help="the emulated link between ranks, GB/s (comm/transport/link.py)")
     parser.add_argument("--figure", metavar="PATH", help="save the three panels as a PNG")
     args = parser.parse_args()
+    one_process_only("it starts its own world, on an emulated link of --link-gbps")
 
     hooks = ["none", "fp16", "PowerSGD 1", "PowerSGD 2", "PowerSGD 4"]
     runs = {}

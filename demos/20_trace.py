@@ -34,6 +34,7 @@ from minidist.parallel import ThreeDParallelGPT, measured_bubble
 from minidist.trace.check import check
 from minidist.trace.summary import render, summarize
 from _args import positive_int
+from _launched import one_process_only
 
 
 def on_rank(cfg, shape, microbatches, batches):
@@ -57,6 +58,7 @@ def main() -> int:
                         help="the trace file (.gz: gzipped; default %(default)s)")
     parser.add_argument("--figure", metavar="PATH", help="save the timeline as a PNG (default: none)")
     args = parser.parse_args()
+    one_process_only("it starts its own world and records that world's trace itself")
     if 32 % args.tp:
         parser.error(f"--tp ({args.tp}) must divide the vocabulary (32): each rank holds a slice")
     shape = dict(dp=args.dp, pp=args.pp, tp=args.tp)

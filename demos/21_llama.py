@@ -30,6 +30,7 @@ from minidist.nn import Llama, LlamaConfig
 from minidist.optim import AdamW
 from minidist.parallel import ThreeDParallelGPT
 from _args import or_usage_error, positive, positive_int
+from _launched import one_process_only
 
 TOLERANCE = 1e-12
 
@@ -56,6 +57,7 @@ def main() -> int:
     parser.add_argument("--seed", type=positive_int, default=1)
     parser.add_argument("--figure", metavar="PATH", help="save a PNG (default: none)")
     args = parser.parse_args()
+    one_process_only("it trains in one process, then starts its own world of dp x tp x pp ranks")
     if 2 % args.tp:
         parser.error(f"--tp ({args.tp}) must divide the 2 key/value heads (1 or 2)")
 

@@ -36,6 +36,7 @@ import minidist
 from minidist import backend
 from minidist.backend import from_host, to_host
 from _args import positive_int
+from _launched import one_process_only
 
 
 def tp_mlp(width):
@@ -148,6 +149,7 @@ def main() -> int:
     p.add_argument("--n-embd", type=positive_int, default=16)
     p.add_argument("--figure", metavar="PATH")
     args = p.parse_args()
+    one_process_only("it starts its own worlds and compares each with one process")
     n = args.world_size
     if args.width % n or (4 * args.width) % n:
         p.error(f"-n ({n}) must divide --width ({args.width}) for the tensor-parallel MLP")

@@ -25,6 +25,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import textwrap
 from typing import Callable
 
 
@@ -44,13 +45,19 @@ def _scripts(folder: str, pattern: str) -> dict[str, pathlib.Path]:
     return {p.stem: p for p in sorted(where.glob(pattern))}
 
 
-def _first_doc_line(path: pathlib.Path) -> str:
-    """The first line of a script's docstring, without parsing or running it."""
+def _summary(path: pathlib.Path) -> str:
+    """The first paragraph of a script's docstring, as one line, without running it."""
     text = path.read_text()
     for quote in ('"""', "'''"):
         if quote in text:
-            return text.split(quote, 2)[1].strip().split("\n")[0]
+            return " ".join(text.split(quote, 2)[1].strip().split("\n\n")[0].split())
     return ""
+
+
+def _listing(stem: str, summary: str) -> list[str]:
+    """One script of a listing: its name, then its summary wrapped at spaces to 100 columns."""
+    return textwrap.wrap(f"  {stem:<28} {summary}", 100, subsequent_indent=" " * 31,
+                         break_long_words=False, break_on_hyphens=False)
 
 
 def _add_script_runner(folder: str, pattern: str, what: str):
@@ -64,7 +71,7 @@ def _add_script_runner(folder: str, pattern: str, what: str):
             scripts = _scripts(folder, pattern)
             if ns.name is None:
                 for stem, path in scripts.items():
-                    print(f"  {stem:<28} {_first_doc_line(path)}")
+                    print("\n".join(_listing(stem, _summary(path))))
                 first = next(iter(scripts), None)
                 if first is not None:
                     print(_run_line(ns.command, first, folder))
@@ -84,8 +91,8 @@ def _add_script_runner(folder: str, pattern: str, what: str):
 def _run_line(command: str, stem: str, folder: str) -> str:
     """What to type next, under a listing: run one, and see its options."""
     short = stem.split("_")[0] if command == "demo" else stem.removeprefix("bench_")
-    return (f"\nrun one: minidist {command} {short}  (or python {folder}/{stem}.py); "
-            f"minidist {command} {short} --help lists its options")
+    return (f"\nrun one: minidist {command} {short}  (or python {folder}/{stem}.py)\n"
+            f"its options: minidist {command} {short} --help")
 
 
 def _add_calc(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
@@ -140,6 +147,17 @@ SUBCOMMANDS: dict[str, tuple[str, Callable]] = {
 }
 
 
+def _remember_parsers(parser: argparse.ArgumentParser) -> None:
+    """Each (sub)subcommand's parser puts itself in the namespace as ``usage_of``: the
+    innermost one that parsed is the one whose usage an unknown argument shows. argparse
+    itself reports those with the top-level usage."""
+    parser.set_defaults(usage_of=parser)
+    for action in parser._actions:   # argparse keeps its subparsers in no public place
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _remember_parsers(child)
+
+
 DESCRIPTION = "Distributed training from scratch on NumPy: run scripts, demos, benchmarks and cost models."
 EXAMPLES = """examples:
   minidist run -n 4 demos/02_collectives.py    run a script on 4 processes, like torchrun
@@ -159,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, (help_text, add) in SUBCOMMANDS.items():
         runners[name] = add(sub.add_parser(name, help=help_text,
                                            description=help_text[0].upper() + help_text[1:] + "."))
-    ns = parser.parse_args(argv)
+    _remember_parsers(parser)
+    ns, unknown = parser.parse_known_args(argv)
+    if unknown:     # `calc llama --bogus`: the usage of `calc llama`, not of `minidist`
+        ns.usage_of.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return runners[ns.command](ns)
     except BrokenPipeError:  # `minidist demo | head`: the reader left early, not an error

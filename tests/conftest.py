@@ -9,6 +9,9 @@ import os
 from hypothesis import HealthCheck, settings
 
 from minidist import backend
+from oracles.optional import hide_if_asked
+
+HIDDEN = hide_if_asked(backend.get_backend())
 
 settings.register_profile(
     "default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -19,4 +22,5 @@ settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
 def pytest_report_header(config):
-    return f"minidist backend: {backend.get_backend()}"
+    hidden = f"; hidden: {', '.join(HIDDEN)}" if HIDDEN else ""
+    return f"minidist backend: {backend.get_backend()}{hidden}"

@@ -27,11 +27,38 @@ def test_bench_lists_every_benchmark(capsys):
 @pytest.mark.parametrize("command, first", [("demo", "01_autograd"), ("bench", "bench_alltoall")])
 def test_a_listing_ends_with_how_to_run_one(command, first, capsys):
     assert main([command]) == 0
-    last = capsys.readouterr().out.rstrip().splitlines()[-1]
+    run_one, options = capsys.readouterr().out.rstrip().splitlines()[-2:]
     short = first.split("_")[0] if command == "demo" else first.removeprefix("bench_")
-    assert last.startswith(f"run one: minidist {command} {short} "), last
     folder = "demos" if command == "demo" else "bench"
-    assert f"python {folder}/{first}.py" in last and "--help" in last
+    assert run_one == f"run one: minidist {command} {short}  (or python {folder}/{first}.py)"
+    assert options == f"its options: minidist {command} {short} --help"
+
+
+@pytest.mark.parametrize("command, folder, pattern", [("demo", "demos", "[0-9]*.py"),
+                                                      ("bench", "bench", "bench_*.py")])
+def test_a_listing_fits_100_columns_and_keeps_each_summary_whole(command, folder, pattern,
+                                                                 capsys):
+    """Each script's first docstring paragraph, wrapped at spaces: no word is cut."""
+    from minidist.cli import _summary
+    assert main([command]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    entries = " ".join(out.split())
+    for path in sorted(REPO.glob(f"{folder}/{pattern}")):
+        assert f"{path.stem} {_summary(path)}" in entries, path.stem
+    assert _summary(REPO / "demos/24_planner.py").endswith("layouts that real runs published.")
+
+
+def test_a_subcommands_usage_error_shows_that_subcommands_usage(capsys):
+    for argv, usage in ((["calc", "llama", "--bogus", "1"], "usage: minidist calc llama"),
+                        (["trace", "summary", "run.json", "--bogus"],
+                         "usage: minidist trace summary"),
+                        (["plan", "--bogus"], "usage: minidist plan")):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(usage) and "unrecognized arguments: --bogus" in err, err
 
 
 def test_every_subcommand_help_has_a_description_line(capsys):

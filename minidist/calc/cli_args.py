@@ -17,8 +17,9 @@ class Topic:
     help: str                                   # one line, in `minidist calc --help`
     formula: str                                # shown by `minidist calc TOPIC --help`
     source: str                                 # where the formula comes from, in words
-    # (flag, kind, default, help): kind is a parse function (below), a tuple of
-    # allowed values, or bool for an on/off switch; default None = required,
+    # (flag, kind, default, help): flag is a name or a tuple of names (the first is the
+    # one shown, the others kept as aliases); kind is a parse function (below), a tuple
+    # of allowed values, or bool for an on/off switch; default None = required,
     # "" = optional with no default
     flags: list = field(default_factory=list)
     run: Callable[[argparse.Namespace], list[str]] = None
@@ -60,16 +61,18 @@ def add_topic_parser(topics: Any, name: str, topic: Topic) -> argparse.ArgumentP
                                       f"source: {topic.source}",
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     for flag, kind, default, text in topic.flags:
+        names = flag if isinstance(flag, tuple) else (flag,)
         if kind is bool:
-            p.add_argument(flag, action="store_true", help=text)
+            p.add_argument(*names, action="store_true", help=text)
             continue
         options: dict = {"type": kind}
         if isinstance(kind, tuple):
             options = {"type": type(kind[0]), "choices": kind}
         if default is None:
-            p.add_argument(flag, required=True, help=text, **options)
+            p.add_argument(*names, required=True, help=text, **options)
         elif default == "":
-            p.add_argument(flag, default=None, help=text, **options)
+            p.add_argument(*names, default=None, help=text, **options)
         else:
-            p.add_argument(flag, default=default, help=f"{text} (default {default})", **options)
+            p.add_argument(*names, default=default, help=f"{text} (default {default})",
+                           **options)
     return p

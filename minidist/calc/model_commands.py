@@ -70,12 +70,12 @@ _LLAMA_FLAGS = (("vocab", "vocab_size"), ("hidden", "hidden_size"),
 
 
 def _llama(a):
-    config = dict(llama.PRESETS[a.preset]) if a.preset else {}
+    config = dict(llama.PRESETS[a.model]) if a.model else {}
     for flag, name in _LLAMA_FLAGS:
         if getattr(a, flag) is not None:
             config[name] = getattr(a, flag)
         elif name not in config:
-            raise ValueError(f"--{flag.replace('_', '-')} is needed (or a --preset)")
+            raise ValueError(f"--{flag.replace('_', '-')} is needed (or a --model)")
     if a.tie:
         config["tie_word_embeddings"] = True
     head_dim = a.head_dim or config["hidden_size"] // config["num_attention_heads"]
@@ -99,7 +99,8 @@ TOPICS["llama"] = Topic(
     "  FLOPs/token = 6 N_mm + 12 L s nh d;  KV cache = 2 L nkv d s B bytes",
     "Touvron et al. 2023 (Llama); Ainslie et al. 2023 (GQA); Shazeer 2020 (SwiGLU);"
     " the Llama-3 8B and 70B configs give 8,030,261,248 and 70,553,706,496",
-    [("--preset", tuple(llama.PRESETS), "", "llama3-8b | llama3-70b (flags override)"),
+    [(("--model", "--preset"), tuple(llama.PRESETS), "",
+      "a model preset, llama3-8b | llama3-70b (flags override), as in `minidist plan`"),
      ("--vocab", positive_int, "", "V"), ("--hidden", positive_int, "", "h"),
      ("--layers", positive_int, "", "L"), ("--heads", positive_int, "", "nh"),
      ("--kv-heads", positive_int, "", "nkv"), ("--intermediate", positive_int, "", "H"),

@@ -29,6 +29,11 @@ class MessageMismatchError(CommError):
     """A message arrived whose size or dtype differs from the posted receive."""
 
 
+class NestedWorldError(CommError):
+    """A rank of a world tried to start a world of its own: its processes cannot have
+    children (they are daemonic, so that none outlives its parent)."""
+
+
 class WorldAbortedError(CommError):
     """Another rank failed and the world is being stopped."""
 

@@ -166,17 +166,30 @@ def write(path: str, trace: dict) -> None:
 
 
 def load(path: str) -> dict:
-    """A merged trace (plain or gzipped JSON); a bare list of events is accepted too."""
+    """A merged trace (plain or gzipped JSON); a bare list of events is accepted too. A file
+    that is not one is a ValueError saying so; merging is suggested only where parts are."""
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rt") as f:
             trace = json.load(f)
     except FileNotFoundError:
-        raise FileNotFoundError(f"no trace at {path}") from None
+        raise FileNotFoundError(f"no trace at {path}{_parts_hint(path)}") from None
     except (json.JSONDecodeError, OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not a JSON trace ({e}); a run that is still going "
-                         f"has only parts: `minidist trace merge {path}`") from None
-    return {"traceEvents": trace} if isinstance(trace, list) else trace
+        raise ValueError(f"{path} is not a trace: not JSON ({e}){_parts_hint(path)}") from None
+    if isinstance(trace, list):
+        trace = {"traceEvents": trace}
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise ValueError(f"{path} is not a trace: JSON without a list of traceEvents")
+    return trace
+
+
+def _parts_hint(path: str) -> str:
+    """Where a run left part files beside ``path`` (still going, or killed): how to merge."""
+    parts = parts_of(path)
+    if not parts:
+        return ""
+    return (f"; {len(parts)} part file(s) of a run are beside it (still going, or killed): "
+            f"`minidist trace merge {path}`")
 
 
 def _meta(events: list[dict], name: str) -> dict | None:

@@ -21,11 +21,6 @@ from minidist.precision import BF16, autocast, quantize
 
 from .cases import attention_case, make_inputs, run, run_torch
 
-try:
-    import torch
-except ImportError:  # the comparison with PyTorch is skipped
-    torch = None
-
 
 def blocks(case):
     return dict(block_q=case["block_q"], block_k=case["block_k"])
@@ -42,7 +37,6 @@ def test_flash_equals_naive_in_float64(case):
         assert np.abs(g - w).max(initial=0) <= 1e-10, name
 
 
-@pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
 @settings(max_examples=20, deadline=None)
 @given(case=attention_case())
 def test_flash_matches_torch_scaled_dot_product_attention(case):

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from minidist import backend
 from minidist.attention import flash, flash_attention, naive_attention
 from minidist.autograd import Tensor
+from oracles.optional import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 
 @st.composite

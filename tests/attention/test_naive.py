@@ -16,11 +16,6 @@ from minidist.autograd import Tensor, gradcheck
 
 from .cases import attention_case, make_inputs, run, run_torch
 
-try:
-    import torch
-except ImportError:  # the comparison with PyTorch is skipped
-    torch = None
-
 
 def tensors(*arrays):
     return [Tensor(backend.from_host(a), requires_grad=True) for a in arrays]
@@ -45,7 +40,6 @@ def test_naive_gradients_with_dropout_match_central_differences():
     assert gradcheck(fn, tensors(q, k, v))
 
 
-@pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
 @settings(max_examples=40, deadline=None)
 @given(case=attention_case())
 def test_naive_matches_torch_scaled_dot_product_attention(case):

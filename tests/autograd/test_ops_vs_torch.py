@@ -23,8 +23,9 @@ from minidist.autograd import ops
 
 from .strategies import (FAST, FEWER, away_from_zero, axes_for, broadcastable_shapes,
                          distinct, positive, randn, reduced_count, seeds, shapes)
+from oracles.optional import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 F = torch.nn.functional
 
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from minidist.calc.llama import (LLAMA3_70B, LLAMA3_8B, kv_cache_bytes, llama_flops_per_token,
                                  llama_params)
 from minidist.cli import main
+from oracles.optional import require_transformers_model
 
 
 def test_llama3_8b_and_70b_parameter_counts():
@@ -40,7 +41,7 @@ def test_count_equals_the_models_parameters(c):
     want = llama_params(**c)
     from minidist.nn import Llama, LlamaConfig
     assert Llama(LlamaConfig(**c)).num_parameters() == want.total
-    transformers = pytest.importorskip("transformers")
+    transformers = require_transformers_model()
     theirs = transformers.LlamaForCausalLM(transformers.LlamaConfig(**c))
     assert sum(p.numel() for p in theirs.parameters()) == want.total
 
@@ -56,8 +57,9 @@ def test_flops_per_token_is_six_n_matmul_plus_attention():
     assert llama_flops_per_token(8192, **LLAMA3_8B) == 6 * n_mm + 12 * 32 * 8192 * 4096
 
 
-def test_cli_prints_the_8b_count_and_refuses_a_missing_size(capsys):
-    assert main(["calc", "llama", "--preset", "llama3-8b"]) == 0
+@pytest.mark.parametrize("flag", ["--model", "--preset"])   # --model as in plan; --preset kept
+def test_cli_prints_the_8b_count_and_refuses_a_missing_size(flag, capsys):
+    assert main(["calc", "llama", flag, "llama3-8b"]) == 0
     assert "8,030,261,248" in capsys.readouterr().out
     with pytest.raises(SystemExit) as stop:
         main(["calc", "llama", "--hidden", "64"])

@@ -22,8 +22,9 @@ from tests.distributed.test_propagation_rules import (TABLE, Drawn, _name, make_
 from tests.distributed.test_redistribute import cases, redistribute_case
 from minidist.backend import get_backend
 from tests.distributed.worlds import world_fixture
+from oracles.optional import require
 
-pytest.importorskip("torch")
+require("torch")
 torch_dtensor = pytest.importorskip("tests.distributed.torch_dtensor")
 
 pytestmark = pytest.mark.skipif(get_backend() != "numpy",

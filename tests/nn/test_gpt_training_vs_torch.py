@@ -12,8 +12,9 @@ import pytest
 from minidist import backend
 from minidist.nn import GPT, GPTConfig
 from minidist.optim import SGD, AdamW, clip_grad_norm_
+from oracles.optional import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 from oracles.torch_gpt import torch_copy_of  # noqa: E402
 
 STEPS = 4

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from minidist import backend
 from minidist.nn import GPT, GPTConfig
+from oracles.optional import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 from oracles.torch_gpt import torch_copy_of  # noqa: E402
 
 

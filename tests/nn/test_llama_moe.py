@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from minidist import backend
 from minidist.nn import Llama, LlamaConfig
+from oracles.optional import require, require_transformers_model
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = require("torch")
+transformers = require_transformers_model()
 
 from test_llama_vs_transformers import lift_to_float64, rel  # noqa: E402  (tests/nn on path)
 

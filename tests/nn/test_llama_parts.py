@@ -12,8 +12,9 @@ from minidist.nn import Llama, LlamaConfig, SwiGLU
 from minidist.nn import functional as F
 from minidist.nn.llama import positions_in_documents
 from minidist.nn.rotary import apply_rotary, rotary_cos_sin
+from oracles.optional import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 
 def arr(a):

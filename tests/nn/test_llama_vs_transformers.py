@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from minidist import backend
 from minidist.nn import Llama
+from oracles.optional import require, require_transformers_model
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = require("torch")
+transformers = require_transformers_model()
 pytest.importorskip("safetensors")
 
 

@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from minidist import backend
 from minidist.nn import Llama, LlamaConfig
+from oracles.optional import require, require_transformers_model
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = require("torch")
+transformers = require_transformers_model()
 pytest.importorskip("safetensors")
 
 from test_llama_moe import _copy_from_mixtral, _lift_router  # noqa: E402  (tests/nn on path)

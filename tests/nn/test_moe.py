@@ -13,8 +13,9 @@ from minidist import backend
 from minidist.autograd import Tensor, gradcheck
 from minidist.nn import GPT, GPTConfig, MoE
 from minidist.nn.router import capacity, route
+from oracles.optional import require
 
-torch = pytest.importorskip("torch")
+torch = require("torch")
 
 
 def torch_moe(moe, x, bias=None):

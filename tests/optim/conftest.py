@@ -4,8 +4,9 @@ A fixture instead of a module-level ``importorskip`` so that only the tests that
 compare against PyTorch are skipped, not their neighbours.
 """
 import pytest
+from oracles.optional import require
 
 
 @pytest.fixture
 def torch():
-    return pytest.importorskip("torch")
+    return require("torch")

@@ -27,6 +27,7 @@ from hypothesis.extra import numpy as hnp
 
 from minidist import backend
 from minidist.autograd import Tensor
+from oracles.optional import require
 
 # function_scoped_fixture: the only fixture is the `torch` module, the same for
 # every example, so sharing it across examples is what we want.
@@ -82,7 +83,7 @@ def run_minidist(make_opt: Callable[[list[Tensor]], Any], weights: list[np.ndarr
 def run_torch(make_opt: Callable[[list[Any]], Any], weights: list[np.ndarray],
               grads: list[list[np.ndarray]]) -> list[np.ndarray]:
     """The same with a torch.optim optimizer on CPU tensors."""
-    import torch
+    torch = require("torch")
     params = [torch.tensor(w.copy(), requires_grad=True) for w in weights]
     opt = make_opt(params)
     for round_ in grads:

@@ -22,6 +22,7 @@ from minidist.precision import (blockwise_fp8_dequantize, blockwise_fp8_quantize
                                 mx_dequantize, mx_quantize, nvfp4_dequantize,
                                 nvfp4_quantize)
 
+from oracles.optional import require
 from precision.helpers import same
 
 ML = {"fp8_e4m3fn": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2,
@@ -246,12 +247,13 @@ def test_blockwise_fp8_matches_deepseek_v3(block, rows, cols, seed, spread):
 # -- torchao, a second oracle where it runs ----------------------------------------------
 
 def torchao_or_skip():
+    torch = require("torch")
+    require("torchao")
     try:
-        import torch
         from torchao.prototype.mx_formats.mx_tensor import to_mx
         from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize as ao_nvfp4
         to_mx(torch.ones(1, 32), torch.float8_e4m3fn, 32)
-    except Exception as exc:                      # torchao absent or unable to run on CPU
+    except Exception as exc:                      # torchao unable to run on CPU
         pytest.skip(f"torchao's MX reference does not run here: {exc}")
     return torch, to_mx, ao_nvfp4
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from minidist import Tensor, backend
 from minidist.optim import SGD
 from minidist.precision import GradScaler
+from oracles.optional import require
 
 W0 = np.array([0.5, -1.25, 3.0], dtype=np.float32)
 G = np.array([1e-3, -2e-4, 5e-5], dtype=np.float32)
@@ -35,7 +36,7 @@ def run_minidist(pattern, **kw):
 
 
 def run_torch(pattern, **kw):
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     p = torch.nn.Parameter(torch.tensor(W0))
     opt = torch.optim.SGD([p], lr=0.1)
     scaler = torch.amp.GradScaler("cpu", **kw)
@@ -107,7 +108,7 @@ def test_misuse_is_refused():
 
 
 def test_state_dict_matches_torch_and_round_trips():
-    torch = pytest.importorskip("torch")
+    torch = require("torch")
     ours = run_scaler_state()
     theirs = torch.amp.GradScaler("cpu").state_dict()
     assert set(ours.state_dict()) == set(theirs)

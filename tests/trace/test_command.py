@@ -18,9 +18,27 @@ def test_a_missing_or_broken_file_is_a_usage_error(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     out = run("plot", str(bad), str(tmp_path / "x.png"))
-    assert out.returncode == 2 and "not a JSON trace" in out.stderr
+    assert out.returncode == 2 and "not a trace: not JSON" in out.stderr
     out = run("merge", str(tmp_path / "none.json"))
     assert out.returncode == 2 and "no trace parts" in out.stderr
+
+
+def test_a_file_that_is_not_a_trace_is_named_so_and_merge_is_not_suggested(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    other = tmp_path / "config.json"
+    other.write_text('{"name": "not a trace"}')
+    for path, why in ((text, "not JSON"), (other, "JSON without a list of traceEvents")):
+        out = run("summary", str(path))
+        assert out.returncode == 2 and "Traceback" not in out.stderr
+        assert f"{path} is not a trace: {why}" in out.stderr and "merge" not in out.stderr
+
+
+def test_a_run_that_left_parts_is_pointed_to_merge(tmp_path):
+    trace = tmp_path / "run.json"
+    (tmp_path / "run.json.0.part").write_text("")
+    out = run("summary", str(trace))
+    assert out.returncode == 2 and f"minidist trace merge {trace}" in out.stderr
 
 
 def test_check_summary_and_plot_of_a_small_trace(tmp_path):

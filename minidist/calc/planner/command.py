@@ -201,9 +201,10 @@ def run(ns: argparse.Namespace, parser: argparse.ArgumentParser, runner=None) ->
     seconds = time.perf_counter() - start
     if not result.best and result.nearest is None:     # nothing passes even the rules
         parser.error(report.nearest_miss(result)[0])
-    print(f"{spec.name} on {ns.gpus} GPUs of {cluster.name} ({cluster.gpus_per_node} per node, "
-          f"{cluster.memory / 1e9:g} GB), {setup.sequences} sequences of {setup.seq} tokens "
-          f"per step; searched in {seconds:.1f} s")
+    print("\n".join(report.wrapped(
+        f"{spec.name} on {ns.gpus} GPUs of {cluster.name} ({cluster.gpus_per_node} per node, "
+        f"{cluster.memory / 1e9:g} GB), {setup.sequences} sequences of {setup.seq} tokens "
+        f"per step; searched in {seconds:.1f} s", "  ")))
     if not result.best:
         print("\n".join(report.nearest_miss(result)))
         print("\n".join(report.exclusions(result)))

@@ -2,6 +2,8 @@
 the nearest miss, and one layout explained term by term."""
 from __future__ import annotations
 
+import textwrap
+
 from minidist.calc.planner.search import Plan, Scored
 
 GB = 1e9
@@ -9,22 +11,42 @@ TIME_PARTS = ("compute", "bubble", "tp", "cp", "ep", "pp", "dp")
 MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations", "logits", "buffers")
 
 
+WIDTH = 100     # every line of the planner's text fits a 100-column terminal
+LEGEND = ("layout: dpN tpN ppN cpN epN, the data / tensor / pipeline / context / expert "
+          "parallel degrees; zN, the ZeRO stage (0: DDP, 3: FSDP); bN, sequences per "
+          "micro-batch; then activation recomputation (none | selective | full) and the "
+          "pipeline schedule (none with one stage | 1f1b | interleaved-vV with V chunks "
+          "per stage | zb_h1)")
+
+
 def _s(seconds: float) -> str:
     return f"{seconds:8.3f}"
 
 
+def wrapped(text: str, indent: str = "") -> list[str]:
+    """``text`` cut into lines of WIDTH columns at spaces, continuation lines indented."""
+    return textwrap.wrap(text, WIDTH, subsequent_indent=indent, break_long_words=False,
+                         break_on_hyphens=False)
+
+
 def table(result: Plan, rows: int = 10) -> list[str]:
-    """The best ``rows`` layouts: step time and its parts, MFU, memory and its parts."""
-    lines = [f"{'layout':<44} {'step s':>8} {'MFU':>6} {'mem GB':>7} | "
-             + " ".join(f"{p:>8}" for p in TIME_PARTS) + " | "
-             + " ".join(f"{p[:6]:>6}" for p in MEMORY_PARTS)]
-    for scored in result.best[:rows]:
-        t, m = scored.time, scored.memory
-        lines.append(f"{scored.layout.short():<44} {_s(t.total)} {scored.mfu:6.1%} "
-                     f"{m.total / GB:7.1f} | "
-                     + " ".join(_s(getattr(t, p)) for p in TIME_PARTS) + " | "
-                     + " ".join(f"{getattr(m, p) / GB:6.1f}" for p in MEMORY_PARTS))
-    return lines
+    """The best ``rows`` layouts, numbered: step time, MFU and memory; then the step time's
+    parts and the memory's parts of each, by number; then the legend of the layout codes."""
+    best = result.best[:rows]
+    lines = [f"{'#':>3}  {'layout':<52} {'step s':>8} {'MFU':>6} {'mem GB':>7}"]
+    for i, scored in enumerate(best, 1):
+        lines.append(f"{i:>3}  {scored.layout.short():<52} {_s(scored.time.total)} "
+                     f"{scored.mfu:6.1%} {scored.memory.total / GB:7.1f}")
+    lines += ["", "step time by part, s"]
+    lines.append(f"{'#':>3}  " + " ".join(f"{p:>8}" for p in TIME_PARTS))
+    for i, scored in enumerate(best, 1):
+        lines.append(f"{i:>3}  " + " ".join(_s(getattr(scored.time, p)) for p in TIME_PARTS))
+    lines += ["", "memory per GPU by part, GB"]
+    lines.append(f"{'#':>3}  " + " ".join(f"{p:>11}" for p in MEMORY_PARTS))
+    for i, scored in enumerate(best, 1):
+        lines.append(f"{i:>3}  " + " ".join(f"{getattr(scored.memory, p) / GB:11.1f}"
+                                           for p in MEMORY_PARTS))
+    return lines + [""] + wrapped(LEGEND, "  ")
 
 
 def exclusions(result: Plan) -> list[str]:
@@ -73,7 +95,8 @@ def explain(scored: Scored, result_model_name: str = "") -> list[str]:
     lines.append(f"  step time {t.total:.3f} s, MFU {scored.mfu:.1%} (HFU {scored.hfu:.1%}):")
     for part in TIME_PARTS:
         value = getattr(t, part)
-        lines.append(f"    {part:<8} {value:9.4f} s  {value / t.total:6.1%}   {sources[part]}")
+        lines += wrapped(f"    {part:<8} {value:9.4f} s  {value / t.total:6.1%}   {sources[part]}",
+                         " " * 37)
     lines.append(f"  memory per GPU {m.total / GB:.2f} GB (fullest stage):")
     for part in MEMORY_PARTS:
         value = getattr(m, part)
@@ -82,14 +105,17 @@ def explain(scored: Scored, result_model_name: str = "") -> list[str]:
 
 
 def published(comparisons: list) -> list[str]:
-    """Each published layout: reported vs predicted utilization, and the planner's best."""
-    lines = [f"{'model':<14} {'GPUs':>6} {'published layout':<40} {'reported':>8} "
-             f"{'predicted':>9} {'mem GB':>6}  {'planner best':<44} {'its MFU':>7} "
-             f"{'speed-up':>8}"]
+    """Each published layout: reported vs predicted utilization; then the planner's best for
+    the same model and GPUs, and how much faster it predicts it to be."""
+    lines = [f"{'model':<14} {'GPUs':>5}  {'published layout':<48} {'reported':>8} "
+             f"{'predicted':>9} {'mem GB':>6}"]
     for c in comparisons:
         kind = "HFU" if c.entry.counts_recompute else "MFU"
-        lines.append(f"{c.entry.model:<14} {c.entry.gpus:>6} {c.published.layout.short():<40} "
+        lines.append(f"{c.entry.model:<14} {c.entry.gpus:>5}  {c.published.layout.short():<48} "
                      f"{c.entry.utilization:>4.0%} {kind} {c.predicted:>9.1%} "
-                     f"{c.published.memory.total / GB:6.1f}  {c.best.layout.short():<44} "
-                     f"{c.best.mfu:7.1%} {c.speed_ratio:7.2f}x")
-    return lines
+                     f"{c.published.memory.total / GB:6.1f}")
+    lines += ["", f"{'model':<14} {'planner best':<52} {'its MFU':>7} {'speed-up':>8}"]
+    for c in comparisons:
+        lines.append(f"{c.entry.model:<14} {c.best.layout.short():<52} {c.best.mfu:7.1%} "
+                     f"{c.speed_ratio:7.2f}x")
+    return lines + [""] + wrapped(LEGEND, "  ")

@@ -11,8 +11,9 @@ How a world lives and dies:
 - The parent creates the shared-memory segment, then starts the ranks with the
   ``spawn`` method (a fresh interpreter; nothing is inherited through fork, as
   CUDA requires). Each rank attaches the segment by name and joins the group.
-- ``run`` sends the function (pickled with dill, so closures work) to every
-  rank over a pipe and collects the return values.
+- ``run`` sends the function (pickled with dill, so closures work; importable
+  modules by reference, payload.py) to every rank over a pipe and collects the
+  return values.
 - If a rank raises, it marks the world as aborted in shared memory, so ranks
   blocked on it stop at once with ``WorldAbortedError``. The parent waits a
   moment for the others to report, terminates the rest, removes the segment
@@ -47,7 +48,9 @@ from multiprocess.connection import wait as wait_any
 
 from minidist import backend
 from minidist.comm.transport import flight, shm
-from minidist.comm.errors import RankFailedError, WorldAbortedError, WorldTimeoutError
+from minidist.comm.errors import (NestedWorldError, RankFailedError, WorldAbortedError,
+                                  WorldTimeoutError)
+from minidist.comm.launch import payload
 from minidist.comm.launch.output import RankOutput, redirect_this_process
 from minidist.comm.launch.report import traceback_from_user_code
 from minidist.comm.transport.link import link_bytes_per_s, topology
@@ -82,6 +85,12 @@ class World:
         None: the ranks write to this process's stdout and stderr directly)."""
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
+        if multiprocess.current_process().daemon:
+            raise NestedWorldError(
+                f"{multiprocess.current_process().name} cannot start a world of its own (a "
+                "rank's processes cannot have children): under `minidist run` join the world "
+                "this process is in (dist.launched(), then dist.init_process_group()), or run "
+                "the script with python")
         if slot_bytes is None:
             slot_bytes = 1 << 20 if world_size <= 8 else 1 << 18
         self.world_size = world_size
@@ -134,10 +143,10 @@ class World:
         """Call ``fn(*args, **kwargs)`` on every rank; return the per-rank results."""
         if self.closed:
             raise RuntimeError("this world is closed (a rank failed, or close() was called)")
-        payload = dill.dumps((fn, args, kwargs), recurse=True)
+        message = payload.dumps((fn, args, kwargs))
         try:
             for conn in self._conns:
-                conn.send_bytes(payload)
+                conn.send_bytes(message)
             return self._collect(self.run_timeout, getattr(fn, "__name__", "fn"))
         except BaseException:
             self.close(force=True)

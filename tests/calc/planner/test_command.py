@@ -12,6 +12,28 @@ def test_plan_prints_the_best_layouts_and_what_was_excluded(capsys):
     assert "layout dp" in out and "step time" in out and "memory per GPU" in out
 
 
+@pytest.mark.parametrize("argv", [["--model", "llama3-70b", "--gpus", "1024"], ["--published"],
+                                  ["--model", "llama3-70b", "--gpus", "1024", "--explain",
+                                   "dp8 tp8 pp16 cp1 z1 b1 full 1f1b"]])
+def test_every_line_fits_100_columns(argv, capsys):
+    assert main(["plan", *argv]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 100
+
+
+def test_the_table_has_whole_headers_and_a_legend_of_the_layout_codes(capsys):
+    assert main(["plan", "--model", "llama3-8b", "--gpus", "64"]) == 0
+    out = capsys.readouterr().out
+    words = set(out.split())
+    for header in ("layout", "step", "MFU", "compute", "bubble", "parameters", "gradients",
+                   "optimizer", "activations", "logits", "buffers"):
+        assert header in words, header
+    legend = " ".join(out[out.index("layout: dpN"):].split())
+    for code in ("dpN tpN ppN cpN epN", "zN, the ZeRO stage", "bN, sequences per micro-batch",
+                 "(none | selective | full)", "1f1b", "interleaved-vV", "zb_h1"):
+        assert code in legend, code
+
+
 def test_explain_reads_a_layout_and_lists_every_term(capsys):
     assert main(["plan", "--model", "llama3-8b", "--gpus", "16", "--batch-tokens",
                  str(64 * 4096), "--seq", "4096", "--explain", "dp2 tp8 pp1 z1 b1 none"]) == 0

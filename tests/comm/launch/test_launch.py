@@ -84,6 +84,21 @@ def test_a_rank_exiting_stops_the_world():
     assert err.rank == 2 and "exited with code 3" in err.remote_traceback
 
 
+def _start_a_world():
+    with World(2):
+        pass
+
+
+def test_a_rank_starting_a_world_of_its_own_is_told_why_in_one_line():
+    """Not multiprocessing's 'daemonic processes are not allowed to have children'."""
+    with World(2, timeout=30.0) as world:
+        err = _fail_and_check(world, _start_a_world)
+    assert err.exc_type == "NestedWorldError", err.remote_traceback
+    last = err.remote_traceback.strip().splitlines()[-1]
+    assert "cannot start a world of its own" in last and "minidist run" in last
+    assert "daemonic" not in err.remote_traceback
+
+
 def _missing_send():
     import minidist.distributed as dist
     from minidist.backend import xp
