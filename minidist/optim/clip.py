@@ -122,17 +122,23 @@ def clip_grads_with_norm_(params: Tensor | Iterable[Tensor], max_norm: float,
             g *= clip_coef
 
 
-def total_grad_norm(params: Tensor | Iterable[Tensor], norm_type: float = 2.0) -> float:
-    """The p-norm of the gradients of ``params`` taken as one vector; pieces count
-    with the pieces the other ranks hold (module docstring), so the result is the
-    norm of the whole tensors, the same on every rank."""
+def total_grad_share(params: Tensor | Iterable[Tensor], norm_type: float = 2.0) -> float:
+    """The share (``grad_norm_share``) of the gradients of ``params``, pieces combined
+    with the pieces the other ranks hold (module docstring): the share of the whole
+    tensors, the same on every rank that holds a piece. A collective per kind of piece."""
     params = [params] if isinstance(params, Tensor) else list(params)
     whole, kinds = piece_kinds(params)
     shares = [grad_norm_share(_grads(whole), norm_type)]
     for layout, pieces in kinds:   # a kind with no gradient here still combines
         shares.append(layout.combine(grad_norm_share(_grads(pieces), norm_type), norm_type))
-    share = max(shares) if _check_norm_type(norm_type) == math.inf else sum(shares)
-    return norm_from_share(share, norm_type)
+    return max(shares) if _check_norm_type(norm_type) == math.inf else sum(shares)
+
+
+def total_grad_norm(params: Tensor | Iterable[Tensor], norm_type: float = 2.0) -> float:
+    """The p-norm of the gradients of ``params`` taken as one vector; pieces count
+    with the pieces the other ranks hold (module docstring), so the result is the
+    norm of the whole tensors, the same on every rank."""
+    return norm_from_share(total_grad_share(params, norm_type), norm_type)
 
 
 def clip_grad_norm_(params: Tensor | Iterable[Tensor], max_norm: float,
