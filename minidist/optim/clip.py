@@ -33,10 +33,10 @@ supplies the combining (distributed/tensor/_piece_norm.py).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from minidist.autograd import Tensor
-from minidist.autograd.pieces import piece_kinds
+from minidist.autograd.pieces import piece_kinds, piece_layout
 from minidist.backend import xp
 
 
@@ -57,6 +57,23 @@ def _sq_sum(g: Any) -> float:
     """||g||_2^2 of one array; a dot product is one pass with no temporary g**2."""
     flat = g.reshape(-1)
     return float(xp.vdot(flat, flat))
+
+
+def l2_norm(a: Any) -> float:
+    """||a||_2 of one array, on the host."""
+    return float(xp.linalg.norm(a))
+
+
+def whole_norm(param: Tensor) -> Callable[[Any], float]:
+    """How to take the 2-norm of an array shaped like ``param`` (its weights, gradient
+    or update) over the whole tensor ``param`` is a piece of: for a piece (module
+    docstring), sqrt of its sum of squares added over the pieces' holders, a collective
+    that every holder must call; for a whole tensor, its own norm. A trust ratio
+    (LAMB, LARS) takes its norms with it, as one process takes them over the tensor."""
+    layout = piece_layout(param)
+    if layout is None:
+        return l2_norm
+    return lambda a: math.sqrt(layout.combine(_sq_sum(a), 2.0))
 
 
 def grad_sq_sum(params: Tensor | Iterable[Tensor]) -> float:
