@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from minidist import backend
+from tests.distributed.gathered import whole_parameters
 from tests.distributed.worlds import world_fixture
 
 world = world_fixture([2])
@@ -31,17 +32,6 @@ def _recipe(name, amax_reduce=None):
     if name == "current":
         return CurrentScaling(**extra)
     return DelayedScaling(amax_history_len=4, **extra)
-
-
-def _gathered(model):
-    from minidist.distributed.tensor.parallel import parameter_as_dtensor
-    modules, out = dict(model.named_modules()), {}
-    for name, q in model.named_parameters():
-        owner, attr = name.rsplit(".", 1) if "." in name else ("", name)
-        if attr in modules[owner].__dict__.get("_dtensor_placements", {}):
-            q = parameter_as_dtensor(modules[owner], attr).full_tensor()
-        out[name] = backend.to_host(q.data)
-    return out
 
 
 def linear_case(recipe_name):
@@ -70,7 +60,7 @@ def linear_case(recipe_name):
             opt.step()
             opt.zero_grad()
     theirs = {n: backend.to_host(q.data) for n, q in models[0].named_parameters()}
-    err = max(float(np.abs(a - theirs[n]).max()) for n, a in _gathered(models[1]).items())
+    err = max(float(np.abs(a - theirs[n]).max()) for n, a in whole_parameters(models[1]).items())
     return err, recipes[0].scales() == recipes[1].scales()
 
 
@@ -104,7 +94,7 @@ def gpt_case(recipe_name):
             opt.zero_grad()
     theirs = {n: backend.to_host(q.data) for n, q in models[0].named_parameters()}
     err = max(float(np.abs(a.reshape(theirs[n].shape) - theirs[n]).max())
-              for n, a in _gathered(models[1]).items())
+              for n, a in whole_parameters(models[1]).items())
     return err, recipes[0].scales() == recipes[1].scales()
 
 

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minidist import backend
+from tests.distributed.gathered import whole_parameters
 from tests.distributed.worlds import world_fixture
 
 world = world_fixture([2])
@@ -68,17 +69,10 @@ def _loss(model, cfg, x, y):
 def _gathered(case, model):
     """name -> the whole parameter, gathered from the pieces."""
     from minidist.distributed.fsdp import sharded_state_dict
-    from minidist.distributed.tensor.parallel import parameter_as_dtensor
     if case["strategy"] == "fully_shard":
         return {n: backend.to_host(d.full_tensor().data) for n, d in
                 sharded_state_dict(model).items()}
-    modules, out = dict(model.named_modules()), {}
-    for name, q in model.named_parameters():
-        owner, attr = name.rsplit(".", 1) if "." in name else ("", name)
-        if attr in modules[owner].__dict__.get("_dtensor_placements", {}):
-            q = parameter_as_dtensor(modules[owner], attr).full_tensor()
-        out[name] = backend.to_host(q.data)
-    return out
+    return whole_parameters(model)
 
 
 def trust_ratio_case(case):

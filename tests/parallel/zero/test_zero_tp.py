@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minidist import backend
+from tests.distributed.gathered import whole_parameters
 from tests.distributed.worlds import world_fixture
 
 world = world_fixture([4])
@@ -39,21 +40,11 @@ def _batches(seed):
     return [(rng.integers(0, 12, (4, 4)), rng.integers(0, 12, (4, 4))) for _ in range(STEPS)]
 
 
-def _errors(mesh, single, model):
-    """max |my piece - its slice of the one-process parameter| over the parameters."""
-    from minidist.distributed.tensor.parallel import parameter_as_dtensor
-    theirs, modules = dict(single.named_parameters()), dict(model.named_modules())
-    worst = 0.0
-    for name, q in model.named_parameters():
-        owner, attr = name.rsplit(".", 1)
-        full = backend.to_host(theirs[name].data)
-        if attr in modules[owner].__dict__.get("_dtensor_placements", {}):
-            whole = parameter_as_dtensor(modules[owner], attr).full_tensor()
-            full_mine = backend.to_host(whole.data).reshape(full.shape)
-            worst = max(worst, float(np.abs(full_mine - full).max()))
-        else:
-            worst = max(worst, float(np.abs(backend.to_host(q.data) - full).max()))
-    return worst
+def _errors(single, model):
+    """max |whole parameter - one process's| over the parameters."""
+    theirs = {n: backend.to_host(q.data) for n, q in single.named_parameters()}
+    return max(float(np.abs(a.reshape(theirs[n].shape) - theirs[n]).max())
+               for n, a in whole_parameters(model).items())
 
 
 def zero_tp_clipped(stage, seed):
@@ -77,7 +68,7 @@ def zero_tp_clipped(stage, seed):
         loss.backward()
         norms.append(zero.step())
         zero.zero_grad()
-    return _errors(mesh, single, model), norms, want
+    return _errors(single, model), norms, want
 
 
 def zero_tp_poisoned(stage, seed):
