@@ -11,7 +11,7 @@
 from minidist.optim.adam import Adam, AdamW, adam_direction, adam_update, adamw_update
 from minidist.optim.clip import (clip_grad_norm_, clip_grads_with_norm_, grad_norm,
                                  grad_norm_share, grad_sq_sum, norm_from_share,
-                                 total_grad_norm)
+                                 total_grad_share, total_grad_norm, whole_norm)
 from minidist.optim.lamb import LAMB, lamb_update, trust_ratio
 from minidist.optim.lars import LARS, lars_update
 from minidist.optim.optimizer import Optimizer
@@ -23,6 +23,7 @@ __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "LAMB", "LARS",
            "sgd_update", "adam_update", "adamw_update", "adam_direction", "lamb_update",
            "lars_update", "trust_ratio",
            "clip_grad_norm_", "clip_grads_with_norm_", "grad_norm", "grad_sq_sum",
-           "grad_norm_share", "norm_from_share", "total_grad_norm",
+           "grad_norm_share", "norm_from_share", "total_grad_share", "total_grad_norm",
+           "whole_norm",
            "LRScheduler", "LambdaLR", "WarmupCosine", "warmup_cosine",
            "linear_scaled_lr", "sqrt_scaled_lr", "warmup_steps_for"]

@@ -144,7 +144,12 @@ class Adam(Optimizer):
         amsgrad = {"max_exp_avg_sq": state["max_exp_avg_sq"]} if group.get("amsgrad") else {}
         self._update_fn(p.data, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
                         lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                        weight_decay=group["weight_decay"], **amsgrad)
+                        weight_decay=group["weight_decay"], **amsgrad,
+                        **self._per_parameter(p))
+
+    def _per_parameter(self, p: Any) -> dict:
+        """Extra keywords of the update function for ``p`` (LAMB: how to take norms)."""
+        return {}
 
 
 class AdamW(Adam):

@@ -33,10 +33,10 @@ supplies the combining (distributed/tensor/_piece_norm.py).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from minidist.autograd import Tensor
-from minidist.autograd.pieces import piece_kinds
+from minidist.autograd.pieces import piece_kinds, piece_layout
 from minidist.backend import xp
 
 
@@ -57,6 +57,23 @@ def _sq_sum(g: Any) -> float:
     """||g||_2^2 of one array; a dot product is one pass with no temporary g**2."""
     flat = g.reshape(-1)
     return float(xp.vdot(flat, flat))
+
+
+def l2_norm(a: Any) -> float:
+    """||a||_2 of one array, on the host."""
+    return float(xp.linalg.norm(a))
+
+
+def whole_norm(param: Tensor) -> Callable[[Any], float]:
+    """How to take the 2-norm of an array shaped like ``param`` (its weights, gradient
+    or update) over the whole tensor ``param`` is a piece of: for a piece (module
+    docstring), sqrt of its sum of squares added over the pieces' holders, a collective
+    that every holder must call; for a whole tensor, its own norm. A trust ratio
+    (LAMB, LARS) takes its norms with it, as one process takes them over the tensor."""
+    layout = piece_layout(param)
+    if layout is None:
+        return l2_norm
+    return lambda a: math.sqrt(layout.combine(_sq_sum(a), 2.0))
 
 
 def grad_sq_sum(params: Tensor | Iterable[Tensor]) -> float:
@@ -122,17 +139,23 @@ def clip_grads_with_norm_(params: Tensor | Iterable[Tensor], max_norm: float,
             g *= clip_coef
 
 
-def total_grad_norm(params: Tensor | Iterable[Tensor], norm_type: float = 2.0) -> float:
-    """The p-norm of the gradients of ``params`` taken as one vector; pieces count
-    with the pieces the other ranks hold (module docstring), so the result is the
-    norm of the whole tensors, the same on every rank."""
+def total_grad_share(params: Tensor | Iterable[Tensor], norm_type: float = 2.0) -> float:
+    """The share (``grad_norm_share``) of the gradients of ``params``, pieces combined
+    with the pieces the other ranks hold (module docstring): the share of the whole
+    tensors, the same on every rank that holds a piece. A collective per kind of piece."""
     params = [params] if isinstance(params, Tensor) else list(params)
     whole, kinds = piece_kinds(params)
     shares = [grad_norm_share(_grads(whole), norm_type)]
     for layout, pieces in kinds:   # a kind with no gradient here still combines
         shares.append(layout.combine(grad_norm_share(_grads(pieces), norm_type), norm_type))
-    share = max(shares) if _check_norm_type(norm_type) == math.inf else sum(shares)
-    return norm_from_share(share, norm_type)
+    return max(shares) if _check_norm_type(norm_type) == math.inf else sum(shares)
+
+
+def total_grad_norm(params: Tensor | Iterable[Tensor], norm_type: float = 2.0) -> float:
+    """The p-norm of the gradients of ``params`` taken as one vector; pieces count
+    with the pieces the other ranks hold (module docstring), so the result is the
+    norm of the whole tensors, the same on every rank."""
+    return norm_from_share(total_grad_share(params, norm_type), norm_type)
 
 
 def clip_grad_norm_(params: Tensor | Iterable[Tensor], max_norm: float,

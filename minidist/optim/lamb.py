@@ -16,15 +16,20 @@ step proportional to the size of its weights: ||w_t - w_{t-1}|| = eta * ||w||,
 whatever the scale of its gradients. (The paper allows a clipping function
 phi(||w||) in the numerator; we use the identity, as most implementations do.)
 
-Under ZeRO sharding the two norms are over the whole tensor, so a shard would
-all-reduce its sums of squares of w and u before taking the ratio.
+The two norms are over the whole tensor. A parameter that ``fully_shard``, a
+tensor-parallel plan or layer cut is a piece (autograd/pieces.py): ``LAMB`` takes
+its norms with ``optim.whole_norm``, which all-reduces the sums of squares of w and u
+over the pieces' holders, so the ratio is one process's on every rank
+(tests/distributed/test_trust_ratio_on_pieces.py). ZeRO's flat shards cut across
+tensors, so ZeRO refuses LAMB.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from minidist.backend import xp
 from minidist.optim.adam import Adam, adam_direction
+from minidist.optim.clip import l2_norm, whole_norm
 
 
 def trust_ratio(numerator_norm: float, denominator_norm: float) -> float:
@@ -41,15 +46,18 @@ def trust_ratio(numerator_norm: float, denominator_norm: float) -> float:
 
 def lamb_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int, *,
                 lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-6,
-                weight_decay: float = 0.01) -> float:
-    """One LAMB step on arrays, in place. Returns the trust ratio r_t it used."""
+                weight_decay: float = 0.01, norm: Callable[[Any], float] | None = None) -> float:
+    """One LAMB step on arrays, in place. Returns the trust ratio r_t it used.
+    ``norm``: the 2-norm of an array shaped like ``param`` (default: its own; for a
+    piece of a larger tensor, the whole tensor's: ``optim.whole_norm``)."""
+    norm = norm or l2_norm
     # u_t = m_hat / (sqrt(v_hat) + eps) + lambda * w
     update = adam_direction(grad, exp_avg, exp_avg_sq, step, beta1=beta1, beta2=beta2,
                             eps=eps, out=xp.empty_like(param))
     if weight_decay != 0:
         update += weight_decay * param
     # r_t = ||w|| / ||u||  (float() brings the two norms to the host: one sync per layer)
-    ratio = trust_ratio(float(xp.linalg.norm(param)), float(xp.linalg.norm(update)))
+    ratio = trust_ratio(norm(param), norm(update))
     update *= lr * ratio
     param -= update                                      # w_t = w - eta * r_t * u_t
     return ratio
@@ -72,3 +80,6 @@ class LAMB(Adam):
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.01):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+    def _per_parameter(self, p: Any) -> dict:
+        return {"norm": whole_norm(p)}   # a piece's norms are the whole tensor's

@@ -13,24 +13,33 @@ one global learning rate that is safe for the most sensitive layer is far too
 small for the rest. local_lr sizes each layer's step relative to its weights.
 c (0.001 in the paper) says how far, relative to ||w||, one step may go; it
 also means the global eta is large (e.g. 1 to 20) compared with plain SGD's.
+
+The norms are over the whole tensor: for a parameter that ``fully_shard`` or a
+tensor-parallel plan cut into pieces, ``LARS`` all-reduces the sums of squares over
+the pieces' holders (``optim.whole_norm``), as LAMB does.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from minidist.backend import xp
+from minidist.optim.clip import l2_norm, whole_norm
 from minidist.optim.optimizer import Optimizer, check_non_negative
 
 
 def lars_update(param: Any, grad: Any, momentum_buffer: Any, *, lr: float,
                 momentum: float = 0.9, weight_decay: float = 0.0,
-                trust_coefficient: float = 0.001) -> float:
+                trust_coefficient: float = 0.001,
+                norm: Callable[[Any], float] | None = None) -> float:
     """One LARS step on arrays: updates ``param`` and ``momentum_buffer`` in place.
 
-    Returns local_lr (without the global eta), for a learner to watch.
+    Returns local_lr (without the global eta), for a learner to watch. ``norm``: the
+    2-norm of an array shaped like ``param`` (default: its own; for a piece, the whole
+    tensor's: ``optim.whole_norm``).
     """
-    w_norm = float(xp.linalg.norm(param))                # one host sync per norm
-    g_norm = float(xp.linalg.norm(grad))
+    norm = norm or l2_norm
+    w_norm = norm(param)                                 # one host sync per norm
+    g_norm = norm(grad)
     # local_lr = c * ||w|| / (||g|| + lambda * ||w||). A zero norm would freeze a
     # zero-initialised layer (||w|| = 0) or divide by 0 (||g|| = 0, lambda = 0):
     # then the layer takes the plain step, local_lr = 1.
@@ -68,4 +77,4 @@ class LARS(Optimizer):
             state["momentum_buffer"] = xp.zeros_like(p.data)
         lars_update(p.data, p.grad, state["momentum_buffer"], lr=group["lr"],
                     momentum=group["momentum"], weight_decay=group["weight_decay"],
-                    trust_coefficient=group["trust_coefficient"])
+                    trust_coefficient=group["trust_coefficient"], norm=whole_norm(p))

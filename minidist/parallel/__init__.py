@@ -25,7 +25,8 @@ from minidist.parallel.context import (RingAttention, plan_work, ring_attention,
                                        shard_sequence, split_sequence, ulysses_attention,
                                        unshard_sequence)
 from minidist.parallel.data import (DataParallelNaive, DistributedDataParallel,
-                                    DistributedSampler, found_inf_reduce, verify_parameter_sync)
+                                    DistributedSampler, amax_reduce, found_inf_reduce,
+                                    verify_parameter_sync)
 from minidist.parallel.pipeline import (GPTPiece, Op, PipelineStats, gpipe, interleaved,
                                         make_schedule, measured_bubble, one_f_one_b,
                                         counted_parameters, pieces_of_rank, pipeline_parameters,
@@ -48,7 +49,7 @@ from minidist.parallel.three_d import ThreeDParallelGPT
 from minidist.parallel.zero import Zero1, Zero2, Zero3
 
 __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_sync",
-           "DistributedSampler", "Zero1", "Zero2", "Zero3", "found_inf_reduce",
+           "DistributedSampler", "Zero1", "Zero2", "Zero3", "found_inf_reduce", "amax_reduce",
            "ring_attention", "RingAttention", "shard_sequence", "unshard_sequence", "plan_work",
            "ulysses_attention", "split_sequence",
            # tensor parallelism

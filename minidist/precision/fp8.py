@@ -30,6 +30,21 @@ input gradients stay float32, as an FP8 GEMM's higher-precision output does.
         _, loss = model(x, y)
     loss.backward()          # gradients cast to E5M2 with their own scales
 
+Pieces (autograd/pieces.py). Per-tensor scaling means one amax per tensor. When a
+site's weight is one rank's piece of a tensor cut over a group (a tensor-parallel
+layer or plan), its other operands and its output gradient are cut over the same
+group or replicated over it (column-parallel: x whole, W and dY sliced by output
+feature; row-parallel: x and W sliced by input feature, dY whole). So every amax
+the site takes is max-combined over the groups of its pieces (``layout.combine``,
+the rule clipping and GradScaler use), and each rank casts with the whole tensors'
+scale: bit for bit the scales, casts and results of one process with the same
+recipe. Data parallelism (DDP, ``fully_shard``, ZeRO) is not a cut here: a site sees
+the whole weight, and the activations' and gradients' amax is this rank's
+micro-batch's, not the global batch's (torchao all-reduces it over the data-parallel
+ranks for delayed scaling; Transformer Engine's ``fp8_group`` does the same). The
+parameters still stay equal across replicas (their gradients are averaged), but
+with several ranks the run is not one process's on the whole batch.
+
 A forward recomputed in backward (checkpointing, ZeRO-3) replays: the policy's
 snapshot (autocast.py) brings the site numbering back to where that forward
 started and the casts use the sites' scales without recording their amax again,
@@ -38,10 +53,12 @@ forward and its recompute would change the scales it used: that is an error.
 """
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Any, Callable
 
 from minidist.backend import xp
+from minidist.autograd.pieces import piece_kinds
 from minidist.autograd.tensor import Tensor
 from minidist.precision.autocast import Round, use_policy
 from minidist.precision.formats import FloatFormat, get_format
@@ -64,12 +81,16 @@ class ScalingState:
         keep = ~xp.isfinite(amax) | (amax <= 0) | ~xp.isfinite(new)
         return xp.where(keep, old, new).astype(xp.float32)
 
-    def cast(self, x: Any, record: bool = True) -> Any:
+    def cast(self, x: Any, record: bool = True, whole: Callable[[Any], Any] | None = None) -> Any:
         """x rounded to fmt under this state's scale, returned dequantized (x's dtype).
 
         ``record=False`` (a recomputed forward): the same cast, leaving the state as it is.
+        ``whole``: the whole tensor's amax from this rank's (a 0-d float32 array; module
+        docstring), a collective when x is a piece.
         """
         amax = xp.max(xp.abs(x)).astype(xp.float32) if x.size else xp.zeros((), xp.float32)
+        if whole is not None:
+            amax = whole(amax)
         if self.delayed:
             if record:
                 self.amax_history[0] = xp.maximum(self.amax_history[0], amax)
@@ -105,7 +126,8 @@ class DelayedScaling:
 
     def __init__(self, margin: int = 0, amax_history_len: int = 16,
                  amax_compute_algo: str = "max", fwd_format: FloatFormat | str = "e4m3fn",
-                 bwd_format: FloatFormat | str = "e5m2"):
+                 bwd_format: FloatFormat | str = "e5m2",
+                 amax_reduce: Callable[[Any], Any] | None = None):
         if amax_compute_algo not in ("max", "most_recent"):
             raise ValueError(f"amax_compute_algo must be 'max' or 'most_recent', "
                              f"got {amax_compute_algo!r}")
@@ -113,6 +135,7 @@ class DelayedScaling:
             raise ValueError(f"amax_history_len must be >= 1, got {amax_history_len}")
         self.margin, self.history_len, self.algo = margin, amax_history_len, amax_compute_algo
         self.fwd_format, self.bwd_format = get_format(fwd_format), get_format(bwd_format)
+        self.amax_reduce = amax_reduce           # every amax combined over ranks, or None
         self.sites: list[dict[str, Any]] = []   # per site: {"inputs": [...], "grad": state}
         self._next = 0
         self._steps = 0                          # begin_step calls: which scales are in use
@@ -161,9 +184,20 @@ class DelayedScaling:
         self._next += 1
         states = iter(site["inputs"])
         record = not self._replays            # a recompute records no amax a second time
-        low = [Round.apply(a, fwd=partial(next(states).cast, record=record))
+        whole = partial(self._whole_amax, [a for a in args if isinstance(a, Tensor)])
+        low = [Round.apply(a, fwd=partial(next(states).cast, record=record, whole=whole))
                if isinstance(a, Tensor) else a for a in args]
-        return Round.apply(fn(*low), bwd=site["grad"].cast)
+        return Round.apply(fn(*low), bwd=partial(site["grad"].cast, whole=whole))
+
+    def _whole_amax(self, operands: list, amax: Any) -> Any:
+        """The amax of a site's cast over the whole tensor: max-combined over the groups
+        that cut its pieces (module docstring), then by ``amax_reduce`` if given. A max
+        of float32 values is one of them: exact."""
+        for layout, _ in piece_kinds(operands)[1]:
+            amax = xp.asarray(layout.combine(float(amax), math.inf), dtype=xp.float32)
+        if self.amax_reduce is not None:
+            amax = self.amax_reduce(amax)
+        return amax
 
     def scales(self) -> list[float]:
         """Every scale, site by site (inputs then gradient): for printing and tests."""
@@ -176,8 +210,9 @@ class CurrentScaling(DelayedScaling):
     delayed = False
 
     def __init__(self, margin: int = 0, fwd_format: FloatFormat | str = "e4m3fn",
-                 bwd_format: FloatFormat | str = "e5m2"):
-        super().__init__(margin, 1, "most_recent", fwd_format, bwd_format)
+                 bwd_format: FloatFormat | str = "e5m2",
+                 amax_reduce: Callable[[Any], Any] | None = None):
+        super().__init__(margin, 1, "most_recent", fwd_format, bwd_format, amax_reduce)
 
 
 class fp8_autocast(use_policy):

@@ -1,4 +1,4 @@
-"""Clipping a tensor- or pipeline-parallel GPT equals clipping the GPT in one process.
+"""Clipping a tensor- or pipeline-parallel GPT or Llama equals clipping it in one process.
 
 One 2-rank world for the module (the tensor-parallel group, then the pipeline
 group). The parent runs the dense GPT on the same batch, takes
@@ -17,16 +17,16 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import minidist.distributed as dist
 from minidist import backend
 from minidist.comm import World
-from minidist.nn import GPT, GPTConfig
+from minidist.nn import GPT, GPTConfig, Llama, LlamaConfig
 from minidist.optim import clip_grad_norm_ as clip_one_process
 from minidist.optim import grad_sq_sum
-from minidist.parallel import (TensorParallelGPT, clip_grad_norm_, pieces_of_rank,
+from minidist.parallel import (TensorParallelGPT, TensorParallelLlama, clip_grad_norm_, pieces_of_rank,
                                pipeline_parameters, run_pipeline, shard_state_dict, split_gpt,
                                sync_tied_gradients)
 from minidist.parallel.pipeline.schedule import make_schedule
@@ -43,13 +43,22 @@ def world():
 
 
 def _config(case):
+    if case["model"] == "llama":   # grouped-query heads: two query heads per kv head
+        return LlamaConfig(vocab_size=12, hidden_size=8, intermediate_size=12,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           max_position_embeddings=4, tie_word_embeddings=case["tie"],
+                           dtype="float64", seed=case["seed"])
     return GPTConfig(block_size=4, vocab_size=12, n_layer=2, n_head=2, n_embd=8,
                      tie_weights=case["tie"], dtype="float64", seed=case["seed"])
 
 
+def _dense(case):
+    return (Llama if case["model"] == "llama" else GPT)(_config(case))
+
+
 def _batch(case, cfg):
     rng = np.random.default_rng(case["seed"])
-    shape = (2 * M, cfg.block_size)
+    shape = (2 * M, 4)
     return rng.integers(0, cfg.vocab_size, shape), rng.integers(0, cfg.vocab_size, shape)
 
 
@@ -57,7 +66,7 @@ def dense_clipped(case):
     """The oracle: one process, the whole batch -> (norm before clipping, max_norm,
     clipped gradients by name)."""
     cfg = _config(case)
-    model = GPT(cfg)
+    model = _dense(case)
     idx, tgt = _batch(case, cfg)
     _, loss = model(backend.from_host(idx), backend.from_host(tgt))
     loss.backward()
@@ -74,9 +83,11 @@ def _max_err(named: dict, want: dict) -> float:
 
 
 def tensor_parallel_clip(case, max_norm, want):
-    """Every rank: the tensor-parallel GPT's step gradients, clipped -> (norm, own sq sum, err)."""
+    """Every rank: the tensor-parallel model's step gradients, clipped -> (norm, own sq sum,
+    err)."""
     cfg = _config(case)
-    model = TensorParallelGPT(cfg, None, case["sp"])
+    parallel = TensorParallelLlama if case["model"] == "llama" else TensorParallelGPT
+    model = parallel(cfg, None, case["sp"])
     idx, tgt = _batch(case, cfg)
     _, loss = model(backend.from_host(idx), backend.from_host(tgt))
     loss.backward()
@@ -90,12 +101,12 @@ def pipeline_clip(case, max_norm, want):
     """Every rank: its pipeline stage's gradients (1F1B), clipped -> (norm, own sq sum, err)."""
     p, r = dist.get_world_size(), dist.get_rank()
     cfg = _config(case)
-    model = GPT(cfg)
+    model = _dense(case)
     chunks = pieces_of_rank(split_gpt(model, p), r, p)
     idx, tgt = (np.split(a, M) for a in _batch(case, cfg))
     run_pipeline(make_schedule("1f1b", p, M)[r], chunks, M,
                  [backend.from_host(a) for a in idx], [backend.from_host(a) for a in tgt],
-                 activation_shape=(2, cfg.block_size, cfg.n_embd), dtype="float64")
+                 activation_shape=(2, 4, 8), dtype="float64")
     sync_tied_gradients(model, chunks)
     mine = pipeline_parameters(chunks)
     own = grad_sq_sum(mine)
@@ -115,12 +126,13 @@ def _check(results, norm, case):
 
 
 cases = st.fixed_dictionaries(dict(
-    seed=st.integers(0, 2**16), tie=st.booleans(), sp=st.booleans(),
+    model=st.sampled_from(["gpt", "llama"]), seed=st.integers(0, 2**16), tie=st.booleans(), sp=st.booleans(),
     p=st.sampled_from([2.0, 1.0, math.inf]), fraction=st.sampled_from([0.05, 0.5, 0.9])))
 
 
 @settings(max_examples=6, deadline=None)
 @given(case=cases)
+@example(case=dict(model="llama", seed=1, tie=False, sp=False, p=2.0, fraction=0.5))
 def test_tensor_parallel_clip_equals_single_process_clip(world, case):
     norm, max_norm, want = dense_clipped(case)
     summed = _check(world.run(tensor_parallel_clip, case, max_norm, want), norm, case)

@@ -151,6 +151,11 @@ class DTensor:
         whole = self.redistribute(self.device_mesh, [Replicate()] * self.device_mesh.ndim)
         return whole.to_local(grad_placements=grad_placements)
 
+    def item(self) -> float:
+        """The one element as a Python float, from the whole tensor (torch's ``item``
+        on a DTensor: a loss under ``loss_parallel`` is a Replicate DTensor)."""
+        return self.full_tensor().item()
+
     def backward(self, grad: Any = None) -> None:
         self._local_tensor.backward(grad)
 

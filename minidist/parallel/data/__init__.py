@@ -19,9 +19,9 @@ Files, in reading order:
 Docs: docs/ddp.md, docs/compression.md. Demos: demos/04_ddp.py, demos/18_compression.py. Tests: tests/parallel/data/. Bench: bench/bench_ddp.py.
 """
 from minidist.parallel.data.ddp import DistributedDataParallel
-from minidist.parallel.data.naive import DataParallelNaive, found_inf_reduce
+from minidist.parallel.data.naive import DataParallelNaive, amax_reduce, found_inf_reduce
 from minidist.parallel.data.sampler import DistributedSampler
 from minidist.parallel.data.sync_check import verify_parameter_sync
 
 __all__ = ["DataParallelNaive", "DistributedDataParallel", "DistributedSampler",
-           "found_inf_reduce", "verify_parameter_sync"]
+           "found_inf_reduce", "amax_reduce", "verify_parameter_sync"]

@@ -33,14 +33,27 @@ def broadcast_parameters(module: Module, group: Any = None) -> None:
         dist.broadcast(p.data, src=src, group=group)
 
 
+def _max_over(group: Any):
+    """A function: a 0-d array -> its max over the ranks of ``group`` (on every rank)."""
+    def reduce(value: Any) -> Any:
+        value = value.reshape(1).copy()                     # (1,): all_reduce works in place
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+        return value.reshape(())
+    return reduce
+
+
 def found_inf_reduce(group: Any = None):
     """For ``GradScaler(found_inf_reduce=...)``: a rank that saw inf / NaN makes every
     rank skip the step (MAX of the 0-d flag), so the replicas never step apart."""
-    def reduce(flag: Any) -> Any:
-        flag = flag.reshape(1).copy()                       # (1,): all_reduce works in place
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-        return flag.reshape(())
-    return reduce
+    return _max_over(group)
+
+
+def amax_reduce(group: Any = None):
+    """For an FP8 recipe's ``amax_reduce=...`` (``DelayedScaling``, ``CurrentScaling``):
+    every amax is the max over ``group``'s ranks, so they share one scale per tensor:
+    over the data-parallel group, the global batch's amax (torchao's delayed scaling);
+    over the tensor-parallel group, the whole activation's when heads are split."""
+    return _max_over(group)
 
 
 class DataParallelNaive(Module):

@@ -18,12 +18,14 @@ array dict (weights, gradients) into this model's shards.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import minidist.distributed as dist
 from minidist import backend
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
+from minidist.nn.generate import generate
 from minidist.nn.gpt import GPT, GPTConfig
 from minidist.nn.layers import Dropout, Embedding, LayerNorm
 from minidist.nn import functional as F
@@ -31,7 +33,7 @@ from minidist.nn.module import Module, ModuleList
 from minidist.parallel.tensor.layers import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention,
                                       SequenceParallelLayerNorm, shard_state_dict)
 from minidist.parallel.tensor.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
-from minidist.parallel.tensor.mappings import copy_to_tp
+from minidist.parallel.tensor.mappings import copy_to_tp, gather_from_tp
 
 
 def _layer_norm(cfg: GPTConfig, group: Any, sequence_parallel: bool) -> LayerNorm:
@@ -122,6 +124,14 @@ class TensorParallelGPT(Module):
         if targets is not None:
             loss = vocab_parallel_cross_entropy(logits, targets, self.group)
         return logits, loss
+
+    def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, seed: int = 0, do_sample: bool = True) -> Any:
+        """``GPT.generate`` over the whole vocabulary: each step's (B, T, V/t) logit
+        columns all-gathered to (B, T, V); every rank returns the same tokens."""
+        return generate(self, idx, max_new_tokens, self.config.block_size, temperature,
+                        top_k, seed, do_sample,
+                        whole_logits=partial(gather_from_tp, axis=-1, group=self.group))
 
     def forward(self, idx: Any, targets: Any = None) -> tuple[Tensor, Tensor | None]:
         idx = idx.data if isinstance(idx, Tensor) else idx

@@ -16,24 +16,28 @@ goes to TP 8 at most, unless K/V heads are replicated (not done here).
 
 ``TensorParallelLlama`` is a ``Llama``: it builds the dense model from the same seed
 and swaps each linear layer for its parallel twin holding this rank's shard, so
-``forward``, ``embed``, ``blocks`` and ``generate`` are the Llama's own and only
-``head`` differs (the loss over vocabulary-split logits). With ``sequence_parallel``
+``forward``, ``embed`` and ``blocks`` are the Llama's own; ``head`` differs (the loss
+over vocabulary-split logits), and so does ``generate``, which all-gathers each step's
+logit columns so that every rank picks from the whole vocabulary (an argmax over its
+own V/t columns would return a local index of the wrong token). With ``sequence_parallel``
 the residual stream and the RMSNorms hold T/t positions per rank; attention still
 sees all T positions (the column layers all-gather them), so RoPE's positions are
 the global ones without further care.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import minidist.distributed as dist
 from minidist.autograd.tensor import Tensor
 from minidist.nn import functional as F
 from minidist.nn.layers import RMSNorm
+from minidist.nn.generate import generate
 from minidist.nn.llama import Llama, LlamaConfig
 from minidist.parallel.tensor.layers import (ColumnParallelLinear, RowParallelLinear,
                                              shard_state_dict)
-from minidist.parallel.tensor.mappings import copy_to_tp
+from minidist.parallel.tensor.mappings import copy_to_tp, gather_from_tp
 from minidist.parallel.tensor.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
 
@@ -114,6 +118,15 @@ class TensorParallelLlama(Llama):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight   # both vocabulary rows
         self.load_state_dict(shard_state_dict(self, dense))
+
+    def generate(self, idx: Any, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, seed: int = 0, do_sample: bool = True,
+                 use_cache: bool = True) -> Any:
+        """``Llama.generate`` over the whole vocabulary: each step's (B, T, V/t) logit
+        columns all-gathered to (B, T, V); every rank returns the same tokens."""
+        return generate(self, idx, max_new_tokens, self.config.max_position_embeddings,
+                        temperature, top_k, seed, do_sample, use_cache,
+                        whole_logits=partial(gather_from_tp, axis=-1, group=self.group))
 
     def head(self, x: Tensor, targets: Any = None) -> tuple[Tensor, Tensor | None]:
         """Final norm, this rank's logit columns (B, T, V/t), and the vocab-parallel loss."""

@@ -32,6 +32,7 @@ from minidist.backend import xp
 from minidist.nn import functional as F
 from minidist.nn.layers import Embedding
 from minidist.nn.module import Module, Parameter
+from minidist.distributed.tensor.parallel.style import check_sequence_split
 from minidist.parallel.tensor.layers import note_tp_pieces
 from minidist.parallel.tensor.mappings import reduce_from_tp, reduce_scatter_to_sp
 
@@ -72,6 +73,7 @@ class VocabParallelEmbedding(Module):
         keep = (~outside).astype(out.dtype)[..., None]                 # zero the stand-ins
         out = out * keep                                               # (their gradient too)
         if self.sequence_parallel:
+            check_sequence_split(out.shape[1], dist.get_world_size(self.group))
             return reduce_scatter_to_sp(out, axis=1, group=self.group)  # (B, T/t, C)
         return reduce_from_tp(out, self.group)                         # g: (B, T, C)
 

@@ -25,6 +25,17 @@ gradient: sqrt(all_reduce(sum of squares of my shard)). Gradient accumulation:
 call backward several times, then ``step()``; stage 1 accumulates full
 gradients locally, stage 2 accumulates its shard.
 
+Over a model whose parameters are already pieces (a tensor-parallel plan over
+"tp", ZeRO over "dp": torchtitan's 2-D), each flat group holds one kind of piece
+(``buckets_by_kind``) and its shard is registered as a piece of that kind
+(autograd/pieces.py): the norm adds the shards' shares over the kind's groups, then
+over the ZeRO group, and GradScaler max-combines its inf flag over them too, so every
+rank clips by the whole model's norm and skips the same steps
+(tests/parallel/zero/test_zero_tp.py):
+
+    ||g||^2 = all_reduce_dp( ||whole-tensor shards||^2
+                             + sum over kinds: all_reduce_kind( ||shards of kind||^2 ) )
+
     zero = Zero2(model, AdamW, lr=1e-3, max_grad_norm=1.0)
     loss = loss_fn(zero(x_mine), y_mine); loss.backward()
     zero.step(); zero.zero_grad()
@@ -40,7 +51,8 @@ import minidist.distributed as dist
 from minidist import backend
 from minidist.autograd.tensor import Tensor
 from minidist.nn.module import Module
-from minidist.optim import SGD, Adam, AdamW, clip_grads_with_norm_, grad_sq_sum
+from minidist.autograd.pieces import piece_kinds, piece_layout, register_piece
+from minidist.optim import SGD, Adam, AdamW, clip_grads_with_norm_, total_grad_share
 from minidist.parallel.data.buckets import DEFAULT_BUCKET_CAP_MB, split_in_buckets
 from minidist.parallel.data.naive import broadcast_parameters
 from minidist.parallel.zero.shard import FlatLayout
@@ -49,6 +61,21 @@ from minidist.parallel.zero.memory import report
 from minidist.precision import quantize
 
 ELEMENTWISE_OPTIMIZERS = (SGD, Adam, AdamW)
+
+
+def buckets_by_kind(params: list[Tensor], cap_bytes: float) -> list[list[Tensor]]:
+    """``split_in_buckets`` within each kind of piece (autograd/pieces.py; the whole
+    tensors are one kind), so that a flat group, and so its shard, is one kind."""
+    whole, kinds = piece_kinds(params)
+    buckets = split_in_buckets(whole, cap_bytes) if whole else []
+    for _, pieces in kinds:
+        buckets += split_in_buckets(pieces, cap_bytes)
+    return buckets
+
+
+def _kind_key(param: Tensor) -> Any:
+    layout = piece_layout(param)
+    return None if layout is None else layout.key
 
 
 class ZeroBase(Module):
@@ -76,6 +103,13 @@ class ZeroBase(Module):
         self._optimizer_class, self._optimizer_kwargs = optimizer_class, optimizer_kwargs
 
     def _make_optimizer(self) -> None:
+        self._mixed = []   # flat groups holding several kinds of piece (a ZeRO-3 unit)
+        for layout, shard in zip(self.layouts, self.shards):
+            kinds = {_kind_key(p) for p in layout.params}
+            if len(kinds) > 1:
+                self._mixed += self.pending_parameter_names(layout.params)
+            elif kinds != {None}:   # a shard of pieces combines as they do (buckets_by_kind)
+                register_piece(shard, piece_layout(layout.params[0]))
         self.optimizer = self._optimizer_class(self.shards, **self._optimizer_kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -96,8 +130,10 @@ class ZeroBase(Module):
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Clip by the norm of the whole gradient; each rank sees only its shard:
-        ||g|| = sqrt( sum_r ||g_r||^2 ), one all-reduce of one number."""
-        local = backend.from_host([grad_sq_sum(self.shards)])                # (1,) float64
+        ||g|| = sqrt( sum_r ||g_r||^2 ), one all-reduce of one number (after the
+        shards of pieces have added their shares over their own groups)."""
+        self._check_one_kind_per_shard("clip the gradients")
+        local = backend.from_host([total_grad_share(self.shards)])           # (1,) float64
         dist.all_reduce(local, group=self.group)
         total = math.sqrt(float(backend.to_host(local)[0]))
         clip_grads_with_norm_(self.shards, max_norm, total)
@@ -118,6 +154,8 @@ class ZeroBase(Module):
             raise ValueError("with sharded gradients every rank must agree on skipping a step: "
                              "build the scaler as GradScaler(found_inf_reduce="
                              "minidist.parallel.found_inf_reduce(group))")
+        if scaler is not None:
+            self._check_one_kind_per_shard("combine GradScaler's inf flag")
         self._reduce_gradients()
         if scaler is not None:
             scaler.unscale_(self.optimizer)
@@ -130,6 +168,13 @@ class ZeroBase(Module):
             scaler.step(self.optimizer)         # no update if some rank found inf / NaN
         self._gather_parameters()
         return norm
+
+    def _check_one_kind_per_shard(self, what: str) -> None:
+        if self._mixed:
+            raise ValueError(f"ZeRO-{self.stage} cannot {what}: a unit's flat shard mixes "
+                             f"tensor-parallel slices with tensors cut otherwise ({self._mixed}), "
+                             "so its shard has no one group to combine over; use ZeRO-1/2, or "
+                             "fully_shard over the data-parallel mesh (torchtitan's 2-D)")
 
     def after_load(self) -> None:
         """After the shards were overwritten (a checkpoint): refresh the weights."""
@@ -170,7 +215,7 @@ class Zero1(ZeroBase):
         broadcast_parameters(module, group)
         params = [p for p in module.parameters() if p.requires_grad]
         self.flats: list[Any] = []               # the full flat weights of each group
-        for ps in split_in_buckets(params, bucket_cap_mb * 1e6):
+        for ps in buckets_by_kind(params, bucket_cap_mb * 1e6):
             layout = FlatLayout(ps, self.world_size, self.rank)
             flat = layout.flatten([p.data for p in ps])                      # (N*S,)
             if precision is None:

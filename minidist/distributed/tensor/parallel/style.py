@@ -48,6 +48,15 @@ from minidist.distributed.tensor.parallel.parameters import (note_layout, parame
 from minidist.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
 
+def check_sequence_split(length: int, t: int) -> None:
+    """Refuse to cut ``length`` positions over ``t`` ranks unevenly (sequence parallelism)."""
+    if length % t:
+        raise ValueError(f"sequence parallelism cuts the sequence into {t} equal pieces, one "
+                         f"per tensor-parallel rank, but its length {length} is not a multiple "
+                         f"of {t}: pad the sequences (or, in generate, the prompt) to a "
+                         "multiple of the tensor-parallel size, or turn sequence parallelism off")
+
+
 class ParallelStyle:
     """Base of the styles: ``_apply(module, mesh)`` shards and wraps ``module``."""
 
@@ -195,6 +204,8 @@ class RowwiseParallel(ParallelStyle):
             local_ids = xp.where(mine, ids - first, 0)
             y = F.embedding(local_ids, module.weight)                  # (*ids.shape, dim)
             y = y * xp.expand_dims(mine, -1).astype(y.dtype)         # zeros for others' ids
+            if isinstance(self.output_layout, Shard):   # sequence parallel: T cut evenly
+                check_sequence_split(y.shape[self.output_layout.dim], device_mesh.size())
             out = DTensor.from_local(y, device_mesh, [Partial()])
             out = out.redistribute(device_mesh, [self.output_layout])  # all-reduce
             return out.to_local() if self.use_local_output else out
