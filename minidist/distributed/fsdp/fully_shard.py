@@ -66,6 +66,7 @@ from minidist.autograd.recompute import capture_forward_context, is_recomputing
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.comm.group import get_world_size
+from minidist.distributed._shared_tokens import share_tokens
 from minidist.distributed.device_mesh import init_device_mesh
 from minidist.distributed.fsdp.state import FSDPState, MixedPrecisionPolicy
 from minidist.distributed.tensor._api import DTensor, distribute_tensor
@@ -184,6 +185,7 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
             reshard_after_forward = False
     mp_policy = mp_policy or MixedPrecisionPolicy()
     mp_policy.check()
+    share_tokens(module, mesh.get_group(0), "batch")   # the routers' counts: every rank's batch
     state = FSDPState(mesh, reshard_after_forward, mp_policy)
     for param, uses in _managed_parameters(module).values():
         shape = tuple(param.shape)

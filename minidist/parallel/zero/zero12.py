@@ -39,6 +39,7 @@ from typing import Any
 import minidist.distributed as dist
 from minidist import backend
 from minidist.autograd.tensor import Tensor
+from minidist.distributed._shared_tokens import share_tokens
 from minidist.nn.module import Module
 from minidist.optim import SGD, Adam, AdamW, clip_grads_with_norm_, grad_sq_sum
 from minidist.parallel.data.buckets import DEFAULT_BUCKET_CAP_MB, split_in_buckets
@@ -66,6 +67,7 @@ class ZeroBase(Module):
                             f"(SGD, Adam, AdamW), got {optimizer_class!r}")
         self.module = module
         self.group = group
+        share_tokens(module, group, "batch")    # the routers' counts: every replica's batch
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.max_grad_norm = max_grad_norm
