@@ -40,6 +40,7 @@ import minidist.distributed as dist
 from minidist import backend
 from minidist.autograd.tensor import Tensor
 from minidist.distributed._shared_tokens import share_tokens
+from minidist.distributed.tensor._piece_norm import refuse_pieces_as_replicas
 from minidist.nn.module import Module
 from minidist.optim import SGD, Adam, AdamW, clip_grads_with_norm_, grad_sq_sum
 from minidist.parallel.data.buckets import DEFAULT_BUCKET_CAP_MB, split_in_buckets
@@ -65,6 +66,7 @@ class ZeroBase(Module):
         if optimizer_class not in ELEMENTWISE_OPTIMIZERS:   # LAMB subclasses Adam: not it
             raise TypeError(f"ZeRO shards flat vectors, so it needs an elementwise optimizer "
                             f"(SGD, Adam, AdamW), got {optimizer_class!r}")
+        refuse_pieces_as_replicas(list(module.named_parameters()), group, type(self).__name__)
         self.module = module
         self.group = group
         share_tokens(module, group, "batch")    # the routers' counts: every replica's batch
