@@ -14,6 +14,8 @@ Files, in reading order:
               sampler and RNG state (one process, or DDP where rank 0 writes)
 - sharded.py  ``save_sharded`` / ``load_sharded``: each rank writes its ZeRO shard, a
               manifest with sizes and sha256s; loading at another world size reshards
+- pipeline.py ``save_pipeline`` / ``load_pipeline``: a pipelined (3D) model, each stage
+              its part; loading at another pipeline degree takes each name from its file
 - dtensor.py  ``save_dtensors`` / ``load_dtensors``: a state dict of DTensors (fully_shard's
               ``sharded_state_dict``, a parallelize_module model's ``state_dict()``), each
               rank its pieces; loading at another world size reads only the pieces that
@@ -24,9 +26,11 @@ Files, in reading order:
 Docs: docs/checkpoints.md. Demo: demos/12_checkpoints.py. Tests: tests/checkpoint/.
 """
 from minidist.checkpoint.io import CheckpointError, atomic_write_bytes, load_file, save_file
+from minidist.checkpoint.pipeline import load_pipeline, save_pipeline
 from minidist.checkpoint.sharded import load_sharded, read_manifest, save_sharded
 from minidist.checkpoint.single import load_checkpoint, save_checkpoint
 
 __all__ = ["CheckpointError", "atomic_write_bytes", "save_file", "load_file",
            "save_checkpoint", "load_checkpoint", "save_sharded", "load_sharded",
+           "save_pipeline", "load_pipeline",
            "read_manifest"]

@@ -17,6 +17,7 @@ from typing import Any
 import minidist.distributed as dist
 from minidist import backend
 from minidist.checkpoint.io import CheckpointError, load_file, save_file
+from minidist.parallel.pipeline.gpt import pipeline_stages
 
 
 def save_checkpoint(path: str, model: Any, optimizer: Any = None, sampler: Any = None,
@@ -24,6 +25,13 @@ def save_checkpoint(path: str, model: Any, optimizer: Any = None, sampler: Any =
     """Write one checkpoint file (atomically). Under a process group, only rank 0
     writes when ``rank0_only``, and every rank waits until it has."""
     grouped = dist.is_initialized()
+    stages = pipeline_stages(model)
+    if stages > 1 and grouped:
+        raise CheckpointError(
+            f"this model is split over {stages} pipeline stages: each rank trains only its "
+            "stage's blocks, so one file from rank 0 would hold stale copies of the others. "
+            "Save it by stage with minidist.checkpoint.save_pipeline(directory, three_d, "
+            "optimizer) (load_pipeline reads it back, at any pipeline degree)")
     if not (rank0_only and grouped and dist.get_rank() != 0):
         state = dict(model=dict(model.state_dict()),
                      optimizer=optimizer.state_dict() if optimizer is not None else None,

@@ -16,6 +16,8 @@ reading order:
                         tensor/debug: CommDebugMode, visualize_sharding
     fsdp/               fully_shard (FSDP2): parameters as Shard(0) DTensors, the next
                         unit prefetched
+    _shared_tokens.py   which ranks share a batch's tokens: the groups every strategy that
+                        splits tokens registers, over which the MoE routers sum their counts
 
 They build on comm, autograd and nn and sit at the level of minidist.parallel (DESIGN.md);
 this file imports only comm, so ``import minidist.distributed as dist`` stays light.

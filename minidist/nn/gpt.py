@@ -50,6 +50,8 @@ class GPTConfig:
     moe_aux_coef: float = 0.01  # Switch load-balancing loss weight alpha
     moe_z_coef: float = 0.0     # router z-loss weight beta
     moe_bias_rate: float = 0.0  # DeepSeek-V3 bias step gamma (0: off); see GPT.update_moe_bias
+    moe_balance: str = "global_batch"  # f_i over every rank's tokens (one process's), or
+                                       # "micro_batch": this rank's (Megatron, transformers)
 
     def __post_init__(self):
         """Refuse a shape no model can have, when the config is made (not deep in GPT())."""
@@ -79,7 +81,7 @@ class Block(Module):
             self.mlp = MoE(cfg.n_embd, cfg.n_expert, cfg.moe_top_k, 4 * cfg.n_embd,
                            cfg.capacity_factor, cfg.moe_groups, True, cfg.moe_aux_coef,
                            cfg.moe_z_coef, cfg.moe_bias_rate, cfg.bias, cfg.dtype, std,
-                           proj_std, generator)
+                           proj_std, generator, balance=cfg.moe_balance)
         else:
             self.mlp = MLP(cfg.n_embd, 4 * cfg.n_embd, cfg.dropout, cfg.bias, cfg.dtype,
                            std, proj_std, generator)

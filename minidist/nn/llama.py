@@ -63,6 +63,9 @@ class LlamaConfig:
     n_shared_experts: int = 0             # DeepSeek: always-on experts, one SwiGLU this wide
     moe_intermediate_size: int | None = None  # an expert's H (None: intermediate_size)
     router_aux_loss_coef: float = 0.0     # alpha of Mixtral's balancing loss, added to the loss
+    moe_bias_rate: float = 0.0            # DeepSeek-V3 bias step gamma (0: off), update_moe_bias
+    moe_balance: str = "global_batch"     # f_i over every rank's tokens (one process's), or
+                                          # "micro_batch": this rank's (transformers, Megatron)
     # minidist's own knobs
     dtype: str = "float32"                # parameter and activation dtype
     seed: int = 0                         # weight init seed (same weights on every backend)
@@ -129,7 +132,8 @@ def _moe(cfg: LlamaConfig, generator: Any) -> MoE:
         shared = SwiGLU(h, cfg.n_shared_experts * width, cfg.mlp_bias, cfg.dtype, std, generator)
     return MoE(h, cfg.num_local_experts, cfg.num_experts_per_tok, normalize=True,
                aux_coef=0.0, dtype=cfg.dtype, std=std,   # (Llama.forward adds Mixtral's)
-               generator=generator, expert=expert, shared=shared)
+               bias_rate=cfg.moe_bias_rate, generator=generator, expert=expert,
+               shared=shared, balance=cfg.moe_balance)
 
 
 class LlamaDecoderLayer(Module):
@@ -215,6 +219,11 @@ class Llama(Module):
     def moe_layers(self) -> list:
         """The MoE modules of the layers (those that route: ``aux_loss`` and ``last``)."""
         return [m for layer in self.blocks if (m := routing_mlp(layer)) is not None]
+
+    def update_moe_bias(self) -> None:
+        """DeepSeek-V3 balancing: call after each optimizer step (no-op when off)."""
+        for moe in self.moe_layers():
+            moe.update_bias()
 
     def stage_ends(self) -> tuple[dict, dict]:
         """The modules a pipeline's first piece holds (embeddings) and its last (head)."""

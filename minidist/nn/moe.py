@@ -17,6 +17,22 @@ layers instead, router.py ``pooled_balance``); ``last`` keeps what the router
 decided, for the demo and the tests. ``run_block`` runs a block that holds an MoE,
 under activation checkpointing too, and returns the router's term the loss needs
 with its graph. Docs: docs/moe.md. Demo: demos/15_moe.py.
+
+Which tokens the statistics count. One process routes the whole batch; a strategy
+that splits the tokens over ranks (data, context and expert parallelism) sets
+``token_share`` (distributed/_shared_tokens.py), which sums this rank's counts with
+the other ranks' in training:
+
+    balance "global_batch" (default)   f_i over every rank's tokens: equal to one process
+            "micro_batch"              f_i over this rank's micro-batch (each sequence
+                                       whole, context parallelism summed): Megatron's
+                                       ``aux_loss``, transformers' Mixtral
+
+P_i stays this rank's mean, with its graph: averaging the gradients over the ranks
+(equal shares of tokens) averages the P_i into the global batch's. The bias counts
+of ``update_bias`` add every training forward since the last update (all the
+micro-batches of a step: gradient accumulation, a pipeline) and every rank's, in
+either mode, so the replicas' ``expert_bias`` stay equal.
 """
 from __future__ import annotations
 
@@ -25,11 +41,12 @@ from typing import Any, Callable
 from minidist.autograd.activation_checkpoint import checkpoint
 from minidist.autograd.function import Function
 from minidist.autograd.functional import concat
+from minidist.autograd.recompute import is_recomputing
 from minidist.autograd.tensor import Tensor
 from minidist.backend import scatter_add, to_host, xp
 from minidist.nn.layers import MLP, Linear
 from minidist.nn.module import Module
-from minidist.nn.router import Routing, expert_counts, nudge_bias, route
+from minidist.nn.router import BALANCE, Routing, expert_counts, nudge_bias, route
 
 
 class IndexAdd(Function):
@@ -110,8 +127,11 @@ class MoE(Module):
                  aux_coef: float = 0.01, z_coef: float = 0.0, bias_rate: float = 0.0,
                  bias: bool = True, dtype: str = "float32", std: float | None = None,
                  proj_std: float | None = None, generator: Any = None,
-                 expert: Callable[[], Module] | None = None, shared: Module | None = None):
+                 expert: Callable[[], Module] | None = None, shared: Module | None = None,
+                 balance: str = "global_batch"):
         super().__init__()
+        if balance not in BALANCE:
+            raise ValueError(f"balance must be one of {BALANCE}, got {balance!r}")
         self.router = Linear(n_embd, n_expert, bias=False, dtype=dtype, std=std,
                              generator=generator)
         if expert is None:
@@ -123,19 +143,31 @@ class MoE(Module):
         self.n_expert, self.top_k = n_expert, top_k
         self.capacity_factor, self.groups, self.normalize = capacity_factor, groups, normalize
         self.aux_coef, self.z_coef, self.bias_rate = aux_coef, z_coef, bias_rate
+        self.balance = balance
         # DeepSeek-V3's selection bias: not a parameter (no gradient), moved by update_bias
         self.expert_bias = xp.zeros((n_expert,), dtype=dtype)
+        self.step_counts: Any = None   # (E,) assignments of the forwards since update_bias
+        self.token_share: Any = None   # the ranks holding the batch's other tokens, or None
         self.aux_loss: Tensor | None = None
         self.last: Routing | None = None
 
-    def route(self, x_flat: Tensor, groups: int | None = None, total_counts=None) -> Routing:
-        """Route (S, C) tokens; remembers the result in ``last`` and ``aux_loss``."""
+    def route(self, x_flat: Tensor, groups: int | None = None) -> Routing:
+        """Route (S, C) tokens; remembers the result in ``last`` and ``aux_loss``.
+
+        In training, the counts are summed over ``token_share`` (module docstring); an
+        eval forward (``generate``) counts this rank's tokens alone, so one rank may
+        run it without the others."""
+        share = self.token_share if self.training else None
         routing = route(self.router(x_flat), self.top_k, normalize=self.normalize,
                         bias=self.expert_bias if self.bias_rate > 0 else None,
                         capacity_factor=self.capacity_factor,
                         groups=self.groups if groups is None else groups,
-                        aux_coef=self.aux_coef, z_coef=self.z_coef, total_counts=total_counts)
+                        aux_coef=self.aux_coef, z_coef=self.z_coef,
+                        total_counts=None if share is None else share.loss_counts)
         self.last, self.aux_loss = routing, routing.aux_loss
+        if self.bias_rate > 0 and self.training and not is_recomputing():
+            counts = routing.counts
+            self.step_counts = counts if self.step_counts is None else self.step_counts + counts
         return routing
 
     def forward(self, x: Tensor) -> Tensor:
@@ -154,9 +186,20 @@ class MoE(Module):
         return routed if self.shared is None else routed + self.shared(x)
 
     def update_bias(self) -> None:
-        """After an optimizer step: nudge the selection bias by the last step's loads."""
-        if self.bias_rate > 0 and self.last is not None:
-            self.expert_bias = nudge_bias(self.expert_bias, self.last.counts, self.bias_rate)
+        """After an optimizer step: nudge the selection bias by the step's loads, the
+        assignments of every training forward since the last update on every rank
+        that shares the batch (a collective when ``token_share`` is set)."""
+        if self.bias_rate <= 0 or self.step_counts is None:
+            return
+        counts, self.step_counts = self.step_counts, None
+        if self.token_share is not None:
+            counts = self.token_share.step_counts(counts)
+        self.expert_bias = nudge_bias(self.expert_bias, counts, self.bias_rate)
+
+
+def routers(module: Module) -> list[MoE]:
+    """Every MoE layer inside ``module`` (itself included), in module order."""
+    return [m for m in module.modules() if isinstance(m, MoE)]
 
 
 def routing_mlp(block: Module) -> MoE | None:

@@ -47,6 +47,9 @@ from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn import functional as F
 
+# which tokens the balancing loss counts when several ranks share a batch (nn/moe.py)
+BALANCE = ("global_batch", "micro_batch")
+
 
 @dataclass
 class Routing:

@@ -73,6 +73,19 @@ def warmup_steps_for(base_batch: int, new_batch: int, per_unit: int = 1000) -> i
     return round(_check_batches(base_batch, new_batch) * per_unit)
 
 
+def check_optimizer(optimizer: Any) -> None:
+    """Raise unless ``optimizer`` is a minidist Optimizer; a wrapper that holds one (ZeRO's
+    ``Zero1/2/3``, whose ``optimizer`` steps the shards) is told to pass that."""
+    if isinstance(optimizer, Optimizer):
+        return
+    name = type(optimizer).__name__
+    inner = getattr(optimizer, "optimizer", None)
+    hint = (f": pass its optimizer ({name}(...).optimizer, the {type(inner).__name__} that "
+            "steps the shards), whose param_groups hold the learning rate"
+            if isinstance(inner, Optimizer) else "")
+    raise TypeError(f"an LR scheduler needs a minidist Optimizer, got {name}{hint}")
+
+
 class LRScheduler:
     """Base class: sets every param group's ``'lr'`` from a rule of the step count.
 
@@ -82,8 +95,7 @@ class LRScheduler:
     """
 
     def __init__(self, optimizer: Optimizer):
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"expected a minidist Optimizer, got {type(optimizer).__name__}")
+        check_optimizer(optimizer)
         self.optimizer = optimizer
         # setdefault: a second scheduler on the same optimizer keeps the first's base.
         self.base_lrs = [group.setdefault("initial_lr", group["lr"])
@@ -120,6 +132,7 @@ class LambdaLR(LRScheduler):
 
     def __init__(self, optimizer: Optimizer,
                  lr_lambda: Callable[[int], float] | list[Callable[[int], float]]):
+        check_optimizer(optimizer)
         n = len(optimizer.param_groups)
         lambdas = list(lr_lambda) if isinstance(lr_lambda, (list, tuple)) else [lr_lambda] * n
         if len(lambdas) != n:

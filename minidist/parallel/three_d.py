@@ -40,7 +40,7 @@ from minidist.parallel.data.naive import DataParallelNaive
 from minidist.parallel.pipeline.executor import PipelineStats, run_pipeline
 from minidist.parallel.pipeline.gpt import (pieces_of_rank, pipeline_parameters, split_gpt,
                                             sync_tied_gradients)
-from minidist.parallel.pipeline.schedule import make_schedule
+from minidist.parallel.pipeline.schedule import chunks_per_rank, make_schedule, placement
 from minidist.parallel.tensor.layers import shard_state_dict
 from minidist.parallel.tensor.gpt import TensorParallelGPT
 from minidist.parallel.tensor.llama import TensorParallelLlama
@@ -73,7 +73,10 @@ class ThreeDParallelGPT:
             self.model = TensorParallelLlama(cfg, self.tp, sequence_parallel)
         else:
             self.model = TensorParallelGPT(cfg, self.tp, sequence_parallel)
-        self.chunks = pieces_of_rank(split_gpt(self.model, p, virtual), pp_rank, p)
+        # the chunks each rank holds and where (zb_v: two, in a V: pieces r and 2p - 1 - r)
+        virtual, self.placement = chunks_per_rank(schedule, virtual), placement(schedule)
+        self.chunks = pieces_of_rank(split_gpt(self.model, p, virtual), pp_rank, p,
+                                     self.placement)
         self.ops = make_schedule(schedule, p, microbatches, virtual)[pp_rank]
         # DataParallelNaive wraps one module: a list of this rank's pieces
         self.replica = DataParallelNaive(ModuleList(list(self.chunks)), self.dp)
@@ -113,7 +116,8 @@ class ThreeDParallelGPT:
         t = dist.get_world_size(self.tp) if self.sequence_parallel else 1
         shape = (mb, T // t, self.cfg.n_embd)                          # between stages
         stats = run_pipeline(self.ops, self.chunks, self.m, inputs, labels,
-                             activation_shape=shape, dtype=self.cfg.dtype, group=self.pp)
+                             activation_shape=shape, dtype=self.cfg.dtype, group=self.pp,
+                             placement=self.placement)
         sync_tied_gradients(self.model, self.chunks, self.pp)
         self.replica.sync_gradients()                                  # mean over dp
         if self.max_grad_norm is not None:

@@ -22,7 +22,8 @@ LENGTH, STEPS, TOL = 8, 2, 1e-12
 def _model(case):
     from minidist.nn import Llama, LlamaConfig
     moe = dict(num_local_experts=3, num_experts_per_tok=2, moe_intermediate_size=6,
-               n_shared_experts=case["shared"], router_aux_loss_coef=0.01) if case["moe"] else {}
+               n_shared_experts=case["shared"], router_aux_loss_coef=0.01,
+               moe_balance="micro_batch") if case["moe"] else {}
     return Llama(LlamaConfig(vocab_size=13, hidden_size=16, intermediate_size=20,
                              num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=case["kv"], sliding_window=case["window"],
@@ -41,8 +42,9 @@ def _data(case, batch):
 def train(case, world, sharded):
     """Parameters after STEPS AdamW steps: this rank's rows under fully_shard (returned
     whole, from the Shard(0) pieces), or one process running every rank's micro-batches
-    in turn (the MoE balancing loss is a function of a micro-batch's tokens, as in any
-    data parallelism; for a dense Llama this is the loss of the whole batch)."""
+    in turn (the MoE layers balance each micro-batch, ``moe_balance="micro_batch"``, so
+    the forwards count no other rank's tokens; for a dense Llama this is the loss of the
+    whole batch; global-batch balancing: tests/distributed/test_shared_tokens.py)."""
     import minidist.distributed as dist
     from minidist import backend
     from minidist.distributed.fsdp import fully_shard, sharded_state_dict

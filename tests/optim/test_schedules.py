@@ -120,3 +120,24 @@ def test_lambda_lr_needs_one_lambda_per_group():
     opt = SGD([{"params": [a]}, {"params": [b]}], lr=0.1)
     with pytest.raises(ValueError, match="2 param groups"):
         LambdaLR(opt, [lambda s: 1.0])
+
+
+def _schedule_a_zero_wrapper(name):
+    from minidist.nn import MLP
+    from minidist.optim import AdamW, LambdaLR, WarmupCosine
+    from minidist.parallel import Zero1
+    zero = Zero1(MLP(2, 3), AdamW, lr=0.1)
+    make = {"WarmupCosine": lambda o: WarmupCosine(o, 2, 10),
+            "LambdaLR": lambda o: LambdaLR(o, lambda step: 1.0)}[name]
+    wanted = r"got Zero1: pass its optimizer \(Zero1\(\.\.\.\)\.optimizer"
+    with pytest.raises(TypeError, match=wanted):
+        make(zero)
+    make(zero.optimizer)                # the optimizer that steps the shards: accepted
+    return zero.optimizer.param_groups[0]["lr"]
+
+
+@pytest.mark.parametrize("name", ["WarmupCosine", "LambdaLR"])
+def test_a_scheduler_given_a_zero_wrapper_says_to_pass_its_optimizer(name):
+    from minidist.comm import World
+    with World(1, timeout=20.0, run_timeout=60.0) as w:
+        assert w.run(_schedule_a_zero_wrapper, name)[0] <= 0.1   # the warm-up, or 1.0 x 0.1

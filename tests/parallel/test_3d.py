@@ -71,7 +71,8 @@ def world8():
 @pytest.mark.parametrize("case", [
     dict(schedule="1f1b", microbatches=2, virtual=1, tie=True, sp=False),
     dict(schedule="interleaved", microbatches=2, virtual=2, tie=False, sp=True),
-], ids=["1f1b-tied", "interleaved-sequence-parallel"])
+    dict(schedule="zb_v", microbatches=2, virtual=2, tie=True, sp=False),   # 4 layers, a V
+], ids=["1f1b-tied", "interleaved-sequence-parallel", "zb_v-tied"])
 def test_3d_parameters_after_k_steps_equal_single_process(world8, case):
     dense = train_single(case)
     results = world8.run(train_3d, case, dense)

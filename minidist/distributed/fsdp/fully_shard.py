@@ -66,11 +66,12 @@ from minidist.autograd.recompute import capture_forward_context, is_recomputing
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.comm.group import get_world_size
+from minidist.distributed._shared_tokens import share_tokens
 from minidist.distributed.device_mesh import init_device_mesh
 from minidist.distributed.fsdp.state import FSDPState, MixedPrecisionPolicy
 from minidist.distributed.tensor._api import DTensor, distribute_tensor
 from minidist.distributed.tensor._collectives import backward_phase
-from minidist.distributed.tensor._piece_norm import note_piece
+from minidist.distributed.tensor._piece_norm import note_piece, refuse_pieces_as_replicas
 from minidist.distributed.tensor._redistribute import GradPlacements
 from minidist.distributed.tensor.placement_types import Shard
 from minidist.nn.module import Module, Parameter
@@ -184,8 +185,13 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
             reshard_after_forward = False
     mp_policy = mp_policy or MixedPrecisionPolicy()
     mp_policy.check()
+    managed = _managed_parameters(module)
+    names = {id(p): n for n, p in module.named_parameters()}
+    refuse_pieces_as_replicas([(names.get(key, "?"), p) for key, (p, _) in managed.items()],
+                              mesh.get_group(0), "fully_shard")
+    share_tokens(module, mesh.get_group(0), "batch")   # the routers' counts: every rank's batch
     state = FSDPState(mesh, reshard_after_forward, mp_policy)
-    for param, uses in _managed_parameters(module).values():
+    for param, uses in managed.values():
         shape = tuple(param.shape)
         if not shape:
             raise ValueError(f"fully_shard cuts parameters along dim 0; {uses[0][1]} is a scalar")

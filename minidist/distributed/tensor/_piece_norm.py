@@ -27,6 +27,7 @@ from typing import Any
 from minidist import backend
 from minidist.autograd.pieces import piece_layout, register_piece
 from minidist.comm.collectives.api import all_reduce
+from minidist.comm.group import resolve
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.distributed.tensor.placement_types import Shard
 
@@ -67,3 +68,30 @@ def note_piece_over(param: Any, groups: list, key: Any, cut_from: Any = None) ->
     else:
         key = (key,)
     register_piece(param, PieceNorm(groups, key))
+
+
+def refuse_pieces_as_replicas(named_params: list, group: Any, strategy: str) -> None:
+    """Raise if a parameter is a piece cut over ranks that ``group`` also holds.
+
+    A data-parallel strategy (ZeRO, fully_shard) treats the ranks of its group as
+    holders of one tensor: it broadcasts rank 0's values and averages (or shards)
+    the gradients. A piece cut over those same ranks (expert parallelism: each rank
+    holds other experts; a tensor-parallel slice) is a different tensor on each of
+    them, so rank 0's experts would overwrite the others' and the gradients of
+    different experts be averaged as copies. Pieces cut over another dimension of the
+    mesh (one rank in common with ``group``, torchtitan's 2-D) are what it composes with.
+    """
+    mine = set(resolve(group).ranks)
+    for name, param in named_params:
+        layout = piece_layout(param)
+        for cut in (layout.groups if layout is not None else ()):
+            shared = sorted(mine & set(resolve(cut).ranks))
+            if len(shared) > 1:
+                raise ValueError(
+                    f"{strategy} over ranks {sorted(mine)} cannot hold {name!r}: it is one "
+                    f"rank's piece of a tensor cut over ranks {resolve(cut).ranks} (expert "
+                    f"parallelism: each rank holds other experts), so ranks {shared} hold "
+                    f"different tensors that {strategy} would treat as copies (overwrite "
+                    "with rank 0's, average their gradients). Give it a group whose ranks "
+                    "hold the same piece (ExpertMesh.dp_group for experts), or train "
+                    "expert parallelism with sync_expert_parallel_gradients (docs/moe.md)")

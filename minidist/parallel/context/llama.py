@@ -29,6 +29,7 @@ from typing import Any
 
 import minidist.distributed as dist
 from minidist.backend import xp
+from minidist.distributed._shared_tokens import share_tokens
 from minidist.nn.module import Module
 from minidist.parallel.context.ring_attention import ring_attention, shard_sequence
 from minidist.parallel.context.ulysses import split_sequence, ulysses_attention
@@ -64,6 +65,7 @@ def context_parallel(model: Module, group: Any = None, kind: str = "ring",
 
     for block in model.blocks:
         block.self_attn.attention = ring if kind == "ring" else ulysses
+    share_tokens(model, group, "sequence")   # the routers count the whole sequences
     return model
 
 

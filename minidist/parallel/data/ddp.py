@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator
 
 import minidist.distributed as dist
 from minidist.autograd.engine import set_empty_grad
+from minidist.distributed._shared_tokens import share_tokens
 from minidist.nn.module import Module
 from minidist.optim.optimizer import optimizer_bytes
 from minidist.parallel.data.buckets import DEFAULT_BUCKET_CAP_MB, Bucket, assign_buckets
@@ -71,6 +72,7 @@ class DistributedDataParallel(Module):
         self.overlap = overlap
         self.require_sync = True
         broadcast_parameters(module, group)
+        share_tokens(module, group, "batch")    # the routers' counts: every replica's batch
         params = [p for p in module.parameters() if p.requires_grad]
         self.buckets: list[Bucket] = assign_buckets(params, bucket_cap_mb * 1e6)
         self._slot: dict[int, tuple[Bucket, int]] = {}

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import minidist.distributed as dist
+from minidist.distributed._shared_tokens import share_tokens
 from minidist.nn.module import Module
 
 
@@ -74,6 +75,7 @@ class DataParallelNaive(Module):
         self.module = module
         self.group = group
         broadcast_parameters(module, group)
+        share_tokens(module, group, "batch")    # the routers' counts: every replica's batch
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)

@@ -23,8 +23,9 @@ there); the dp copies of expert i sum theirs and divide by N:
     expert:  g = (1/N) sum over the dp ranks holding it of g_r
 
 Equal to one process training the same model on the same global batch with capacity
-groups of one rank's tokens (``GPTConfig.moe_groups = N``): the balancing loss uses
-expert counts summed over all N ranks (one all-reduce of E numbers per layer).
+groups of one rank's tokens (``GPTConfig.moe_groups = N``): under the default
+``global_batch`` balancing the loss uses expert counts summed over all N ranks (one
+all-reduce of E + 1 numbers per layer, distributed/_shared_tokens.py).
 Docs: docs/moe.md. Demo: demos/15_moe.py. Tests: tests/parallel/expert/.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 import minidist.distributed as dist
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
+from minidist.distributed._shared_tokens import share_tokens
 from minidist.distributed.tensor._piece_norm import note_piece_over
 from minidist.nn.module import Module
 from minidist.nn.moe import Experts, MoE, dispatch_order, index_add, run_experts
@@ -41,7 +43,7 @@ from minidist.nn.router import expert_counts
 from minidist.parallel.expert.dispatch import all_to_all, exchange_counts, host_ints
 
 _SETTINGS = ("n_expert", "top_k", "capacity_factor", "normalize", "aux_coef", "z_coef",
-             "bias_rate", "expert_bias")
+             "bias_rate", "expert_bias", "balance", "step_counts", "token_share")
 
 
 class ExpertMesh:
@@ -90,16 +92,12 @@ class ExpertParallelMoE(MoE):
             note_piece_over(p, [mesh.ep_group], ("experts", id(mesh)))   # adds the others'
         self.mesh, self.groups = mesh, 1   # capacity: this rank's tokens are one group
         self.aux_loss, self.last = None, None
-
-    def _total_counts(self, counts: Any, tokens: int) -> tuple[Any, int]:
-        total = xp.ascontiguousarray(counts.astype("int64"))
-        dist.all_reduce(total, group=self.mesh.world_group)
-        return total, tokens * self.mesh.world
+        share_tokens(self, mesh.world_group, "batch")   # every rank routes its own tokens
 
     def forward(self, x: Tensor) -> Tensor:
         shape, group, ep = x.shape, self.mesh.ep_group, self.mesh.ep
         x_flat = x.reshape(-1, shape[-1])                            # (S, C)
-        routing = self.route(x_flat, groups=1, total_counts=self._total_counts)
+        routing = self.route(x_flat, groups=1)
         tokens, flat, experts = dispatch_order(routing.experts, routing.kept)
         rows = x_flat[tokens]                                        # (A, C) sorted by expert
         per_expert = expert_counts(experts, self.n_expert)

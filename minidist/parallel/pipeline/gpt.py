@@ -24,6 +24,7 @@ A global gradient norm counts that matrix once, on the first stage
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 import minidist.distributed as dist
@@ -34,6 +35,7 @@ from minidist.nn.module import Module, ModuleList
 from minidist.parallel.pipeline.executor import split_layers
 
 _TIED_TAG = (1 << 20) - 1
+_stages: "weakref.WeakKeyDictionary[Module, int]" = weakref.WeakKeyDictionary()
 
 
 class GPTPiece(Module):
@@ -82,7 +84,15 @@ def split_gpt(model: Module, stages: int, virtual: int = 1) -> list[GPTPiece]:
     """All p v pieces of ``model``, in model order (piece k = chunk k // p of rank k % p)."""
     n = stages * virtual
     ranges = split_layers(len(model.blocks), n)
+    _stages[model] = stages
     return [GPTPiece(model, ranges[k], k == 0, k == n - 1) for k in range(n)]
+
+
+def pipeline_stages(model: Module) -> int:
+    """Over how many ranks a pipeline split ``model`` (1: not split). Every rank builds
+    the whole model but trains only its stage's blocks, so a one-file checkpoint of it
+    would hold stale copies of the others (checkpoint/pipeline.py saves it by stage)."""
+    return _stages.get(model, 1)
 
 
 def pieces_of_rank(pieces: Sequence[GPTPiece], rank: int, stages: int,

@@ -50,6 +50,8 @@ from typing import Any
 import minidist.distributed as dist
 from minidist import backend
 from minidist.autograd.tensor import Tensor
+from minidist.distributed._shared_tokens import share_tokens
+from minidist.distributed.tensor._piece_norm import refuse_pieces_as_replicas
 from minidist.nn.module import Module
 from minidist.autograd.pieces import piece_kinds, piece_layout, register_piece
 from minidist.optim import SGD, Adam, AdamW, clip_grads_with_norm_, total_grad_share
@@ -91,8 +93,10 @@ class ZeroBase(Module):
         if optimizer_class not in ELEMENTWISE_OPTIMIZERS:   # LAMB subclasses Adam: not it
             raise TypeError(f"ZeRO shards flat vectors, so it needs an elementwise optimizer "
                             f"(SGD, Adam, AdamW), got {optimizer_class!r}")
+        refuse_pieces_as_replicas(list(module.named_parameters()), group, type(self).__name__)
         self.module = module
         self.group = group
+        share_tokens(module, group, "batch")    # the routers' counts: every replica's batch
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.max_grad_norm = max_grad_norm
