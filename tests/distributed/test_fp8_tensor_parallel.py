@@ -46,7 +46,7 @@ def linear_case(recipe_name):
     models = [Linear(4, 8, dtype="float64", generator=backend.Generator(3)) for _ in range(2)]
     for m in models:
         m.weight.data[4:] *= 20.0                  # rank 1's half: a 20x larger amax
-    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    mesh = init_device_mesh(backend.device_type(), (2,), mesh_dim_names=("tp",))
     parallelize_module(models[1], mesh, ColwiseParallel(output_layouts=Replicate()))
     recipes = [_recipe(recipe_name), _recipe(recipe_name)]
     opts = [SGD(m.parameters(), lr=0.1) for m in models]
@@ -77,7 +77,7 @@ def gpt_case(recipe_name):
     cfg = GPTConfig(block_size=4, vocab_size=12, n_layer=1, n_head=2, n_embd=8, bias=False,
                     dtype="float64", seed=5)
     models = [GPT(cfg), GPT(cfg)]
-    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    mesh = init_device_mesh(backend.device_type(), (2,), mesh_dim_names=("tp",))
     parallelize_module(models[1], mesh, gpt_tp_plan(cfg, 2))
     # attention's products take head-sliced activations, which are no registered pieces:
     # the recipe max-combines every amax over the tp group (replicated ones: a no-op)

@@ -51,7 +51,7 @@ def _cut(case, model, cfg):
             fully_shard(block)
         fully_shard(model)
         return True
-    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    mesh = init_device_mesh(backend.device_type(), (2,), mesh_dim_names=("tp",))
     plan = (ColwiseParallel(output_layouts=Replicate()) if cfg is None
             else gpt_tp_plan(cfg, 2))
     parallelize_module(model, mesh, plan)

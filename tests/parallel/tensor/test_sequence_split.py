@@ -27,7 +27,7 @@ def uneven(kind):
             from minidist.distributed.device_mesh import init_device_mesh
             from minidist.distributed.tensor.parallel import gpt_tp_plan, parallelize_module
             model = GPT(gpt)
-            mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+            mesh = init_device_mesh(backend.device_type(), (2,), mesh_dim_names=("tp",))
             parallelize_module(model, mesh, gpt_tp_plan(gpt, 2, sequence_parallel=True))
             model(backend.from_host(IDS))
     except ValueError as e:

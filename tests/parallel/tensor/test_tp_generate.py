@@ -62,7 +62,7 @@ def vocab_parallel_plan(sample):
     from minidist.nn import Llama
     cfg = _llama_config()
     model = Llama(cfg)
-    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    mesh = init_device_mesh(backend.device_type(), (2,), mesh_dim_names=("tp",))
     parallelize_module(model, mesh, llama_tp_plan(cfg, 2, vocab_parallel_loss=True))
     with loss_parallel():
         _, loss = model(backend.from_host(PROMPT), backend.from_host(PROMPT[:, ::-1].copy()))

@@ -27,7 +27,7 @@ def _setup(seed):
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.distributed.tensor.parallel import gpt_tp_plan, parallelize_module
     from minidist.nn import GPT, GPTConfig
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(backend.device_type(), (2, 2), mesh_dim_names=("dp", "tp"))
     cfg = GPTConfig(block_size=4, vocab_size=12, n_layer=1, n_head=2, n_embd=8,
                     dtype="float64", seed=seed)
     single, model = GPT(cfg), GPT(cfg)
