@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterator
 import minidist.distributed as dist
 from minidist.autograd.engine import set_empty_grad
 from minidist.distributed._shared_tokens import share_tokens
+from minidist.distributed.tensor._piece_norm import refuse_pieces_as_replicas
 from minidist.nn.module import Module
 from minidist.optim.optimizer import optimizer_bytes
 from minidist.parallel.data.buckets import DEFAULT_BUCKET_CAP_MB, Bucket, assign_buckets
@@ -71,6 +72,8 @@ class DistributedDataParallel(Module):
         self.world_size = dist.get_world_size(group)
         self.overlap = overlap
         self.require_sync = True
+        # every rank's copy must be one tensor: not an expert rank's own experts
+        refuse_pieces_as_replicas(list(module.named_parameters()), group, "DDP")
         broadcast_parameters(module, group)
         share_tokens(module, group, "batch")    # the routers' counts: every replica's batch
         params = [p for p in module.parameters() if p.requires_grad]

@@ -19,6 +19,7 @@ from typing import Any
 
 import minidist.distributed as dist
 from minidist.distributed._shared_tokens import share_tokens
+from minidist.distributed.tensor._piece_norm import refuse_pieces_as_replicas
 from minidist.nn.module import Module
 
 
@@ -74,6 +75,8 @@ class DataParallelNaive(Module):
         super().__init__()
         self.module = module
         self.group = group
+        # every rank's copy must be one tensor: not an expert rank's own experts
+        refuse_pieces_as_replicas(list(module.named_parameters()), group, "DDP")
         broadcast_parameters(module, group)
         share_tokens(module, group, "batch")    # the routers' counts: every replica's batch
 

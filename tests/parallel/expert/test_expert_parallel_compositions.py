@@ -1,5 +1,6 @@
 """Expert parallelism under the data-parallel wrappers that treat their ranks as copies:
-ZeRO (1, 2, 3) and fully_shard over the ranks that hold different experts refuse, with
+DDP (bucketed and naive), ZeRO (1, 2, 3) and fully_shard over the ranks that hold
+different experts refuse, with
 an error naming the parameter, the cause and the fix, instead of broadcasting rank 0's
 experts over the others' and averaging different experts' gradients. A ZeRO or
 fully_shard group that holds the same experts (ExpertMesh.dp_group) is accepted."""
@@ -30,16 +31,20 @@ def wrap(kind, strategy):
     from minidist.distributed.fsdp import fully_shard
     from minidist.optim import AdamW
     from minidist.parallel import Zero1, Zero2, Zero3
+    from minidist.parallel.data import DataParallelNaive, DistributedDataParallel
     from minidist.parallel.expert import ExpertMesh, expert_parallel
     model = expert_parallel(_expert_parallel_model(kind), ExpertMesh(ep=dist.get_world_size()))
     if strategy == "fully_shard":
         for block in model.blocks:
             fully_shard(block)
+    elif strategy in ("ddp", "ddp_naive"):
+        {"ddp": DistributedDataParallel, "ddp_naive": DataParallelNaive}[strategy](model)
     else:
         {"zero1": Zero1, "zero2": Zero2, "zero3": Zero3}[strategy](model, AdamW)
 
 
-@pytest.mark.parametrize("strategy", ["zero1", "zero2", "zero3", "fully_shard"])
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_naive", "zero1", "zero2", "zero3",
+                                      "fully_shard"])
 @pytest.mark.parametrize("kind", ["gpt", "llama"])
 def test_expert_parallel_under_a_wrapper_over_its_own_ranks_is_refused(worlds, strategy, kind):
     with pytest.raises(RankFailedError, match=r"(?s)different tensors.*ExpertMesh.dp_group"):
