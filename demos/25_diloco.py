@@ -27,6 +27,8 @@ import time
 from minidist.comm import World
 from _args import positive, positive_int
 from _launched import one_process_only
+from _teacher import tanh_mlp
+from _teacher import teacher as teacher_matrix
 
 
 def train_rank(args, how):
@@ -35,19 +37,12 @@ def train_rank(args, how):
     from minidist.autograd import Tensor, no_grad
     from minidist.backend import Generator, xp
     from minidist.distributed.device_mesh import init_device_mesh
-    from minidist.nn import Linear, Sequential
     from minidist.optim import SGD, AdamW
     from minidist.parallel import DistributedDataParallel
     from minidist.parallel.diloco import DiLoCo
 
-    class Tanh(Sequential):
-        def forward(self, x):
-            return x.tanh()
-
-    gen = Generator(0)
     w = args.width
-    model = Sequential(Linear(w, w, generator=gen), Tanh(), Linear(w, w, generator=gen), Tanh(),
-                       Linear(w, w, generator=gen))
+    model = tanh_mlp(w)
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("island", "local"))
     kind, H, F = how
     slow = mesh.get_group("island") if kind != "DDP" else None     # the groups that cross
@@ -62,7 +57,7 @@ def train_rank(args, how):
                         fragments=fragments, fragment_sync_delay=1 if F > 1 else 0,
                         fragment_update_alpha=0.5 if F > 1 else 0.0,
                         outer_grad_format="e3m0" if F > 1 else None)
-    teacher = Generator(1).normal((w, w), std=w ** -0.5)
+    teacher = teacher_matrix(w)
     data = Generator(100 + dist.get_rank())
     held_x = Generator(7).normal((256, w))
     held_y = xp.tanh(held_x @ teacher)
