@@ -25,6 +25,8 @@ import time
 from minidist.comm import World
 from _args import positive, positive_int
 from _launched import one_process_only
+from _teacher import tanh_mlp
+from _teacher import teacher as teacher_matrix
 
 
 def train_rank(args, hook):
@@ -32,19 +34,12 @@ def train_rank(args, hook):
     import minidist.distributed as dist
     from minidist.autograd import Tensor
     from minidist.backend import Generator, xp
-    from minidist.nn import Linear, Sequential
     from minidist.optim import SGD
     from minidist.parallel import DistributedDataParallel
     from minidist.parallel.data import hooks, powersgd
 
-    class Tanh(Sequential):
-        def forward(self, x):
-            return x.tanh()
-
-    gen = Generator(0)
     w = args.width
-    model = Sequential(Linear(w, w, generator=gen), Tanh(), Linear(w, w, generator=gen), Tanh(),
-                       Linear(w, w, generator=gen))
+    model = tanh_mlp(w)
     ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
     if hook == "fp16":
         ddp.register_comm_hook(None, hooks.fp16_compress_hook)
@@ -52,7 +47,7 @@ def train_rank(args, hook):
         rank = int(hook.split()[-1])
         ddp.register_comm_hook(powersgd.PowerSGDState(None, rank, start_powerSGD_iter=2),
                                powersgd.powerSGD_hook)
-    teacher = Generator(1).normal((w, w), std=w ** -0.5)
+    teacher = teacher_matrix(w)
     data = Generator(100 + dist.get_rank())
     opt = SGD(model.parameters(), lr=args.lr, momentum=0.9)
     stats = dist.get_stats()

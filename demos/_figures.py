@@ -424,3 +424,22 @@ def block_scaling_runs(path, runs):
            title="GPT training loss: matmuls in each format")
     ax.legend(fontsize=8)
     _save(plt, fig, path)
+
+
+def diloco_runs(path, runs):
+    """Demo 25: held-out loss vs wall time and vs bytes sent across the slow link.
+
+    runs: label -> dict(losses, times (s since start), sent (bytes across, cumulative))."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    for label, r in runs.items():
+        a1.plot(r["times"], r["losses"], label=label)
+        a2.plot(np.maximum(np.array(r["sent"]) / 1e6, 1e-3), r["losses"], label=label)
+    a1.set(xlabel="wall time (s)", ylabel="held-out loss", yscale="log",
+           title="loss vs wall time")
+    a2.set(xlabel="MB sent per rank across the slow link", xscale="log", yscale="log",
+           title="loss vs slow-link bytes")
+    a1.legend(fontsize=8)
+    _save(plt, fig, path)

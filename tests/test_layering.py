@@ -54,6 +54,7 @@ STRATEGIES = {
     "pipeline": set(),
     "context": set(),
     "expert": set(),
+    "diloco": set(),                # a replica may be DDP / TP, but DiLoCo only sees a group
 }
 # Inside minidist.comm: transport moves bytes, collectives are built on it, the launcher
 # starts worlds of it. package -> what it may import (the modules at comm/ level, group,

@@ -17,6 +17,8 @@ it reproduces. See docs/cost_models.md.
     precision  format ranges, dynamic loss scaling, bits per element of block-scaled formats
     moe        MoE total vs active parameters, all-to-all bytes, Ulysses vs ring attention
     llama      a Llama's parameters (GQA, SwiGLU), training FLOPs, KV-cache bytes
+    diloco     bytes per step and step time over a slow link: DDP, DiLoCo, Streaming
+               DiLoCo, quantised outer gradients, Top-K, 1-bit Adam
     planner/   every parallel layout of a model on a cluster, priced with the above (plan)
 """
 from minidist.calc import units

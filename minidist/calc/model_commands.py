@@ -1,5 +1,6 @@
 """The ``minidist calc`` topics of the newer models: mixture of experts and sequence
-parallelism (moe.py), the Llama family (llama.py) and block-scaled formats (precision.py).
+parallelism (moe.py), the Llama family (llama.py), block-scaled formats (precision.py)
+and training over a slow network (diloco.py).
 
 Each entry of ``TOPICS`` here joins ``commands.TOPICS``, the same way as the topics
 written there: flags with their checks, the formula and source for --help, and a
@@ -7,7 +8,7 @@ function from the parsed flags to the lines it prints.
 """
 from __future__ import annotations
 
-from minidist.calc import llama, moe, precision
+from minidist.calc import diloco, llama, moe, precision
 from minidist.calc.cli_args import Topic, non_negative, non_negative_int, positive, positive_int
 
 TOPICS: dict[str, Topic] = {}
@@ -128,3 +129,40 @@ TOPICS["block-formats"] = Topic(
     [("--format", tuple(precision.BLOCK_FORMATS), "", "one format (default: all)"),
      ("--numel", non_negative, 0.0, "elements of the tensor (adds the per-tensor scale)")],
     _block_formats)
+
+
+# -- training over a slow network (calc/diloco.py) ------------------------------------
+
+def _diloco(a):
+    costs = diloco.diloco_costs(a.params * 4, a.ranks, a.sync_every, a.fragments, a.bits,
+                                a.compute_seconds, a.bandwidth, a.latency, a.delay, a.density)
+    ddp = costs[0]
+    rows = [f"{'strategy':<16} {'bytes/step':>12} {'peak/step':>12} {'vs DDP':>8} "
+            f"{'step time':>12}"]
+    for c in costs:
+        rows.append(f"{c.name:<16} {_gb(c.bytes_per_step):>12} {_gb(c.peak_bytes_per_step):>12} "
+                    f"{c.bytes_per_step / ddp.bytes_per_step:8.4f} {c.step_seconds * 1e3:9.3f} ms")
+    rows.append(f"(float32 parameters; compute {a.compute_seconds * 1e3:g} ms per step, "
+                f"link {a.bandwidth / 1e9:g} GB/s; step time = compute + exposed wire / steps "
+                "between syncs)")
+    return rows
+
+
+TOPICS["diloco"] = Topic(
+    "bytes per rank per step and step time: DDP, DiLoCo, Streaming DiLoCo, Top-K, 1-bit Adam",
+    "DDP 2(N-1)/N M every step;  DiLoCo the same every H steps;  Streaming M/F every H/F "
+    "steps (peak / F), exposed max(0, wire - tau c);  quantised x bits/32;  Top-K "
+    "(N-1) k (8 + 4);  1-bit Adam ~2(N-1)/N M/32",
+    "Douillard et al. 2023 (DiLoCo), 2025 (Streaming DiLoCo); Lin et al. 2018 (DGC); "
+    "Tang et al. 2021 (1-bit Adam)",
+    [("--params", positive, None, "parameters P (M = 4P bytes)"),
+     ("--ranks", positive_int, 2, "replicas N"),
+     ("--sync-every", positive_int, 100, "H inner steps per round"),
+     ("--fragments", positive_int, 1, "F (H a multiple of F)"),
+     ("--bits", positive_int, 4, "bits per quantised outer-gradient number"),
+     ("--delay", non_negative_int, 1, "tau inner steps overlapping a fragment's sync"),
+     ("--density", positive, 0.01, "Top-K: fraction of the entries sent"),
+     ("--compute-seconds", non_negative, 0.1, "c: compute time of one step"),
+     ("--bandwidth", positive, 12.5e9, "beta of the slowest link, bytes/s"),
+     ("--latency", non_negative, 0.0, "alpha in s")],
+    _diloco)

@@ -44,6 +44,8 @@ class Optimizer:
                             "dicts), not a single Tensor; wrap it in a list")
         self.defaults = dict(defaults)
         self.state: dict[Tensor, dict[str, Any]] = {}
+        self._step_pre_hooks: list[Callable] = []     # hook(optimizer, args, kwargs)
+        self._step_post_hooks: list[Callable] = []    # run after each step(), in order
         self.param_groups: list[dict[str, Any]] = []
         groups = list(params)
         if len(groups) == 0:
@@ -77,6 +79,19 @@ class Optimizer:
         full["params"] = params
         self.param_groups.append(full)
 
+    # -- step hooks: the extension point for wrappers like DiLoCo --------------
+    def register_step_pre_hook(self, hook: Callable[..., None]) -> "StepHookHandle":
+        """Call ``hook(optimizer, args, kwargs)`` at the start of every ``step()``
+        (torch's signature); ``handle.remove()`` takes it off."""
+        self._step_pre_hooks.append(hook)
+        return StepHookHandle(self._step_pre_hooks, hook)
+
+    def register_step_post_hook(self, hook: Callable[..., None]) -> "StepHookHandle":
+        """Call ``hook(optimizer, args, kwargs)`` at the end of every ``step()``, after
+        the parameters were updated: what it does to them is what ``step()`` leaves."""
+        self._step_post_hooks.append(hook)
+        return StepHookHandle(self._step_post_hooks, hook)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's gradient: to ``None`` (default) or to zeros in place."""
         for group in self.param_groups:
@@ -94,6 +109,8 @@ class Optimizer:
         The closure (recompute the loss and call backward) is run first, with
         gradients enabled, as in PyTorch.
         """
+        for hook in list(self._step_pre_hooks):
+            hook(self, (closure,), {})
         loss = None
         if closure is not None:
             with enable_grad():
@@ -113,6 +130,8 @@ class Optimizer:
                 self._update(p, group, self.state.setdefault(p, {}))
         if trace.active is not None:   # the step's span (trace/)
             trace.active.span(f"{type(self).__name__}.step", "optim", start, trace.active.now())
+        for hook in list(self._step_post_hooks):
+            hook(self, (closure,), {})
         return loss
 
     def _update(self, p: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
@@ -181,6 +200,17 @@ class Optimizer:
             hyper = ", ".join(f"{k}={v}" for k, v in group.items() if k != "params")
             lines.append(f"  group {g}: {len(group['params'])} params, {hyper}")
         return "\n".join(lines + [")"])
+
+
+class StepHookHandle:
+    """What ``register_step_*_hook`` returns: ``remove()`` unregisters the hook."""
+
+    def __init__(self, hooks: list, hook: Callable):
+        self._hooks, self._hook = hooks, hook
+
+    def remove(self) -> None:
+        if self._hook in self._hooks:
+            self._hooks.remove(self._hook)
 
 
 def _load_value(name: str, value: Any, p: Tensor, index: int) -> Any:

@@ -10,6 +10,8 @@ tolerance); each subpackage's docstring is its map (idea, formula, files in read
 - pipeline/  pipeline parallelism (schedules as data, the executor, GPT pieces)
 - context/   context parallelism: ring attention, zigzag sharding, Ulysses (all-to-all)
 - expert/    expert parallelism: MoE experts spread over ranks, tokens moved by all-to-all
+- diloco/    DiLoCo and Streaming DiLoCo: H local steps per replica, then an outer step on
+             the averaged outer gradient (fragments, delay, mixing, quantised outer gradients)
 - three_d.py      data x pipeline x tensor parallelism on one device mesh (``ThreeDParallelGPT``)
 - diagnostics.py  what to ask a data-parallel run whose numbers look wrong
 - measure.py      run a layout of a small GPT, its step time and peak memory per rank
@@ -43,6 +45,7 @@ from minidist.parallel.tensor import (ColumnParallelLinear, ParallelBlock, Paral
                                       shard_state_dict, sharded_parameters, split_to_tp,
                                       vocab_parallel_cross_entropy,
                                       vocab_range)
+from minidist.parallel.diloco import DiLoCo
 from minidist.parallel.expert import (ExpertMesh, ExpertParallelMoE, expert_parallel,
                                       sync_expert_parallel_gradients)
 from minidist.parallel.three_d import ThreeDParallelGPT
@@ -64,6 +67,8 @@ __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_syn
            "GPTPiece", "split_gpt", "pieces_of_rank", "pipeline_parameters",
            "sync_tied_gradients", "counted_parameters", "zb_h1", "zb_h2", "zb_v",
            "chunks_per_rank", "placement", "ThreeDParallelGPT",
+           # DiLoCo (local SGD with an outer optimizer)
+           "DiLoCo",
            # expert parallelism
            "ExpertMesh", "ExpertParallelMoE", "expert_parallel",
            "sync_expert_parallel_gradients",

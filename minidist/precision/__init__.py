@@ -25,8 +25,8 @@
 from minidist.precision.autocast import (AmpPolicy, Round, autocast, autocast_matmul,
                                         capture_policy, get_autocast_policy, use_policy)
 from minidist.precision.encoding import decode, encode
-from minidist.precision.formats import (BF16, E8M0FNU, FP4_E2M1FN, FP6_E2M3FN, FP6_E3M2FN,
-                                        FP8_E4M3FN, FP8_E4M3FNUZ, FP8_E5M2, FP8_E5M2FNUZ, FP16,
+from minidist.precision.formats import (BF16, E8M0FNU, FP4_E2M1FN, FP4_E3M0, FP6_E2M3FN,
+                                        FP6_E3M2FN, FP8_E4M3FN, FP8_E4M3FNUZ, FP8_E5M2, FP8_E5M2FNUZ, FP16,
                                         FP32, PRESETS, FloatFormat, get_format)
 from minidist.precision.block_linear import BlockScaling, block_autocast
 from minidist.precision.block_tensor import BlockScaledTensor
@@ -40,7 +40,7 @@ from minidist.precision.rounding import quantize, quantize_reference
 
 __all__ = ["FloatFormat", "get_format", "PRESETS", "FP16", "BF16", "FP32", "FP8_E4M3FN",
            "FP8_E5M2", "FP8_E4M3FNUZ", "FP8_E5M2FNUZ", "FP6_E2M3FN", "FP6_E3M2FN",
-           "FP4_E2M1FN", "E8M0FNU", "quantize", "quantize_reference",
+           "FP4_E2M1FN", "FP4_E3M0", "E8M0FNU", "quantize", "quantize_reference",
            "encode", "decode", "autocast", "autocast_matmul", "get_autocast_policy", "Round",
            "AmpPolicy", "use_policy", "capture_policy",
            "MasterWeights", "GradScaler", "DelayedScaling", "CurrentScaling", "ScalingState",

@@ -21,7 +21,7 @@ Formats differ in what the top of the exponent range encodes (``special``):
   (sign bit alone, 0x80) is the one NaN. All other patterns are numbers.
 - ``"finite"``: no inf and no NaN; every pattern is a number, and overflow
   always saturates to +-max (the OCP MX element types FP6 E2M3 / E3M2 and FP4
-  E2M1: max 7.5, 28 and 6). These formats cannot hold a NaN: the emulation
+  E2M1: max 7.5, 28 and 6; FP4 E3M0, signed powers of two up to 16 and zero). These formats cannot hold a NaN: the emulation
   (``quantize``) lets a NaN input through as NaN, ``encode`` refuses it.
 - ``"fnu"`` (finite, NaN, unsigned): exponent only (M = 0), no sign bit, no
   zero: field e is 2^(e - B) for e < 2^E - 1, the all-ones field is NaN. E8M0,
@@ -58,9 +58,9 @@ class FloatFormat:
         if self.special == "fnu":
             if self.man_bits != 0:
                 raise ValueError("an 'fnu' format is exponent only: man_bits must be 0")
-        elif self.special != "fnuz" and self.man_bits == 0:
+        elif self.special in ("ieee", "fn") and self.man_bits == 0:
             # "ieee" needs a mantissa bit to tell NaN from inf, "fn" to have
-            # anything but NaN in its top binade ("finite": use "fnu" or "fnuz")
+            # anything but NaN in its top binade (use "finite", "fnu" or "fnuz")
             raise ValueError(f"an {self.special!r} format needs at least one mantissa bit")
 
     # -- the numbers that describe the range ------------------------------
@@ -148,15 +148,19 @@ FP6_E2M3FN = FloatFormat("fp6_e2m3fn", 2, 3, special="finite")   # max 7.5, no i
 FP6_E3M2FN = FloatFormat("fp6_e3m2fn", 3, 2, special="finite")   # max 28
 FP4_E2M1FN = FloatFormat("fp4_e2m1fn", 2, 1, special="finite")   # 0 .5 1 1.5 2 3 4 6
 E8M0FNU = FloatFormat("fp8_e8m0fnu", 8, 0, special="fnu")        # 2^-127 .. 2^127, NaN
+# signed powers of two and zero: 0 .25 .5 1 2 4 8 16 (Streaming DiLoCo's 4-bit outer
+# gradients); with no mantissa a tie 1.5 * 2^e rounds up to 2^(e+1), as E8M0's do
+FP4_E3M0 = FloatFormat("fp4_e3m0", 3, 0, special="finite")
 
 PRESETS = {f.name: f for f in (FP16, BF16, FP8_E4M3FN, FP8_E5M2, FP8_E4M3FNUZ,
                                FP8_E5M2FNUZ, FP32, FP6_E2M3FN, FP6_E3M2FN, FP4_E2M1FN,
-                               E8M0FNU)}
+                               E8M0FNU, FP4_E3M0)}
 ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "e4m3": "fp8_e4m3fn",
            "e4m3fn": "fp8_e4m3fn", "e5m2": "fp8_e5m2", "float32": "fp32",
            "e4m3fnuz": "fp8_e4m3fnuz", "e5m2fnuz": "fp8_e5m2fnuz",
            "e2m3fn": "fp6_e2m3fn", "e3m2fn": "fp6_e3m2fn", "e2m1fn": "fp4_e2m1fn",
-           "e8m0fnu": "fp8_e8m0fnu", "e8m0": "fp8_e8m0fnu", "fp4": "fp4_e2m1fn"}
+           "e8m0fnu": "fp8_e8m0fnu", "e8m0": "fp8_e8m0fnu", "fp4": "fp4_e2m1fn",
+           "e3m0": "fp4_e3m0"}
 # ml_dtypes' names: float8_e4m3fn, float4_e2m1fn, float8_e8m0fnu, ...
 ALIASES.update({"float" + name[2:]: name for name in PRESETS if name.startswith("fp") and "_" in name})
 

@@ -103,3 +103,20 @@ def test_gradient_of_another_dtype_raises():
     w.grad = backend.from_host(np.ones(3, dtype=np.float64))
     with pytest.raises(ValueError, match="float64 does not match"):
         opt.step()
+
+
+def test_step_hooks_run_before_and_after_the_update_until_removed():
+    from minidist import backend
+    from minidist.autograd import Tensor
+    from minidist.optim import SGD
+    p = Tensor(backend.from_host(np.ones(2)), requires_grad=True)
+    opt = SGD([p], lr=0.5)
+    seen = []
+    pre = opt.register_step_pre_hook(lambda o, a, k: seen.append(("pre", float(backend.to_host(p.data)[0]))))
+    post = opt.register_step_post_hook(lambda o, a, k: seen.append(("post", float(backend.to_host(p.data)[0]))))
+    p.grad = backend.from_host(np.ones(2))
+    opt.step()
+    pre.remove()
+    post.remove()
+    opt.step()
+    assert seen == [("pre", 1.0), ("post", 0.5)]

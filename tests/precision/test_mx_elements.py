@@ -193,3 +193,24 @@ def test_encode_matches_ml_dtypes_bits(fmt):
 def test_encode_refuses_nan_for_formats_without_nan(fmt):
     with pytest.raises(ValueError, match="has no NaN"):
         encode(backend.from_host(np.array([1.0, np.nan], np.float32)), fmt)
+
+
+def test_e3m0_holds_signed_powers_of_two_and_zero_and_every_code_encodes_back():
+    from minidist.precision import FP4_E3M0
+    assert get_format("e3m0") is FP4_E3M0 and FP4_E3M0.bits == 4 and FP4_E3M0.max == 16.0
+    codes = np.arange(16, dtype=np.uint8)
+    values = backend.to_host(decode(backend.from_host(codes), FP4_E3M0))
+    powers = [0.0] + [2.0 ** k for k in range(-2, 5)]
+    assert values[:8].tolist() == powers and values[8:].tolist() == [-v for v in powers]
+    again = backend.to_host(encode(backend.from_host(values.astype(np.float32)), FP4_E3M0))
+    assert again.tolist() == codes.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(x=st.floats(-40, 40, allow_nan=False))
+def test_e3m0_rounds_like_the_exact_formula_ties_going_up_a_binade(x):
+    from minidist.precision import FP4_E3M0
+    got = quantize_host(np.array([x]), FP4_E3M0)[0]
+    assert got == exact_round(x, FP4_E3M0, saturate=True)
+    assert quantize_host(np.array([1.5, 6.0, 0.125, 100.0]), FP4_E3M0).tolist() == \
+        [2.0, 8.0, 0.0, 16.0]

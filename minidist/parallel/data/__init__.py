@@ -12,6 +12,9 @@ Files, in reading order:
 - ddp.py         ``DistributedDataParallel``: bucketed all-reduce overlapped with backward, no_sync
 - hooks.py       communication hooks: ``GradBucket``, ``Future``, fp16 / bf16 compression
 - powersgd.py    ``PowerSGDState``, ``powerSGD_hook``: rank-r approximation, error feedback
+- topk.py        ``TopKState``, ``topk_hook``: the k largest entries as (index, value), error feedback
+- onebit.py      the 1-bit compressed all-reduce: signs + one scale, worker and server errors
+- onebit_adam.py ``OnebitAdam``: Adam for a warm-up, then frozen variance and 1-bit momentum
 - timeline.py    when each bucket communicated relative to backward; the hidden fraction
 - sync_check.py  ``verify_parameter_sync``: are the replicas still bitwise equal?
 - sampler.py     ``DistributedSampler``: which samples each rank reads, ``set_epoch``

@@ -93,6 +93,10 @@ def train_on_rank(case):
         wrapped = DistributedDataParallel(model, bucket_cap_mb=cap,
                                           overlap=case.get("overlap", True),
                                           gradient_as_bucket_view=case.get("grad_view", True))
+        if case.get("topk_density") is not None:       # the Top-K hook (topk.py)
+            from minidist.parallel.data.topk import TopKState, topk_hook
+            wrapped.register_comm_hook(TopKState(None, density=case["topk_density"]),
+                                       topk_hook)
     elif strategy in ("zero1", "zero2"):
         zcls = Zero1 if strategy == "zero1" else Zero2
         wrapped = zcls(model, cls, bucket_cap_mb=cap, max_grad_norm=case.get("clip"), **kw)

@@ -1,0 +1,218 @@
+"""``DiLoCo``: H local steps per replica, then one averaged outer step (torchft's API).
+
+DiLoCo (Douillard et al. 2023, arXiv 2311.08105, Algorithm 1). Every replica i
+keeps the last synchronised parameters theta_global and trains on its own data
+with its own inner optimizer (AdamW) for H = ``sync_every`` steps. Then:
+
+    Delta   = (1/N) sum_i (theta_global - theta_i)     the outer gradient (all-reduce AVG)
+    theta_global <- OuterOpt(theta_global, Delta)      e.g. SGD(lr=0.7, momentum=0.9,
+    theta_i <- theta_global                             nesterov=True)
+
+The replicas talk once every H steps instead of every step: 2(N-1)/N * M bytes per
+rank per round, H times fewer than DDP. With H = 1, inner SGD(lr) and outer
+SGD(lr=1) it is DDP: theta - lr * mean(g_i).
+
+Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512) splits the model into F
+``fragments`` that synchronise in turn (schedule.py), each overlapped with tau =
+``fragment_sync_delay`` further inner steps and mixed back in with alpha =
+``fragment_update_alpha``; the outer gradient may travel in a low precision format
+(``outer_grad_format``, outer_grad.py). The peak bytes of one synchronisation fall by F.
+
+Use (torchft's names; the synchronisation happens inside ``inner.step()``, as a step
+post-hook, so the parameters it leaves are the synchronised ones)::
+
+    inner = AdamW(model.parameters(), lr=4e-4)
+    outer = SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    with DiLoCo(model, inner, outer, sync_every=H):    # group=None: the world
+        for x, y in batches:
+            loss_fn(model(x), y).backward()
+            inner.step(); inner.zero_grad()
+
+``group`` is the process group (or a 1-D DeviceMesh) of the replicas: None for
+the world, or one dimension of a mesh, so that a replica may itself be DDP / TP over
+the other dimension. Each replica's inner optimizer keeps its state across rounds,
+and so does the outer optimizer (its momentum), one buffer per parameter.
+
+Invariant: right after a fragment's synchronisation with alpha = 0 its parameters
+are bitwise equal on every replica (the all-reduce leaves the same bits everywhere,
+and the outer step is the same arithmetic on the same inputs). Demo:
+demos/25_diloco.py; docs: docs/diloco.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import minidist.distributed as dist
+from minidist.comm.transport.reduce_op import ReduceOp
+from minidist.distributed.device_mesh import DeviceMesh
+from minidist.nn import Module
+from minidist.parallel.diloco import outer_grad
+from minidist.parallel.diloco.schedule import check_schedule, fragment_starting_at
+from minidist.backend import xp
+from minidist.trace import recorder as trace
+
+
+@dataclass
+class Fragment:
+    """A part of the model that synchronises as one (the whole model in plain DiLoCo)."""
+    params: list                                 # the model's Parameters, in model order
+    global_params: list                          # theta_global, one array per parameter
+    pending: Any = None                          # the all-reduce in flight (a Work), or None
+    wire: Any = None                             # (sum numel,) the outer gradient on the wire
+    merge_at: int = -1                           # the inner step after which it is merged
+    started: float = 0.0                         # when it started (trace clock)
+    syncs: int = 0                               # synchronisations completed
+    history: list = field(default_factory=list)  # (start step, merge step) of each
+
+
+class DiLoCo:
+    """DiLoCo / Streaming DiLoCo around an inner and an outer optimizer (module docstring).
+
+    ``fragments``: None (one fragment, the whole model) or a list whose items are a
+    Module or a list of Modules; every parameter of ``model`` must be in exactly one.
+    """
+
+    def __init__(self, model: Module, inner_optimizer: Any, outer_optimizer: Any,
+                 sync_every: int, group: Any = None,
+                 fragments: Sequence[Any] | None = None, fragment_sync_delay: int = 0,
+                 fragment_update_alpha: float = 0.0, outer_grad_format: Any = None):
+        groups = [list(model.parameters())] if fragments is None \
+            else _fragment_params(model, fragments)
+        check_schedule(sync_every, len(groups), fragment_sync_delay, fragment_update_alpha)
+        _check_optimizers(model, inner_optimizer, outer_optimizer)
+        self.model = model
+        self.inner, self.outer = inner_optimizer, outer_optimizer
+        self.sync_every = sync_every
+        self.fragment_sync_delay = fragment_sync_delay
+        self.fragment_update_alpha = float(fragment_update_alpha)
+        self.format = outer_grad.outer_grad_format(outer_grad_format)   # None: full precision
+        self.group = group.get_group() if isinstance(group, DeviceMesh) else group
+        self.local_step = 0                      # inner steps taken (t, from 1 after the first)
+        self._handle = None
+        # Every replica starts from the same theta_global: the group's first rank's
+        # parameters (as DDP broadcasts rank 0's at wrap).
+        src = _global_rank(self.group, 0)
+        for p in model.parameters():
+            dist.broadcast(p.data, src=src, group=self.group)
+        self.fragments = [Fragment(ps, [p.data.copy() for p in ps]) for ps in groups]
+
+    # -- the context: torchft registers the hook on enter -----------------------
+    def __enter__(self) -> "DiLoCo":
+        self._handle = self.inner.register_step_post_hook(self._after_inner_step)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+        # A synchronisation still in flight completes on the wire (so no collective is
+        # left half done) but is not merged: the parameters stay the local ones.
+        for frag in self.fragments:
+            if frag.pending is not None:
+                frag.pending.wait()
+                frag.pending = None
+
+    # -- what runs after each inner step ------------------------------------------
+    def _after_inner_step(self, optimizer: Any, args: tuple, kwargs: dict) -> None:
+        self.local_step += 1
+        t = self.local_step
+        f = fragment_starting_at(t, self.sync_every, len(self.fragments))
+        if f is not None:
+            self.start_sync(f)
+        for frag in self.fragments:
+            if frag.pending is not None and frag.merge_at == t:
+                self.finish_sync(frag)
+
+    def start_sync(self, f: int) -> None:
+        """Start fragment f's all-reduce of Delta = theta_global - theta_local (rounded)."""
+        frag = self.fragments[f]
+        deltas = [outer_grad.round_outer_gradient(g - p.data, self.format)
+                  for g, p in zip(frag.global_params, frag.params)]
+        frag.wire = xp.concatenate([d.reshape(-1) for d in deltas])      # (sum numel,)
+        frag.started = trace.active.now() if trace.active is not None else 0.0
+        frag.merge_at = self.local_step + self.fragment_sync_delay
+        frag.history.append((self.local_step, frag.merge_at))
+        frag.pending = dist.all_reduce(frag.wire, op=ReduceOp.AVG, group=self.group,
+                                       async_op=True)
+
+    def finish_sync(self, frag: Fragment) -> None:
+        """Wait for the mean, run the outer step from theta_global, merge with alpha."""
+        frag.pending.wait()
+        frag.pending = None
+        local = [p.data.copy() for p in frag.params]
+        inner_grads = {id(p): p.grad for p in self.model.parameters()}
+        for p in self.model.parameters():          # the outer step touches this fragment only
+            p.grad = None
+        offset = 0
+        for p, g in zip(frag.params, frag.global_params):
+            p.data[...] = g                          # back to theta_global ...
+            mean = frag.wire[offset:offset + g.size].reshape(g.shape)
+            p.grad = mean.astype(g.dtype, copy=False)    # ... with the mean Delta as .grad
+            offset += g.size
+        self.outer.step()                            # theta_global <- OuterOpt(...)
+        alpha = self.fragment_update_alpha
+        for p, g, mine in zip(frag.params, frag.global_params, local):
+            g[...] = p.data                          # keep the new theta_global
+            if alpha != 0.0:                         # alpha * local + (1 - alpha) * global
+                p.data[...] = alpha * mine + (1.0 - alpha) * p.data
+        for p in self.model.parameters():
+            p.grad = inner_grads[id(p)]
+        frag.syncs += 1
+        if trace.active is not None:                 # the span the inner steps overlap
+            trace.active.span(f"DiLoCo fragment {self.fragments.index(frag)} sync", "diloco",
+                              frag.started, trace.active.now(),
+                              {"bytes": int(frag.wire.nbytes), "merge_step": frag.merge_at})
+
+
+def _global_rank(group: Any, group_rank: int) -> int:
+    """The global rank of ``group_rank`` in ``group`` (None: the world)."""
+    if group is None:
+        return group_rank
+    return group.ranks[group_rank]
+
+
+def _fragment_params(model: Module, fragments: Sequence[Any]) -> list[list]:
+    """Each fragment's parameters in model order; every parameter in exactly one."""
+    if len(fragments) == 0:
+        raise ValueError("fragments is empty: pass None (the whole model) or a list of "
+                         "Modules / lists of Modules")
+    owner: dict[int, int] = {}
+    for f, frag in enumerate(fragments):
+        modules = [frag] if isinstance(frag, Module) else list(frag)
+        for m in modules:
+            if not isinstance(m, Module):
+                raise TypeError(f"fragment {f} holds a {type(m).__name__}; a fragment is a "
+                                "Module or a list of Modules")
+            for p in m.parameters():
+                if id(p) in owner and owner[id(p)] != f:
+                    raise ValueError(f"a parameter is in fragments {owner[id(p)]} and {f}: "
+                                     "each parameter must be in exactly one fragment")
+                owner[id(p)] = f
+    names = {id(p): n for n, p in model.named_parameters()}
+    missing = [names[i] for i in names if i not in owner]
+    if missing:
+        raise ValueError(f"parameters {missing} are in no fragment: add the modules that "
+                         "hold them to a fragment")
+    foreign = [i for i in owner if i not in names]
+    if foreign:
+        raise ValueError(f"fragments hold {len(foreign)} parameter(s) that are not the "
+                         "model's: build fragments from the model's own submodules")
+    groups: list[list] = [[] for _ in fragments]
+    for p in model.parameters():
+        groups[owner[id(p)]].append(p)
+    return groups
+
+
+def _check_optimizers(model: Module, inner: Any, outer: Any) -> None:
+    if inner is outer:
+        raise ValueError("the inner and outer optimizers must be two optimizers (the outer "
+                         "one runs only at synchronisations)")
+    mine = {id(p) for p in model.parameters()}
+    held = [p for group in outer.param_groups for p in group["params"]]
+    theirs = {id(p) for p in held}
+    if theirs != mine:
+        extra, missing = len(theirs - mine), len(mine - theirs)
+        raise ValueError(f"the outer optimizer must hold exactly the model's parameters "
+                         f"({extra} not the model's, {missing} of the model's missing): "
+                         "build it as OuterOpt(model.parameters(), ...)")

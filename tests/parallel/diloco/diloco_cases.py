@@ -1,0 +1,178 @@
+"""DiLoCo runs shared by the tests: one rank's side, and the one-process simulation.
+
+A case is a plain dict (world, seed, steps, H, F, tau, alpha, fmt, inner, outer).
+``train_on_rank(case)`` runs DiLoCo on every rank of a world and returns each
+step's parameters; ``simulate(case)`` is the oracle: N replicas in one process,
+each with its own model and inner optimizer, the schedule, the outer gradient, its
+rounding, the mean and the outer SGD step written out here in NumPy (Algorithm 1 of
+arXiv 2311.08105, and Streaming DiLoCo's fragments, delay and mixing).
+
+Rank r starts from different weights than rank 0 (seed + r), so the tests also check
+that DiLoCo starts every replica from the group's first rank's parameters.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from minidist import backend
+from minidist.autograd import Tensor
+from minidist.nn import Linear, Module
+from minidist.optim import SGD, AdamW
+from minidist.precision import get_format, quantize
+
+LAYERS = ("fc1", "fc2", "fc3")
+
+
+class Net(Module):
+    def __init__(self, d_in, hidden, d_out, seed):
+        super().__init__()
+        gen = backend.Generator(seed)
+        self.fc1 = Linear(d_in, hidden, dtype="float64", generator=gen)
+        self.fc2 = Linear(hidden, hidden, dtype="float64", generator=gen)
+        self.fc3 = Linear(hidden, d_out, dtype="float64", generator=gen)
+
+    def forward(self, x):
+        return self.fc3(self.fc2(self.fc1(x).tanh()).tanh())
+
+
+def case_of(**kw):
+    case = dict(world=2, seed=0, steps=6, H=3, F=1, tau=0, alpha=0.0, fmt=None,
+                inner="adamw", outer=dict(lr=0.7, momentum=0.9, nesterov=True),
+                d_in=3, hidden=4, d_out=2, batch=2, inner_lr=0.05)
+    case.update(kw)
+    return case
+
+
+def batch(case, step, replica, parts=1, part=0):
+    """Replica ``replica``'s inputs and targets at ``step`` (host arrays); a replica made
+    of ``parts`` ranks gives each rank its ``part`` of the rows."""
+    rng = np.random.default_rng([case["seed"], step, replica])
+    x = rng.standard_normal((case["batch"], case["d_in"]))
+    y = rng.standard_normal((case["batch"], case["d_out"]))
+    rows = case["batch"] // parts
+    return x[part * rows:(part + 1) * rows], y[part * rows:(part + 1) * rows]
+
+
+def make_model(case, seed_offset=0):
+    return Net(case["d_in"], case["hidden"], case["d_out"], case["seed"] + seed_offset)
+
+
+def make_inner(case, params):
+    if case["inner"] == "sgd":
+        return SGD(params, lr=case["inner_lr"])
+    return AdamW(params, lr=case["inner_lr"], weight_decay=0.01)
+
+
+def fragments_of(model, F):
+    """The three layers cut into F contiguous fragments."""
+    layers = [getattr(model, n) for n in LAYERS]
+    cuts = np.array_split(np.arange(len(layers)), F)
+    return [[layers[i] for i in cut] for cut in cuts]
+
+
+def loss_backward(model, x, y, parts=1):
+    out = model(Tensor(backend.from_host(x)))
+    diff = out - Tensor(backend.from_host(y))
+    ((diff * diff).mean() / parts).backward()
+
+
+def snapshot(model):
+    return {n: backend.to_host(p.data).copy() for n, p in model.named_parameters()}
+
+
+# -- one rank of a world ---------------------------------------------------------
+
+def train_on_rank(case, replica_group=None, replica=None, parts=1, part=0, ddp_group=None):
+    """DiLoCo on this rank; returns the parameters after every inner step."""
+    import minidist.distributed as dist
+    from minidist.parallel.data import DistributedDataParallel
+    from minidist.parallel.diloco import DiLoCo
+    rank = dist.get_rank()
+    replica = rank if replica is None else replica
+    model = make_model(case, seed_offset=rank)
+    wrapped = DistributedDataParallel(model, group=ddp_group) if ddp_group is not None else model
+    inner = make_inner(case, model.parameters())
+    outer = SGD(model.parameters(), **case["outer"])
+    frags = None if case["F"] == 1 and not case.get("as_fragments") else \
+        fragments_of(model, case["F"])
+    out = []
+    with DiLoCo(model, inner, outer, sync_every=case["H"], group=replica_group,
+                fragments=frags, fragment_sync_delay=case["tau"],
+                fragment_update_alpha=case["alpha"], outer_grad_format=case["fmt"]):
+        for step in range(case["steps"]):
+            x, y = batch(case, step, replica, parts, part)
+            loss_backward(wrapped, x, y)
+            inner.step()
+            inner.zero_grad()
+            out.append(snapshot(model))
+    return out
+
+
+# -- the oracle -------------------------------------------------------------------
+
+def round_outer(delta, fmt):
+    """Delta rounded under one power-of-two scale: s = 2^ceil(log2(max|Delta| / max))."""
+    if fmt is None:
+        return delta
+    fmt = get_format(fmt)
+    amax = np.max(np.abs(delta))
+    k = 0 if amax == 0 else int(math.ceil(math.log2(amax / fmt.max)))
+    scaled = backend.from_host(delta * 2.0 ** -k)
+    return backend.to_host(quantize(scaled, fmt, saturate=True)) * 2.0 ** k
+
+
+def nesterov_sgd(theta, delta, buf, lr, momentum=0.0, nesterov=False):
+    """torch.optim.SGD's step on theta with gradient delta (no weight decay, no dampening)."""
+    if momentum:
+        buf = delta.copy() if buf is None else momentum * buf + delta
+        delta = delta + momentum * buf if nesterov else buf
+    return theta - lr * delta, buf
+
+
+def simulate(case):
+    """Every replica's parameters after every inner step: {step: [params of replica i]}."""
+    N, H, F, tau, alpha = case["world"], case["H"], case["F"], case["tau"], case["alpha"]
+    models = [make_model(case) for _ in range(N)]
+    inners = [make_inner(case, m.parameters()) for m in models]
+    names = [n for n, _ in models[0].named_parameters()]
+    frag_names = [[n for n in names if n.split(".")[0] in [LAYERS[i] for i in cut]]
+                  for cut in np.array_split(np.arange(len(LAYERS)), F)]
+    theta_global = snapshot(models[0])
+    buffers = {n: None for n in names}
+    in_flight = {}                                   # fragment -> (merge step, mean Delta)
+    history = []
+    for step in range(case["steps"]):
+        t = step + 1
+        for i, (m, opt) in enumerate(zip(models, inners)):
+            loss_backward(m, *batch(case, step, i))
+            opt.step()
+            opt.zero_grad()
+        params = [dict(m.named_parameters()) for m in models]
+        for f in range(F):
+            if t % H == ((f + 1) * H // F) % H:      # fragment f starts
+                mean = {n: sum(round_outer(theta_global[n] - backend.to_host(params[i][n].data),
+                                           case["fmt"]) for i in range(N)) / N
+                        for n in frag_names[f]}
+                in_flight[f] = (t + tau, mean)
+        for f, (merge_at, mean) in list(in_flight.items()):
+            if merge_at != t:
+                continue
+            for n in frag_names[f]:
+                theta_global[n], buffers[n] = nesterov_sgd(theta_global[n], mean[n],
+                                                           buffers[n], **case["outer"])
+                for i in range(N):
+                    local = backend.to_host(params[i][n].data)
+                    mixed = alpha * local + (1 - alpha) * theta_global[n]
+                    params[i][n].data[...] = backend.from_host(mixed)
+            del in_flight[f]
+        history.append([snapshot(m) for m in models])
+    return history
+
+
+def sync_steps(case):
+    """The inner steps (from 1) after which some fragment is merged."""
+    H, F, tau = case["H"], case["F"], case["tau"]
+    return [t for t in range(1, case["steps"] + 1)
+            if any((t - tau) % H == ((f + 1) * H // F) % H and t - tau >= 1 for f in range(F))]
