@@ -44,7 +44,7 @@ demos/26_muon.py; docs: docs/optimizers.md.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 from minidist.backend import xp
 from minidist.optim.optimizer import Optimizer, check_non_negative
@@ -57,6 +57,15 @@ ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
 # the embeddings and the output head of minidist's GPT and Llama, torchtitan's and HF's
 ADAMW_NAME_PARTS = ("wte", "wpe", "embed", "embed_tokens", "tok_embeddings", "embedding",
                     "embeddings", "lm_head", "output", "head")
+
+
+class MatrixUpdate(NamedTuple):
+    """One matrix (or one rank's piece of it) in a step, between the momentum and the
+    iteration."""
+    target: Any       # the array the step writes: the parameter (or a view of its piece)
+    update: Any       # U_t, shaped like target
+    shape: tuple      # the whole matrix's (A, B): the learning rate's adjustment uses it
+    pieces: Any       # None for a whole matrix; how it is cut (distributed/muon.py)
 
 
 def lerp_(start: Any, end: Any, weight: float) -> Any:
@@ -178,9 +187,7 @@ class Muon(Optimizer):
                  ns_coefficients: tuple = DEFAULT_COEFFICIENTS, eps: float = 1e-7,
                  ns_steps: int = 5, adjust_lr_fn: str | None = None,
                  ns_dtype: str | None = None):
-        check_muon_args(lr, momentum, weight_decay, ns_coefficients, ns_steps, eps,
-                        adjust_lr_fn)
-        check_ns_dtype(ns_dtype)
+        # add_param_group checks the hyperparameters of every group, these defaults too
         super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum,
                                       nesterov=bool(nesterov),
                                       ns_coefficients=tuple(ns_coefficients), eps=eps,
@@ -194,46 +201,49 @@ class Muon(Optimizer):
         check_muon_args(added["lr"], added["momentum"], added["weight_decay"],
                         added["ns_coefficients"], added["ns_steps"], added["eps"],
                         added["adjust_lr_fn"])
+        check_ns_dtype(added["ns_dtype"])
         for p in added["params"]:
-            refuse_non_matrix(self.whole_shape(p))
+            self.check_matrices(p)
+
+    def check_matrices(self, p: Any) -> None:
+        """Raise unless parameter ``p`` holds matrices only (here: is one)."""
+        refuse_non_matrix(self.whole_shape(p))
 
     def whole_shape(self, p: Any) -> tuple:
         """The shape of the matrix ``p`` is (a piece of): its own here."""
         return tuple(p.shape)
 
+    def matrices(self, p: Any, update: Any) -> list[MatrixUpdate]:
+        """The matrices parameter ``p`` holds, with their U_t: here p itself, whole."""
+        return [MatrixUpdate(p.data, update, tuple(p.shape), None)]
+
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        # the base class checks each gradient and calls _update; Muon collects instead
-        self._pending: list[tuple[Any, Any]] = []
+        # the base class checks each gradient and calls _update (phase 1, per parameter)
+        self._pending: dict[int, list[MatrixUpdate]] = {}
         loss = super().step(closure)
-        by_group: dict[int, list] = {}
-        for p, update in self._pending:
-            by_group.setdefault(id(self._group_of(p)), []).append((p, update))
         for group in self.param_groups:
-            items = by_group.get(id(group), [])
-            orthos = self._orthogonalize([p for p, _ in items], [u for _, u in items], group)
-            for (p, _), ortho in zip(items, orthos):
-                apply_muon(p.data, ortho, lr=group["lr"], weight_decay=group["weight_decay"],
-                           adjusted=adjusted_lr(group["lr"], group["adjust_lr_fn"],
-                                                self.whole_shape(p)))
-        self._pending = []
+            items = self._pending.get(id(group), [])
+            orthos = self._orthogonalize(items, group)                       # phase 2
+            for item, ortho in zip(items, orthos):                           # phase 3
+                apply_muon(item.target, ortho, lr=group["lr"],
+                           weight_decay=group["weight_decay"],
+                           adjusted=adjusted_lr(group["lr"], group["adjust_lr_fn"], item.shape))
+        self._pending = {}
         return loss
 
-    def _group_of(self, p: Any) -> dict[str, Any]:
-        return next(g for g in self.param_groups if any(q is p for q in g["params"]))
-
     def _update(self, p, group, state) -> None:
-        """Phase 1, per parameter: the momentum; the update waits for its group."""
+        """Phase 1, per parameter: the momentum; the iteration waits for the group."""
         if not state:
             state["momentum_buffer"] = xp.zeros_like(p.data)
         update = muon_direction(p.grad, state["momentum_buffer"], momentum=group["momentum"],
                                 nesterov=group["nesterov"])
-        self._pending.append((p, update))
+        self._pending.setdefault(id(group), []).extend(self.matrices(p, update))
 
-    def _orthogonalize(self, params: list, updates: list, group: dict) -> list:
-        """Phase 2: O_t for each parameter of a group (here: each matrix on its own)."""
-        self.iterations_run += len(updates)
-        return [newton_schulz(u, group["ns_coefficients"], group["ns_steps"], group["eps"],
-                              group["ns_dtype"]) for u in updates]
+    def _orthogonalize(self, items: list[MatrixUpdate], group: dict) -> list:
+        """Phase 2: O_t for each matrix of a group (here: each on its own, whole)."""
+        self.iterations_run += len(items)
+        return [newton_schulz(item.update, group["ns_coefficients"], group["ns_steps"],
+                              group["eps"], group["ns_dtype"]) for item in items]
 
 
 def muon_param_groups(model: Any, adamw_name_parts: tuple = ADAMW_NAME_PARTS
