@@ -424,3 +424,16 @@ def block_scaling_runs(path, runs):
            title="GPT training loss: matmuls in each format")
     ax.legend(fontsize=8)
     _save(plt, fig, path)
+
+
+def optimizer_runs(path, runs, title):
+    """Demo 26: the loss curve of each optimizer."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for name, losses in runs.items():
+        ax.plot(_mean10(losses), label=name)
+    ax.set(xlabel="step", ylabel="loss (10-step mean)", title=title)
+    ax.legend(fontsize=8)
+    _save(plt, fig, path)

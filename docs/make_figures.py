@@ -45,6 +45,7 @@ FIGURES = {
     "20_trace.png": ("20_trace.py", [], {}),
     "21_llama.png": ("21_llama.py", [], {}),
     "22_placements.png": ("22_placements.py", [], {}),
+    "26_muon.png": ("26_muon.py", ["--steps", "300"], {}),
 }
 
 
