@@ -17,7 +17,6 @@ them all towards 1), where AdamW's spread over decades. docs/optimizers.md expla
 """
 import argparse
 import math
-import pathlib
 import sys
 
 import numpy as np
@@ -26,6 +25,7 @@ import minidist
 from minidist import backend
 from minidist.nn import GPT, GPTConfig, Llama, LlamaConfig
 from minidist.optim import AdamW, Muon, muon_param_groups
+from _corpus import load_corpus, windows
 from _progress import Progress
 from _args import non_negative_int, or_usage_error, positive, positive_int
 
@@ -41,9 +41,7 @@ parser.add_argument("--figure", metavar="PATH", help="save both loss curves as a
 parser.add_argument("--seed", type=non_negative_int, default=0)
 args = parser.parse_args()
 
-text = (pathlib.Path(__file__).parent / "data" / "corpus.txt").read_text()
-chars = sorted(set(text))
-data = np.array([{c: i for i, c in enumerate(chars)}[c] for c in text], dtype=np.int64)
+chars, data = load_corpus()
 if args.model == "gpt":
     cfg = or_usage_error(parser, GPTConfig, block_size=args.block, vocab_size=len(chars),
                          n_layer=args.n_layer, n_head=4, n_embd=args.n_embd, seed=args.seed)
@@ -56,16 +54,6 @@ else:
 
 def make_model():
     return GPT(cfg) if args.model == "gpt" else Llama(cfg)
-
-
-def batches(seed):
-    """The same random windows of the text for every run."""
-    rng = np.random.default_rng(seed)
-    while True:
-        starts = rng.integers(0, len(data) - args.block - 1, args.batch)
-        x = np.stack([data[s:s + args.block] for s in starts])           # (B, T)
-        y = np.stack([data[s + 1:s + args.block + 1] for s in starts])   # (B, T)
-        yield backend.from_host(x), backend.from_host(y)
 
 
 def optimizers(model, name):
@@ -82,7 +70,7 @@ def train(name):
     model = make_model()
     opts = optimizers(model, name)
     watched = muon_param_groups(model)[0][0]          # the first hidden weight matrix
-    stream, losses = batches(args.seed), []
+    stream, losses = windows(data, args.batch, args.block, args.seed), []
     bar = Progress(range(args.steps), f"{name:>12}")
     for _ in bar:
         x, y = next(stream)
