@@ -442,4 +442,14 @@ def diloco_runs(path, runs):
     a2.set(xlabel="MB sent per rank across the slow link", xscale="log", yscale="log",
            title="loss vs slow-link bytes")
     a1.legend(fontsize=8)
+def optimizer_runs(path, runs, title):
+    """Demo 26: the loss curve of each optimizer."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for name, losses in runs.items():
+        ax.plot(_mean10(losses), label=name)
+    ax.set(xlabel="step", ylabel="loss (10-step mean)", title=title)
+    ax.legend(fontsize=8)
     _save(plt, fig, path)

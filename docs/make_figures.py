@@ -46,6 +46,7 @@ FIGURES = {
     "21_llama.png": ("21_llama.py", [], {}),
     "22_placements.png": ("22_placements.py", [], {}),
     "25_diloco.png": ("25_diloco.py", [], {}),
+    "26_muon.png": ("26_muon.py", ["--steps", "300"], {}),
 }
 
 

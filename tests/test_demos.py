@@ -44,6 +44,7 @@ SMOKE_ARGS = {
     "21_llama.py": ["--steps", "4"],
     "22_placements.py": ["-n", "2", "--width", "4", "--n-embd", "8"],
     "23_block_scaling.py": ["--steps", "16", "--n-embd", "32"],
+    "26_muon.py": ["--steps", "20"],
 }
 
 

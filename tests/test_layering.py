@@ -20,7 +20,7 @@ ALLOWED = {
     "precision": {"backend", "autograd"},
     "attention": {"backend", "autograd", "precision"},
     "nn": {"backend", "autograd", "precision", "attention"},
-    "optim": {"backend", "autograd"},
+    "optim": {"backend", "autograd", "precision"},   # Muon's bf16 iteration rounds
     "comm": {"backend"},
     # the facade (distributed/__init__) imports only comm; beside it DTensor, the TP styles
     # and fully_shard build on autograd and nn, at the level of parallel (DESIGN.md)

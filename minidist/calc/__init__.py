@@ -16,6 +16,7 @@ it reproduces. See docs/cost_models.md.
     recipes    effective batch, accumulation, LR scaling, warmup, Young's interval
     precision  format ranges, dynamic loss scaling, bits per element of block-scaled formats
     moe        MoE total vs active parameters, all-to-all bytes, Ulysses vs ring attention
+    muon       sharded Muon's two schemes: bytes and Newton-Schulz FLOPs per step
     llama      a Llama's parameters (GQA, SwiGLU), training FLOPs, KV-cache bytes
     diloco     bytes per step and step time over a slow link: DDP, DiLoCo, Streaming
                DiLoCo, quantised outer gradients, Top-K, 1-bit Adam
@@ -34,6 +35,8 @@ from minidist.calc.comm import (AllReduceCost, HierarchicalCost, algorithm_bandw
                                 naive_all_reduce_time, overlap_fraction, reduce_scatter_bytes,
                                 ring_all_reduce_bytes, ring_all_reduce_time,
                                 tree_all_reduce_time, tree_reduce_time)
+from minidist.calc.muon import (MuonStepCost, gpt_block_matrices, muon_step_costs,
+                                newton_schulz_flops)
 from minidist.calc.compute import (achieved_flops, amdahl_speedup, arithmetic_intensity,
                                    attainable_flops, break_even_preemptions,
                                    electricity_cost, elementwise_intensity, gpu_hours,

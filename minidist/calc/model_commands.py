@@ -1,6 +1,6 @@
 """The ``minidist calc`` topics of the newer models: mixture of experts and sequence
-parallelism (moe.py), the Llama family (llama.py), block-scaled formats (precision.py)
-and training over a slow network (diloco.py).
+parallelism (moe.py), the Llama family (llama.py), block-scaled formats (precision.py),
+training over a slow network (diloco.py) and sharded Muon (muon.py).
 
 Each entry of ``TOPICS`` here joins ``commands.TOPICS``, the same way as the topics
 written there: flags with their checks, the formula and source for --help, and a
@@ -8,7 +8,7 @@ function from the parsed flags to the lines it prints.
 """
 from __future__ import annotations
 
-from minidist.calc import diloco, llama, moe, precision
+from minidist.calc import diloco, llama, moe, muon, precision
 from minidist.calc.cli_args import Topic, non_negative, non_negative_int, positive, positive_int
 
 TOPICS: dict[str, Topic] = {}
@@ -166,3 +166,25 @@ TOPICS["diloco"] = Topic(
      ("--bandwidth", positive, 12.5e9, "beta of the slowest link, bytes/s"),
      ("--latency", non_negative, 0.0, "alpha in s")],
     _diloco)
+# -- sharded Muon (calc/muon.py) ----------------------------------------------------------
+
+def _muon(a):
+    shapes = muon.gpt_block_matrices(a.hidden, a.layers)
+    rows = [f"{len(shapes)} matrices (GPT blocks, h = {a.hidden}), N = {a.gpus}, "
+            f"{a.ns_steps} Newton-Schulz steps, {a.bytes_per_element:g} bytes per element:"]
+    for c in muon.muon_step_costs(shapes, a.gpus, a.ns_steps, a.bytes_per_element):
+        rows.append(f"{c.scheme:>11}: sends {_gb(c.bytes_per_rank)} per rank, busiest rank "
+                    f"{c.flops_per_rank / 1e12:,.3f} TFLOP, world {c.flops_in_world / 1e12:,.3f} "
+                    f"TFLOP ({c.iterations_in_world} iterations) per step")
+    return rows
+
+
+TOPICS["muon"] = Topic(
+    "sharded Muon per step: gather vs round-robin bytes and Newton-Schulz FLOPs",
+    "F_i = k (4 a^2 b + 2 a^3);  gather: (N-1)/N sum P_i B per rank, N sum F_i in the world;"
+    "  round robin: 2 (N-1)/N sum P_i/N B per rank, sum F_i in the world",
+    "Jordan 2024 (Muon); Liu et al. 2025 (Moonlight, arXiv 2502.16982); torchtitan dist_muon",
+    [("--hidden", positive_int, None, "h"), ("--layers", positive_int, None, "L"),
+     ("--gpus", positive_int, None, "N"), ("--ns-steps", positive_int, 5, "k"),
+     ("--bytes-per-element", positive, 4.0, "B")],
+    _muon)

@@ -54,9 +54,10 @@ from minidist.distributed._shared_tokens import share_tokens
 from minidist.distributed.tensor._piece_norm import refuse_pieces_as_replicas
 from minidist.nn.module import Module
 from minidist.autograd.pieces import piece_kinds, piece_layout, register_piece
-from minidist.optim import SGD, Adam, AdamW, clip_grads_with_norm_, total_grad_share
+from minidist.optim import SGD, Adam, AdamW, Muon, clip_grads_with_norm_, total_grad_share
 from minidist.parallel.data.buckets import DEFAULT_BUCKET_CAP_MB, split_in_buckets
 from minidist.parallel.data.naive import broadcast_parameters
+from minidist.parallel.zero.muon import FlatShardMuon
 from minidist.parallel.zero.shard import FlatLayout
 from minidist.optim.optimizer import optimizer_bytes
 from minidist.parallel.zero.memory import report
@@ -90,9 +91,11 @@ class ZeroBase(Module):
                  max_grad_norm: float | None = None, precision: str | None = None,
                  **optimizer_kwargs: Any):
         super().__init__()
-        if optimizer_class not in ELEMENTWISE_OPTIMIZERS:   # LAMB subclasses Adam: not it
+        # LAMB subclasses Adam: not it. Muon gathers each matrix's pieces (zero/muon.py)
+        if optimizer_class not in ELEMENTWISE_OPTIMIZERS + (Muon,) or \
+                (optimizer_class is Muon and self.stage == 3):
             raise TypeError(f"ZeRO shards flat vectors, so it needs an elementwise optimizer "
-                            f"(SGD, Adam, AdamW), got {optimizer_class!r}")
+                            f"(SGD, Adam, AdamW; Muon at stages 1 and 2), got {optimizer_class!r}")
         refuse_pieces_as_replicas(list(module.named_parameters()), group, type(self).__name__)
         self.module = module
         self.group = group
@@ -114,7 +117,11 @@ class ZeroBase(Module):
                 self._mixed += self.pending_parameter_names(layout.params)
             elif kinds != {None}:   # a shard of pieces combines as they do (buckets_by_kind)
                 register_piece(shard, piece_layout(layout.params[0]))
-        self.optimizer = self._optimizer_class(self.shards, **self._optimizer_kwargs)
+        if self._optimizer_class is Muon:
+            self.optimizer = FlatShardMuon(self.shards, self.layouts, self.group,
+                                           **self._optimizer_kwargs)
+        else:
+            self.optimizer = self._optimizer_class(self.shards, **self._optimizer_kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
