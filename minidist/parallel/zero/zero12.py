@@ -92,7 +92,9 @@ class ZeroBase(Module):
         super().__init__()
         if optimizer_class not in ELEMENTWISE_OPTIMIZERS:   # LAMB subclasses Adam: not it
             raise TypeError(f"ZeRO shards flat vectors, so it needs an elementwise optimizer "
-                            f"(SGD, Adam, AdamW), got {optimizer_class!r}")
+                            f"(SGD, Adam, AdamW), got {optimizer_class!r}: a trust ratio "
+                            "(LAMB, LARS) takes norms of whole tensors, which fully_shard's "
+                            "per-tensor pieces give it")
         refuse_pieces_as_replicas(list(module.named_parameters()), group, type(self).__name__)
         self.module = module
         self.group = group
