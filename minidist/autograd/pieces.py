@@ -14,6 +14,9 @@ so the layer that cuts a parameter registers it here with a *layout*
     layout.combine(value, norm_type)   the sum (for norm_type inf: the max) of value
                                        over the ranks that hold the other pieces:
                                        a collective, so every rank must call it
+    layout.combine_tensor(value, ...)  the same over the ranks that hold pieces of this
+                                       one tensor (a trust ratio's norm, an FP8 amax):
+                                       none for an expert, a whole tensor on its rank
 
 ``piece_kinds`` groups parameters by kind in the order the list first meets each,
 which is the same on every rank (each builds the same model), so the collectives

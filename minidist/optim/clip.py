@@ -68,12 +68,13 @@ def whole_norm(param: Tensor) -> Callable[[Any], float]:
     """How to take the 2-norm of an array shaped like ``param`` (its weights, gradient
     or update) over the whole tensor ``param`` is a piece of: for a piece (module
     docstring), sqrt of its sum of squares added over the pieces' holders, a collective
-    that every holder must call; for a whole tensor, its own norm. A trust ratio
-    (LAMB, LARS) takes its norms with it, as one process takes them over the tensor."""
+    that every holder must call; for a whole tensor (an expert too: its holders hold
+    other experts), its own norm. A trust ratio (LAMB, LARS) takes its norms with it, as
+    one process takes them over the tensor."""
     layout = piece_layout(param)
-    if layout is None:
+    if layout is None or not layout.tensor_groups:
         return l2_norm
-    return lambda a: math.sqrt(layout.combine(_sq_sum(a), 2.0))
+    return lambda a: math.sqrt(layout.combine_tensor(_sq_sum(a), 2.0))
 
 
 def grad_sq_sum(params: Tensor | Iterable[Tensor]) -> float:

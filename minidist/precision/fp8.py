@@ -35,15 +35,21 @@ site's weight is one rank's piece of a tensor cut over a group (a tensor-paralle
 layer or plan), its other operands and its output gradient are cut over the same
 group or replicated over it (column-parallel: x whole, W and dY sliced by output
 feature; row-parallel: x and W sliced by input feature, dY whole). So every amax
-the site takes is max-combined over the groups of its pieces (``layout.combine``,
-the rule clipping and GradScaler use), and each rank casts with the whole tensors'
+the site takes is max-combined over the groups that cut its pieces
+(``layout.combine_tensor``), and each rank casts with the whole tensors'
 scale: bit for bit the scales, casts and results of one process with the same
 recipe. Data parallelism (DDP, ``fully_shard``, ZeRO) is not a cut here: a site sees
 the whole weight, and the activations' and gradients' amax is this rank's
 micro-batch's, not the global batch's (torchao all-reduces it over the data-parallel
 ranks for delayed scaling; Transformer Engine's ``fp8_group`` does the same). The
 parameters still stay equal across replicas (their gradients are averaged), but
-with several ranks the run is not one process's on the whole batch.
+with several ranks the run is not one process's on the whole batch unless the
+recipe's ``amax_reduce`` max-combines every amax over the data-parallel group. An
+expert (expert parallelism) is a whole tensor on its rank, its rows brought from every
+rank of its group by the all-to-all: its site takes its own amax, and ``amax_reduce``
+passes it by (its holders hold other experts). Micro-batches run one after the other
+(gradient accumulation, a pipeline's) each take their own amax: such a run equals one
+process accumulating the same micro-batches, not one pass over the whole batch.
 
 A forward recomputed in backward (checkpointing, ZeRO-3) replays: the policy's
 snapshot (autocast.py) brings the site numbering back to where that forward
@@ -191,11 +197,13 @@ class DelayedScaling:
 
     def _whole_amax(self, operands: list, amax: Any) -> Any:
         """The amax of a site's cast over the whole tensor: max-combined over the groups
-        that cut its pieces (module docstring), then by ``amax_reduce`` if given. A max
-        of float32 values is one of them: exact."""
-        for layout, _ in piece_kinds(operands)[1]:
-            amax = xp.asarray(layout.combine(float(amax), math.inf), dtype=xp.float32)
-        if self.amax_reduce is not None:
+        that cut its pieces (module docstring), then by ``amax_reduce`` if given, except
+        at an expert's site (module docstring). A max of float32 values is one of them:
+        exact."""
+        layouts = [layout for layout, _ in piece_kinds(operands)[1]]
+        for layout in layouts:
+            amax = xp.asarray(layout.combine_tensor(float(amax), math.inf), dtype=xp.float32)
+        if self.amax_reduce is not None and not any(layout.spread for layout in layouts):
             amax = self.amax_reduce(amax)
         return amax
 

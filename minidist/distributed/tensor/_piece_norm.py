@@ -33,21 +33,40 @@ from minidist.distributed.tensor.placement_types import Shard
 
 
 class PieceNorm:
-    """How one kind of piece combines: over ``groups`` (each a collective, in order);
-    ``key`` tells kinds apart on this rank (optim/clip.py orders the kinds as the
+    """How one kind of piece combines: over ``groups`` (each a collective, in order) for
+    a sum over the model (a gradient norm, an inf flag); over ``tensor_groups``, those of
+    them that cut one tensor, for a statistic of the tensor itself (a trust ratio's norm,
+    an FP8 amax). An expert is a whole tensor held by one rank of its group, a different
+    one on each: it adds over the group to the model's norm, but its own norm is its
+    rank's. ``key`` tells kinds apart on this rank (optim/clip.py orders the kinds as the
     parameter list meets them)."""
 
-    def __init__(self, groups: list, key: tuple):
+    def __init__(self, groups: list, key: tuple, tensor_groups: list | None = None):
         self.groups, self.key = list(groups), key
+        self.tensor_groups = list(groups) if tensor_groups is None else list(tensor_groups)
+
+    @property
+    def spread(self) -> bool:
+        """Whether the holders hold different whole tensors (experts), not pieces of one."""
+        return len(self.tensor_groups) < len(self.groups)
 
     def combine(self, share: float, norm_type: float) -> float:
         """The share of the whole tensors from this rank's pieces' share (a collective
         over each cutting group; nothing when no group cuts)."""
-        total = backend.from_host([share])                                   # (1,) float64
-        op = ReduceOp.MAX if float(norm_type) == math.inf else ReduceOp.SUM
-        for group in self.groups:
-            all_reduce(total, op=op, group=group)
-        return float(backend.to_host(total)[0])
+        return _reduce(share, norm_type, self.groups)
+
+    def combine_tensor(self, share: float, norm_type: float) -> float:
+        """The share of the one tensor this piece belongs to (a collective over each
+        group that cuts it; nothing for a whole expert)."""
+        return _reduce(share, norm_type, self.tensor_groups)
+
+
+def _reduce(share: float, norm_type: float, groups: list) -> float:
+    total = backend.from_host([share])                                       # (1,) float64
+    op = ReduceOp.MAX if float(norm_type) == math.inf else ReduceOp.SUM
+    for group in groups:
+        all_reduce(total, op=op, group=group)
+    return float(backend.to_host(total)[0])
 
 
 def note_piece(param: Any, mesh: Any, placements: tuple, cut_from: Any = None) -> None:
@@ -59,15 +78,20 @@ def note_piece(param: Any, mesh: Any, placements: tuple, cut_from: Any = None) -
     note_piece_over(param, groups, (id(mesh), tuple(placements)), cut_from)
 
 
-def note_piece_over(param: Any, groups: list, key: Any, cut_from: Any = None) -> None:
-    """Register ``param`` as a piece whose holders are spread over ``groups`` (expert
-    parallelism: an expert's parameters live on one rank of the expert-parallel group)."""
+def note_piece_over(param: Any, groups: list, key: Any, cut_from: Any = None,
+                    whole_tensors: bool = False) -> None:
+    """Register ``param`` as a piece whose holders are spread over ``groups``.
+    ``whole_tensors``: each holder holds a different whole tensor (expert parallelism:
+    expert e's parameters live on one rank of the expert-parallel group), so the
+    model's sums add over ``groups`` but the tensor's own statistics do not."""
     before = piece_layout(cut_from) if cut_from is not None else None
+    cuts = [] if whole_tensors else list(groups)
     if before is not None:
         groups, key = before.groups + list(groups), before.key + (key,)
+        cuts = before.tensor_groups + cuts
     else:
         key = (key,)
-    register_piece(param, PieceNorm(groups, key))
+    register_piece(param, PieceNorm(groups, key, cuts))
 
 
 def refuse_pieces_as_replicas(named_params: list, group: Any, strategy: str) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 import minidist.distributed as dist
 from minidist.backend import xp
 from minidist.distributed._shared_tokens import share_tokens
+from minidist.nn.llama import LlamaDecoderLayer
 from minidist.nn.module import Module
 from minidist.parallel.context.ring_attention import ring_attention, shard_sequence
 from minidist.parallel.context.ulysses import split_sequence, ulysses_attention
@@ -45,6 +46,7 @@ def context_parallel(model: Module, group: Any = None, kind: str = "ring",
     the key/value heads, and says so when it does not."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    refuse_without_positions(model)
     n = dist.get_world_size(group)
     cfg = model.config
     if kind == "ulysses":
@@ -67,6 +69,21 @@ def context_parallel(model: Module, group: Any = None, kind: str = "ring",
         block.self_attn.attention = ring if kind == "ring" else ulysses
     share_tokens(model, group, "sequence")   # the routers count the whole sequences
     return model
+
+
+def refuse_without_positions(model: Module) -> None:
+    """A rank's shard of a sequence needs its tokens' global positions: a Llama's layers
+    take them (``position_ids``, which RoPE turns q and k by); a model whose blocks are no
+    Llama decoder layers (the GPT: a learned table of positions 0 .. T-1, no
+    ``position_ids``) would embed every shard at the start of the sequence."""
+    for block in model.blocks:
+        if not isinstance(block, LlamaDecoderLayer):
+            raise TypeError(
+                f"context_parallel takes a Llama: each rank's shard of a sequence needs its "
+                f"tokens' global positions (position_ids), and {type(model).__name__}'s "
+                f"{type(block).__name__} blocks take none (a learned position table read "
+                "from 0). Train it with data, tensor or pipeline parallelism, or use "
+                "minidist.nn.Llama")
 
 
 def sequence_positions(length: int, rank: int, world_size: int, kind: str = "ring",

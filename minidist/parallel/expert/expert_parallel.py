@@ -88,8 +88,9 @@ class ExpertParallelMoE(MoE):
         per = E // ep
         mine = range(mesh.ep_rank * per, (mesh.ep_rank + 1) * per)
         self.experts = Experts({i: moe.experts[i] for i in mine})
-        for p in self.experts.parameters():   # pieces of the expert stack: clip_grad_norm_
-            note_piece_over(p, [mesh.ep_group], ("experts", id(mesh)))   # adds the others'
+        for p in self.experts.parameters():   # whole tensors spread over the group: the
+            note_piece_over(p, [mesh.ep_group], ("experts", id(mesh)),   # model's norm adds
+                            whole_tensors=True)  # the others', a trust ratio or amax not
         self.mesh, self.groups = mesh, 1   # capacity: this rank's tokens are one group
         self.aux_loss, self.last = None, None
         share_tokens(self, mesh.world_group, "batch")   # every rank routes its own tokens

@@ -95,7 +95,9 @@ class ZeroBase(Module):
         if optimizer_class not in ELEMENTWISE_OPTIMIZERS + (Muon,) or \
                 (optimizer_class is Muon and self.stage == 3):
             raise TypeError(f"ZeRO shards flat vectors, so it needs an elementwise optimizer "
-                            f"(SGD, Adam, AdamW; Muon at stages 1 and 2), got {optimizer_class!r}")
+                            f"(SGD, Adam, AdamW; Muon at stages 1 and 2), got {optimizer_class!r}: "
+                            "a trust ratio (LAMB, LARS) takes norms of whole tensors, which "
+                            "fully_shard's per-tensor pieces give it")
         refuse_pieces_as_replicas(list(module.named_parameters()), group, type(self).__name__)
         self.module = module
         self.group = group

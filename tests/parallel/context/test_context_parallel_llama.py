@@ -158,3 +158,14 @@ def test_packed_documents_and_windows_train_as_one_process(world, kind, kv, wind
 def test_ring_on_four_ranks_trains_packed_documents_and_windows_as_one_process(
         world4, kv, window, cuts, seed):
     _trains_as_one_process(world4, _masked_case("ring", kv, window, cuts, "naive", seed))
+
+
+def test_context_parallel_refuses_a_model_without_position_ids():
+    """The GPT reads positions 0 .. T-1 from a learned table: each rank's shard would be
+    embedded at the start of the sequence. It is refused before anything is changed."""
+    from minidist.nn import GPT, GPTConfig
+    from minidist.parallel.context.llama import context_parallel
+    gpt = GPT(GPTConfig(block_size=8, vocab_size=13, n_layer=1, n_head=2, n_embd=8))
+    for kind in ("ring", "ulysses"):
+        with pytest.raises(TypeError, match=r"(?s)takes a Llama.*position_ids.*nn\.Llama"):
+            context_parallel(gpt, kind=kind)

@@ -49,3 +49,23 @@ def wrap(kind, strategy):
 def test_expert_parallel_under_a_wrapper_over_its_own_ranks_is_refused(worlds, strategy, kind):
     with pytest.raises(RankFailedError, match=r"(?s)different tensors.*ExpertMesh.dp_group"):
         worlds(2).run(wrap, kind, strategy)
+
+
+@pytest.mark.parametrize("model", ["gpt", "moe_llama"])
+@pytest.mark.parametrize("feature", ["lamb", "lars", "fp8"])
+def test_expert_parallel_trust_ratios_and_fp8_amaxes_are_each_experts_own(worlds, model,
+                                                                           feature):
+    """Taken over the expert-parallel group (as pieces of one tensor) they summed other
+    experts' norms (LAMB 7e-5, LARS 5e-4 from one process) and max-combined other
+    experts' amaxes (FP8: 8e-2)."""
+    import numpy as np
+
+    from tests.parallel.compositions.recipe import Case, train
+    from tests.parallel.compositions.strategies import run_case
+    case = Case("expert", model, feature, seed=4)
+    want = train(case)
+    for rank, params in enumerate(worlds(2).run(run_case, case)):
+        assert any(".experts." in name for name in params), params.keys()
+        for name, value in params.items():
+            diff = np.abs(value - want[name]).max()
+            assert diff <= 1e-12, f"rank {rank} {name}: {diff:.2e}; {case}"
