@@ -9,7 +9,8 @@ loader asks the same three questions before it reads, allocates or removes anyth
                                              "." or "..") and resolve inside ``directory``,
                                              symbolic links followed: "../../victim" and a
                                              link out of the directory are refused
-    read_regular(path, limit)                opened without following a symbolic link
+    read_regular(path, limit)                (open_regular: a descriptor, for a reader of
+                                             part of a file) opened without following a symbolic link
                                              (O_NOFOLLOW), checked to be a regular file (a
                                              FIFO would block the reader forever: it is
                                              opened non-blocking and refused), at most
@@ -56,9 +57,9 @@ def confined_name(directory: str, name: Any, pattern: str, what: str) -> str:
     return path
 
 
-def read_regular(path: str, limit: int, what: str = "file") -> bytes:
-    """The bytes of the regular file ``path`` (not a link, FIFO, device or directory),
-    refused when it holds more than ``limit`` bytes."""
+def open_regular(path: str, what: str = "file") -> tuple[int, int]:
+    """(descriptor, size) of the regular file ``path``, opened for reading without
+    following a link and without blocking on a FIFO; the caller closes it."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
@@ -66,16 +67,24 @@ def read_regular(path: str, limit: int, what: str = "file") -> bytes:
             raise Refused(f"{what} {path} is a symbolic link, which a loader does not "
                           f"follow: refused") from None
         raise                                   # FileNotFoundError: the caller names it
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise Refused(f"{what} {path} is not a regular file (a FIFO, device or "
+                      f"directory): refused")
+    os.set_blocking(fd, True)
+    return fd, info.st_size
+
+
+def read_regular(path: str, limit: int, what: str = "file") -> bytes:
+    """The bytes of the regular file ``path`` (not a link, FIFO, device or directory),
+    refused when it holds more than ``limit`` bytes."""
+    fd, size = open_regular(path, what)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise Refused(f"{what} {path} is not a regular file (a FIFO, device or "
-                          f"directory): refused")
-        if info.st_size > limit:
-            raise Refused(f"{what} {path} has {info.st_size} bytes, more than the "
+        if size > limit:
+            raise Refused(f"{what} {path} has {size} bytes, more than the "
                           f"{limit} allowed: refused")
-        os.set_blocking(fd, True)
-        chunks, left = [], info.st_size          # the size stated when it was opened
+        chunks, left = [], size                  # the size stated when it was opened
         while left > 0:
             chunk = os.read(fd, min(left, 1 << 24))
             if not chunk:

@@ -165,7 +165,7 @@ def test_a_lost_latest_leaves_every_version_and_lists_them(world1, tmp_path):
     assert os.path.isfile(ckpt / "v2" / "shard-00000-of-00001.npz")
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(20, method="thread")   # (a blocked open ignores signals)
 @pytest.mark.parametrize("where", ["file", "manifest", "latest"])
 def test_a_fifo_where_a_file_is_expected_is_refused_without_hanging(tmp_path, where):
     ckpt = tmp_path / "ckpt"
