@@ -250,3 +250,12 @@ def test_a_dtensor_manifest_with_a_bad_world_shape_or_link_is_refused(world1, tm
     expected = {"world": f"says world {damage[1]!r}", "shape": f"shape {damage[1]!r}",
                 "layout": f"layout {damage[1]!r}", "link": "is a symbolic link"}[damage[0]]
     assert expected in message, message
+
+
+def test_a_safetensors_header_over_the_json_cap_is_refused(tmp_path):
+    pytest.importorskip("safetensors")
+    path = tmp_path / "c.safetensors"
+    header = b"{" + b" " * MAX_JSON_BYTES + b"}"
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(CheckpointError, match=f"more than the {MAX_JSON_BYTES} allowed"):
+        load_file(str(path))
