@@ -233,7 +233,8 @@ HOST_BYTES = 256    # a host name on the wire: UTF-8, zero-padded (MPI_MAX_PROCE
 
 def host_name_bytes(name: str) -> bytes:
     """``name`` as exactly ``HOST_BYTES`` bytes: what each rank sends."""
-    return name.encode("utf-8")[:HOST_BYTES].ljust(HOST_BYTES, b"\0")
+    data = name.encode("utf-8", errors="backslashreplace")[:HOST_BYTES]
+    return data.ljust(HOST_BYTES, b"\0")
 
 
 def host_names_from(table: bytes, world_size: int) -> list[str]:
