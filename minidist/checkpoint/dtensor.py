@@ -13,19 +13,25 @@ c = ceil(L / N), o_r = min(L, r c)); a new rank reads the old files whose slices
 overlap its own and copies the overlap, so pieces move across world sizes without
 gathering a whole tensor anywhere, and a Replicate (or plain array) target reads
 every piece. Replicate tensors and plain arrays are saved once, by rank 0, and
-read whole. A collective: every rank calls it.
+read whole. A collective: every rank calls it. Loading checks ``dtensors.json``
+first (``read_dtensors_manifest``): a world of 0, -3 or 10^12, a piece missing, a
+negative dimension or a layout it cannot name is a ``CheckpointError``.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 from typing import Any
 
 import minidist.distributed as dist
 from minidist.backend import xp
-from minidist.checkpoint.io import CheckpointError, atomic_write_bytes, load_file, save_file
+from minidist.checkpoint.io import (CheckpointError, atomic_write_bytes, load_file,
+                                    read_checkpoint_bytes, save_file)
 from minidist.distributed.tensor import DTensor
 from minidist.distributed.tensor.placement_types import local_shard_size_and_offset
+from minidist.untrusted import MAX_JSON_BYTES, Refused, element_count
 
 MANIFEST = "dtensors.json"
 
@@ -74,9 +80,7 @@ def save_dtensors(path: str, state: dict[str, Any]) -> None:
 def load_dtensors(path: str, state: dict[str, Any]) -> None:
     """Fill every DTensor (or array, in place) of ``state`` (this world's pieces) from the
     checkpoint at ``path``, written by a world of any size."""
-    with open(os.path.join(path, MANIFEST)) as f:
-        info = json.load(f)
-    old_world = info["world"]
+    tensors, old_world = read_dtensors_manifest(path)
     files: dict[int, dict] = {}
 
     def old(r: int) -> dict:
@@ -85,7 +89,7 @@ def load_dtensors(path: str, state: dict[str, Any]) -> None:
         return files[r]
 
     for name, d in state.items():
-        saved = info["tensors"].get(name)
+        saved = tensors.get(name)
         if saved is None or tuple(saved["shape"]) != tuple(d.shape):
             raise CheckpointError(f"{path}: no tensor {name!r} of shape {tuple(d.shape)} "
                                   f"(saved: {saved})")
@@ -110,3 +114,42 @@ def load_dtensors(path: str, state: dict[str, Any]) -> None:
             if lo < hi:                                   # old piece r overlaps mine
                 piece = xp.moveaxis(xp.asarray(old(r)[name]), dim, 0)
                 along[lo - start:hi - start] = piece[lo - offset:hi - offset]
+
+
+def read_dtensors_manifest(path: str) -> tuple[dict[str, dict], int]:
+    """(tensors, world) from ``path/dtensors.json``, checked before anything is read or
+    allocated: world an int from 1 to the number of pieces present, every piece of that
+    world present, each tensor's shape non-negative ints and its layout "replicate" or
+    "shard<d>" with d one of its dims."""
+    mpath = os.path.join(path, MANIFEST)
+    data = read_checkpoint_bytes(mpath, MAX_JSON_BYTES, "DTensor manifest")
+    try:
+        info = json.loads(data)
+        world, tensors = info["world"], info["tensors"]
+    except (ValueError, RecursionError, TypeError, KeyError) as e:
+        raise CheckpointError(f"{mpath} is not a DTensor manifest ({type(e).__name__}: "
+                              f"{e})") from None
+    present = {n for n in os.listdir(path) if re.fullmatch(r"piece-\d{5}-of-\d{5}\.npz", n)}
+    if not isinstance(world, int) or isinstance(world, bool) or not 1 <= world <= len(present):
+        raise CheckpointError(f"{mpath} says world {world!r}; the directory holds "
+                              f"{len(present)} piece files: refused")
+    missing = [_piece(r, world) for r in range(world) if _piece(r, world) not in present]
+    if missing:
+        raise CheckpointError(f"{mpath} says world {world}, but {missing[0]} is missing")
+    if not isinstance(tensors, dict):
+        raise CheckpointError(f"{mpath}: \"tensors\" is not a dict of name -> entry")
+    for name, saved in tensors.items():
+        try:
+            element_count(saved["shape"], sys.maxsize, f"{mpath}: tensor {name!r}")
+            layout = saved["layout"]
+            dims = len(saved["shape"])
+        except (TypeError, KeyError):
+            raise CheckpointError(f"{mpath}: tensor {name!r} has entry {saved!r}, not "
+                                  f"{{shape, layout}}") from None
+        except Refused as e:
+            raise CheckpointError(str(e)) from None
+        cut = re.fullmatch(r"shard(\d+)", layout) if isinstance(layout, str) else None
+        if layout != "replicate" and (cut is None or int(cut.group(1)) >= dims):
+            raise CheckpointError(f"{mpath}: tensor {name!r} has layout {layout!r}, not "
+                                  f"\"replicate\" or \"shard<d>\" with d < {dims}")
+    return tensors, world

@@ -1,14 +1,15 @@
 """Atomic checkpoint files: a crash mid-write leaves the previous file readable.
 
-    write to  .name.tmp-<pid>  in the same directory
-    flush + fsync              the bytes are on disk, not in the page cache
-    os.replace(tmp, name)      one atomic rename: readers see old or new, never half
-    fsync the directory        the rename itself survives a power cut
+    create    .name.tmp-<pid>-<random>   in the same directory, O_EXCL: a name nobody
+                                         could guess or plant a link at beforehand
+    flush + fsync                        the bytes are on disk, not in the page cache
+    os.replace(tmp, name)                one atomic rename: readers see old or new
+    fsync the directory                  the rename itself survives a power cut
 
 A writer killed with SIGKILL (or a power cut) cannot remove its temporary. The
-next write or read of the same name removes every ``.name.tmp-<pid>`` whose
-process is gone (``remove_stale_temporaries``), so nothing a killed save left
-survives the next save or load.
+next write or read of the same name removes every ``.name.tmp-<pid>-<random>``
+whose process is gone (``remove_stale_temporaries``), so nothing a killed save
+left survives the next save or load.
 
 A file holds a nested dict of arrays and plain values: a zip archive of .npy
 records and a JSON index (records.py, tree.py), or the same in a safetensors
@@ -18,23 +19,41 @@ data only and never unpickles, so a file from anywhere cannot run code: a
 pickle (an old-format checkpoint, or a crafted file) is refused with a
 ``CheckpointError`` that says how to convert one you trust (convert.py).
 ``sha256`` of the bytes is returned on save and checked on load when given,
-so a truncated or swapped file is an error that names it.
+so a truncated or swapped file is an error that names it. A file is read as
+minidist.untrusted reads one: not through a symbolic link, a regular file only,
+no more bytes than the manifest states.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+import secrets
+import sys
 import time
 from typing import Any
 
 from minidist.checkpoint import records, safetensors_file
 from minidist.checkpoint.tree import FormatError
 from minidist.trace import recorder as trace
+from minidist.untrusted import Refused, read_regular
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint file is missing, truncated, corrupt, unsafe (a pickle) or does not
-    fit the model."""
+    """A checkpoint file is missing, truncated, corrupt, unsafe (a pickle, a name that
+    leaves the checkpoint, a link, a FIFO) or does not fit the model."""
+
+
+def read_checkpoint_bytes(path: str, limit: int = sys.maxsize, what: str = "checkpoint file"
+                          ) -> bytes:
+    """The bytes of ``path``, read as minidist.untrusted reads a file (a regular file, no
+    link followed, at most ``limit`` bytes); a ``CheckpointError`` naming it if not."""
+    try:
+        return read_regular(path, limit, what)
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} missing: {path}") from None
+    except Refused as e:
+        raise CheckpointError(str(e)) from None
 
 
 CONVERT = "minidist checkpoint convert OLD NEW --trust-pickle"
@@ -56,17 +75,20 @@ def _temporary_prefix(path: str) -> str:
 
 def remove_stale_temporaries(path: str) -> list[str]:
     """Remove the temporaries of ``path`` left by writers that no longer run
-    (killed mid-write); returns the names removed. A live writer's is kept."""
+    (killed mid-write); returns the names removed. A live writer's is kept, and so
+    is any name not of the form ``.name.tmp-<pid>-<random>``."""
     directory = os.path.dirname(os.path.abspath(path))
-    prefix = _temporary_prefix(path)
+    form = re.compile(re.escape(_temporary_prefix(path)) + r"(\d+)(-[0-9a-f]+)?")
     try:
-        names = [n for n in os.listdir(directory) if n.startswith(prefix)]
+        found = [(n, form.fullmatch(n)) for n in os.listdir(directory)]
     except FileNotFoundError:
         return []
     removed = []
-    for name in names:
-        pid = name[len(prefix):]
-        if pid.isdigit() and int(pid) != os.getpid() and _running(int(pid)):
+    for name, match in found:
+        if match is None:
+            continue
+        pid = int(match.group(1))
+        if pid != os.getpid() and _running(pid):
             continue
         try:
             os.remove(os.path.join(directory, name))
@@ -91,9 +113,14 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     remove_stale_temporaries(path)
-    tmp = os.path.join(directory, f"{_temporary_prefix(path)}{os.getpid()}")
+    # mkstemp's recipe (a random name, O_EXCL) with the umask's permissions, and the pid
+    # in the name so that the next writer knows whether its owner still runs
+    tmp = os.path.join(directory, f"{_temporary_prefix(path)}{os.getpid()}-"
+                                  f"{secrets.token_hex(8)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o666)
     try:
-        with open(tmp, "wb") as f:
+        with open(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -130,11 +157,7 @@ def load_file(path: str, sha256: str | None = None, size: int | None = None) -> 
     unpickles. With ``sha256`` / ``size``, a file that does not match is a
     ``CheckpointError``."""
     remove_stale_temporaries(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint file missing: {path}") from None
+    data = read_checkpoint_bytes(path, sys.maxsize if size is None else size)
     if size is not None and len(data) != size:
         raise CheckpointError(f"checkpoint file {path} has {len(data)} bytes, the manifest "
                               f"says {size}: truncated or overwritten")
@@ -148,7 +171,7 @@ def load_file(path: str, sha256: str | None = None, size: int | None = None) -> 
         refuse_pickle(data, path)
     try:
         return container.from_bytes(data, check_records=sha256 is None)  # else checked above
-    except FormatError as e:
+    except (FormatError, Refused) as e:
         raise CheckpointError(f"checkpoint file {path} is unreadable: {e}") from None
     except RecursionError:
         raise CheckpointError(f"checkpoint file {path} is nested too deeply") from None

@@ -18,8 +18,10 @@ bools and None; a record's header is parsed by NumPy's .npy header readers, an
 object dtype (the one place .npy pickles, what ``allow_pickle=False`` refuses)
 is refused, and its bytes become numbers through ``numpy.frombuffer``. A record
 must say the dtype and shape its index entry says, and be that long, before
-anything is allocated (a crafted header cannot ask for a terabyte), and match
-its sha256. Nothing in the file names a function or a class.
+anything is allocated (a crafted header cannot ask for a terabyte: the shape's
+non-negative dimensions multiply, exactly, to what the record's bytes hold), and
+match its sha256; the index, which may be DEFLATE-compressed, is inflated up to
+``MAX_JSON_BYTES`` (64 MiB) only. Nothing in the file names a function or a class.
 
 Dtypes NumPy's .npy header cannot name (bfloat16 and the fp8 formats of
 ``ml_dtypes``) are stored as unsigned ints of the same width, bit for bit,
@@ -31,12 +33,14 @@ import hashlib
 import io
 import json
 import re
+import sys
 import zipfile
 from typing import Any
 
 import numpy as np  # the file format is NumPy's .npy
 
 from minidist.checkpoint.tree import FormatError, flatten, unflatten
+from minidist.untrusted import MAX_JSON_BYTES, Refused, element_count, read_capped
 
 FORMAT = "minidist-checkpoint-1"
 INDEX = "checkpoint.json"
@@ -110,7 +114,10 @@ def from_bytes(data: bytes, check_records: bool = True) -> Any:
     file's); their dtypes, shapes and zip CRCs are still checked."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
-        index = json.loads(archive.read(INDEX))
+        with archive.open(INDEX) as f:   # (it may be compressed: capped as it inflates)
+            index = json.loads(read_capped(f, MAX_JSON_BYTES, INDEX))
+    except Refused as e:
+        raise FormatError(str(e)) from None
     except KeyError:
         raise FormatError(f"a zip archive without {INDEX}: not a minidist checkpoint") \
             from None
@@ -160,8 +167,8 @@ def _read_record(archive: zipfile.ZipFile, record: Any, check: bool) -> np.ndarr
         with archive.open(name) as f:
             reader = _HashingReader(f, check)
             header = _read_header(reader, name)
-            stored, order = _check_header(header, name, dtype, shape, info.file_size)
-            data = reader.read(stored.itemsize * int(np.prod(shape)))
+            stored, order, count = _check_header(header, name, dtype, shape, info.file_size)
+            data = reader.read(stored.itemsize * count)
             rest = reader.read()                # to the end: the zip checks its CRC there
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         raise FormatError(f"record {name} is unreadable ({e}): truncated or corrupt") from None
@@ -187,8 +194,9 @@ def _read_header(reader: Any, name: str) -> tuple:
 
 
 def _check_header(header: tuple, name: str, dtype: Any, shape: Any,
-                  file_size: int) -> tuple[np.dtype, str]:
-    """The header must say what the index says, and the record must be that long."""
+                  file_size: int) -> tuple[np.dtype, str, int]:
+    """The header must say what the index says, and the record must be that long:
+    (stored dtype, order, element count), checked before anything is allocated."""
     got_shape, fortran, stored = header
     if stored.hasobject:                # elements would be pickles: never read
         raise FormatError(f"record {name} is an array of Python objects, which a "
@@ -197,7 +205,11 @@ def _check_header(header: tuple, name: str, dtype: Any, shape: Any,
             stored.name not in (dtype, f"uint{8 * stored.itemsize}"):
         raise FormatError(f"record {name} holds {stored.name} {list(got_shape)}, {INDEX} "
                           f"says {dtype} {shape}")
-    if stored.itemsize * int(np.prod(got_shape)) > file_size:
+    try:                                # math.prod: exact, where np.prod would overflow
+        count = element_count(shape, sys.maxsize, f"record {name}")
+    except Refused as e:
+        raise FormatError(str(e)) from None
+    if stored.itemsize * count > file_size:
         raise FormatError(f"record {name} is shorter than a {stored.name} "
                           f"{list(got_shape)} array: truncated or corrupt")
-    return stored, "F" if fortran else "C"
+    return stored, "F" if fortran else "C", count

@@ -22,6 +22,7 @@ from typing import Any
 from minidist.checkpoint.records import (FORMAT, INDEX, check_index, record_name,
                                          restore_dtype, unsigned_view)
 from minidist.checkpoint.tree import FormatError, flatten, unflatten
+from minidist.untrusted import MAX_JSON_BYTES
 
 SUFFIX = ".safetensors"
 
@@ -58,8 +59,12 @@ def to_bytes(obj: Any) -> bytes:
 
 def from_bytes(data: bytes, check_records: bool = True) -> Any:
     """Inverse of ``to_bytes``; arrays land on the active backend."""
+    length = int.from_bytes(data[:8], "little")
+    if length > MAX_JSON_BYTES:
+        raise FormatError(f"a safetensors header of {length} bytes, more than the "
+                          f"{MAX_JSON_BYTES} allowed: refused")
     try:
-        header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+        header = json.loads(data[8:8 + length])
         index = json.loads(header["__metadata__"]["minidist"])
     except (ValueError, KeyError, TypeError):
         raise FormatError("a safetensors file without minidist's index in its metadata: "

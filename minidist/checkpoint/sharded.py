@@ -16,7 +16,11 @@ Saving writes a new version next to the old one and only then replaces LATEST
 checkpoint. Older versions are removed after. What a killed save left (a
 version newer than LATEST, half written; a temporary of LATEST) is removed by
 the next save, or by the next load (rank 0, before it reads); a complete
-version never is, until a newer one is published.
+version never is, until a newer one is published. Without a LATEST that
+parses, a load removes nothing and says which versions exist. Every name read
+from LATEST or the manifest must be of the form save writes (``v3``,
+``shard-00001-of-00004.npz``) and resolve inside the checkpoint
+(minidist/untrusted.py).
 
 Resharding: each flat group is a logical vector of P elements, which the old
 world cut into shards of S_old = ceil(P/N_old) and the new one cuts into
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from typing import Any
 
@@ -37,10 +42,14 @@ import minidist.distributed as dist
 from minidist import backend
 from minidist.backend import xp
 from minidist.checkpoint.io import (CONVERT, CheckpointError, atomic_write_bytes, load_file,
-                                   refuse_pickle, remove_stale_temporaries, save_file)
+                                   read_checkpoint_bytes, refuse_pickle,
+                                   remove_stale_temporaries, save_file)
 from minidist.checkpoint.tree import FormatError, flatten, key_path, unflatten
+from minidist.untrusted import MAX_JSON_BYTES, Refused, confined_name
 
 FORMAT = "minidist-sharded-2"     # 1: shard files were pickles
+VERSION = r"v\d+"                 # the names of version directories, and LATEST's value
+SHARD = r"shard-\d{5}-of-\d{5}\.npz"  # a shard file's name (shard_name)
 
 
 def shard_name(rank: int, world: int) -> str:
@@ -112,57 +121,65 @@ def manifest_value(value: Any, what: str) -> Any:
 
 
 def _next_version(path: str) -> int:
-    found = [int(d[1:]) for d in os.listdir(path) if d[:1] == "v" and d[1:].isdigit()] \
-        if os.path.isdir(path) else []
-    return max(found, default=0) + 1
+    return max(_versions(path), default=0) + 1 if os.path.isdir(path) else 1
 
 
 def _publish(path: str, version: str) -> None:
     """Point LATEST at the new version (atomic), then remove the older ones."""
     atomic_write_bytes(os.path.join(path, "LATEST"), version.encode())
-    for d in os.listdir(path):
-        if d != version and d[:1] == "v" and d[1:].isdigit():
-            shutil.rmtree(os.path.join(path, d), ignore_errors=True)
+    for n in _versions(path):
+        if f"v{n}" != version:
+            shutil.rmtree(os.path.join(path, f"v{n}"), ignore_errors=True)
+
+
+def _versions(path: str) -> list[int]:
+    """The numbers of the version directories under ``path`` (v1 -> 1), ascending."""
+    return sorted(int(d[1:]) for d in os.listdir(path) if re.fullmatch(VERSION, d))
 
 
 def remove_partial_versions(path: str) -> list[str]:
-    """Remove the version directories newer than the one LATEST names (all of
-    them if there is no LATEST): saves that were killed before publishing."""
+    """Remove the version directories newer than the one LATEST names: saves that were
+    killed before publishing. Without a LATEST that parses, nothing can be proven
+    unfinished, so nothing is removed (read_manifest then says what exists)."""
     if not os.path.isdir(path):
         return []
     remove_stale_temporaries(os.path.join(path, "LATEST"))
     try:
-        with open(os.path.join(path, "LATEST")) as f:
-            latest = f.read().strip()
-        newest_complete = int(latest[1:]) if latest[1:].isdigit() else None
-    except FileNotFoundError:
-        newest_complete = 0
-    if newest_complete is None:
-        return []  # LATEST is not ours to interpret: touch nothing
+        newest_complete = int(_read_latest(path)[1:])
+    except CheckpointError:
+        return []          # no LATEST, or not ours to interpret: touch nothing
     removed = []
-    for d in os.listdir(path):
-        if d[:1] == "v" and d[1:].isdigit() and int(d[1:]) > newest_complete:
-            shutil.rmtree(os.path.join(path, d), ignore_errors=True)
-            removed.append(d)
+    for n in _versions(path):
+        if n > newest_complete:
+            shutil.rmtree(os.path.join(path, f"v{n}"), ignore_errors=True)
+            removed.append(f"v{n}")
     return removed
+
+
+def _read_latest(path: str) -> str:
+    """The version LATEST names ("v3"), once it is one: a plain ``v<digits>``."""
+    latest = os.path.join(path, "LATEST")
+    if not os.path.lexists(latest):
+        found = ", ".join(f"v{n}" for n in _versions(path)) if os.path.isdir(path) else ""
+        how = (f"; it holds {found}: if the newest complete one is vN, publish it with "
+               f"`echo vN > {latest}`" if found else "")
+        raise CheckpointError(f"no checkpoint at {path}: {latest} is missing{how}")
+    data = read_checkpoint_bytes(latest, 64, "LATEST")
+    name = data.decode("ascii", errors="backslashreplace").strip()
+    if not re.fullmatch(VERSION, name):
+        raise CheckpointError(f"{latest} names {name!r}, not a version (v1, v2, ...): "
+                              f"refused (nothing outside {path} is read)")
+    return name
 
 
 def read_manifest(path: str) -> tuple[str, dict]:
     """The version directory LATEST names, and its manifest (values decoded)."""
-    latest = os.path.join(path, "LATEST")
     try:
-        with open(latest) as f:
-            vdir = os.path.join(path, f.read().strip())
-    except FileNotFoundError:
-        raise CheckpointError(f"no checkpoint at {path}: {latest} is missing") from None
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{latest} does not name a version (v1, v2, ...)") from None
+        vdir = confined_name(path, _read_latest(path), VERSION, os.path.join(path, "LATEST"))
+    except Refused as e:
+        raise CheckpointError(str(e)) from None
     mpath = os.path.join(vdir, "manifest.json")
-    try:
-        with open(mpath, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint manifest missing: {mpath}") from None
+    data = read_checkpoint_bytes(mpath, MAX_JSON_BYTES, "checkpoint manifest")
     refuse_pickle(data, mpath)
     try:
         manifest = json.loads(data)
@@ -241,22 +258,36 @@ def _read_my_part(path: str, zero: Any) -> tuple[str, dict, list[dict], Any]:
                                   f"({saved['numel']} x {saved['dtype']}), this model has "
                                   f"{now['params']} ({now['numel']} x {now['dtype']})")
     old_world = manifest["world_size"]
-    if len(manifest["files"]) != old_world:
+    if not isinstance(old_world, int) or old_world < 1 or \
+            len(manifest["files"]) != old_world:
         raise CheckpointError(f"{mpath} lists {len(manifest['files'])} shard files for a "
-                              f"world of {old_world}")
+                              f"world of {old_world!r}")
     cache: dict[int, dict] = {}
 
     def old_shard(r: int) -> dict:
         if r not in cache:
             info = manifest["files"][r]
-            cache[r] = load_file(os.path.join(vdir, info["name"]), info["sha256"],
-                                 info["bytes"])
+            cache[r] = load_file(_shard_path(vdir, info["name"], r, old_world, mpath),
+                                 info["sha256"], info["bytes"])
         return cache[r]
 
     pieces = [_gather_range(layout, old_world, lambda r, g=g: old_shard(r)["groups"][g])
               for g, layout in enumerate(zero.layouts)]
     rng = old_shard(zero.rank)["rng"] if zero.rank < old_world else None
     return vdir, manifest, pieces, rng
+
+
+def _shard_path(vdir: str, name: Any, rank: int, world: int, mpath: str) -> str:
+    """Where old ``rank``'s shard is: the manifest must name exactly the file
+    save_sharded writes for it, inside the version directory."""
+    if name != shard_name(rank, world):
+        raise CheckpointError(f"{mpath} names {name!r} as rank {rank}'s shard, not "
+                              f"{shard_name(rank, world)!r}: refused (nothing outside "
+                              f"{vdir} is read)")
+    try:
+        return confined_name(vdir, name, SHARD, mpath)
+    except Refused as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _gather_range(layout: Any, old_world: int, saved_group: Any) -> dict:

@@ -38,6 +38,16 @@ class WorldAbortedError(CommError):
     """Another rank failed and the world is being stopped."""
 
 
+class PeerFinishedError(CommError):
+    """This rank waits on a peer that has already returned from the function the world
+    runs: it finished early (or skipped a call the others make), so nothing will come."""
+
+
+class NotThisRankError(CommError):
+    """A process asked to join a world as a rank that another process holds (a child
+    that inherited ``MINIDIST_SHM`` and ``RANK`` from a rank)."""
+
+
 class RankFailedError(CommError):
     """Raised in the parent when a rank of a world raised or died.
 

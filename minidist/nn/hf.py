@@ -14,19 +14,29 @@ code from the file, as unpickling would. The package is an optional extra
 float32, exactly: a bfloat16 checkpoint loads as a float32 model unless ``dtype`` says
 otherwise (minidist.precision emulates bf16 arithmetic, it does not store it).
 
-Loading is all or nothing: every tensor is read and checked against the model the
-config describes (each expected name present, none unexpected, each shape right)
-before any is copied in, and every problem is named with its tensor.
+Loading is all or nothing, and checks before it allocates: ``config.json`` and the
+index are read as minidist/untrusted.py reads a file (no link, regular, at most
+64 MiB), the index's file names must be plain names inside the directory, and every
+safetensors header (dtype, shape, byte range inside its file) is compared with the
+model the config describes (``Llama.parameter_shapes``: each expected name present,
+a float, of its shape; none unexpected) before the model is built or a tensor read,
+so a tiny directory whose config claims terabytes is refused naming its first
+mismatching tensor. The tensors read are checked again, and every problem is named
+with its tensor.
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import sys
+from typing import Any, Iterator, NamedTuple
 
 from minidist import backend
 from minidist.backend import xp
-from minidist.nn.hf_mixtral import check_mixtral_config, from_mixtral_names, to_mixtral_names
+from minidist.nn.hf_mixtral import (FUSED, check_mixtral_config, from_mixtral_names,
+                                    to_mixtral_names)
+from minidist.untrusted import (MAX_JSON_BYTES, Refused, confined_name, element_count,
+                                open_regular, read_regular)
 
 # the same tensors (Mistral adds a window; Mixtral's MoE experts: nn/hf_mixtral.py)
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")
@@ -35,6 +45,11 @@ SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 # names Hugging Face once saved that are not parameters (the rotary table is recomputed)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+SHARD_FILE = r"[^/\\]+\.safetensors"   # a file an index may name: a plain name in the directory
+# safetensors' dtype names: bytes per element, and the float ones a Llama's weights may be
+ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+            "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+FLOATS = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
 class CheckpointMismatch(ValueError):
@@ -129,16 +144,30 @@ def config_to_hf(cfg: Any) -> dict:
 
 # -- tensors -----------------------------------------------------------------------------
 
+def _read_json(path: str) -> Any:
+    """A JSON file of the checkpoint, read as minidist/untrusted.py reads one."""
+    try:
+        return json.loads(read_regular(path, MAX_JSON_BYTES, "JSON file"))
+    except Refused as err:
+        raise CheckpointMismatch(str(err)) from None
+    except (ValueError, RecursionError) as err:
+        raise CheckpointMismatch(f"{path} is not JSON: {err}") from None
+
+
 def _files(directory: str) -> dict[str, list[str]]:
     """file -> the tensor names it should hold (None: whatever the single file holds)."""
     index = os.path.join(directory, INDEX)
-    if os.path.exists(index):
-        with open(index) as f:
-            weight_map = json.load(f).get("weight_map")
+    if os.path.lexists(index):
+        weight_map = _read_json(index)
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
         if not isinstance(weight_map, dict):
             raise CheckpointMismatch(f"{index} has no \"weight_map\" {{tensor: file}}")
         files: dict[str, list[str]] = {}
         for name, file in weight_map.items():
+            try:
+                confined_name(directory, file, SHARD_FILE, index)
+            except Refused as err:
+                raise CheckpointMismatch(str(err)) from None
             files.setdefault(file, []).append(name)
         return files
     if os.path.exists(os.path.join(directory, SINGLE)):
@@ -174,6 +203,110 @@ def read_tensors(directory: str) -> dict[str, Any]:
     return tensors
 
 
+class TensorHeader(NamedTuple):
+    """One tensor as a safetensors header describes it: nothing read or allocated."""
+    dtype: str                  # safetensors' name: "F32", "BF16", ...
+    shape: tuple                # non-negative ints
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, key: Any) -> "TensorHeader":
+        """The header of ``value[i]`` or ``value[i, a:b]`` (hf_mixtral's unfusing)."""
+        i, *rest = key if isinstance(key, tuple) else (key,)
+        shape = self.shape[1:]
+        if rest:
+            shape = (len(range(*rest[0].indices(shape[0]))),) + shape[1:]
+        return TensorHeader(self.dtype, shape)
+
+
+def read_header(path: str) -> dict[str, TensorHeader]:
+    """Every tensor's dtype and shape in the safetensors file ``path``, from its header
+    alone (8 bytes of length, then JSON), each checked to lie inside the file."""
+    try:
+        fd, file_size = open_regular(path, "safetensors file")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: named by {INDEX} but missing") from None
+    except Refused as err:
+        raise CheckpointMismatch(str(err)) from None
+    with os.fdopen(fd, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        if not 0 < length <= min(MAX_JSON_BYTES, file_size - 8):
+            raise CheckpointMismatch(f"{path} is truncated or corrupt: its header claims "
+                                     f"{length} bytes of a {file_size}-byte file")
+        try:
+            header = json.loads(f.read(length))
+        except (ValueError, RecursionError) as err:
+            raise CheckpointMismatch(f"{path} is truncated or corrupt: {err}") from None
+    if not isinstance(header, dict):
+        raise CheckpointMismatch(f"{path}: its header is not a JSON object")
+    data_bytes = file_size - 8 - length
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (start, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            count = element_count(shape, sys.maxsize, f"tensor {name!r} in {path}")
+            size = count * ITEMSIZE[dtype]
+        except Refused as err:
+            raise CheckpointMismatch(str(err)) from None
+        except (TypeError, KeyError, ValueError):
+            raise CheckpointMismatch(f"{path}: tensor {name!r} has header entry {entry!r:.200}"
+                                     f", not {{dtype, shape, data_offsets}} of a known dtype")\
+                from None
+        if not (isinstance(start, int) and isinstance(end, int)
+                and 0 <= start <= end <= data_bytes and end - start == size):
+            raise CheckpointMismatch(f"{path}: tensor {name!r} ({dtype} {list(shape)}, {size} "
+                                     f"bytes) claims bytes [{start}, {end}) of the "
+                                     f"{data_bytes} the file holds: truncated or corrupt")
+        out[name] = TensorHeader(dtype, tuple(shape))
+    return out
+
+
+def read_headers(directory: str) -> dict[str, TensorHeader]:
+    """Every tensor's header, by name, each placed where the index says."""
+    headers: dict[str, TensorHeader] = {}
+    for file, names in _files(directory).items():
+        found = read_header(os.path.join(directory, file))
+        for name in (found if names is None else names):
+            if name not in found:
+                raise CheckpointMismatch(f"tensor {name!r}: the index places it in {file}, "
+                                         f"which does not hold it")
+            headers[name] = found[name]
+    return headers
+
+
+def check_headers(expected: Iterator[tuple[str, tuple]], headers: dict[str, TensorHeader],
+                  tie_word_embeddings: bool) -> None:
+    """Compare each expected (name, shape) with the headers, in the model's order, and
+    raise ``CheckpointMismatch`` naming the first that is missing, of another shape or
+    not a float; then any tensor the model does not have. Stops at the first problem,
+    so a config claiming a huge model costs one comparison."""
+    own = set()
+    for name, shape in expected:
+        own.add(name)
+        found = headers.get(name)
+        if found is None:
+            raise CheckpointMismatch(f"the checkpoint does not fit the model of its "
+                                     f"config.json: missing tensor {name!r} (expected shape "
+                                     f"{shape})")
+        if found.shape != shape:
+            raise CheckpointMismatch(f"the checkpoint does not fit the model of its "
+                                     f"config.json: tensor {name!r}: expected shape {shape}, "
+                                     f"found {found.shape}")
+        if found.dtype not in FLOATS:
+            raise CheckpointMismatch(f"tensor {name!r} is {found.dtype}, not a float "
+                                     f"({', '.join(FLOATS)})")
+    for name, found in headers.items():
+        tied_head = name == "lm_head.weight" and tie_word_embeddings
+        if name not in own and not tied_head and not name.endswith(IGNORED_SUFFIXES):
+            raise CheckpointMismatch(f"the checkpoint does not fit the model of its "
+                                     f"config.json: unexpected tensor {name!r} (shape "
+                                     f"{found.shape})")
+
+
 def check_tensors(model: Any, tensors: dict[str, Any]) -> None:
     """Raise ``CheckpointMismatch`` naming every missing, unexpected or misshapen tensor."""
     own = dict(model.named_parameters())
@@ -199,22 +332,38 @@ def load_llama(cls: type, directory: str, dtype: str | None = None, *,
     LlamaConfig), every tensor checked, then copied."""
     _safetensors()                                    # the extra first, before any work
     path = os.path.join(directory, "config.json")
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"{path} not found: a Hugging Face checkpoint directory holds "
                                 f"config.json beside its safetensors")
-    with open(path) as f:
-        hf = json.load(f)
-    tensors = read_tensors(directory)
+    hf = _read_json(path)
+    if not isinstance(hf, dict):
+        raise CheckpointMismatch(f"{path} is not a JSON object")
+    headers = read_headers(directory)
     if dtype is None:                                 # the checkpoint's own dtype
         dtype = hf.get("dtype") or hf.get("torch_dtype")
-        if dtype is None and tensors:
-            dtype = str(next(iter(tensors.values())).dtype)
+        if dtype is None and headers:
+            dtype = FLOATS.get(next(iter(headers.values())).dtype)
         if dtype == "bfloat16":
             dtype = "float32"                         # exact widening (module docstring)
     if dtype not in ("float16", "float32", "float64"):
         raise ValueError(f"dtype {dtype!r}: a model here is float16, float32 or float64 "
                          f"(bfloat16 checkpoints load as float32)")
-    model = cls(config_from_hf(hf, dtype, config_class))
+    try:
+        cfg = config_from_hf(hf, dtype, config_class)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointMismatch(f"{path} does not describe a model: "
+                                 f"{type(err).__name__}: {err}") from None
+    # every header against the config before anything is built or read (a 174-byte
+    # directory may claim a model of terabytes)
+    if cfg.num_local_experts:
+        for name, found in headers.items():           # (unfusing E experts loops E times)
+            if FUSED.match(name) and found.shape[:1] != (cfg.num_local_experts,):
+                raise CheckpointMismatch(f"tensor {name!r}: {found.shape}, expected "
+                                         f"{cfg.num_local_experts} experts first")
+        headers = from_mixtral_names(headers)
+    check_headers(cls.parameter_shapes(cfg), headers, cfg.tie_word_embeddings)
+    tensors = read_tensors(directory)
+    model = cls(cfg)
     if model.config.num_local_experts:
         tensors = from_mixtral_names(tensors)
     check_tensors(model, tensors)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Iterator
 
 from minidist import backend
 from minidist.autograd.tensor import Tensor
@@ -273,6 +273,47 @@ class Llama(Module):
         Face's generate does by default."""
         return generate(self, idx, max_new_tokens, self.config.max_position_embeddings,
                         temperature, top_k, seed, do_sample, use_cache)
+
+    @staticmethod
+    def parameter_shapes(cfg: LlamaConfig) -> Iterator[tuple[str, tuple]]:
+        """(name, shape) of every parameter ``Llama(cfg)`` has, in ``named_parameters``
+        order, without building anything: what ``from_pretrained`` checks a checkpoint's
+        headers against before it allocates (a generator: a config claiming a billion
+        layers costs nothing until its first tensor is compared)."""
+        C, V, nh, nkv, hd = (cfg.hidden_size, cfg.vocab_size, cfg.num_attention_heads,
+                             cfg.num_key_value_heads, cfg.head_dim)
+
+        def linear(name: str, n_out: int, n_in: int, bias: bool):
+            yield f"{name}.weight", (n_out, n_in)
+            if bias:
+                yield f"{name}.bias", (n_out,)
+
+        def swiglu(name: str, H: int):
+            yield from linear(f"{name}.gate_proj", H, C, cfg.mlp_bias)
+            yield from linear(f"{name}.up_proj", H, C, cfg.mlp_bias)
+            yield from linear(f"{name}.down_proj", C, H, cfg.mlp_bias)
+
+        yield "model.embed_tokens.weight", (V, C)
+        for i in range(cfg.num_hidden_layers):
+            layer = f"model.layers.{i}"
+            yield f"{layer}.input_layernorm.weight", (C,)
+            for proj, n_out in (("q", nh * hd), ("k", nkv * hd), ("v", nkv * hd)):
+                yield from linear(f"{layer}.self_attn.{proj}_proj", n_out, C,
+                                  cfg.attention_bias)
+            yield from linear(f"{layer}.self_attn.o_proj", C, nh * hd, cfg.attention_bias)
+            yield f"{layer}.post_attention_layernorm.weight", (C,)
+            if not cfg.num_local_experts:
+                yield from swiglu(f"{layer}.mlp", cfg.intermediate_size)
+                continue
+            width = cfg.moe_intermediate_size or cfg.intermediate_size
+            yield f"{layer}.mlp.router.weight", (cfg.num_local_experts, C)
+            for e in range(cfg.num_local_experts):
+                yield from swiglu(f"{layer}.mlp.experts.{e}", width)
+            if cfg.n_shared_experts:
+                yield from swiglu(f"{layer}.mlp.shared", cfg.n_shared_experts * width)
+        yield "model.norm.weight", (C,)
+        if not cfg.tie_word_embeddings:
+            yield "lm_head.weight", (V, C)
 
     @classmethod
     def from_pretrained(cls, directory: str, dtype: str | None = None) -> "Llama":

@@ -21,12 +21,18 @@ which ui.perfetto.dev and chrome://tracing open.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
+import io
 import json
 import os
+import re
+import tempfile
 import time
 from typing import Any
+
+from minidist import untrusted
 
 WORLD_PID = 10000       # pid = rank + 1000 * attempt + WORLD_PID * world
 NO_RANK_PID = 1000000   # pids of processes that are not ranks start here
@@ -34,7 +40,10 @@ FLOW_MASK = (1 << 52) - 1    # flow ids stay exact in JavaScript's doubles
 
 
 def parts_of(path: str) -> list[str]:
-    return sorted(glob.glob(glob.escape(path) + ".*.part"))
+    """The part files of ``path``: ``<path>.<pid>.part``, nothing else that matches."""
+    form = re.compile(re.escape(os.path.basename(path)) + r"\.\d+\.part")
+    return sorted(p for p in glob.glob(glob.escape(path) + ".*.part")
+                  if form.fullmatch(os.path.basename(p)))
 
 
 def remove_parts(path: str) -> None:
@@ -47,16 +56,16 @@ def read_part(part: str) -> tuple[list[dict], bool]:
     recorder) or the end mark; a line that does not parse ends the part (the
     rank was killed while writing it)."""
     events, complete = [], False
-    with open(part) as f:
-        for line in f:
-            try:
-                rows = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            if isinstance(rows, list):     # one flush of the recorder
-                events.extend(event_of(row) for row in rows)
-            elif rows.get("end"):
-                complete = True
+    text = untrusted.read_regular(part, untrusted.MAX_TRACE_BYTES, "trace part")
+    for line in text.decode(errors="replace").splitlines():
+        try:
+            rows = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if isinstance(rows, list):     # one flush of the recorder
+            events.extend(event_of(row) for row in rows)
+        elif isinstance(rows, dict) and rows.get("end"):
+            complete = True
     return events, complete
 
 
@@ -158,23 +167,34 @@ def merge(path: str, failures: list[dict] | None = None, keep_parts: bool = Fals
 
 def write(path: str, trace: dict) -> None:
     """Write atomically (a reader never sees half a file); gzip for ``.gz``."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(tmp, "wt") as f:
-        json.dump(trace, f, separators=(",", ":"))
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.tmp-",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with open(fd, "wb") as raw:
+            with (gzip.GzipFile(fileobj=raw, mode="wb") if path.endswith(".gz") else
+                  contextlib.nullcontext(raw)) as f:
+                f.write(json.dumps(trace, separators=(",", ":")).encode())
+        os.chmod(tmp, 0o644)           # (mkstemp's 0600: a trace is for sharing)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def load(path: str) -> dict:
-    """A merged trace (plain or gzipped JSON); a bare list of events is accepted too. A file
-    that is not one is a ValueError saying so; merging is suggested only where parts are."""
-    opener = gzip.open if path.endswith(".gz") else open
+    """A merged trace (plain or gzipped JSON); a bare list of events is accepted too.
+    A regular file only, at most ``MAX_TRACE_BYTES`` once decompressed (untrusted.py); a
+    file that is not a trace is a ValueError saying so, suggesting a merge only where
+    parts are."""
     try:
-        with opener(path, "rt") as f:
-            trace = json.load(f)
+        data = untrusted.read_regular(path, untrusted.MAX_TRACE_BYTES, "trace")
+        if path.endswith(".gz"):
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+                data = untrusted.read_capped(f, untrusted.MAX_TRACE_BYTES, path)
+        trace = json.loads(data)
     except FileNotFoundError:
         raise FileNotFoundError(f"no trace at {path}{_parts_hint(path)}") from None
-    except (json.JSONDecodeError, OSError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError, EOFError) as e:
         raise ValueError(f"{path} is not a trace: not JSON ({e}){_parts_hint(path)}") from None
     if isinstance(trace, list):
         trace = {"traceEvents": trace}

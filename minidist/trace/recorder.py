@@ -92,7 +92,9 @@ class Recorder:
         self._steps: dict[str, int] = {}       # per kind: how many steps so far
         self.on_close: list = []               # called when recording ends (module_trace.py)
         self.from_env = False                  # started for a script by MINIDIST_TRACE (session.py)
-        self._file = open(self.part, "a")
+        # appended to, never through a link planted at this predictable name
+        self._file = open(os.open(self.part, os.O_WRONLY | os.O_APPEND | os.O_CREAT |
+                                  os.O_NOFOLLOW | os.O_CLOEXEC, 0o644), "a")
         self.tid()  # names the thread that started recording
         # A thread writes the buffered events every FLUSH_S: a rank killed while it
         # computes or sleeps still leaves what it recorded up to then.

@@ -65,8 +65,15 @@ def my_segments():
 
 
 def alive(pid):
+    """Is process ``pid`` running (a zombie, dead but not yet reaped by whoever
+    inherited it, is not)?"""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, IndexError):
+        return True                 # no /proc: kill(pid, 0) is all we know
+    return state not in ("Z", "X")

@@ -2,9 +2,15 @@
 nothing is half-loaded; without the safetensors package the error names the extra."""
 import builtins
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minidist.nn import Llama, LlamaConfig
 from minidist.nn.hf import CheckpointMismatch
@@ -108,3 +114,101 @@ def test_without_safetensors_the_error_names_the_extra(saved, monkeypatch):
         Llama.from_pretrained(str(saved))
     with pytest.raises(ImportError, match="safetensors"):
         Llama(LlamaConfig()).save_pretrained(str(saved / "x"))
+
+
+@settings(max_examples=30, deadline=None)
+@given(layers=st.integers(0, 2), heads=st.sampled_from([(2, 1), (2, 2), (4, 2)]),
+       biases=st.tuples(st.booleans(), st.booleans()), tied=st.booleans(),
+       experts=st.sampled_from([(0, 0), (3, 0), (2, 1)]))
+def test_parameter_shapes_are_what_the_built_model_has(layers, heads, biases, tied, experts):
+    """The oracle: named_parameters of the model itself, names, shapes and order."""
+    cfg = LlamaConfig(vocab_size=7, hidden_size=8, intermediate_size=6, num_hidden_layers=layers,
+                      num_attention_heads=heads[0], num_key_value_heads=heads[1],
+                      attention_bias=biases[0], mlp_bias=biases[1], tie_word_embeddings=tied,
+                      num_local_experts=experts[0], n_shared_experts=experts[1],
+                      moe_intermediate_size=4 if experts[0] else None)
+    built = [(name, tuple(p.shape)) for name, p in Llama(cfg).named_parameters()]
+    assert list(Llama.parameter_shapes(cfg)) == built
+
+
+HUGE = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=2**31,
+            hidden_size=2**20, intermediate_size=2**22, num_hidden_layers=10**6,
+            num_attention_heads=2**10, num_key_value_heads=2**10)
+UNDER_3_GIB = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+from minidist.nn import Llama
+from minidist.nn.hf import CheckpointMismatch
+try:
+    Llama.from_pretrained(sys.argv[1])
+except CheckpointMismatch as e:
+    print("refused:", e)
+"""
+
+
+def test_a_config_claiming_a_huge_model_with_tiny_weights_is_refused_before_building(
+        tmp_path):
+    """A 174-byte directory once asked for 64 TiB: the headers are checked against the
+    config first, in a process that may not map more than 3 GiB."""
+    (tmp_path / "config.json").write_text(json.dumps(HUGE))
+    safetensors_numpy.save_file({"model.embed_tokens.weight": np.zeros((1, 1), "float32")},
+                                str(tmp_path / "model.safetensors"))
+    assert sum(p.stat().st_size for p in tmp_path.iterdir()) < 600
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=str(pathlib.Path(__file__).parents[2]))
+    done = subprocess.run([sys.executable, "-c", UNDER_3_GIB, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "MemoryError" not in done.stderr, done.stderr[-2000:]
+    assert "refused: " in done.stdout and "'model.embed_tokens.weight'" in done.stdout, \
+        done.stdout
+    assert "expected shape (2147483648, 1048576), found (1, 1)" in done.stdout
+
+
+@pytest.mark.parametrize("file", ["../victim/model.safetensors", "/tmp/model.safetensors",
+                                  "sub/model.safetensors", "..", "link.safetensors"])
+def test_an_index_naming_a_file_outside_the_directory_is_refused(saved, tmp_path, file):
+    victim = tmp_path.parent / "victim"
+    victim.mkdir(exist_ok=True)
+    (victim / "model.safetensors").write_bytes((saved / "model.safetensors").read_bytes())
+    os.symlink(victim / "model.safetensors", saved / "link.safetensors")
+    names = safetensors_numpy.load_file(str(saved / "model.safetensors"))
+    index = {"weight_map": {name: file for name in names}}
+    (saved / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointMismatch, match="refused") as e:
+        Llama.from_pretrained(str(saved))
+    assert repr(file) in str(e.value) or "symbolic link" in str(e.value)
+
+
+@pytest.mark.parametrize("damage", ["beyond", "short", "dtype", "negative"])
+def test_a_header_claiming_bytes_the_file_lacks_or_a_wrong_dtype_is_refused(saved, damage):
+    """The header is read alone and checked: its byte ranges inside the file, each range
+    as long as its dtype and shape say, each weight a float."""
+    path = saved / "model.safetensors"
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    entry = header["model.norm.weight"]
+    start, end = entry["data_offsets"]
+    if damage == "beyond":
+        entry["data_offsets"] = [start + len(data), end + len(data)]
+    elif damage == "short":
+        entry["shape"] = [4]
+    elif damage == "dtype":
+        entry["dtype"] = "I32"
+    else:
+        entry["shape"] = [-8]
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + n:])
+    expected = {"beyond": "claims bytes", "short": "claims bytes", "dtype": "not a float",
+                "negative": "non-negative"}[damage]
+    with pytest.raises(CheckpointMismatch, match=expected):
+        Llama.from_pretrained(str(saved))
+
+
+@pytest.mark.timeout(20, method="thread")   # (a blocked open ignores signals)
+@pytest.mark.parametrize("where", ["config.json", "model.safetensors"])
+def test_a_fifo_in_a_checkpoint_directory_is_refused_without_hanging(saved, where):
+    (saved / where).unlink()
+    os.mkfifo(saved / where)
+    with pytest.raises(CheckpointMismatch, match="not a regular file"):
+        Llama.from_pretrained(str(saved))

@@ -155,3 +155,17 @@ def test_a_split_backward_leaves_no_span_across_its_b_and_w_passes(tmp_path):
     for e in backward:
         start, end = (e["ts"] + origin) / 1e6, (e["ts"] + e["dur"] + origin) / 1e6
         assert any(a - 1e-6 <= start <= end <= b + 1e-6 for a, b in passes), e["name"]
+
+
+def test_a_link_planted_at_the_part_name_is_not_written_through(tmp_path):
+    """The part's name is predictable (<path>.<pid>.part): a link there is refused,
+    and the file it points at is left as it was."""
+    import os
+    victim = tmp_path / "victim"
+    victim.write_text("someone's data")
+    path = str(tmp_path / "run.json")
+    os.symlink(victim, recorder.part_path(path, os.getpid()))
+    with pytest.raises(OSError):
+        trace.start(path)
+    assert recorder.active is None
+    assert victim.read_text() == "someone's data"

@@ -31,6 +31,15 @@ How a world lives and dies:
   pipes, as whole lines prefixed with ``[rank N]``, and into log files.
 - Ctrl-C in the parent stops every rank. A rank whose parent disappears
   removes the segment and exits (a watchdog thread checks every 0.2 s).
+- Each rank leads a process group of its own, so that what it starts (a
+  ``subprocess`` still running when it returns) ends with the world: closing
+  it kills every rank's group.
+- Each rank records its pid in the segment (shm.py's rank records), so a
+  process it starts, which inherits ``MINIDIST_SHM`` and ``RANK``, cannot join
+  the world as a second copy of it (``NotThisRankError``); and counts the runs
+  it returned from, so that a peer waiting for a message from a rank that has
+  already returned fails at once naming it (``PeerFinishedError``), instead of
+  waiting out its timeout and blaming itself.
 """
 from __future__ import annotations
 
@@ -232,9 +241,19 @@ class World:
             conn.close()
         if self._output is not None:
             self._output.close()
+        for p in self._procs:
+            _end_process_group(p.pid)       # what the rank started, still running
         name = self.segment_name
         shm.close(self._segment)
         shm.unlink(name)
+
+
+def _end_process_group(pgid: int | None) -> None:
+    """Kill every process of the group a rank leads (the rank made it: _rank_main)."""
+    if pgid is None or pgid == os.getpgrp():
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -276,12 +295,14 @@ def launch(fn: Callable, world_size: int, *args: Any, **kwargs: Any) -> list:
 
 def _rank_main(rank: int, world_size: int, segment_name: str, conn, options: dict,
                streams: tuple | None) -> None:
+    os.setpgid(0, 0)      # a group of our own: the world's teardown ends what we start
     if streams is not None:
         redirect_this_process(*streams)
     os.environ.update(options["env"])
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MINIDIST_SHM=segment_name)
     segment = shm.attach(segment_name)
+    shm.hold_rank(segment, rank, os.getpid())   # only this process may join as the rank
     _watch_parent(segment_name)
     backend.set_backend(options["backend"])
     backend.use_device(rank)  # CuPy: GPU rank mod G; with fewer GPUs than ranks, shared
@@ -305,6 +326,7 @@ def _rank_main(rank: int, world_size: int, segment_name: str, conn, options: dic
                 if not aborted:
                     shm.set_abort(segment, rank, f"{type(e).__name__}: {e}"[:500])
                 reply = ("error", type(e).__name__, traceback_from_user_code(e), aborted)
+            shm.finish_run(segment, rank)       # a peer still waiting on us fails now
             try:
                 conn.send(reply)
             except Exception as e:  # the result could not be pickled
@@ -336,5 +358,6 @@ def _watch_parent(segment_name: str) -> None:
             time.sleep(0.2)
             if os.getppid() != parent:
                 shm.unlink(segment_name)
+                os.killpg(0, signal.SIGKILL)     # this rank and what it started
                 os._exit(1)
     threading.Thread(target=watch, name="minidist-watchdog", daemon=True).start()

@@ -41,6 +41,10 @@ class Handle:
     def wait(self, timeout: float | None = None) -> None:
         raise NotImplementedError
 
+    def peer(self) -> int | None:
+        """The rank this operation waits on (None: not one rank)."""
+        return None
+
     def is_completed(self) -> bool:
         return self.done
 

@@ -39,6 +39,7 @@ that waits only for pieces on the wire sleeps until the first one lands.
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from typing import Any
@@ -46,7 +47,8 @@ from typing import Any
 from minidist.comm.transport import cma, flight, shm, topology
 from minidist.comm.transport.doorbell import Doorbells
 from minidist.comm.transport.shm import S_ARRIVAL, S_BYTES, S_CODE, S_OFFSET, S_TAG, S_TOTAL
-from minidist.comm.errors import TIMEOUT_HINT, CommTimeoutError, WorldAbortedError
+from minidist.comm.errors import (TIMEOUT_HINT, CommTimeoutError, NotThisRankError,
+                                   PeerFinishedError, WorldAbortedError)
 from minidist.comm.transport.link import EmulatedLink
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.comm.transport.pending import SMALL_COPY, TAG_BITS, Channel, Recv, Send, Unexpected
@@ -67,8 +69,19 @@ class LocalTransport(ShortWays, Transport):
         self._seg = shm.attach(segment_name)
         self.world_size, self.nslots, self.slot_bytes, link_bps = shm.read_header(self._seg)
         if not 0 <= rank < self.world_size:
+            shm.close(self._seg)
             raise ValueError(f"rank {rank} outside a world of {self.world_size}")
         self.rank, self.timeout = rank, timeout
+        # Who holds each rank, and how many runs each finished (shm.py's rank records)
+        self._ranks = shm.rank_records(self._seg)
+        holder = self._ranks[rank * shm.RANK_WORDS + shm.R_PID]
+        if holder and holder != os.getpid():
+            self._ranks.release()
+            shm.close(self._seg)
+            raise NotThisRankError(
+                f"process {os.getpid()} cannot join the world in {segment_name} as rank "
+                f"{rank}: rank {rank} is process {holder}. A process a rank starts inherits "
+                f"MINIDIST_SHM and RANK; unset them in it (or start a world of its own)")
         # How a wait spins, yields and sleeps on the doorbell: wait.py.
         self.spin_s = SPIN_S
         self.free_polls = free_polls(self.world_size)
@@ -264,6 +277,7 @@ class LocalTransport(ShortWays, Transport):
                 continue
             if abortable:
                 self._check_abort()
+                self._check_peers(handles)
             if backoff.idle_seconds() > timeout:
                 raise self._timeout_error(handles, timeout, what)
             self._sleep(handles)
@@ -300,6 +314,25 @@ class LocalTransport(ShortWays, Transport):
             failed, msg = shm.abort_reason(self._seg)
             who = "the launcher" if failed < 0 else f"rank {failed}"
             raise WorldAbortedError(f"rank {self.rank}: stopping because {who} failed: {msg}")
+
+    def _check_peers(self, handles: list) -> None:
+        """A long wait on a peer that has finished the run this rank is in (it counts
+        more finished runs) will never end: say so now, naming it."""
+        runs, stride = self._ranks, shm.RANK_WORDS
+        mine = runs[self.rank * stride + shm.R_RUNS]
+        for h in handles:
+            peer = h.peer()
+            if h.done or peer is None or runs[peer * stride + shm.R_RUNS] <= mine:
+                continue
+            # The peer wrote what it sent before it counted the run: one more pass
+            # takes what came since our last one (sent, then finished: no error)
+            with self._lock:
+                self._progress()
+            if not h.done:
+                raise PeerFinishedError(
+                    f"rank {self.rank}: {h.describe()} cannot complete: rank {peer} has "
+                    f"returned from the function this world runs (it finished early, or "
+                    f"skipped a call the others make)")
 
     def _timeout_error(self, handles, timeout, what) -> CommTimeoutError:
         pending = [h.describe() for h in handles if not h.done]
@@ -342,6 +375,7 @@ class LocalTransport(ShortWays, Transport):
             ch.release()
         self._out = self._in = []
         self._words.release()
+        self._ranks.release()
         self._bells.close()
         self._flight.close()
         seg, self._seg = self._seg, None

@@ -13,7 +13,8 @@ polls ``Testall`` with the same spin-yield-sleep backoff, so a missing message
 raises ``CommTimeoutError`` instead of hanging. An uncaught exception calls
 ``MPI_Abort``, which makes mpiexec stop every rank.
 
-At start every rank all-gathers the host names, from which ``topology`` finds
+At start every rank all-gathers the host names (fixed-size bytes, never a pickle:
+what a peer sends is data), from which ``topology`` finds
 the nodes (topology.py): ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and the node
 layout of the hierarchical all-reduce and the device mesh.
 """
@@ -115,7 +116,7 @@ class MpiTransport(Transport):
         self._next_ctx = 1
         _abort_on_uncaught_exception(self.world)
         # Which ranks share a machine (topology.py): every rank's host name, to all.
-        hosts = self.world.allgather(MPI.Get_processor_name())
+        hosts = all_host_names(self.world, MPI)
         _unlink_mpich_segments()       # every rank has mapped them: the all-gather returned
         self.topology = topology.from_hosts(hosts, topology.env_node_size())
 
@@ -225,6 +226,30 @@ class MpiTransport(Transport):
             if ctx != 0:
                 comm.Free()
         self._comms = {}
+
+
+HOST_BYTES = 256    # a host name on the wire: UTF-8, zero-padded (MPI_MAX_PROCESSOR_NAME)
+
+
+def host_name_bytes(name: str) -> bytes:
+    """``name`` as exactly ``HOST_BYTES`` bytes: what each rank sends."""
+    data = name.encode("utf-8", errors="backslashreplace")[:HOST_BYTES]
+    return data.ljust(HOST_BYTES, b"\0")
+
+
+def host_names_from(table: bytes, world_size: int) -> list[str]:
+    """The host names of an all-gathered table of ``host_name_bytes`` (a name that is
+    not UTF-8 is kept, its odd bytes escaped: it is only compared and printed)."""
+    return [table[r * HOST_BYTES:(r + 1) * HOST_BYTES].rstrip(b"\0")
+            .decode("utf-8", errors="backslashreplace") for r in range(world_size)]
+
+
+def all_host_names(comm: Any, MPI: Any) -> list[str]:
+    """Every rank's host name, to every rank, as fixed-size bytes: ``allgather`` of a
+    Python object would unpickle what each peer sends, and a peer's bytes are data."""
+    table = bytearray(HOST_BYTES * comm.Get_size())
+    comm.Allgather([host_name_bytes(MPI.Get_processor_name()), MPI.BYTE], [table, MPI.BYTE])
+    return host_names_from(bytes(table), comm.Get_size())
 
 
 def _unlink_mpich_segments() -> None:

@@ -47,6 +47,9 @@ class Send(Handle):
     def describe(self) -> str:
         return f"send to rank {self.dst} ({describe_tag(self.tag)}, {self.sent}/{self.total} bytes)"
 
+    def peer(self) -> int:
+        return self.dst
+
 
 class Recv(Handle):
     """A receive into (or, with ``op``, a reduction into) the caller's array."""
@@ -66,6 +69,9 @@ class Recv(Handle):
 
     def describe(self) -> str:
         return f"recv from rank {self.src} ({describe_tag(self.tag)}, {self.got}/{self.total} bytes)"
+
+    def peer(self) -> int:
+        return self.src
 
     def check(self, total: int, code: int) -> None:
         if total != self.total or code != self.code:

@@ -12,7 +12,12 @@ Layout (all offsets multiples of 64 bytes, one cache line)::
                            the emulated link's bytes/s, node size and bytes/s
                            between nodes (link.py), abort message
     doorbells (64 B per rank, doorbell.py)
-    flight records (384 B per rank, flight.py), padded to a multiple of 4096 B
+    flight records (384 B per rank, flight.py)
+    rank records (64 B per rank): the pid of the process that holds the rank
+                           (written by the launcher's rank process; another process
+                           cannot join as that rank) and how many runs it finished
+                           (a peer waiting on a rank that finished the run fails at
+                           once, naming it), padded to a multiple of 4096 B
     channel[src * N + dst] for every ordered pair, each:
         head   (64 B)  pieces written by src       (only src writes it)
         tail   (64 B)  pieces consumed by dst      (only dst writes it)
@@ -52,6 +57,10 @@ S_TAG, S_TOTAL, S_OFFSET, S_BYTES, S_CODE, S_ARRIVAL = range(6)
 # the message's tag, its total bytes, this piece's offset in it and its bytes,
 # the dtype code checked on receipt, when it lands on an emulated link (link.py)
 ABORT_MSG_OFFSET = 128
+# Word indices (int64) in a rank's record: the pid holding the rank (0: none recorded),
+# the runs it finished (World.run calls that returned on it)
+RANK_BYTES, R_PID, R_RUNS = 64, 0, 1
+RANK_WORDS = RANK_BYTES // 8
 ABORT_MSG_MAX = HEADER_BYTES - ABORT_MSG_OFFSET
 
 _counter = itertools.count()
@@ -66,9 +75,15 @@ def flight_offset(world_size: int) -> int:
     return BELLS_OFFSET + world_size * BYTES_PER_RANK
 
 
+def ranks_offset(world_size: int) -> int:
+    """Where the rank records start: after the flight records."""
+    return flight_offset(world_size) + flight.region_bytes(world_size)
+
+
 def channels_offset(world_size: int) -> int:
-    """Where the channels start: after the header, doorbells and flight records, page aligned."""
-    end = flight_offset(world_size) + flight.region_bytes(world_size)
+    """Where the channels start: after the header, doorbells, flight and rank records,
+    page aligned."""
+    end = ranks_offset(world_size) + world_size * RANK_BYTES
     return -(-end // 4096) * 4096
 
 
@@ -157,6 +172,33 @@ def abort_reason(seg: shared_memory.SharedMemory) -> tuple[int, str] | None:
         return None
     msg = bytes(seg.buf[ABORT_MSG_OFFSET:ABORT_MSG_OFFSET + length]).decode("utf-8", "replace")
     return flag - 2, msg
+
+
+def rank_records(seg: shared_memory.SharedMemory) -> memoryview:
+    """The rank records as int64 words (rank r's at ``r * RANK_WORDS``); release it."""
+    world_size = read_header(seg)[0]
+    start = ranks_offset(world_size)
+    return seg.buf[start:start + world_size * RANK_BYTES].cast("q")
+
+
+def hold_rank(seg: shared_memory.SharedMemory, rank: int, pid: int) -> None:
+    """Record that process ``pid`` is rank ``rank`` (the launcher's rank process, first
+    thing): only it may join the world as that rank (LocalTransport)."""
+    words = rank_records(seg)
+    words[rank * RANK_WORDS + R_PID] = pid
+    words.release()
+
+
+def finish_run(seg: shared_memory.SharedMemory, rank: int) -> None:
+    """Rank ``rank`` returned from a run: count it, and wake every rank, so that one
+    waiting for a message from it sees at once that none will come."""
+    words = rank_records(seg)
+    words[rank * RANK_WORDS + R_RUNS] += 1
+    world_size = len(words) // RANK_WORDS
+    words.release()
+    bells = Doorbells(seg.buf, BELLS_OFFSET, world_size)
+    bells.ring_all()
+    bells.close()
 
 
 def flight_records(seg: shared_memory.SharedMemory) -> list:

@@ -99,18 +99,32 @@ def test_a_rank_starting_a_world_of_its_own_is_told_why_in_one_line():
     assert "daemonic" not in err.remote_traceback
 
 
-def _missing_send():
+def _missing_send(returns: bool):
+    import time
+
     import minidist.distributed as dist
     from minidist.backend import xp
     if dist.get_rank() == 0:
         dist.recv(xp.zeros(3), src=1, tag=7)  # rank 1 never sends
+    elif not returns:
+        time.sleep(30)                        # ... busy elsewhere, until stopped
 
 
 def test_a_missing_send_times_out_naming_peer_and_tag():
     with World(2, timeout=1.0) as world:
-        err = _fail_and_check(world, _missing_send)
+        err = _fail_and_check(world, _missing_send, False)
     assert err.rank == 0 and err.exc_type == "CommTimeoutError"
     assert "recv from rank 1 (tag 7" in err.remote_traceback
+
+
+def test_a_rank_that_returned_early_is_named_at_once_by_the_peer_waiting_on_it():
+    """Rank 1 returns without sending: rank 0 fails as soon as its wait turns long,
+    naming rank 1 (not after its 60 s timeout, blaming itself)."""
+    with World(2, timeout=60.0, run_timeout=30.0) as world:
+        err = _fail_and_check(world, _missing_send, True)
+    assert err.rank == 0 and err.exc_type == "PeerFinishedError", err
+    assert "recv from rank 1 (tag 7" in err.remote_traceback
+    assert "rank 1 has returned from the function this world runs" in err.remote_traceback
 
 
 def _shape_mismatch():
@@ -315,3 +329,48 @@ def test_a_run_timeout_blames_no_rank_and_says_what_each_was_doing():
         in err.report
     assert "rank 1: barrier #1 of group [0, 1, 2]: finished" in err.report
     assert not [p for p in pids if alive(p)] and segment not in shm.leftover_segments()
+
+
+def _start_a_process():
+    import subprocess
+    import sys
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid
+
+
+def test_a_process_a_rank_started_ends_with_the_world():
+    """Each rank leads its own process group, which closing the world kills: a
+    subprocess still running when its rank returned is not left orphaned."""
+    with World(2, timeout=30.0, run_timeout=60.0) as world:
+        started = world.run(_start_a_process)
+        assert all(alive(pid) for pid in started)
+    deadline = time.monotonic() + 10.0              # (SIGKILL lands when it is scheduled)
+    while [pid for pid in started if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in started if alive(pid)], "a rank's subprocess outlived its world"
+
+
+JOIN_AGAIN = """
+import minidist.distributed as dist
+try:
+    dist.init_process_group(timeout=5.0)
+except Exception as e:
+    print(type(e).__name__, e)
+else:
+    print("joined as rank", dist.get_rank())
+"""
+
+
+def _child_joins_the_world():
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", JOIN_AGAIN], capture_output=True, text=True,
+                          timeout=120)                # the rank's environment, inherited
+    return done.stdout + done.stderr
+
+
+def test_a_child_inheriting_a_ranks_environment_cannot_join_as_that_rank():
+    with World(2, timeout=30.0, run_timeout=90.0) as world:
+        said = world.run(_child_joins_the_world)
+    for rank, text in enumerate(said):
+        assert "NotThisRankError" in text and "joined" not in text, text
+        assert f"as rank {rank}: rank {rank} is process" in text, text

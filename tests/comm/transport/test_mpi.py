@@ -11,6 +11,8 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("mpi4py", reason="the MPI tests need: pip install 'minidist[mpi]'")
 MPIEXEC = shutil.which("mpiexec")
@@ -116,3 +118,32 @@ def test_a_node_size_that_disagrees_with_the_hosts_is_an_error(mpich_cleanup):
     assert out.returncode != 0
     assert ("MINIDIST_NODE_SIZE=3 disagrees with the hosts found (ranks per host: "
             f"{socket.gethostname()}: 4)") in out.stderr, out.stderr
+
+
+@settings(max_examples=100, deadline=None)
+@given(names=st.lists(st.text(st.characters(blacklist_characters="\0",
+                                            blacklist_categories=("Cs",)), max_size=60),
+                      min_size=1, max_size=5))
+def test_host_names_travel_as_fixed_size_bytes(names):
+    """Each rank sends exactly HOST_BYTES bytes (no pickle), and the all-gathered table
+    reads back as the names (60 characters are at most 240 bytes of UTF-8)."""
+    from minidist.comm.transport.mpi import HOST_BYTES, host_name_bytes, host_names_from
+    table = b"".join(host_name_bytes(n) for n in names)
+    assert len(table) == HOST_BYTES * len(names)
+    assert host_names_from(table, len(names)) == names
+    assert host_names_from(host_name_bytes("h" * 1000), 1) == ["h" * HOST_BYTES]
+
+
+def test_the_mpi_transport_sends_no_python_objects():
+    """mpi4py's lowercase methods (allgather, bcast, send, recv, ...) pickle and
+    unpickle; the transport calls only the buffer ones."""
+    import ast
+    import minidist.comm.transport.mpi as mpi
+    tree = ast.parse(open(mpi.__file__).read())
+    pickling = {"allgather", "bcast", "gather", "scatter", "send", "recv", "isend", "irecv",
+                "sendrecv", "allreduce", "reduce", "alltoall", "exscan", "scan"}
+    calls = [node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute) and node.func.attr in pickling
+             and getattr(node.func.value, "attr", getattr(node.func.value, "id", "")) in
+             ("world", "comm", "COMM_WORLD")]
+    assert calls == [], calls
