@@ -293,6 +293,14 @@ def launch(fn: Callable, world_size: int, *args: Any, **kwargs: Any) -> list:
 # Inside a rank.
 # --------------------------------------------------------------------------
 
+def _flush_sends(group) -> None:
+    """Write out the sends this rank still has queued (the local transport's; MPI's
+    own progress delivers them), before the run counts as finished."""
+    if group.is_initialized():
+        flush = getattr(group.world_group().transport, "flush", None)
+        if flush is not None:
+            flush()
+
 def _rank_main(rank: int, world_size: int, segment_name: str, conn, options: dict,
                streams: tuple | None) -> None:
     os.setpgid(0, 0)      # a group of our own: the world's teardown ends what we start
@@ -321,6 +329,7 @@ def _rank_main(rank: int, world_size: int, segment_name: str, conn, options: dic
             try:
                 fn, args, kwargs = dill.loads(payload)
                 reply = ("ok", fn(*args, **kwargs))
+                _flush_sends(group)             # nothing half sent when we count the run
             except BaseException as e:
                 aborted = isinstance(e, WorldAbortedError)
                 if not aborted:

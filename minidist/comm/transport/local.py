@@ -257,6 +257,16 @@ class LocalTransport(ShortWays, Transport):
                 moved = True
         return moved
 
+    def flush(self) -> None:
+        """Wait until every queued send is written into its channel. A send waits in its
+        queue while the channel to its peer is full, and moves only when this rank next
+        talks to the transport: a rank that returns from a run with one still queued
+        would leave its peer waiting on a rank that counts itself finished."""
+        with self._lock:
+            queued = [send for queue in self._sends.values() for send in queue]
+        if queued:
+            self.wait_all(queued, what="the sends still queued when the run returned")
+
     def wait_all(self, handles: list, timeout: float | None = None, what: str = "",
                  abortable: bool = True) -> None:
         timeout = self.timeout if timeout is None else timeout

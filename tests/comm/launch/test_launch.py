@@ -127,6 +127,28 @@ def test_a_rank_that_returned_early_is_named_at_once_by_the_peer_waiting_on_it()
     assert "rank 1 has returned from the function this world runs" in err.remote_traceback
 
 
+def _send_and_return():
+    import time
+
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    big = xp.arange(1 << 21, dtype="float64")    # 16 MiB: more than its channel holds at once
+    if dist.get_rank() == 0:
+        dist.isend(big, dst=1, tag=3)            # never waited: still queued as rank 0 returns
+        return None
+    time.sleep(0.5)                              # rank 0 has returned by now
+    out = xp.zeros_like(big)
+    dist.recv(out, src=0, tag=3)
+    return float(out[-1])
+
+
+def test_a_rank_returns_only_once_its_queued_sends_are_written():
+    """A send left queued (its channel full) is written out before the rank counts its
+    run finished, so the peer receives it instead of failing on a finished rank."""
+    with World(2, timeout=20.0, run_timeout=60.0) as world:
+        assert world.run(_send_and_return) == [None, float((1 << 21) - 1)]
+
+
 def _shape_mismatch():
     import minidist.distributed as dist
     from minidist.backend import xp
