@@ -301,6 +301,7 @@ def _flush_sends(group) -> None:
         if flush is not None:
             flush()
 
+
 def _rank_main(rank: int, world_size: int, segment_name: str, conn, options: dict,
                streams: tuple | None) -> None:
     os.setpgid(0, 0)      # a group of our own: the world's teardown ends what we start

@@ -77,6 +77,7 @@ class LocalTransport(ShortWays, Transport):
         holder = self._ranks[rank * shm.RANK_WORDS + shm.R_PID]
         if holder and holder != os.getpid():
             self._ranks.release()
+            shm.untrack(self._seg)   # else its exit would take the segment from the world
             shm.close(self._seg)
             raise NotThisRankError(
                 f"process {os.getpid()} cannot join the world in {segment_name} as rank "

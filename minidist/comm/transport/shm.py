@@ -36,7 +36,7 @@ import itertools
 import os
 import secrets
 
-from multiprocess import shared_memory
+from multiprocess import resource_tracker, shared_memory
 
 from minidist.comm.transport import flight
 from minidist.comm.transport.doorbell import BYTES_PER_RANK, Doorbells
@@ -117,6 +117,14 @@ def create(world_size: int, nslots: int, slot_bytes: int, link_bytes_per_s: int 
     words[W_MAGIC] = MAGIC
     words.release()
     return seg
+
+
+def untrack(seg: shared_memory.SharedMemory) -> None:
+    """Leave the segment to the launcher: opening it registered it with this process's
+    resource tracker, which would unlink it when this process exits. Only for a process
+    that is not one of the world's ranks (those share the launcher's tracker, where
+    the registration is the launcher's own)."""
+    resource_tracker.unregister(seg._name, "shared_memory")
 
 
 def attach(name: str) -> shared_memory.SharedMemory:

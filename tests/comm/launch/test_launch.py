@@ -396,3 +396,18 @@ def test_a_child_inheriting_a_ranks_environment_cannot_join_as_that_rank():
     for rank, text in enumerate(said):
         assert "NotThisRankError" in text and "joined" not in text, text
         assert f"as rank {rank}: rank {rank} is process" in text, text
+
+
+def _two_children_join_the_world():
+    return [_child_joins_the_world() for _ in range(2)]
+
+
+def test_a_refused_child_leaves_the_worlds_segment_in_place():
+    """A refused child exits; its resource tracker must not unlink the world's segment
+    on the way out, or the next process to open it (a peer's child, or a rank) finds
+    none: the second child of each rank is refused for the same reason as the first."""
+    with World(2, timeout=30.0, run_timeout=120.0) as world:
+        said = world.run(_two_children_join_the_world)
+        for rank, texts in enumerate(said):
+            for text in texts:
+                assert "NotThisRankError" in text and f"as rank {rank}:" in text, text
