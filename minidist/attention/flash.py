@@ -151,6 +151,14 @@ def flash_forward(q: Any, k: Any, v: Any, mask: Any = None, is_causal: bool = Fa
     return out.reshape(lead + (lq, ev)), lse.reshape(lead + (lq,))
 
 
+def _row_terms(o4: Any, do4: Any, lse: Any) -> tuple[Any, Any]:
+    """Per query row: D = rowsum(dO * O) and L, both (n, g, Lq, 1); a row that saw no
+    key (L = -inf) gets L = +inf, so that exp(S - L) = 0 there, not NaN."""
+    delta = (do4 * o4).sum(axis=-1, keepdims=True)
+    lse4 = lse.reshape(delta.shape)
+    return delta, xp.where(lse4 == common.NEG_INF, -common.NEG_INF, lse4)
+
+
 def flash_backward(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, mask: Any = None,
                    is_causal: bool = False, scale: float = 1.0, dropout_p: float = 0.0,
                    seed: int = 0, block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
@@ -168,13 +176,9 @@ def flash_backward(q: Any, k: Any, v: Any, o: Any, lse: Any, do: Any, mask: Any 
     q4, do4 = _view(q, n, g), _view(do, n, g)                    # (n, g, Lq, E)
     k4, v4 = _view(k, n, 1), _view(v, n, 1)                      # (n, 1, Lk, E)
     k_t, v_t = xp.swapaxes(k4, -1, -2), xp.swapaxes(v4, -1, -2)  # (n, 1, E, Lk), (n, 1, Ev, Lk)
-    delta = (do4 * _view(o, n, g)).sum(axis=-1, keepdims=True)   # D: (n, g, Lq, 1)
-    lse4 = lse.reshape(n, g, lq, 1)
-    # L = -inf marks a row that saw no key: use +inf, so exp(S - L) = 0 there, not NaN
-    lse4 = xp.where(lse4 == common.NEG_INF, -common.NEG_INF, lse4)
+    delta, lse4 = _row_terms(_view(o, n, g), do4, lse)           # D, L: (n, g, Lq, 1)
     dq = xp.zeros(q4.shape, dtype=q.dtype)
-    dk = xp.empty(k4.shape, dtype=q.dtype)
-    dv = xp.empty(v4.shape, dtype=q.dtype)
+    dk, dv = xp.empty(k4.shape, dtype=q.dtype), xp.empty(v4.shape, dtype=q.dtype)
     for j0 in range(0, lk, block_k):
         j1 = min(j0 + block_k, lk)
         dk_j = xp.zeros((n, 1, j1 - j0, k4.shape[-1]), dtype=q.dtype)

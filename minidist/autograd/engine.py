@@ -20,7 +20,7 @@ Unless ``retain_graph=True``, each node drops what it saved as soon as it has
 run, so memory falls as backward proceeds; a second backward through the same
 graph is then an error, as in PyTorch.
 
-One extension point: ``_run(..., split=)`` hands each node's backward to a
+One extension point: ``run_graph(..., split=)`` hands each node's backward to a
 ``split`` object, which may compute part of it now and keep the rest, and
 keeps those nodes' saved values alive: the B/W split of zero-bubble
 pipelines (weight_grad.py).
@@ -71,7 +71,7 @@ def set_empty_grad(leaf: Any, array: Any) -> None:
     _empty_grads[id(leaf)] = array
 
 
-def _deliver(leaf: Any, grad: Any) -> None:
+def deliver(leaf: Any, grad: Any) -> None:
     """Add a finished gradient into ``leaf.grad`` and fire the leaf's hooks."""
     if grad.dtype != leaf.data.dtype:
         grad = grad.astype(leaf.data.dtype)
@@ -97,11 +97,11 @@ def backward(root: Any, grad: Any = None, retain_graph: bool = False) -> None:
     """Accumulate d(root)/d(leaf) * grad into every leaf's ``.grad``."""
     grad = initial_grad(root, grad)
     if root._ctx is None:  # backward on a leaf: d(leaf)/d(leaf) = 1
-        _deliver(root, grad)
+        deliver(root, grad)
         return
 
     with grad_mode.no_grad():
-        _run(root, grad, retain_graph)
+        run_graph(root, grad, retain_graph)
 
 
 def initial_grad(root: Any, grad: Any) -> Any:
@@ -125,42 +125,46 @@ def initial_grad(root: Any, grad: Any) -> Any:
     return grad
 
 
-def _run(root: Any, grad: Any, retain_graph: bool, split: Any = None) -> None:
+class LeafGradients:
+    """Step 3 of the module docstring: the gradients meeting at each leaf, summed in
+    the order they arrive, delivered into ``leaf.grad`` (its hooks fired) once every
+    use of the leaf has been visited. The engine's backward and the B/W split's W pass
+    (weight_grad.py) both accumulate through one of these."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, int] = {}    # id(leaf) -> uses not yet visited
+        self.sums: dict[int, Any] = {}       # id(leaf) -> the sum of its gradients so far
+
+    def expect(self, leaf: Any) -> None:
+        """One more use of ``leaf`` to visit before its gradient is complete."""
+        self.pending[id(leaf)] = self.pending.get(id(leaf), 0) + 1
+
+    def add(self, leaf: Any, grad: Any) -> None:
+        """One use of ``leaf`` visited, with its gradient (None: it gave none)."""
+        key = id(leaf)
+        if grad is not None:
+            prev = self.sums.get(key)
+            self.sums[key] = grad if prev is None else prev + grad
+        self.pending[key] -= 1
+        if self.pending[key] == 0 and key in self.sums:
+            deliver(leaf, self.sums.pop(key))
+
+
+def run_graph(root: Any, grad: Any, retain_graph: bool, split: Any = None) -> None:
     """The backward pass (steps 1-3 of the module docstring). ``split``: None, or
     the B/W split's ``DeferWeights`` (weight_grad.py): ``split.backward(node,
     grads_out)`` stands in for the node's backward, and nodes it ``keeps`` are
     not released."""
     order = _topological_order(root._ctx)
-
-    # how many uses of each leaf remain to be visited
-    pending: dict[int, int] = {}
+    leaves = LeafGradients()
     for node in order:
         for t in node.inputs:
             if t is not None and t._ctx is None:
-                pending[id(t)] = pending.get(id(t), 0) + 1
-
+                leaves.expect(t)
     out_grads: dict[int, list] = {id(root._ctx): [None] * root._ctx.n_outputs}
     out_grads[id(root._ctx)][root._out_index] = grad
-    leaf_grads: dict[int, Any] = {}
-
     for node in reversed(order):
-        if getattr(node, "released", False):
-            raise RuntimeError(
-                f"backward through {node.fn.__name__} a second time: its saved "
-                "values were freed after the first backward. Pass "
-                "retain_graph=True to the first backward if you need two.")
-        grads_out = out_grads.pop(id(node), None)
-        if grads_out is None:  # nothing flows through this node
-            grads_in: tuple = (None,) * len(node.inputs)
-        else:
-            if node.n_outputs > 1:  # outputs no one used get zero gradient
-                grads_out = [g if g is not None else xp.zeros(shape, dtype)
-                             for g, (shape, dtype) in zip(grads_out, node.out_meta)]
-            if split is None:
-                grads_in = call_backward(node, grads_out)
-            else:
-                grads_in = split.backward(node, grads_out)
-
+        grads_in = _node_backward(node, out_grads.pop(id(node), None), split)
         for t, g in zip(node.inputs, grads_in):
             if t is None:
                 continue
@@ -169,19 +173,31 @@ def _run(root: Any, grad: Any, retain_graph: bool, split: Any = None) -> None:
                                    f"of shape {tuple(g.shape)} for an input of shape "
                                    f"{tuple(t.shape)}")
             if t._ctx is None:  # a leaf
-                if g is not None:
-                    prev = leaf_grads.get(id(t))
-                    leaf_grads[id(t)] = g if prev is None else prev + g
-                pending[id(t)] -= 1
-                if pending[id(t)] == 0 and id(t) in leaf_grads:
-                    _deliver(t, leaf_grads.pop(id(t)))
+                leaves.add(t, g)
             elif g is not None:
                 slots = out_grads.setdefault(id(t._ctx), [None] * t._ctx.n_outputs)
                 prev = slots[t._out_index]
                 slots[t._out_index] = g if prev is None else prev + g
-
         if not retain_graph and (split is None or not split.keeps(node)):
-            _release(node)
+            release(node)
+
+
+def _node_backward(node: Context, grads_out: list | None, split: Any) -> tuple:
+    """The gradients of ``node``'s inputs from those of its outputs (None where
+    nothing flows through it; zeros for outputs no one used)."""
+    if getattr(node, "released", False):
+        raise RuntimeError(
+            f"backward through {node.fn.__name__} a second time: its saved "
+            "values were freed after the first backward. Pass "
+            "retain_graph=True to the first backward if you need two.")
+    if grads_out is None:  # nothing flows through this node
+        return (None,) * len(node.inputs)
+    if node.n_outputs > 1:  # outputs no one used get zero gradient
+        grads_out = [g if g is not None else xp.zeros(shape, dtype)
+                     for g, (shape, dtype) in zip(grads_out, node.out_meta)]
+    if split is None:
+        return call_backward(node, grads_out)
+    return split.backward(node, grads_out)
 
 
 def call_backward(node: Context, grads_out: Any, asked: tuple | None = None) -> tuple:
@@ -212,7 +228,7 @@ def call_backward(node: Context, grads_out: Any, asked: tuple | None = None) -> 
     return grads_in
 
 
-def _release(node: Context) -> None:
+def release(node: Context) -> None:
     """Free what the node saved; keep only what an error message needs."""
     fn, n_outputs = node.fn, node.n_outputs
     node.__dict__.clear()

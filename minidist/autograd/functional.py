@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from minidist.autograd import ops
-from minidist.autograd.tensor import Tensor, _raw
+from minidist.autograd.tensor import Tensor, array_of
 
 
 def matmul(a, b) -> Tensor:
@@ -34,4 +34,4 @@ def split(x: Tensor, split_size_or_sizes, axis: int = 0) -> tuple[Tensor, ...]:
 
 
 def where(cond, a, b) -> Tensor:
-    return ops.Where.apply(_raw(cond), a, b)
+    return ops.Where.apply(array_of(cond), a, b)

@@ -162,22 +162,22 @@ class Tensor:
 
     # comparisons give boolean tensors outside the graph, as in PyTorch
     def __lt__(self, other):
-        return Tensor(self.data < _raw(other))
+        return Tensor(self.data < array_of(other))
 
     def __le__(self, other):
-        return Tensor(self.data <= _raw(other))
+        return Tensor(self.data <= array_of(other))
 
     def __gt__(self, other):
-        return Tensor(self.data > _raw(other))
+        return Tensor(self.data > array_of(other))
 
     def __ge__(self, other):
-        return Tensor(self.data >= _raw(other))
+        return Tensor(self.data >= array_of(other))
 
     def __eq__(self, other):  # noqa: D105 (elementwise, like torch)
-        return Tensor(self.data == _raw(other))
+        return Tensor(self.data == array_of(other))
 
     def __ne__(self, other):
-        return Tensor(self.data != _raw(other))
+        return Tensor(self.data != array_of(other))
 
     __hash__ = object.__hash__
 
@@ -245,7 +245,7 @@ class Tensor:
         return ops.LogSoftmax.apply(self, axis=axis)
 
     def masked_fill(self, mask, value: float):
-        return ops.MaskedFill.apply(self, _raw(mask), value=value)
+        return ops.MaskedFill.apply(self, array_of(mask), value=value)
 
     def astype(self, dtype):
         """Cast; the gradient is cast back to this tensor's dtype."""
@@ -261,14 +261,15 @@ class _HookHandle:
             self._hooks.remove(self._hook)
 
 
-def _raw(x: Any) -> Any:
+def array_of(x: Any) -> Any:
+    """The array under ``x`` (a Tensor's ``.data``), or ``x`` itself (an array, a number)."""
     return x.data if isinstance(x, Tensor) else x
 
 
 def _raw_index(key: Any) -> Any:
     if isinstance(key, tuple):
-        return tuple(_raw(k) for k in key)
-    return _raw(key)
+        return tuple(array_of(k) for k in key)
+    return array_of(key)
 
 
 def tensor(data: Any, requires_grad: bool = False, dtype: Any = None) -> Tensor:

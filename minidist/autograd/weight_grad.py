@@ -27,7 +27,8 @@ from __future__ import annotations
 from typing import Any, Iterable, NamedTuple
 
 from minidist.autograd import grad_mode
-from minidist.autograd.engine import _deliver, _release, _run, call_backward, initial_grad
+from minidist.autograd.engine import (LeafGradients, call_backward, deliver, initial_grad,
+                                      release, run_graph)
 from minidist.autograd.function import Context
 from minidist.backend import is_array
 
@@ -44,7 +45,7 @@ class Deferred(NamedTuple):
 
 
 class DeferWeights:
-    """B: what the engine (``_run(..., split=)``) calls at each node of a split
+    """B: what the engine (``run_graph(..., split=)``) calls at each node of a split
     backward. A node with a weight among its inputs computes its other inputs'
     gradients now and leaves a ``Deferred``; the engine keeps the node's saved
     values while W needs them."""
@@ -117,30 +118,23 @@ class WeightGradients:
             raise RuntimeError("these weight gradients were already computed: "
                                "each split backward has one W pass")
         self.done = True
-        pending: dict[int, int] = {}
+        leaves = LeafGradients()          # summed in the fused backward's order
         for record in self._records:
             for t in record.weights:
                 if t is not None:
-                    pending[id(t)] = pending.get(id(t), 0) + 1
-        sums: dict[int, Any] = {}
+                    leaves.expect(t)
         with grad_mode.no_grad():
-            for node, grads_out, leaves, done in self._records:
+            for node, grads_out, weights, done in self._records:
                 if done is None:
                     grads = call_backward(node, grads_out, asked=tuple(t is not None
-                                                                      for t in leaves))
+                                                                      for t in weights))
                 else:
                     grads = done
-                for t, g in zip(leaves, grads):
-                    if t is None:
-                        continue
-                    if g is not None:       # summed in the fused backward's order
-                        prev = sums.get(id(t))
-                        sums[id(t)] = g if prev is None else prev + g
-                    pending[id(t)] -= 1
-                    if pending[id(t)] == 0 and id(t) in sums:
-                        _deliver(t, sums.pop(id(t)))
+                for t, g in zip(weights, grads):
+                    if t is not None:
+                        leaves.add(t, g)
                 if done is None and not self._retain:
-                    _release(node)
+                    release(node)
         self._records = []
 
 
@@ -160,12 +154,12 @@ def backward_split(root: Any, grad: Any = None, weights: Iterable = (),
     grad = initial_grad(root, grad)
     split = DeferWeights(set(by_id))
     if root._ctx is None:               # a leaf: d(leaf)/d(leaf) = 1, nothing to split
-        _deliver(root, grad)
+        deliver(root, grad)
     else:
         splitting = True
         try:
             with grad_mode.no_grad():
-                _run(root, grad, retain_graph, split)
+                run_graph(root, grad, retain_graph, split)
         finally:
             splitting = False
     return WeightGradients(split.records, by_id, retain_graph)

@@ -11,7 +11,7 @@ import operator
 from typing import Any
 
 from minidist.autograd import ops
-from minidist.autograd.tensor import Tensor, _raw
+from minidist.autograd.tensor import Tensor, array_of
 from minidist.backend import xp
 from minidist.precision.autocast import autocast_matmul
 
@@ -40,7 +40,7 @@ def embedding(ids: Any, weight: Tensor) -> Tensor:
     """Rows of ``weight`` picked by integer ``ids``: (*ids.shape, dim)."""
     if cls := _tensor_like(weight, ids):
         return cls.__torch_function__(embedding, (), (ids, weight))
-    return ops.Embedding.apply(_raw(ids), weight)
+    return ops.Embedding.apply(array_of(ids), weight)
 
 
 def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
@@ -99,7 +99,7 @@ def cross_entropy(logits: Tensor, targets: Any, ignore_index: int = -100,
     if cls := _tensor_like(logits):
         return cls.__torch_function__(cross_entropy, (), (logits, targets, ignore_index,
                                                            reduction))
-    return ops.CrossEntropy.apply(logits, _raw(targets), ignore_index=ignore_index,
+    return ops.CrossEntropy.apply(logits, array_of(targets), ignore_index=ignore_index,
                                   reduction=reduction)
 
 

@@ -102,16 +102,102 @@ class _Backward:
                 self.parent.part_done()
 
 
-# The backward ends that wait for parameters' gradients: id(parameter) -> the
-# ends waiting; the hooks that serve them stay on the parameters while recording.
-_waiting: dict[int, list[_Backward]] = {}
-_hooked: dict[int, tuple] = {}           # id(parameter) -> (parameter, its hook's handle)
-# (keyed by the module itself, not its id: no module is freed and its id reused
-# while recording)
-_params: dict[Any, list] = {}            # module -> its parameters that want gradients
-_one_op: dict[Any, bool] = {}            # leaf module -> its last backward was one op
-_timed_ops: dict[type, type] = {}        # Function -> its subclass that records a span
-_open: list = []                         # the calls whose forward is running, innermost last
+class ModuleTrace:
+    """What tracing modules keeps while one recording lasts, owned by the recorder
+    (``trace.active.modules``, made at the first traced call; dropped with it):
+    the dotted names of the calls, the calls in progress, and the backward ends
+    that wait for parameters' gradients, with the hooks that serve them (removed
+    when recording ends). Keyed by the module itself, not its id: no module is freed
+    and its id reused while recording."""
+
+    def __init__(self) -> None:
+        self.names: dict[tuple, tuple] = {}    # (id(parent), id(child)) -> (name, span args)
+        self.paths: dict[int, str] = {}        # id(module) -> its path when last named in a parent
+        self.calls: list[tuple] = []           # (dotted path, module) of the calls in progress
+        self.open: list = []                   # their _Backward ends (or None), innermost last
+        self.waiting: dict[int, list[_Backward]] = {}   # id(parameter) -> ends waiting for it
+        self.hooked: dict[int, tuple] = {}     # id(parameter) -> (parameter, its hook's handle)
+        self.params: dict[Any, list] = {}      # module -> its parameters that want gradients
+        self.one_op: dict[Any, bool] = {}      # leaf module -> its last backward was one op
+
+    def module_name(self, module: Any) -> tuple[str, dict]:
+        """The dotted path of ``module`` inside the outermost module being called
+        (``h.3.attn``, as in ``named_modules``; "" for the outermost itself), and
+        the args of its spans, ``{"module": class name}``."""
+        parent_path, parent = self.calls[-1] if self.calls else ("", None)
+        key = (id(parent), id(module))
+        found = self.names.get(key)
+        if found is None and parent is None and id(module) in self.paths:
+            # called on its own after being called inside the model (fully_shard's
+            # recompute in backward runs a unit's forward directly): its path there
+            return self.paths[id(module)], {"module": type(module).__name__}
+        if found is None:
+            path = type(module).__name__ if parent is not None else ""
+            for name, inner in parent.named_modules() if parent is not None else ():
+                if inner is module and name:   # a child, or inside a ModuleList
+                    path = f"{parent_path}.{name}" if parent_path else name
+                    break                      # (else: called from a module it is not in)
+            found = self.names[key] = (path, {"module": type(module).__name__})
+            if parent is not None:
+                self.paths[id(module)] = path
+        return found
+
+    def enter(self, module: Any) -> tuple[str, dict]:
+        """A module's forward starts: returns the span's name (its dotted path; the
+        class name for the outermost module) and args. ``exit`` when it returns."""
+        parent = self.calls[-1][1] if self.calls else None
+        found = self.names.get((id(parent), id(module)))   # (module_name, once per call site)
+        path, args = found if found is not None else self.module_name(module)
+        self.calls.append((path, module))
+        return path or type(module).__name__, args
+
+    def exit(self) -> None:
+        self.calls.pop()
+
+    def gradient_done(self, p: Tensor) -> None:
+        """A parameter's gradient is complete (its post-accumulate hook): for the calls
+        whose backward has started (a pipeline has several in flight)."""
+        waiting = self.waiting.pop(id(p), ())
+        later = [back for back in waiting if back.start is None]
+        if later:
+            self.waiting[id(p)] = later
+        for back in waiting:
+            if back.start is not None:
+                back.part_done()
+
+    def wait_for_parameters(self, module: Any, back: _Backward) -> None:
+        """End ``back`` when the gradients of ``module``'s own parameters are complete
+        (and the backwards of the calls inside it, counted in ``back.parts`` already)."""
+        params = self.params.get(module)
+        if params is None:
+            params = self.params[module] = [p for p in module._parameters.values()
+                                            if p is not None and p.requires_grad]
+        back.parts, back.params = back.parts + len(params), True
+        for p in params:
+            if id(p) not in self.hooked:
+                handle = p.register_post_accumulate_grad_hook(self.gradient_done)
+                self.hooked[id(p)] = (p, handle)
+            self.waiting.setdefault(id(p), []).append(back)
+
+    def unhook(self) -> None:
+        """Recording ends: nothing is left on the parameters."""
+        for _, handle in self.hooked.values():
+            handle.remove()
+        self.hooked.clear()
+        self.waiting.clear()
+
+
+def module_trace(rec: Any) -> ModuleTrace:
+    """The recorder's ModuleTrace, made at its first traced call."""
+    state = rec.modules
+    if state is None:
+        state = rec.modules = ModuleTrace()
+        rec.on_close.append(state.unhook)
+    return state
+
+
+# Function -> its subclass that records a span: a cache of classes, kept across recordings
+_timed_ops: dict[type, type] = {}
 
 
 def timed(fn: type) -> type:
@@ -151,73 +237,45 @@ def _is_one_op(node: Any, args: tuple, module: Any) -> bool:
     return used <= own
 
 
-def _gradient_done(p: Tensor) -> None:
-    """A parameter's gradient is complete (its post-accumulate hook): for the calls
-    whose backward has started (a pipeline has several in flight)."""
-    waiting = _waiting.pop(id(p), ())
-    later = [back for back in waiting if back.start is None]
-    if later:
-        _waiting[id(p)] = later
-    for back in waiting:
-        if back.start is not None:
-            back.part_done()
-
-
-def _wait_for_parameters(rec: Any, module: Any, back: _Backward) -> None:
-    """End ``back`` when the gradients of ``module``'s own parameters are complete
-    (and the backwards of the calls inside it, counted in ``back.parts`` already)."""
-    params = _params.get(module)
-    if params is None:
-        params = _params[module] = [p for p in module._parameters.values()
-                                    if p is not None and p.requires_grad]
-    back.parts, back.params = back.parts + len(params), True
-    if not _hooked:
-        rec.on_close.append(_unhook)     # nothing is left on the parameters after
-    for p in params:
-        if id(p) not in _hooked:
-            _hooked[id(p)] = (p, p.register_post_accumulate_grad_hook(_gradient_done))
-        _waiting.setdefault(id(p), []).append(back)
-
-
-def _unhook() -> None:
-    for _, handle in _hooked.values():
-        handle.remove()
-    _hooked.clear()
-    _waiting.clear()
-    _params.clear()
-    _one_op.clear()
+def _mark_inputs(state: ModuleTrace, module: Any, name: str,
+                 args: tuple) -> tuple[_Backward | None, tuple, int]:
+    """(the call's backward ends, its arguments with those that want a gradient marked,
+    how many were). A leaf without parameters (Dropout, GELU) gets no backward ends (its
+    forward span only: its backward is one op, and marks cost two autograd nodes per
+    call); a leaf whose backward was one op gets no marks (its op is timed)."""
+    if not (grad_mode.is_grad_enabled() and (module._parameters or module._modules)):
+        return None, args, 0
+    one_op = state.one_op.get(module, False)
+    back, marked, inputs = _Backward(name, 0), [], 0
+    for a in args:   # (a loop, not generators: this runs at every module call)
+        if isinstance(a, Tensor) and a.requires_grad and not one_op:
+            inputs += 1
+            a = mark(a, back.part_done)
+        marked.append(a)
+    back.parts = inputs
+    return back, tuple(marked), inputs
 
 
 def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
     """``module(*args, **kwargs)`` with its forward span and backward marks."""
     rec = trace.active
-    name, span_args = rec.enter_module(module)
-    # (a leaf without parameters, Dropout or GELU, gets its forward span only: its
-    # backward is one op, and marks cost two autograd nodes per call)
-    back, inputs, one_op = None, 0, False
-    if grad_mode.is_grad_enabled() and (module._parameters or module._modules):
-        one_op = _one_op.get(module, False)   # then no marks: its op is timed
-        back, marked = _Backward(name, 0), []
-        for a in args:   # (a loop, not generators: this runs at every module call)
-            if isinstance(a, Tensor) and a.requires_grad and not one_op:
-                inputs += 1
-                a = mark(a, back.part_done)
-            marked.append(a)
-        args, back.parts = tuple(marked), inputs
+    state = module_trace(rec)
+    name, span_args = state.enter(module)
+    back, args, inputs = _mark_inputs(state, module, name, args)
     # the call that waits for this one's backward: the call around it, if that has no
     # input to mark (its end is then the end of the backwards inside it)
-    parent = _open[-1] if _open else None
+    parent = state.open[-1] if state.open else None
     parent = parent if parent is not None and parent.params else None
     if back is not None:
         back.params = not inputs and bool(module._modules)   # (it waits for what is inside)
-        _open.append(back)
+        state.open.append(back)
     start = rec.now()
     try:
         out = module.forward(*args, **kwargs)
     finally:
         if back is not None:
-            _open.pop()
-        rec.exit_module()
+            state.open.pop()
+        state.exit()
         rec.span(name, "module", start, rec.now(), span_args)
     if back is None:
         return out
@@ -226,15 +284,15 @@ def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
     if not any(wanted):
         return out                       # no backward goes through this call
     if not module._modules and isinstance(out, Tensor):   # a leaf: is its backward one op?
-        _one_op[module] = _is_one_op(out._ctx, args, module)
-        if not inputs and _one_op[module]:   # (no input marks in the op's way)
+        state.one_op[module] = _is_one_op(out._ctx, args, module)
+        if not inputs and state.one_op[module]:   # (no input marks in the op's way)
             out._ctx.fn, out._ctx.span_name = timed(out._ctx.fn), f"{name} backward"
             out._ctx.span_parent = parent
             if parent is not None:
                 parent.parts += 1
             return out
     if not inputs:   # after the forward: an inner module's span ends first, as it nests
-        _wait_for_parameters(rec, module, back)
+        state.wait_for_parameters(module, back)
         if not back.parts:
             return out                   # nothing of its own gets a gradient
     if parent is not None:

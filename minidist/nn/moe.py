@@ -202,10 +202,16 @@ def routers(module: Module) -> list[MoE]:
     return [m for m in module.modules() if isinstance(m, MoE)]
 
 
+def routes_tokens(module: Any) -> bool:
+    """Whether ``module`` routes tokens to experts (an MoE, expert-parallel or not): its
+    balancing loss then leaves beside the block's output, and its routing in ``last``."""
+    return isinstance(module, MoE)
+
+
 def routing_mlp(block: Module) -> MoE | None:
     """The block's MLP if it routes tokens (an MoE, expert-parallel or not), else None."""
     mlp = getattr(block, "mlp", None)
-    return mlp if hasattr(mlp, "aux_loss") else None
+    return mlp if routes_tokens(mlp) else None
 
 
 def run_block(fn: Callable[[Tensor], Tensor], moe: MoE | None, x: Tensor, term: str,

@@ -64,15 +64,7 @@ def plot(trace: dict, out: str, start_ms: float | None = None, end_ms: float | N
     row_of = {key: k for k, key in enumerate(keys)}
     fig, ax = plt.subplots(figsize=(12, 0.55 * len(keys) + 1.6))
     for key, spans in rows.items():
-        y = row_of[key]
-        depths = _depths(spans)
-        for d, e in sorted(zip(depths, spans), key=lambda pair: pair[0]):   # outer ones first
-            h = max(0.8 - 0.2 * d, 0.15)
-            ax.broken_barh([(e["ts"] / 1e3, e["dur"] / 1e3)], (y - h / 2, h),
-                           facecolors=_colour(e), edgecolor="none", alpha=0.9)
-            if e["cat"] == "pipeline" and d == 0:
-                ax.text((e["ts"] + e["dur"] / 2) / 1e3, y, e["name"], ha="center",
-                        va="center", fontsize=6, color="white", clip_on=True)
+        _spans(ax, spans, row_of[key])
     _flows(ax, events, row_of, lo, hi)
     for e in events:
         if e.get("ph") == "i" and e.get("cat") == "failure" and lo <= e["ts"] <= hi:
@@ -95,6 +87,18 @@ def plot(trace: dict, out: str, start_ms: float | None = None, end_ms: float | N
     fig.savefig(out, dpi=130)
     plt.close(fig)
     return out
+
+
+def _spans(ax, spans: list[dict], y: int) -> None:
+    """One thread's spans as bars in row ``y``, a nested span thinner on top of its parent."""
+    depths = _depths(spans)
+    for d, e in sorted(zip(depths, spans), key=lambda pair: pair[0]):   # outer ones first
+        h = max(0.8 - 0.2 * d, 0.15)
+        ax.broken_barh([(e["ts"] / 1e3, e["dur"] / 1e3)], (y - h / 2, h),
+                       facecolors=_colour(e), edgecolor="none", alpha=0.9)
+        if e["cat"] == "pipeline" and d == 0:
+            ax.text((e["ts"] + e["dur"] / 2) / 1e3, y, e["name"], ha="center",
+                    va="center", fontsize=6, color="white", clip_on=True)
 
 
 def _flows(ax, events: list[dict], row_of: dict, lo: float, hi: float) -> None:

@@ -86,9 +86,7 @@ class Recorder:
         self._tids: dict[int, int] = {}        # thread ident -> small tid (main: 0)
         self._counts: dict[tuple, int] = {}    # (direction, peer, ctx, tag) -> messages
         self._pending: list[tuple] = []        # (recv handle, flow id) not yet landed
-        self._names: dict[tuple, tuple] = {}   # (id(parent), id(child)) -> (name, span args)
-        self._paths: dict[int, str] = {}       # id(module) -> its path when last named in a parent
-        self._modules: list[tuple] = []        # (dotted path, module) of the calls in progress
+        self.modules: Any = None               # module calls' names, backward ends (nn/module_trace.py)
         self._steps: dict[str, int] = {}       # per kind: how many steps so far
         self.on_close: list = []               # called when recording ends (module_trace.py)
         self.from_env = False                  # started for a script by MINIDIST_TRACE (session.py)
@@ -205,41 +203,6 @@ class Recorder:
         row = ("f", fid, _ns(self.now()), self.tid())
         self._add(row if src != me else row + (SELF,))
 
-    # -- modules: forward spans by dotted name ---------------------------------------
-    def module_name(self, module: Any) -> tuple[str, dict]:
-        """The dotted path of ``module`` inside the outermost module being called
-        (``h.3.attn``, as in ``named_modules``; "" for the outermost itself), and
-        the args of its spans, ``{"module": class name}``."""
-        parent_path, parent = self._modules[-1] if self._modules else ("", None)
-        key = (id(parent), id(module))
-        found = self._names.get(key)
-        if found is None and parent is None and id(module) in self._paths:
-            # called on its own after being called inside the model (fully_shard's
-            # recompute in backward runs a unit's forward directly): its path there
-            return self._paths[id(module)], {"module": type(module).__name__}
-        if found is None:
-            path = type(module).__name__ if parent is not None else ""
-            for name, inner in parent.named_modules() if parent is not None else ():
-                if inner is module and name:   # a child, or inside a ModuleList
-                    path = f"{parent_path}.{name}" if parent_path else name
-                    break                      # (else: called from a module it is not in)
-            found = self._names[key] = (path, {"module": type(module).__name__})
-            if parent is not None:
-                self._paths[id(module)] = path
-        return found
-
-    def enter_module(self, module: Any) -> tuple[str, dict]:
-        """A module's forward starts: returns the span's name (its dotted path; the
-        class name for the outermost module) and args. ``exit_module`` when it returns."""
-        parent = self._modules[-1][1] if self._modules else None
-        found = self._names.get((id(parent), id(module)))   # (module_name, once per call site)
-        path, args = found if found is not None else self.module_name(module)
-        self._modules.append((path, module))
-        return path or type(module).__name__, args
-
-    def exit_module(self) -> None:
-        self._modules.pop()
-
     # -- rank, files ----------------------------------------------------------------
     def note_rank(self, rank: int, world_size: int, clock_offset_s: float = 0.0,
                   coords: dict | None = None) -> None:
@@ -310,7 +273,9 @@ def start(path: str) -> Recorder:
     if not path:
         raise ValueError("give the trace a file name, e.g. run.json or run.json.gz")
     active = Recorder(path)
-    atexit.register(_at_exit)
+    # a process that ends while recording completes its part, and rank 0 merges (a
+    # script under mpiexec that never calls destroy_process_group)
+    atexit.register(finish)
     _flush_on_sigterm()
     return active
 
@@ -321,7 +286,7 @@ def stop() -> Recorder | None:
     rec, active = active, None
     if rec is not None:
         rec.close()
-        atexit.unregister(_at_exit)
+        atexit.unregister(finish)
     return rec
 
 
@@ -355,12 +320,6 @@ def recorded_anything(rec: Recorder) -> bool:
         return True
     events, _ = read_part(rec.part)
     return any(e["ph"] != "M" for e in events)
-
-
-def _at_exit() -> None:
-    """A process that ends while recording: its part is complete, and rank 0 merges
-    (a script under mpiexec that never calls destroy_process_group)."""
-    finish()
 
 
 def start_from_env(rank: int, world_size: int) -> None:

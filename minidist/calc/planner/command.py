@@ -72,6 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser,
                         "405B beside the planner's own choice")
     parser.add_argument("--figure", metavar="PNG",
                         help="draw memory against step time for the whole space")
+    _add_measure_arguments(parser)
+    return lambda ns: run(ns, parser, runner)
+
+
+def _add_measure_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``plan --measure``: runs of a small GPT on this machine."""
     group = parser.add_argument_group(
         "--measure", "run layouts of a small GPT here and print predicted beside measured "
         "(size flags override its 4 layers, hidden 128, 4 heads, vocabulary 512; "
@@ -91,7 +97,6 @@ def add_arguments(parser: argparse.ArgumentParser,
                            f"{DEFAULT_LINK_GBPS[flag]})")
     group.add_argument("--node-size", type=positive_int, default=None,
                        help=f"ranks per node (default ${NODE_ENV}, else all in one)")
-    return lambda ns: run(ns, parser, runner)
 
 
 def _inputs(ns: argparse.Namespace, parser: argparse.ArgumentParser):

@@ -267,16 +267,23 @@ def measure(bench, spec: ModelSpec, setup: TrainingSetup, ranks: int, *,
             seconds[i] += got["all_seconds"]
             peaks.setdefault(i, got["peak_bytes"])
             log(f"  round {r + 1}: {layouts[i].short()}  {got['seconds']:.3f} s")
-    log(f"calibration: matmul {peak / 1e9:.2f} GFLOP/s per rank (peak); whole model alone "
-        + ", ".join(f"b{b} {_median(times[b]):.3f} s" for b in sizes)
-        + f" -> efficiency {cluster.matmul_efficiency:.1%}, "
-        f"{cluster.layer_overhead * 1e3:.2f} ms per layer and micro-batch; "
-        f"{latency * 1e6:.0f} us a message")
+    log(_calibration_line(peak, {b: _median(times[b]) for b in sizes}, cluster, latency))
     scored = [predict(spec, setup, layout, cluster, ranks) for layout in layouts]
     rows = [Row(scored[i], _median(seconds[i]), peaks[i]) for i in range(len(layouts))]
     return cluster, sorted(rows, key=lambda row: (not row.predicted.feasible,
                                                   row.predicted.time.total,
                                                   row.predicted.memory.total))
+
+
+def _calibration_line(peak: float, alone: dict[int, float], cluster: ClusterSpec,
+                      latency: float) -> str:
+    """What calibration found: the matmul rate, the whole model's median step alone per
+    micro-batch size, the efficiency and overhead fitted to them, a message's latency."""
+    return (f"calibration: matmul {peak / 1e9:.2f} GFLOP/s per rank (peak); whole model alone "
+            + ", ".join(f"b{b} {seconds:.3f} s" for b, seconds in alone.items())
+            + f" -> efficiency {cluster.matmul_efficiency:.1%}, "
+            f"{cluster.layer_overhead * 1e3:.2f} ms per layer and micro-batch; "
+            f"{latency * 1e6:.0f} us a message")
 
 
 def _median(values: list[float]) -> float:

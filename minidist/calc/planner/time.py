@@ -5,9 +5,8 @@
               T_c = F_hw x (L_stage p / L) / (GPUs x peak x efficiency)
                     + (1, or 4/3 with full recomputation) x L_stage x m x layer_overhead
               (the fixed cost per layer and micro-batch of a small model on a CPU;
-              0 on the GPU presets). minidist's ZeRO-3 (parallel/zero/zero3.py) runs
-              each unit's forward again in backward, from the regathered weights: its
-              layers' matmuls, 2 N_layer FLOPs per token and layer, and 4/3 the overhead
+              0 on the GPU presets). minidist's ZeRO-3 reruns each unit's forward in
+              backward (calibration.py)
     bubble    T_c x bubble_fraction(p, m, schedule, v)       (calc.pipeline)
     tp        per layer and micro-batch, 2 collectives of b (s / cp) h elements forward,
               2 backward, 2 more when full recomputation reruns the forward; each a ring
@@ -37,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minidist.calc import comm, pipeline
-from minidist.calc.planner import model
+from minidist.calc.planner import calibration, model
 from minidist.calc.planner.layouts import Layout, microbatches, stage_layers
 from minidist.calc.planner.memory import stage_params
 from minidist.calc.planner.presets import ClusterSpec, ModelSpec, TrainingSetup
@@ -99,60 +98,108 @@ def link(size: int, stride: int, cluster: ClusterSpec) -> tuple[float, float]:
     return cluster.inter_bandwidth, cluster.inter_latency
 
 
+# Passes of each collective per layer and micro-batch (module docstring).
+TP_PASSES = {"none": 4, "full": 6}      # 2 forward + 2 backward (+ 2 when recomputing)
+CP_PASSES = {"none": 2, "full": 3}      # all-gather forward, reduce-scatter backward (+ 1)
+EP_PASSES = 4                           # dispatch + combine, forward and backward
+PP_PASSES = 2                           # the activation forward, its gradient back
+ZERO3_DP_FACTOR = 1.5                   # 2 all-gathers + 1 reduce-scatter = 3 halves of 2
+RECOMPUTE_FACTOR = 4 / 3                # forward again: 1/3 of forward + backward
+BACKWARD_SHARE = 2 / 3                  # of a layer's forward + backward time
+
+
 def step_time(spec: ModelSpec, setup: TrainingSetup, layout: Layout,
               cluster: ClusterSpec) -> TimeBreakdown:
     """The slowest stage's step time (module docstring), term by term."""
     m = microbatches(layout, setup)
-    b, tp, cp, pp = layout.micro_batch, layout.tp, layout.cp, layout.pp
-    seq = setup.seq // cp
     layers = max(stage_layers(spec, layout))
-    tokens = setup.sequences * setup.seq
+    width = 2 if setup.precision == "mixed" else 4        # bytes of an activation element
+    compute = compute_seconds(spec, setup, layout, cluster, layers, m)
+    bubble = 0.0
+    if layout.pp > 1:
+        bubble = compute * pipeline.bubble_fraction(layout.pp, m, layout.schedule,
+                                                    layout.virtual_stages)
+    return TimeBreakdown(compute, bubble,
+                         tp_seconds(spec, setup, layout, cluster, layers * m, width),
+                         cp_seconds(spec, setup, layout, cluster, layers * m, width),
+                         ep_seconds(spec, setup, layout, cluster, layers * m, width),
+                         pp_seconds(spec, setup, layout, cluster, m, width),
+                         dp_seconds(spec, layout, cluster, layers, m, width, compute))
+
+
+def compute_seconds(spec: ModelSpec, setup: TrainingSetup, layout: Layout,
+                    cluster: ClusterSpec, layers: int, m: int) -> float:
+    """T_c = F_hw x (L_stage p / L) / (GPUs x peak x efficiency)
+    + (1, or 4/3 rerunning the forward) x L_stage x m x layer_overhead."""
     again = model.recompute_flops_per_token(spec, setup.seq, layout.recompute)
-    unit_rerun = (spec.implementation == "minidist" and layout.zero == 3
-                  and layout.recompute != "full")
+    unit_rerun = calibration.reruns_units(spec, layout)
     if unit_rerun:      # minidist's ZeRO-3 reruns every unit's forward: the layers' matmuls
         again = spec.layers * 2 * model.active_matmul_params_per_layer(spec)
+    tokens = setup.sequences * setup.seq
     flops = tokens * (model.model_flops_per_token(spec, setup.seq) + again)
-    share = layers * pp / spec.layers
+    share = layers * layout.pp / spec.layers
     compute = flops * share / (layout.gpus * cluster.peak_flops * cluster.matmul_efficiency)
-    rerun = 4 / 3 if layout.recompute == "full" or unit_rerun else 1   # fwd: 1/3 of fwd+bwd
-    compute += rerun * layers * m * cluster.layer_overhead
-    bubble = 0.0
-    if pp > 1:
-        bubble = compute * pipeline.bubble_fraction(pp, m, layout.schedule,
-                                                    layout.virtual_stages)
-    width = 2 if setup.precision == "mixed" else 4        # bytes of an activation element
-    activation = b * seq * spec.hidden * width
-    passes = 6 if layout.recompute == "full" else 4
-    tp_time = passes * layers * m * all_reduce_seconds(activation, tp, 1, cluster)
-    kv = 2 * b * setup.seq * spec.kv_heads * spec.head_dim * width / tp
-    cp_passes = 3 if layout.recompute == "full" else 2
-    cp_time = cp_passes * layers * m * all_gather_seconds(kv, cp, tp, cluster)
-    ep_time = 0.0
-    if spec.moe and layout.ep > 1:
-        bandwidth, latency = link(layout.ep, tp, cluster)
-        one = b * seq * spec.top_k * spec.hidden * width * (layout.ep - 1) / layout.ep
-        ep_time = 4 * layers * m * (one / bandwidth + (layout.ep - 1) * latency)
-    pp_time = 0.0
-    if pp > 1:
-        bandwidth, latency = link(pp, tp * cp * layout.dp, cluster)
-        send = activation / tp
-        pp_time = 2 * m * layout.virtual_stages * (send / bandwidth + latency)
-    dense, experts = stage_params(spec, layout, "middle" if pp > 2 else "first")
+    rerun = RECOMPUTE_FACTOR if layout.recompute == "full" or unit_rerun else 1
+    return compute + rerun * layers * m * cluster.layer_overhead
+
+
+def tp_seconds(spec: ModelSpec, setup: TrainingSetup, layout: Layout, cluster: ClusterSpec,
+               layer_passes: int, width: int) -> float:
+    """TP_PASSES all-reduces of b (s / cp) h elements per layer and micro-batch."""
+    activation = layout.micro_batch * (setup.seq // layout.cp) * spec.hidden * width
+    passes = TP_PASSES["full" if layout.recompute == "full" else "none"]
+    return passes * layer_passes * all_reduce_seconds(activation, layout.tp, 1, cluster)
+
+
+def cp_seconds(spec: ModelSpec, setup: TrainingSetup, layout: Layout, cluster: ClusterSpec,
+               layer_passes: int, width: int) -> float:
+    """CP_PASSES all-gathers (or reduce-scatters) of K and V, 2 b s a_kv d / tp bytes."""
+    kv = 2 * layout.micro_batch * setup.seq * spec.kv_heads * spec.head_dim * width / layout.tp
+    passes = CP_PASSES["full" if layout.recompute == "full" else "none"]
+    return passes * layer_passes * all_gather_seconds(kv, layout.cp, layout.tp, cluster)
+
+
+def ep_seconds(spec: ModelSpec, setup: TrainingSetup, layout: Layout, cluster: ClusterSpec,
+               layer_passes: int, width: int) -> float:
+    """EP_PASSES all-to-alls of b (s / cp) k h x (ep - 1)/ep bytes per MoE layer."""
+    if not spec.moe or layout.ep == 1:
+        return 0.0
+    ep = layout.ep
+    bandwidth, latency = link(ep, layout.tp, cluster)
+    one = layout.micro_batch * (setup.seq // layout.cp) * spec.top_k * spec.hidden * width \
+        * (ep - 1) / ep
+    return EP_PASSES * layer_passes * (one / bandwidth + (ep - 1) * latency)
+
+
+def pp_seconds(spec: ModelSpec, setup: TrainingSetup, layout: Layout, cluster: ClusterSpec,
+               m: int, width: int) -> float:
+    """PP_PASSES m v sends of b (s / cp) h / tp bytes across each stage boundary."""
+    if layout.pp == 1:
+        return 0.0
+    bandwidth, latency = link(layout.pp, layout.tp * layout.cp * layout.dp, cluster)
+    activation = layout.micro_batch * (setup.seq // layout.cp) * spec.hidden * width
+    send = activation / layout.tp
+    return PP_PASSES * m * layout.virtual_stages * (send / bandwidth + latency)
+
+
+def dp_seconds(spec: ModelSpec, layout: Layout, cluster: ClusterSpec, layers: int, m: int,
+               width: int, compute: float) -> float:
+    """The gradients' all-reduce over dp x cp, a bucket per layer, what the last
+    backward does not hide; ZeRO-2/3: after every micro-batch (module docstring)."""
+    dp_group = layout.dp * layout.cp
+    if dp_group == 1 or not m:
+        return 0.0
+    dense, experts = stage_params(spec, layout, "middle" if layout.pp > 2 else "first")
     grads = width * (dense + experts)
-    dp_group = layout.dp * cp
-    bucket = all_reduce_seconds(grads / layers, dp_group, tp, cluster)   # one layer's
+    bucket = all_reduce_seconds(grads / layers, dp_group, layout.tp, cluster)   # one layer's
     if layout.zero == 3:
-        bucket *= 1.5
-    dp_time = 0.0
-    if dp_group > 1 and m:
-        backward_per_layer = (compute / m) * (2 / 3) / layers
-        once = comm.exposed_comm_seconds(layers, bucket, backward_per_layer)
-        # ZeRO-2/3 keep only their shard of the gradients, so every micro-batch's
-        # gradients are reduce-scattered as they are made; DDP and ZeRO-1 accumulate
-        # whole gradients and reduce once, after the last micro-batch
-        dp_time = once * (m if layout.zero >= 2 else 1)
-    return TimeBreakdown(compute, bubble, tp_time, cp_time, ep_time, pp_time, dp_time)
+        bucket *= ZERO3_DP_FACTOR
+    backward_per_layer = (compute / m) * BACKWARD_SHARE / layers
+    once = comm.exposed_comm_seconds(layers, bucket, backward_per_layer)
+    # ZeRO-2/3 keep only their shard of the gradients, so every micro-batch's
+    # gradients are reduce-scattered as they are made; DDP and ZeRO-1 accumulate
+    # whole gradients and reduce once, after the last micro-batch
+    return once * (m if layout.zero >= 2 else 1)
 
 
 def mfu(spec: ModelSpec, setup: TrainingSetup, layout: Layout, cluster: ClusterSpec,

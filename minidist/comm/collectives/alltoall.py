@@ -66,6 +66,20 @@ SINGLE_COPY_MIN_BYTES = 1 << 18  # a smaller all-to-all (per rank, on average): 
 _offered = {"single_copy": True}  # False once a read of a peer failed: offer no address
 
 
+def split_sizes(sizes: list[int] | None, rows: int, n: int, what: str) -> list[int]:
+    """The split sizes of one side, checked against its array's first axis."""
+    if sizes is None:
+        if rows % n:
+            raise ValueError(f"all_to_all_single: {what} has {rows} rows, which do not split "
+                             f"into {n} equal parts; pass {what}_split_sizes")
+        return [rows // n] * n
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != n or min(sizes) < 0 or sum(sizes) != rows:
+        raise ValueError(f"all_to_all_single: {what}_split_sizes must be {n} non-negative "
+                         f"counts summing to the {rows} rows of {what}, got {sizes}")
+    return sizes
+
+
 def offsets(sizes: list[int]) -> list[int]:
     """Starting row of each part: [0, s0, s0+s1, ...] (N+1 entries)."""
     edges = [0]

@@ -34,7 +34,7 @@ from minidist.comm.collectives.all_reduce import make_plan, runnable
 from minidist.comm.collectives.all_reduce import run as run_all_reduce
 from minidist.comm.collectives.alltoall import (check_splits, offsets, pairwise_all_to_all,
                                                 alltoall_plan, single_copy_all_to_all, source_of,
-                                                worth_single_copy)
+                                                split_sizes, worth_single_copy)
 from minidist.comm.collectives.check import describe, verify_same_call
 from minidist.comm.group import ProcessGroup, resolve
 from minidist.comm.transport.reduce_op import ReduceOp, finish
@@ -279,20 +279,6 @@ def all_to_all(output_list: list, input_list: list, group: ProcessGroup | None =
     return _run(g, "all_to_all", dict(dtype=input_list[0].dtype.name), body, async_op)
 
 
-def _splits(sizes: list[int] | None, rows: int, n: int, what: str) -> list[int]:
-    """The split sizes of one side, checked against its array's first axis."""
-    if sizes is None:
-        if rows % n:
-            raise ValueError(f"all_to_all_single: {what} has {rows} rows, which do not split "
-                             f"into {n} equal parts; pass {what}_split_sizes")
-        return [rows // n] * n
-    sizes = [int(s) for s in sizes]
-    if len(sizes) != n or min(sizes) < 0 or sum(sizes) != rows:
-        raise ValueError(f"all_to_all_single: {what}_split_sizes must be {n} non-negative "
-                         f"counts summing to the {rows} rows of {what}, got {sizes}")
-    return sizes
-
-
 def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | None = None,
                       input_split_sizes: list[int] | None = None,
                       group: ProcessGroup | None = None, async_op: bool = False):
@@ -313,8 +299,8 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
                          f"and the same shape after the first axis")
     if input.ndim == 0:
         raise ValueError("all_to_all_single: input must have at least one axis to split")
-    send = _splits(input_split_sizes, input.shape[0], g.size, "input")
-    recv = _splits(output_split_sizes, output.shape[0], g.size, "output")
+    send = split_sizes(input_split_sizes, input.shape[0], g.size, "input")
+    recv = split_sizes(output_split_sizes, output.shape[0], g.size, "output")
     row = 1
     for s in input.shape[1:]:
         row *= s

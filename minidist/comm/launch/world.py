@@ -69,6 +69,18 @@ from minidist.trace.session import world_env
 GRACE_S = 1.0  # after a failure, how long the other ranks get to report before being killed
 
 
+def _check_can_start(world_size: int) -> None:
+    """A world of at least one rank, started by a process that may have children."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if multiprocess.current_process().daemon:
+        raise NestedWorldError(
+            f"{multiprocess.current_process().name} cannot start a world of its own (a "
+            "rank's processes cannot have children): under `minidist run` join the world "
+            "this process is in (dist.launched(), then dist.init_process_group()), or run "
+            "the script with python")
+
+
 class World:
     """``world_size`` processes with the process group initialised, kept alive."""
 
@@ -92,14 +104,7 @@ class World:
         ``env``: variables added to each rank's environment; ``output``: collect
         the ranks' output, prefixed, into the console and log files (output.py;
         None: the ranks write to this process's stdout and stderr directly)."""
-        if world_size < 1:
-            raise ValueError(f"world_size must be at least 1, got {world_size}")
-        if multiprocess.current_process().daemon:
-            raise NestedWorldError(
-                f"{multiprocess.current_process().name} cannot start a world of its own (a "
-                "rank's processes cannot have children): under `minidist run` join the world "
-                "this process is in (dist.launched(), then dist.init_process_group()), or run "
-                "the script with python")
+        _check_can_start(world_size)
         if slot_bytes is None:
             slot_bytes = 1 << 20 if world_size <= 8 else 1 << 18
         self.world_size = world_size
@@ -183,18 +188,11 @@ class World:
                 conn, proc = self._conns[r], self._procs[r]
                 if conn not in ready and proc.sentinel not in ready:
                     continue
-                try:
-                    reply = conn.recv() if conn.poll() else None
-                except (EOFError, OSError):
-                    reply = None
-                if reply is None:
-                    proc.join(0.5)
-                    failures[r] = ("ProcessExited", f"rank {r} exited with code "
-                                   f"{_exit_code(proc.exitcode)}{during}\n", False)
-                elif reply[0] == "ok":
+                reply = self._reply(r, during)
+                if reply[0] == "ok":
                     results[r] = reply[1]
                 else:
-                    failures[r] = (reply[1], reply[2], reply[3])
+                    failures[r] = reply[1:]
                 pending.discard(r)
             if failures and failed_at is None:
                 failed_at = time.monotonic()
@@ -212,6 +210,18 @@ class World:
             raise RankFailedError(first, failures[first][0], failures[first][1],
                                   {r: f[:2] for r, f in sorted(failures.items())})
         return results
+
+    def _reply(self, r: int, during: str) -> tuple:
+        """Rank r's ("ok", result) or ("failed", type, traceback, aborted), a silent exit too."""
+        try:
+            reply = self._conns[r].recv() if self._conns[r].poll() else None
+        except (EOFError, OSError):
+            reply = None
+        if reply is None:
+            self._procs[r].join(0.5)
+            return ("failed", "ProcessExited", f"rank {r} exited with code "
+                    f"{_exit_code(self._procs[r].exitcode)}{during}\n", False)
+        return reply if reply[0] == "ok" else ("failed", *reply[1:4])
 
     def close(self, force: bool = False) -> None:
         """Stop every rank and remove the segment. Ranks are asked to exit and

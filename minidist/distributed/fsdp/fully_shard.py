@@ -18,6 +18,14 @@ its ``ceil(rows / N)`` rows, lie side by side in one buffer (FSDP2's copy-in and
 copy-out), so a unit costs one all-gather and one reduce-scatter, not one per
 parameter.
 
+FSDP2's lifecycle, one named step each (a breakpoint per idea):
+
+    shard parameters      shard_parameters          at fully_shard: keep this rank's pieces
+    gather for forward    FSDPState.gather("forward")   the unit's forward starts
+    reshard               FSDPState.reshard         the forward is done: the pieces again
+    gather for backward   FSDPState.gather("backward")  a resharded unit's backward starts
+    reduce gradients      FSDPState.reduce_or_keep  its backward is done: reduce-scatter
+
 ``reshard_after_forward=True`` frees the gathered parameters once the unit's
 forward is done and gathers them again for its backward, which recomputes the
 unit's forward from its saved input (as ZeRO-3 here does: NumPy cannot free the
@@ -56,7 +64,7 @@ micro-batches), the next synced backward reduce-scatters their sum, once.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from minidist import backend
 from minidist.autograd.engine import backward as run_backward
@@ -68,13 +76,14 @@ from minidist.backend import xp
 from minidist.comm.group import get_world_size
 from minidist.distributed._shared_tokens import share_tokens
 from minidist.distributed.device_mesh import init_device_mesh
-from minidist.distributed.fsdp.state import FSDPState, MixedPrecisionPolicy
+from minidist.distributed.fsdp.state import FSDPParam, FSDPState, MixedPrecisionPolicy
 from minidist.distributed.tensor._api import DTensor, distribute_tensor
 from minidist.distributed.tensor._collectives import backward_phase
 from minidist.distributed.tensor._piece_norm import note_piece, refuse_pieces_as_replicas
 from minidist.distributed.tensor._redistribute import GradPlacements
 from minidist.distributed.tensor.placement_types import Shard
 from minidist.nn.module import Module, Parameter
+from minidist.nn.moe import routes_tokens
 
 
 def _managed_parameters(module: Module) -> dict[int, tuple[Parameter, list]]:
@@ -109,7 +118,7 @@ class _ShardedUnit(Function):
             with no_grad():
                 out = inner(Tensor(x))
         finally:
-            state.put(state.shards())
+            state.reshard()
         return out.data
 
     @staticmethod
@@ -132,7 +141,7 @@ class _ShardedUnit(Function):
             gen.set_state(now)
             run_backward(out, grad)
         finally:
-            state.put(state.shards())
+            state.reshard()
         with backward_phase():
             pieces = state.reduce_or_keep([f.grad if f.grad is not None else f.data * 0
                                            for f in full])
@@ -154,8 +163,8 @@ class _GatheredParameters(Function):
     @staticmethod
     def backward(ctx, *grads):
         state = ctx.state
-        grads = [g if g is not None else xp.zeros(shape, dtype=s.dtype)
-                 for g, (s, _, shape) in zip(grads, state.params)]
+        grads = [g if g is not None else xp.zeros(param.shape, dtype=param.shard.dtype)
+                 for g, param in zip(grads, state.params)]
         with backward_phase():
             pieces = state.reduce_or_keep(grads)
         if pieces is None:
@@ -169,28 +178,54 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
     (default: the world) as Shard(0), gathered around its forward and backward.
     ``reshard_after_forward``: True, False, or the size of a smaller group (a node) to
     keep them sharded over from forward to backward (an int dividing the mesh's size)."""
+    mesh = _one_dim_mesh(mesh)
+    reshard_after_forward = _reshard_setting(reshard_after_forward, mesh)
+    mp_policy = mp_policy or MixedPrecisionPolicy()
+    mp_policy.check()
+    state = FSDPState(mesh, reshard_after_forward, mp_policy)
+    shard_parameters(module, state)
+    _join_schedules(module, state)
+    object.__setattr__(module, "_fsdp_state", state)
+    _add_methods(module)
+    if state.params:
+        object.__setattr__(module, "forward", _sharded_forward(module, state))
+    return module
+
+
+def _one_dim_mesh(mesh: Any) -> Any:
+    """The mesh to shard over: ``mesh`` (1-D), or the whole world."""
     if mesh is None:
         mesh = init_device_mesh("cuda" if backend.get_backend() == "cupy" else "cpu",
                                 (get_world_size(),))
     if mesh.ndim != 1:
         raise ValueError(f"fully_shard takes a 1-D mesh, got {mesh.ndim} dimensions: pass "
                          "mesh['dp'] (the data-parallel dimension)")
+    return mesh
+
+
+def _reshard_setting(reshard_after_forward: bool | int, mesh: Any) -> bool | int:
+    """True, False, or the size of a smaller group; torch's two ends of the int range
+    (the mesh's size, 1) read as True and False."""
     if not isinstance(reshard_after_forward, (bool, int)):
         raise TypeError("reshard_after_forward must be True, False, or an int (the size of "
                         f"the group to reshard to), not {reshard_after_forward!r}")
-    if not isinstance(reshard_after_forward, bool):   # torch's two ends of the int range
+    if not isinstance(reshard_after_forward, bool):
         if reshard_after_forward == mesh.size():
-            reshard_after_forward = True
-        elif reshard_after_forward == 1:
-            reshard_after_forward = False
-    mp_policy = mp_policy or MixedPrecisionPolicy()
-    mp_policy.check()
+            return True
+        if reshard_after_forward == 1:
+            return False
+    return reshard_after_forward
+
+
+def shard_parameters(module: Module, state: FSDPState) -> None:
+    """Replace each parameter no inner unit holds by this rank's Shard(0) piece, and
+    record it in ``state.params`` (FSDP2's lifecycle, step 1: shard parameters)."""
+    mesh = state.mesh
     managed = _managed_parameters(module)
     names = {id(p): n for n, p in module.named_parameters()}
     refuse_pieces_as_replicas([(names.get(key, "?"), p) for key, (p, _) in managed.items()],
                               mesh.get_group(0), "fully_shard")
     share_tokens(module, mesh.get_group(0), "batch")   # the routers' counts: every rank's batch
-    state = FSDPState(mesh, reshard_after_forward, mp_policy)
     for param, uses in managed.values():
         shape = tuple(param.shape)
         if not shape:
@@ -200,34 +235,34 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
         note_piece(shard, mesh, (Shard(0),), cut_from=param)   # clip_grad_norm_ counts the whole
         for owner, name in uses:
             setattr(owner, name, shard)
-        state.params.append((shard, uses, shape))
-    if len({s.dtype for s in state.shards()}) > 1:
+        state.params.append(FSDPParam(shard, uses, shape))
+    dtypes = {s.dtype for s in state.shards()}
+    if len(dtypes) > 1:
         raise ValueError("fully_shard gathers a unit's parameters in one buffer: give them one "
-                         f"dtype, or shard the modules apart (got {sorted({str(s.dtype) for s in state.shards()})})")
-    for m in module.modules():          # the units inside share one prefetch schedule
+                         f"dtype, or shard the modules apart (got {sorted(map(str, dtypes))})")
+
+
+def _join_schedules(module: Module, state: FSDPState) -> None:
+    """The units inside ``module`` share one prefetch schedule with it (it is their root)."""
+    for m in module.modules():
         inner_state = m.__dict__.get("_fsdp_state")
         if m is not module and inner_state is not None \
                 and inner_state.schedule is not state.schedule:
             state.schedule.join(inner_state.schedule)
             state.is_root = True
-    object.__setattr__(module, "_fsdp_state", state)
-    _add_methods(module)
-    if not state.params:
-        return module
-    is_root = state.is_root
+
+
+def _sharded_forward(module: Module, state: FSDPState) -> Callable[..., Any]:
+    """The unit's forward, its parameters gathered around it (steps 2 to 5: gather for
+    forward, reshard, gather for backward, reduce gradients, in _ShardedUnit or
+    _GatheredParameters)."""
     inner = module.forward
     # an MoE's balancing loss leaves the unit beside its output (the model adds it to
     # the loss): a graph-free forward would cut its gradient, so such a unit is kept
-    side_outputs = any(hasattr(m, "aux_loss") for m in module.modules())
+    side_outputs = any(routes_tokens(m) for m in module.modules())
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        rest = (*args[1:], *kwargs.values())      # a Llama layer's positions, documents
-        # (inside a recompute, the graph is used at once: the gathered path, one gather)
-        recompute = (state.reshard and not is_root and not side_outputs
-                     and not is_recomputing() and args
-                     and isinstance(args[0], Tensor)
-                     and not any(isinstance(a, Tensor) for a in rest))
-        if recompute:
+        if _recomputes(state, side_outputs, args, kwargs):
             return _ShardedUnit.apply(args[0], *state.shards(), state=state,
                                       inner=lambda x: inner(x, *args[1:], **kwargs))
         gathered = _GatheredParameters.apply(*state.shards(), state=state)  # kept to backward
@@ -235,9 +270,20 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
         try:
             return inner(*args, **kwargs)
         finally:
-            state.put(state.shards())
-    object.__setattr__(module, "forward", forward)
-    return module
+            state.reshard()
+    return forward
+
+
+def _recomputes(state: FSDPState, side_outputs: bool, args: tuple, kwargs: dict) -> bool:
+    """Whether this forward reshards and its backward gathers again to recompute: a unit
+    set to reshard, not the root, with no balancing loss beside its output, not already
+    inside a recompute (whose graph is used at once), and whose only Tensor argument is its
+    input (a Llama layer's positions and documents are not Tensors)."""
+    if not state.reshard_after_forward or state.is_root or side_outputs or is_recomputing():
+        return False
+    rest = (*args[1:], *kwargs.values())
+    return bool(args) and isinstance(args[0], Tensor) \
+        and not any(isinstance(a, Tensor) for a in rest)
 
 
 def _fsdp_states(modules: list[Module], who: str) -> list[FSDPState]:
@@ -282,7 +328,7 @@ def sharded_state_dict(module: Module) -> dict[str, DTensor]:
         owner_name, attr = name.rsplit(".", 1) if "." in name else ("", name)
         owner = dict(module.named_modules())[owner_name]
         state = _state_of(module, owner)
-        shape = next(shape for s, _, shape in state.params if s is p)
+        shape = next(param.shape for param in state.params if param.shard is p)
         out[name] = DTensor(p, state.spec(shape, Shard(0)), GradPlacements((Shard(0),), True))
     return out
 

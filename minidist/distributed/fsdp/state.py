@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from minidist import backend
 from minidist.backend import xp
@@ -66,6 +66,14 @@ class MixedPrecisionPolicy:
     def check(self) -> None:
         emulated_format(self.param_dtype)
         emulated_format(self.reduce_dtype)
+
+
+class FSDPParam(NamedTuple):
+    """One parameter of a unit (torch's FSDPParam): the piece this rank keeps and where
+    the modules use the parameter."""
+    shard: Parameter                      # this rank's dim-0 piece, (ceil(rows / N), ...) or fewer
+    uses: list[tuple[Module, str]]        # (module, attribute name): two for a tied parameter
+    shape: tuple[int, ...]                # the whole parameter's shape, (rows, ...)
 
 
 class Schedule:
@@ -102,11 +110,11 @@ class FSDPState:
     def __init__(self, mesh: Any, reshard_after_forward: bool | int,
                  mp_policy: MixedPrecisionPolicy):
         self.mesh, self.mp_policy = mesh, mp_policy
-        self.reshard = reshard_after_forward is not False
+        self.reshard_after_forward = reshard_after_forward is not False
         self.post_group = None if isinstance(reshard_after_forward, bool) \
             else post_forward_group(mesh, reshard_after_forward)
         self.post_forward: list[Any] | None = None   # pieces for post_group, forward to backward
-        self.params: list[tuple[Parameter, list[tuple[Module, str]], tuple[int, ...]]] = []
+        self.params: list[FSDPParam] = []
         self.requires_gradient_sync = True
         self.unsharded_grads: list[Any] | None = None   # accumulated while sync is off
         self.is_root = False
@@ -120,17 +128,21 @@ class FSDPState:
         return DTensorSpec(self.mesh, (placement,), shape)
 
     def shards(self) -> list[Parameter]:
-        return [shard for shard, _, _ in self.params]
+        return [param.shard for param in self.params]
 
     def put(self, values: list[Any]) -> None:
         """Make the modules use ``values`` (gathered tensors, or the shards back)."""
-        for value, (_, uses, _) in zip(values, self.params):
-            for module, name in uses:
+        for value, param in zip(values, self.params):
+            for module, name in param.uses:
                 object.__setattr__(module, name, value)
+
+    def reshard(self) -> None:
+        """Make the modules use the pieces again (the gathered parameters are dropped)."""
+        self.put(self.shards())
 
     # -- gathering, with prefetch --------------------------------------------------
     def _start(self, phase: str, async_op: bool) -> coll.GatheredDim0 | list:
-        lengths = [shape[0] for _, _, shape in self.params]
+        lengths = [param.shape[0] for param in self.params]
         if phase == "backward" and self.post_group is not None:
             return coll.all_gather_dim0(self.post_forward, lengths, self.post_group, async_op)
         return coll.all_gather_dim0([s.data for s in self.shards()], lengths,
@@ -216,9 +228,9 @@ class FSDPState:
         if fmt is not None:
             pieces = reduce_scatter_dim0_in_format(grads, "avg", group, fmt)
         else:
-            dtype = self.mp_policy.reduce_dtype or self.params[0][0].dtype
+            dtype = self.mp_policy.reduce_dtype or self.params[0].shard.dtype
             pieces = coll.reduce_scatter_dim0([g.astype(dtype) for g in grads], "avg", group)
-        return [p.astype(s.dtype) for p, (s, _, _) in zip(pieces, self.params)]
+        return [p.astype(param.shard.dtype) for p, param in zip(pieces, self.params)]
 
 
 def post_forward_group(mesh: Any, size: int) -> ProcessGroup:

@@ -26,7 +26,7 @@ all-to-all.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from minidist.autograd.function import Function
 from minidist.distributed.tensor import _collectives as coll
@@ -64,15 +64,30 @@ class GradPlacements:
         self.placements, self.fixed = placements, fixed
 
 
-def plan(src: tuple[Placement, ...], dst: tuple[Placement, ...]) -> list[tuple]:
-    """The steps (mesh_dim, placements before the step, new placement) from ``src`` to
-    ``dst`` (module docstring)."""
+class Step(NamedTuple):
+    """One step of a redistribute: one mesh dimension's placement changed by one
+    collective (torch's _TransformInfo)."""
+    mesh_dim: int                        # the mesh dimension whose placement changes
+    before: tuple[Placement, ...]        # every mesh dim's placement before the step
+    after: Placement                     # mesh_dim's placement after it
+
+
+def _alone_on_its_dims(cur: list, dst: tuple, i: int) -> bool:
+    """Whether no mesh dim but ``i``, now or wanted, cuts the tensor dims that mesh dim
+    ``i`` moves between (Shard(a) -> Shard(b)): then one all-to-all does it."""
+    dims = {cur[i].dim, dst[i].dim}
+    others = [p for j, p in enumerate(cur) if j != i] + [p for j, p in enumerate(dst) if j != i]
+    return not any(isinstance(p, Shard) and p.dim in dims for p in others)
+
+
+def plan(src: tuple[Placement, ...], dst: tuple[Placement, ...]) -> list[Step]:
+    """The steps from ``src`` to ``dst`` (module docstring)."""
     n = len(src)
     cur = list(src)
-    steps: list[tuple] = []
+    steps: list[Step] = []
 
     def move(i: int, p: Placement) -> None:
-        steps.append((i, tuple(cur), p))
+        steps.append(Step(i, tuple(cur), p))
         cur[i] = p
 
     def gather_inner(i: int, dim: int) -> None:        # innermost cut first
@@ -83,14 +98,10 @@ def plan(src: tuple[Placement, ...], dst: tuple[Placement, ...]) -> list[tuple]:
     for i in reversed(range(n)):                                           # 1.
         if cur[i] == dst[i] or not isinstance(cur[i], Shard):
             continue
-        d = cur[i].dim
-        if isinstance(dst[i], Shard):
-            dims = {d, dst[i].dim}
-            others = [p for j, p in enumerate(cur + list(dst)) if j % n != i]
-            if not any(isinstance(p, Shard) and p.dim in dims for p in others):
-                move(i, dst[i])                                            # all-to-all
-                continue
-        gather_inner(i, d)
+        if isinstance(dst[i], Shard) and _alone_on_its_dims(cur, dst, i):
+            move(i, dst[i])                                                # all-to-all
+            continue
+        gather_inner(i, cur[i].dim)
         move(i, Replicate())
     for i in range(n):                                                     # 2.
         if cur[i].is_partial() and cur[i] != dst[i]:
@@ -112,7 +123,8 @@ def redistribute_local(local: Any, spec: DTensorSpec, placements: tuple[Placemen
     """The local array of ``spec``'s tensor laid out as ``placements`` instead (no autograd)."""
     mesh = spec.mesh
     coord = mesh.get_coordinate()
-    for i, before, new in plan(spec.placements, placements):
+    for step in plan(spec.placements, placements):
+        i, before, new = step.mesh_dim, step.before, step.after
         group = mesh.get_group(i)
         n = group.size
         old = before[i]

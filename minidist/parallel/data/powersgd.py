@@ -36,6 +36,7 @@ powerSGD_hook)``; torch's arguments and names.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,75 +104,95 @@ def _orthonormal(p: Any) -> Any:
     return q
 
 
+def _flat(arrays: list, dtype: Any) -> Any:
+    """The arrays back to back in one flat buffer (one all-reduce for all of them)."""
+    return xp.concatenate([a.reshape(-1) for a in arrays]) if arrays else xp.zeros(0, dtype)
+
+
+def _pieces(flat: Any, shapes: list) -> list:
+    """``flat`` cut back into views of ``shapes`` (the inverse of ``_flat``)."""
+    out, off = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        out.append(flat[off:off + size].reshape(shape))
+        off += size
+    return out
+
+
 def powerSGD_hook(state: PowerSGDState, bucket: GradBucket) -> Future:
-    """Average ``bucket`` with PowerSGD (see the module docstring)."""
-    group = state.process_group
+    """Average ``bucket`` with PowerSGD (see the module docstring), in four steps: add
+    the residual, start the dense all-reduce and P's, then (when DDP waits) Q's, then
+    decompress and keep the new residual."""
     if state.iter < state.start_powerSGD_iter:
         state.maybe_increase_iter(bucket)
-        return allreduce_hook(group, bucket)
-    n_ranks = dist.get_world_size(group)
-    i, buf, r = bucket.index(), bucket.buffer(), state.matrix_approximation_rank
-    if state.use_error_feedback:
-        if i in state.error_dict:
-            buf += state.error_dict[i]                   # input = gradient + residual
-        before = buf.copy()
-    matrices, dense = [], []
-    for view in bucket.gradients():
-        shape = _as_matrix(view).shape if view.ndim >= 2 else None
-        worth = shape is not None and worth_compressing(shape, r, state.min_compression_rate)
-        (matrices if worth else dense).append(view)
-    state.dense_elements[i] = buf.size
-    state.sent_elements[i] = (sum(compressed_elements(_as_matrix(v).shape, r) for v in matrices)
-                              + sum(v.size for v in dense))
+        return allreduce_hook(state.process_group, bucket)
+    return _PowerSGDRound(state, bucket).start()
 
-    # The uncompressed part: one plain all-reduce of the vectors, back to back.
-    flat_dense = xp.concatenate([v.reshape(-1) for v in dense]) if dense else None
-    dense_work = (dist.all_reduce(flat_dense, op=ReduceOp.AVG, group=group, async_op=True)
-                  if dense else None)
 
-    # P = M Q for every matrix, all in one flat buffer, summed over ranks.
-    qs = state.q_memory_dict.get(i) if state.warm_start else None
-    if qs is None:
-        qs = [state._rng.normal((_as_matrix(v).shape[1], rank_for(_as_matrix(v).shape, r)),
-                                dtype=buf.dtype) for v in matrices]
-    ps = [_as_matrix(v) @ q for v, q in zip(matrices, qs)]          # each (n, k)
-    p_flat = xp.concatenate([p.reshape(-1) for p in ps]) if ps else xp.zeros(0, buf.dtype)
-    p_work = dist.all_reduce(p_flat, group=group, async_op=True)
+class _PowerSGDRound:
+    """PowerSGD on one bucket in one step: its matrices, the dense rest, P and Q."""
 
-    def second_half() -> Future:
-        """P is summed: orthonormalise it, Q = M^T P^, sum Q over ranks."""
-        p_hats, off = [], 0
-        for p in ps:
-            p_hats.append(_orthonormal(p_flat[off:off + p.size].reshape(p.shape)))
-            off += p.size
-        new_qs = [_as_matrix(v).T @ ph for v, ph in zip(matrices, p_hats)]   # each (m, k)
-        q_flat = xp.concatenate([q.reshape(-1) for q in new_qs]) if new_qs \
-            else xp.zeros(0, buf.dtype)
-        q_work = dist.all_reduce(q_flat, group=group, async_op=True)
-        return Future(q_work, lambda: decompress(p_hats, q_flat, new_qs))
+    def __init__(self, state: PowerSGDState, bucket: GradBucket):
+        self.state, self.bucket, self.group = state, bucket, state.process_group
+        self.i, self.buf = bucket.index(), bucket.buffer()
+        self.r = state.matrix_approximation_rank
+        self.matrices, self.dense = [], []      # views of the bucket: compressed, sent whole
+        for view in bucket.gradients():
+            shape = _as_matrix(view).shape if view.ndim >= 2 else None
+            worth = shape is not None and worth_compressing(shape, self.r,
+                                                            state.min_compression_rate)
+            (self.matrices if worth else self.dense).append(view)
 
-    def decompress(p_hats: list, q_flat: Any, new_qs: list) -> Any:
-        q_flat /= n_ranks                                            # sum -> average
-        averaged_qs, off = [], 0
-        for v, ph, q in zip(matrices, p_hats, new_qs):
-            q_avg = q_flat[off:off + q.size].reshape(q.shape)        # (m, k)
-            off += q.size
-            v[...] = (ph @ q_avg.T).reshape(v.shape)                 # M ~ P^ Q^T
-            averaged_qs.append(q_avg.copy())
-        state.q_memory_dict[i] = averaged_qs
-        if dense:
-            if dense_work is not None:
-                dense_work.wait()
-            off = 0
-            for v in dense:
-                v[...] = flat_dense[off:off + v.size].reshape(v.shape)
-                off += v.size
+    def start(self) -> Future:
+        """input = gradient + residual; start the dense all-reduce and P = sum M Q."""
+        state, i, buf = self.state, self.i, self.buf
         if state.use_error_feedback:
-            state.error_dict[i] = before - buf                       # residual = input - approx
-        state.maybe_increase_iter(bucket)
-        return buf
+            if i in state.error_dict:
+                buf += state.error_dict[i]               # input = gradient + residual
+            self.before = buf.copy()
+        state.dense_elements[i] = buf.size
+        state.sent_elements[i] = (
+            sum(compressed_elements(_as_matrix(v).shape, self.r) for v in self.matrices)
+            + sum(v.size for v in self.dense))
+        # The uncompressed part: one plain all-reduce of the vectors, back to back.
+        self.flat_dense = _flat(self.dense, buf.dtype)
+        self.dense_work = dist.all_reduce(self.flat_dense, op=ReduceOp.AVG, group=self.group,
+                                          async_op=True) if self.dense else None
+        # P = M Q for every matrix, all in one flat buffer, summed over ranks.
+        qs = state.q_memory_dict.get(i) if state.warm_start else None
+        if qs is None:
+            qs = [state._rng.normal((_as_matrix(v).shape[1], rank_for(_as_matrix(v).shape, self.r)),
+                                    dtype=buf.dtype) for v in self.matrices]
+        self.ps = [_as_matrix(v) @ q for v, q in zip(self.matrices, qs)]   # each (n, k)
+        self.p_flat = _flat(self.ps, buf.dtype)
+        future = Future(dist.all_reduce(self.p_flat, group=self.group, async_op=True),
+                        self.second_half)
+        if self.dense_work is not None:
+            future.works.append(self.dense_work)
+        return future
 
-    future = Future(p_work, second_half)
-    if dense_work is not None:
-        future.works.append(dense_work)
-    return future
+    def second_half(self) -> Future:
+        """P is summed: orthonormalise it, Q = M^T P^, sum Q over ranks."""
+        p_hats = [_orthonormal(p) for p in _pieces(self.p_flat, [p.shape for p in self.ps])]
+        new_qs = [_as_matrix(v).T @ ph for v, ph in zip(self.matrices, p_hats)]  # each (m, k)
+        q_flat = _flat(new_qs, self.buf.dtype)
+        q_work = dist.all_reduce(q_flat, group=self.group, async_op=True)
+        return Future(q_work, lambda: self.decompress(p_hats, q_flat, new_qs))
+
+    def decompress(self, p_hats: list, q_flat: Any, new_qs: list) -> Any:
+        """M ~ P^ Q^T with Q averaged; the dense part back; residual = input - approx."""
+        state = self.state
+        q_flat /= dist.get_world_size(self.group)                    # sum -> average
+        averaged_qs = _pieces(q_flat, [q.shape for q in new_qs])     # each (m, k)
+        for v, ph, q_avg in zip(self.matrices, p_hats, averaged_qs):
+            v[...] = (ph @ q_avg.T).reshape(v.shape)                 # M ~ P^ Q^T
+        state.q_memory_dict[self.i] = [q.copy() for q in averaged_qs]
+        if self.dense:
+            if self.dense_work is not None:
+                self.dense_work.wait()
+            for v, avg in zip(self.dense, _pieces(self.flat_dense, [v.shape for v in self.dense])):
+                v[...] = avg
+        if state.use_error_feedback:
+            state.error_dict[self.i] = self.before - self.buf        # residual = input - approx
+        state.maybe_increase_iter(self.bucket)
+        return self.buf

@@ -144,58 +144,84 @@ def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
     Gradients accumulate into the chunks' parameters.
     """
     p, r = dist.get_world_size(group), dist.get_rank(group)
-    v, m = len(chunks), microbatches
-    n_pieces = p * v
     split = any(op.kind == "W" for op in ops)
-    clock = OpClock(op_seconds, op_costs, split, v)
-    link = Neighbours(group, n_pieces, m, placement, activation_shape, dtype, clock)
-    stats = PipelineStats(timeline=clock.timeline)
-    saved: dict[tuple[int, int], tuple[Tensor | None, Tensor]] = {}   # (mb, chunk) -> (x, y)
-    w_todo: dict[tuple[int, int], Any] = {}   # (mb, chunk) -> its WeightGradients
-    weights = [list(chunk.parameters()) for chunk in chunks]
+    clock = OpClock(op_seconds, op_costs, split, len(chunks))
+    link = Neighbours(group, p * len(chunks), microbatches, placement, activation_shape,
+                      dtype, clock)
+    run = _StepRun(chunks, microbatches, inputs, targets, link, split)
     traced = trace.active is not None and op_costs is None   # op spans in a trace (trace/)
     step = trace.active.next_step("pipeline") if traced else 0
-
     for op in ops:
         s = virtual_stage(r, op.chunk, p, placement)    # this piece's place in the model
-        first, last = s == 0, s == n_pieces - 1
-        i, key, chunk = op.microbatch, (op.microbatch, op.chunk), chunks[op.chunk]
         if op.kind == "F":
-            x = None if first else Tensor(link.receive("F", s - 1, i), requires_grad=True)
-            clock.begin()
-            inp = inputs[i] if first else x
-            out = chunk(inp, targets[i]) if last else chunk(inp)
-            saved[key] = (x, out)
-            stats.peak_inflight = max(stats.peak_inflight, len(saved) + len(w_todo))
-            clock.end(op)
-            if last:
-                stats.losses.append(float(out.data))
-            else:
-                link.send(out.data, "F", s, s + 1, i)
+            run.forward(op, s)
         elif op.kind == "B":
-            x, out = saved.pop(key)
-            if last:
-                grad = xp.full(out.shape, 1.0 / m, dtype=out.dtype)      # d(mean)/d(loss_i)
-            else:
-                grad = link.receive("B", s + 1, i)
-            clock.begin()
-            if split:       # dL/dx now; the weights' gradients wait for W
-                w_todo[key] = backward_split(out, grad, weights=weights[op.chunk])
-                held = sum(w.held_bytes for w in w_todo.values())
-                stats.peak_w_bytes = max(stats.peak_w_bytes, held)
-            else:
-                out.backward(grad)
-            clock.end(op)
-            if not first:
-                link.send(x.grad, "B", s, s - 1, i)
+            run.backward(op, s)
         else:
-            clock.begin()
-            w_todo.pop(key).run()
-            clock.end(op)
+            run.weight(op)
         if traced:
             trace_op(*clock.timeline[-1], step, group, p)
     link.wait()
-    return stats
+    return run.stats
+
+
+class _StepRun:
+    """One rank's step of the pipeline: its three kinds of op, and what they leave for
+    each other (a micro-batch's input and output from F to B, its weight gradients from
+    B to W)."""
+
+    def __init__(self, chunks: Sequence[Module], microbatches: int, inputs: Sequence | None,
+                 targets: Sequence | None, link: Neighbours, split: bool):
+        self.chunks, self.m, self.inputs, self.targets = chunks, microbatches, inputs, targets
+        self.link, self.clock, self.split = link, link.clock, split
+        self.last_piece = link.pieces - 1
+        self.stats = PipelineStats(timeline=link.clock.timeline)
+        self.saved: dict[tuple[int, int], tuple[Tensor | None, Tensor]] = {}  # (mb, chunk) -> (x, y)
+        self.w_todo: dict[tuple[int, int], Any] = {}   # (mb, chunk) -> its WeightGradients
+        self.weights = [list(chunk.parameters()) for chunk in chunks]
+
+    def forward(self, op: Op, s: int) -> None:
+        """F: receive x (unless the first piece), y = chunk(x), send y (or keep the loss)."""
+        i, first, last = op.microbatch, s == 0, s == self.last_piece
+        x = None if first else Tensor(self.link.receive("F", s - 1, i), requires_grad=True)
+        self.clock.begin()
+        inp = self.inputs[i] if first else x
+        chunk = self.chunks[op.chunk]
+        out = chunk(inp, self.targets[i]) if last else chunk(inp)
+        self.saved[(i, op.chunk)] = (x, out)
+        held = len(self.saved) + len(self.w_todo)
+        self.stats.peak_inflight = max(self.stats.peak_inflight, held)
+        self.clock.end(op)
+        if last:
+            self.stats.losses.append(float(out.data))
+        else:
+            self.link.send(out.data, "F", s, s + 1, i)
+
+    def backward(self, op: Op, s: int) -> None:
+        """B: receive dL/dy (the last piece: 1/m), backpropagate, send dL/dx back (unless
+        the first piece); with W ops, only dL/dx now and the weights' gradients kept."""
+        i, key = op.microbatch, (op.microbatch, op.chunk)
+        x, out = self.saved.pop(key)
+        if s == self.last_piece:
+            grad = xp.full(out.shape, 1.0 / self.m, dtype=out.dtype)   # d(mean)/d(loss_i)
+        else:
+            grad = self.link.receive("B", s + 1, i)
+        self.clock.begin()
+        if self.split:       # dL/dx now; the weights' gradients wait for W
+            self.w_todo[key] = backward_split(out, grad, weights=self.weights[op.chunk])
+            held = sum(w.held_bytes for w in self.w_todo.values())
+            self.stats.peak_w_bytes = max(self.stats.peak_w_bytes, held)
+        else:
+            out.backward(grad)
+        self.clock.end(op)
+        if s != 0:
+            self.link.send(x.grad, "B", s, s - 1, i)
+
+    def weight(self, op: Op) -> None:
+        """W: the weight gradients B left for this micro-batch and chunk."""
+        self.clock.begin()
+        self.w_todo.pop((op.microbatch, op.chunk)).run()
+        self.clock.end(op)
 
 
 def trace_op(op: Op, start: float, end: float, step: int, group: Any, p: int) -> None:

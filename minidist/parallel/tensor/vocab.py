@@ -27,7 +27,7 @@ from typing import Any
 
 import minidist.distributed as dist
 from minidist.autograd.function import Function
-from minidist.autograd.tensor import Tensor, _raw
+from minidist.autograd.tensor import Tensor, array_of
 from minidist.backend import xp
 from minidist.nn import functional as F
 from minidist.nn.layers import Embedding
@@ -66,7 +66,7 @@ class VocabParallelEmbedding(Module):
         return full[self.start:self.stop].copy()
 
     def forward(self, ids: Any) -> Tensor:
-        ids = _raw(ids)
+        ids = array_of(ids)
         outside = (ids < self.start) | (ids >= self.stop)
         local = xp.where(outside, 0, ids - self.start)                # row 0 stands in
         out = F.embedding(local, self.weight)                          # (B, T, C)
@@ -121,5 +121,5 @@ class VocabParallelCrossEntropy(Function):
 def vocab_parallel_cross_entropy(logits: Tensor, targets: Any, group: Any = None,
                                  ignore_index: int = -100) -> Tensor:
     """logits (..., V/t), this rank's vocabulary columns; targets (...) global ids."""
-    return VocabParallelCrossEntropy.apply(logits, _raw(targets), group=group,
+    return VocabParallelCrossEntropy.apply(logits, array_of(targets), group=group,
                                            ignore_index=ignore_index)

@@ -11,13 +11,21 @@ back, and a warning names the op and the placements, once for each.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from minidist.backend import from_host, is_array
-from minidist.distributed.tensor.placement_types import Partial, Replicate
+from minidist.distributed.tensor.placement_types import Partial, Placement, Replicate
 
 _WARNED: set = set()
 R, P = Replicate(), Partial()
+
+
+class Rule(NamedTuple):
+    """What an op needs and gives on one mesh dimension (torch's OpStrategy, one row)."""
+    inputs: tuple[Placement, ...]   # the placement each input is redistributed to first
+    grads: tuple[Placement, ...]    # the placement each input's gradient comes back in
+    output: Placement               # the output's placement
+
 
 
 def check_dtensors(op: str, *xs: Any) -> None:
@@ -33,9 +41,10 @@ def check_dtensors(op: str, *xs: Any) -> None:
                              f"{x.device_mesh}); redistribute onto one mesh first")
 
 
-def run_rule(op: str, fn: Callable, inputs: list[Any], rules: list, out_shape: tuple) -> Any:
-    """Apply per-mesh-dim ``rules`` [(input placements, grad placements, output)], or the
-    Replicate fallback where a rule is None; then ``fn`` on the local tensors."""
+def run_rule(op: str, fn: Callable, inputs: list[Any], rules: list[Rule | None],
+             out_shape: tuple) -> Any:
+    """Apply one ``Rule`` per mesh dim, or the Replicate fallback where a rule is None;
+    then ``fn`` on the local tensors."""
     check_dtensors(op, *inputs)
     mesh = inputs[0].device_mesh
     if any(rule is None for rule in rules):
@@ -45,11 +54,11 @@ def run_rule(op: str, fn: Callable, inputs: list[Any], rules: list, out_shape: t
             warnings.warn(f"{op}: no sharding rule for placements "
                           f"{[list(x.placements) for x in inputs]}; redistributing every "
                           "input to Replicate()", stacklevel=3)
-        rules = [None] * mesh.ndim
-    n = len(inputs)
-    ins = [[r[0][k] if r else R for r in rules] for k in range(n)]
-    grads = [[r[1][k] if r else R for r in rules] for k in range(n)]
-    out = [r[2] if r else R for r in rules]
+        n = len(inputs)
+        rules = [Rule((R,) * n, (R,) * n, R)] * mesh.ndim
+    ins = [[rule.inputs[k] for rule in rules] for k in range(len(inputs))]
+    grads = [[rule.grads[k] for rule in rules] for k in range(len(inputs))]
+    out = [rule.output for rule in rules]
     locals_ = [x.redistribute(mesh, p).to_local(grad_placements=g)
                for x, p, g in zip(inputs, ins, grads)]
     y = fn(*locals_)
@@ -57,8 +66,3 @@ def run_rule(op: str, fn: Callable, inputs: list[Any], rules: list, out_shape: t
         y.data = from_host(y.data, y.data.dtype)
     dtensor = type(inputs[0])       # DTensor, whose methods call these rules (_api.py)
     return dtensor.from_local(y, mesh, out, shape=out_shape)
-
-
-def grad_of(placements: list) -> tuple:
-    """The placements a gradient comes back in: the input's, with Partial read as Replicate."""
-    return tuple(R if p.is_partial() else p for p in placements)

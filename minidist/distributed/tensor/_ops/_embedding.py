@@ -20,7 +20,7 @@ from typing import Any
 
 from minidist.autograd.tensor import Tensor
 from minidist.backend import to_host, xp
-from minidist.distributed.tensor._ops._common import P, R, check_dtensors, run_rule
+from minidist.distributed.tensor._ops._common import P, R, Rule, check_dtensors, run_rule
 from minidist.distributed.tensor._redistribute import DTensorSpec
 from minidist.distributed.tensor.placement_types import Placement, Shard
 from minidist.nn import functional as F
@@ -56,16 +56,16 @@ def embedding(ids: Any, weight: Any) -> Any:
 
     def rule(pw: Placement, pi: Placement):
         if pw.is_replicate() and pi.is_replicate():
-            return (R, R), (R, R), R
+            return Rule((R, R), (R, R), R)
         if pw == Shard(1) and pi.is_replicate():
-            return (pw, R), (pw, R), Shard(last)
+            return Rule((pw, R), (pw, R), Shard(last))
         if pw == Shard(0) and pi.is_replicate():
-            return (pw, R), (pw, R), P
+            return Rule((pw, R), (pw, R), P)
         if pw.is_replicate() and isinstance(pi, Shard):
-            return (R, pi), (P, pi), pi
+            return Rule((R, pi), (P, pi), pi)
         return None
     rules = [rule(pw, pi) for pw, pi in zip(weight.placements, ids.placements)]
-    table_placements = tuple(r[0][0] if r else R for r in rules) \
+    table_placements = tuple(r.inputs[0] for r in rules) \
         if all(rules) else (R,) * mesh.ndim
     lo = DTensorSpec(mesh, table_placements, weight.shape).local_offset()[0]
     vocab_cut = any(p == Shard(0) for p in table_placements)

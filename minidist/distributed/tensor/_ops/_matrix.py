@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minidist.distributed.tensor._ops._common import P, R, run_rule
+from minidist.distributed.tensor._ops._common import P, R, Rule, run_rule
 from minidist.distributed.tensor.placement_types import Placement, Shard
 
 
@@ -27,17 +27,17 @@ def matmul(a: Any, b: Any) -> Any:
 
     def rule(pa: Placement, pb: Placement):
         if pa.is_replicate() and pb.is_replicate():
-            return (R, R), (R, R), R
+            return Rule((R, R), (R, R), R)
         if isinstance(pa, Shard) and pa.dim < last and pb.is_replicate():
-            return (pa, R), (pa, P), pa
+            return Rule((pa, R), (pa, P), pa)
         if pa.is_replicate() and pb == Shard(1):
-            return (R, pb), (P, pb), Shard(last)
+            return Rule((R, pb), (P, pb), Shard(last))
         if pa == Shard(last) and pb == Shard(0):
-            return (pa, pb), (pa, pb), P
+            return Rule((pa, pb), (pa, pb), P)
         if pa == P and pb.is_replicate():
-            return (P, R), (R, P), P
+            return Rule((P, R), (R, P), P)
         if pa.is_replicate() and pb == P:
-            return (R, P), (P, R), P
+            return Rule((R, P), (P, R), P)
         return None
     rules = [rule(pa, pb) for pa, pb in zip(a.placements, b.placements)]
     return run_rule("matmul", lambda x, y: x @ y, [a, b], rules, a.shape[:-1] + (b.shape[1],))

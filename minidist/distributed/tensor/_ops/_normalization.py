@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minidist.distributed.tensor._ops._common import P, R, check_dtensors, run_rule
+from minidist.distributed.tensor._ops._common import P, R, Rule, check_dtensors, run_rule
 from minidist.distributed.tensor.placement_types import Placement, Shard
 from minidist.nn import functional as F
 
@@ -28,8 +28,8 @@ def _rules(x: Any, dim: int, n_weights: int) -> list:
     """Per mesh dim: (x and weights needed, their grads, output) (module docstring)."""
     def rule(p: Placement):
         if isinstance(p, Shard) and p.dim != dim:
-            return (p,) + (R,) * n_weights, (p,) + (P,) * n_weights, p
-        return (R,) * (1 + n_weights), (R,) * (1 + n_weights), R
+            return Rule((p,) + (R,) * n_weights, (p,) + (P,) * n_weights, p)
+        return Rule((R,) * (1 + n_weights), (R,) * (1 + n_weights), R)
     return [rule(p) for p in x.placements]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minidist.distributed.tensor._ops._common import P, R, run_rule
+from minidist.distributed.tensor._ops._common import P, R, Rule, run_rule
 from minidist.distributed.tensor.placement_types import Placement
 
 
@@ -21,13 +21,13 @@ def elementwise(op: str, a: Any, b: Any) -> Any:
 
     def rule(pa: Placement, pb: Placement):
         if pa == pb and not pa.is_partial():
-            return (pa, pb), (pa, pb), pa
+            return Rule((pa, pb), (pa, pb), pa)
         if pa == pb == P and op in ("add", "sub"):
-            return (P, P), (R, R), P
+            return Rule((P, P), (R, R), P)
         if op == "mul" and pa == P and pb.is_replicate():
-            return (P, R), (R, P), P
+            return Rule((P, R), (R, P), P)
         if op == "mul" and pa.is_replicate() and pb == P:
-            return (R, P), (P, R), P
+            return Rule((R, P), (P, R), P)
         return None
     fn = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y}[op]
     return run_rule(op, fn, [a, b], [rule(pa, pb) for pa, pb in zip(a.placements, b.placements)],

@@ -26,7 +26,8 @@ from typing import Any
 from minidist.autograd.function import Function
 from minidist.autograd.ops._util import expand_reduced
 from minidist.backend import xp
-from minidist.distributed.tensor._ops._common import R, grad_of, run_rule
+from minidist.distributed.tensor._ops._common import R, Rule, run_rule
+from minidist.distributed.tensor._redistribute import normalize_for_grad
 from minidist.distributed.tensor.placement_types import Partial, Placement, Shard
 
 
@@ -67,14 +68,14 @@ def reduction(op: str, x: Any, dim: Any = None, keepdim: bool = False) -> Any:
 
     def rule(p: Placement):
         if p.is_partial() and (p.reduce_op != reduce_op or not linear):
-            return (R,), (R,), R
+            return Rule((R,), (R,), R)
         if isinstance(p, Shard) and p.dim in dims:
             if not linear:
-                return (R,), (R,), R
-            return (p,), (p,), Partial(reduce_op)
+                return Rule((R,), (R,), R)
+            return Rule((p,), (p,), Partial(reduce_op))
         if isinstance(p, Shard):
-            return (p,), (p,), Shard(p.dim if keepdim else kept.index(p.dim))
-        return (p,), grad_of([p]), p
+            return Rule((p,), (p,), Shard(p.dim if keepdim else kept.index(p.dim)))
+        return Rule((p,), normalize_for_grad((p,)), p)
     rules = [rule(p) for p in x.placements]
     shape = tuple(1 if d in dims else s for d, s in enumerate(x.shape)) if keepdim else \
         tuple(x.shape[d] for d in kept)

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from minidist.distributed.tensor._ops._common import grad_of, run_rule
-from minidist.distributed.tensor._redistribute import DTensorSpec
+from minidist.distributed.tensor._ops._common import Rule, run_rule
+from minidist.distributed.tensor._redistribute import DTensorSpec, normalize_for_grad
 from minidist.distributed.tensor.placement_types import Replicate, Shard
 
 
@@ -116,7 +116,7 @@ def reshape(x: Any, *shape: Any, strict: bool = False) -> Any:
         needed.append(p)
         out.append(Shard(outs[0]))
     local_shape = DTensorSpec(x.device_mesh, tuple(out), new).local_shape()
-    rules = [((a,), grad_of([a]), b) for a, b in zip(needed, out)]
+    rules = [Rule((a,), normalize_for_grad((a,)), b) for a, b in zip(needed, out)]
     return run_rule(op, lambda t: t.reshape(local_shape), [x], rules, new)
 
 
@@ -128,7 +128,7 @@ def permute(x: Any, *dims: Any) -> Any:
         raise ValueError(f"permute: {dims} is not a permutation of the {x.ndim} dims")
     dims = tuple(d % x.ndim for d in dims)
     where = {d: k for k, d in enumerate(dims)}           # x's dim d lands on dim where[d]
-    rules = [((p,), grad_of([p]), Shard(where[p.dim]) if isinstance(p, Shard) else p)
+    rules = [Rule((p,), normalize_for_grad((p,)), Shard(where[p.dim]) if isinstance(p, Shard) else p)
              for p in x.placements]
     return run_rule("permute", lambda t: t.permute(*dims), [x], rules,
                     tuple(x.shape[d] for d in dims))

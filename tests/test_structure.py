@@ -1,0 +1,112 @@
+"""The package reads like the textbook it is (STYLE.md, "Habits to absorb").
+
+Beside the layering test (test_layering.py: imports point down, no import circle
+counting imports inside functions), these hold the shape of the code:
+
+- a function fits on a screen: at most 50 lines, its docstring included;
+- a file holds one idea: at most 350 lines;
+- shared code asks a question of its input through one predicate owned by the
+  module of the concept, never by probing for an attribute: "this block routes
+  tokens" is ``nn.moe.routes_tokens``, and the planner's calibration to this
+  machine (``implementation == "minidist"``) lives in one file of its own;
+- inside ``autograd/`` no file imports another's private names: what two files
+  share is a public, named piece (the engine's ``LeafGradients``, ``run_graph``).
+
+The learner's exercises (``exercises/``) are left out: their solutions are meant
+to be read whole.
+"""
+import ast
+import pathlib
+import re
+
+import minidist
+
+ROOT = pathlib.Path(minidist.__file__).parent
+MAX_FUNCTION_LINES = 50
+MAX_FILE_LINES = 350
+EXEMPT = {"exercises"}          # top-level folders of minidist/ left out
+# text that may appear in one file only: pattern -> the file (relative to minidist/)
+OWNED = {
+    r"hasattr\([^)]*[\"']aux_loss[\"']\)": None,          # ask nn.moe.routes_tokens instead
+    r"implementation\s*==\s*[\"']minidist[\"']": "calc/planner/calibration.py",
+}
+
+
+def _modules() -> list[pathlib.Path]:
+    return sorted(p for p in ROOT.rglob("*.py")
+                  if p.relative_to(ROOT).parts[0] not in EXEMPT)
+
+
+def long_functions(path: pathlib.Path, text: str | None = None) -> list[str]:
+    """``path:line name (n lines)`` for each function longer than the limit (from its
+    ``def`` to its last line, the docstring included; decorators not)."""
+    tree = ast.parse(path.read_text() if text is None else text)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} "
+                             f"({lines} lines)")
+    return found
+
+
+def private_imports(path: pathlib.Path, text: str | None = None) -> list[str]:
+    """``path:line name`` for each private name (``_x``) imported from another module."""
+    tree = ast.parse(path.read_text() if text is None else text)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {alias.name}")
+    return found
+
+
+def test_no_function_is_longer_than_a_screen():
+    found = [f for path in _modules() for f in long_functions(path)]
+    assert not found, f"functions over {MAX_FUNCTION_LINES} lines (split them into their " \
+        "named steps):\n" + "\n".join(found)
+
+
+def test_no_file_holds_more_than_one_idea():
+    found = [f"{p.relative_to(ROOT)} ({n} lines)" for p in _modules()
+             if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES]
+    assert not found, f"files over {MAX_FILE_LINES} lines:\n" + "\n".join(found)
+
+
+def test_each_question_is_asked_in_one_place():
+    found = []
+    for path in _modules():
+        rel = path.relative_to(ROOT).as_posix()
+        text = path.read_text()
+        for pattern, owner in OWNED.items():
+            if rel != owner and re.search(pattern, text):
+                found.append(f"{rel}: {pattern} (belongs in {owner or 'a named predicate'})")
+    assert not found, "\n".join(found)
+
+
+def test_the_owned_questions_have_their_owners():
+    from minidist.nn.moe import MoE, routes_tokens
+    assert routes_tokens(MoE(8, 2)) and not routes_tokens(object())
+    for owner in OWNED.values():
+        assert owner is None or (ROOT / owner).exists(), owner
+
+
+def test_autograd_files_share_only_public_names():
+    found = [f for path in sorted((ROOT / "autograd").rglob("*.py"))
+             for f in private_imports(path)]
+    assert not found, "private names imported across files in autograd/:\n" + "\n".join(found)
+
+
+def test_the_checks_can_fail():
+    """Each checker finds what it looks for in a fake module."""
+    fake = ROOT / "autograd" / "_fake.py"
+    body = "\n".join(f"    x = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(fake, f"def f():\n{body}\n") == \
+        [f"autograd/_fake.py:1 f ({MAX_FUNCTION_LINES + 1} lines)"]
+    assert long_functions(fake, "def f():\n    pass\n") == []
+    assert private_imports(fake, "from minidist.autograd.engine import _run, call_backward\n") \
+        == ["autograd/_fake.py:1 _run"]
+    pattern = next(iter(OWNED))
+    assert re.search(pattern, 'if hasattr(block.mlp, "aux_loss"):')
