@@ -47,21 +47,18 @@ import atexit
 import contextlib
 import os
 import signal
-import threading
 import time
 from typing import Any, Callable
 
-import dill
 import multiprocess
 from multiprocess.connection import wait as wait_any
 
 from minidist import backend
 from minidist.comm.transport import flight, shm
-from minidist.comm.errors import (NestedWorldError, RankFailedError, WorldAbortedError,
-                                  WorldTimeoutError)
+from minidist.comm.errors import NestedWorldError, RankFailedError, WorldTimeoutError
 from minidist.comm.launch import payload
-from minidist.comm.launch.output import RankOutput, redirect_this_process
-from minidist.comm.launch.report import traceback_from_user_code
+from minidist.comm.launch.output import RankOutput
+from minidist.comm.launch.rank import rank_main
 from minidist.comm.transport.link import link_bytes_per_s, topology
 from minidist.comm.transport.wait import cores_available
 from minidist.trace.session import world_env
@@ -137,7 +134,7 @@ class World:
         for rank in range(world_size):
             parent_end, child_end = ctx.Pipe()
             streams = self._output.child_ends(rank) if self._output is not None else None
-            p = ctx.Process(target=_rank_main, name=f"minidist-rank{rank}", daemon=True,
+            p = ctx.Process(target=rank_main, name=f"minidist-rank{rank}", daemon=True,
                             args=(rank, world_size, self.segment_name, child_end, options,
                                   streams))
             p.start()
@@ -259,7 +256,7 @@ class World:
 
 
 def _end_process_group(pgid: int | None) -> None:
-    """Kill every process of the group a rank leads (the rank made it: _rank_main)."""
+    """Kill every process of the group a rank leads (the rank made it: rank.py)."""
     if pgid is None or pgid == os.getpgrp():
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -299,85 +296,9 @@ def launch(fn: Callable, world_size: int, *args: Any, **kwargs: Any) -> list:
         return world.run(fn, *args, **kwargs)
 
 
-# --------------------------------------------------------------------------
-# Inside a rank.
-# --------------------------------------------------------------------------
-
-def _flush_sends(group) -> None:
-    """Write out the sends this rank still has queued (the local transport's; MPI's
-    own progress delivers them), before the run counts as finished."""
-    if group.is_initialized():
-        flush = getattr(group.world_group().transport, "flush", None)
-        if flush is not None:
-            flush()
-
-
-def _rank_main(rank: int, world_size: int, segment_name: str, conn, options: dict,
-               streams: tuple | None) -> None:
-    os.setpgid(0, 0)      # a group of our own: the world's teardown ends what we start
-    if streams is not None:
-        redirect_this_process(*streams)
-    os.environ.update(options["env"])
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world_size), MINIDIST_SHM=segment_name)
-    segment = shm.attach(segment_name)
-    shm.hold_rank(segment, rank, os.getpid())   # only this process may join as the rank
-    _watch_parent(segment_name)
-    backend.set_backend(options["backend"])
-    backend.use_device(rank)  # CuPy: GPU rank mod G; with fewer GPUs than ranks, shared
-    from minidist.comm import group
-    try:
-        if options["init_group"]:
-            group.init_process_group("shm", timeout=options["timeout"], check=options["check"])
-        conn.send(("ok", rank))
-        while True:
-            try:
-                payload = conn.recv_bytes()
-            except (EOFError, OSError):
-                break
-            if not payload:
-                break
-            try:
-                fn, args, kwargs = dill.loads(payload)
-                reply = ("ok", fn(*args, **kwargs))
-                _flush_sends(group)             # nothing half sent when we count the run
-            except BaseException as e:
-                aborted = isinstance(e, WorldAbortedError)
-                if not aborted:
-                    shm.set_abort(segment, rank, f"{type(e).__name__}: {e}"[:500])
-                reply = ("error", type(e).__name__, traceback_from_user_code(e), aborted)
-            shm.finish_run(segment, rank)       # a peer still waiting on us fails now
-            try:
-                conn.send(reply)
-            except Exception as e:  # the result could not be pickled
-                conn.send(("error", type(e).__name__,
-                           f"rank {rank}: could not send the result back: {e!r}\n", False))
-            if reply[0] == "error":
-                break  # a world that failed is not reused
-    except KeyboardInterrupt:
-        pass
-    finally:
-        group.destroy_process_group()
-        shm.close(segment)
-
-
 def _exit_code(code: int | None) -> str:
     """``1``, or ``-9 (SIGKILL)`` for a process killed by a signal."""
     if code is not None and code < 0:
         with contextlib.suppress(ValueError):
             return f"{code} ({signal.Signals(-code).name})"
     return str(code)
-
-
-def _watch_parent(segment_name: str) -> None:
-    """Exit (removing the segment) if the parent process goes away."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.2)
-            if os.getppid() != parent:
-                shm.unlink(segment_name)
-                os.killpg(0, signal.SIGKILL)     # this rank and what it started
-                os._exit(1)
-    threading.Thread(target=watch, name="minidist-watchdog", daemon=True).start()
