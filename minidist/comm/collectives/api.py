@@ -26,16 +26,17 @@ Arrays are arrays of the active backend. In-place where torch's are in place:
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Callable
 
 from minidist.backend import xp
-from minidist.comm.collectives import work
+from minidist.comm.collectives import oneshot, work
 from minidist.comm.collectives.all_reduce import make_plan, runnable
 from minidist.comm.collectives.all_reduce import run as run_all_reduce
 from minidist.comm.collectives.alltoall import (check_splits, offsets, pairwise_all_to_all,
                                                 alltoall_plan, single_copy_all_to_all, source_of,
                                                 worth_single_copy)
-from minidist.comm.collectives.check import describe, verify_same_call
+from minidist.comm.collectives.check import describe, keep_plan, verify_same_call
 from minidist.comm.group import ProcessGroup, resolve
 from minidist.comm.transport.reduce_op import ReduceOp, finish
 from minidist.comm.collectives.ring import chunk_bounds, ring_all_gather, ring_reduce_scatter
@@ -143,8 +144,17 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | N
 
     Runs now, or in the background with ``async_op=True`` (a ``Work`` to wait on)."""
     g = resolve(group)
-    name = runnable(algorithm, tensor.nbytes, g)
-    plan = make_plan(g, name, tensor, op)  # allgather, direct: their check's table
+    key = ("call", tensor.shape, tensor.dtype, op, algorithm)
+    plan = g.small_plans.get(key)          # a small call made before: the latency path
+    if plan is None:
+        name = runnable(algorithm, tensor.nbytes, g)
+        plan = make_plan(g, name, tensor, op)  # allgather, direct: their check's table
+        if oneshot.through_board(plan):
+            keep_plan(g, key, plan)        # next time, straight here (oneshot.py)
+    if oneshot.through_board(plan):
+        if async_op or not work.idle():
+            return work.submit(partial(oneshot.call, g, tensor, plan), async_op)
+        return oneshot.call(g, tensor, plan)
     if plan is None:
         return _run(g, "all_reduce", dict(op=op.name, algorithm=name, **_sig(tensor)),
                     _all_reduce, async_op, args=(tensor, op, name, None))

@@ -53,6 +53,7 @@ class Transport:
     name: str
     single_copy = False  # may peers read this rank's arrays directly (cma.py)?
     peer_reads = False   # ... also over an emulated link (read_peer waits out the wire)?
+    board = None         # each rank's slot that every peer reads in place (board.py), or None
 
     def read_arrival(self, src: int, nbytes: int) -> int:
         """When a read of ``nbytes`` from rank ``src`` asked for now lands, in ns
