@@ -80,6 +80,7 @@ class OneShotPlan:
         host = [board.data[q][:self.nbytes].view(dtype).reshape(shape) for q in group.ranks]
         self.mine = host[group.rank]
         self.records = [board.records[q] for q in group.ranks]      # (128,) uint8 each
+        self.peer_records = [board.records[q] for q in self.peers]
         # On the CPU backends from_host gives a view, made once here; on CuPy it
         # copies to the device, so it must happen on every call.
         self.on_host = backend.get_backend() != "cupy"
@@ -123,8 +124,7 @@ def board_all_reduce(group, tensor: Any, plan: OneShotPlan, number: int, tag: in
     _check(group, plan)                              # raises on every rank
     xs = plan.by_rank if plan.on_host else [backend.from_host(x) for x in plan.by_rank]
     fold_in_order(xs, tensor, plan.combine, plan.op)         # from the slots, in rank order
-    for q in plan.peers:
-        board.ack(q)
+    board.ack(plan.peers)                            # they may post again
     t.record_end()
 
 
@@ -134,24 +134,23 @@ def _check(group, plan: OneShotPlan) -> None:
     acknowledged every post: every rank sees the same posts, so every rank raises."""
     board = group.transport.board
     if plan.record is not None:
-        if all(rec.tobytes() == plan.record for rec in plan.records):
+        record = plan.record
+        for rec in plan.peer_records:
+            if rec.tobytes() != record:
+                break
+        else:
             return
         error = mismatch_error(group, plan.records)  # read the records before the acks
-        _ack_all(board, plan.peers)                   # free the peers to post again
+        board.ack(plan.peers)                         # free the peers to post again
         raise error
     for q in plan.peers:
         nbytes, code = board.header(q)
         if nbytes != plan.nbytes or code != plan.code:
-            _ack_all(board, plan.peers)
+            board.ack(plan.peers)
             raise MessageMismatchError(
                 f"rank {plan.me}: in {plan.line}, rank {q} posted a block of another size "
                 f"({nbytes} bytes of {dtype_name(code)}) than the {plan.nbytes} bytes of "
                 f"{dtype_name(plan.code)} expected (different shapes or dtypes?)")
-
-
-def _ack_all(board, peers: list[int]) -> None:
-    for q in peers:
-        board.ack(q)
 
 
 def _another_way(group, plan: OneShotPlan, strays: list[int], tag: int) -> None:
@@ -162,7 +161,7 @@ def _another_way(group, plan: OneShotPlan, strays: list[int], tag: int) -> None:
     board = group.transport.board
     for q in strays:
         board.forgive(q)
-    _ack_all(board, [q for q in plan.peers if q not in strays])
+    board.ack([q for q in plan.peers if q not in strays])
     if not group.check:
         raise MessageMismatchError(
             f"rank {plan.me}: in {plan.line}, ranks {strays} made another call (the group "

@@ -76,6 +76,7 @@ class Board:
         self.records = [data[s:s + RECORD_BYTES] for s in start]           # (128,) uint8
         self.data = [data[s + RECORD_BYTES:s + RECORD_BYTES + capacity] for s in start]
         self.owed = [0] * n      # posts of mine each rank is to have read (acked) by now
+        self.readers: list[int] = []   # the ranks that were to read my last post
         self.posted_record = None   # the record bytes in my slot now (written when they change)
 
     def ticket(self, q: int) -> int:
@@ -88,9 +89,13 @@ class Board:
 
     def unacked(self) -> list[int]:
         """The ranks that have not yet acknowledged every post of mine they were to read."""
-        w, me = self._words, self.rank
-        return [q for q, owed in enumerate(self.owed)
-                if owed and w[self.acks[q] + me] < owed]
+        w, me, owed = self._words, self.rank, self.owed
+        return [q for q in self.readers if w[self.acks[q] + me] < owed[q]]
+
+    def waiting_for(self, peers: list[int], ticket: int) -> list[int]:
+        """The ranks among ``peers`` whose slot does not hold ``ticket`` yet."""
+        w, head = self._words, self.head
+        return [q for q in peers if w[head[q]] != ticket]
 
     def publish(self, ticket: int, nbytes: int, code: int, readers: list[int]) -> None:
         """Post what the caller wrote into ``data[rank]`` (and the record): the
@@ -98,6 +103,7 @@ class Board:
         w, h = self._words, self.head[self.rank]
         for q in readers:
             self.owed[q] += 1
+        self.readers = readers
         w[h + T_NBYTES], w[h + T_CODE] = nbytes, code
         w[h + T_TICKET] = ticket
 
@@ -105,9 +111,11 @@ class Board:
         """Rank q will not read my last post after all (it took another way)."""
         self.owed[q] -= 1
 
-    def ack(self, q: int) -> None:
-        """I am done with rank q's post."""
-        self._words[self.acks[self.rank] + q] += 1
+    def ack(self, peers: list[int]) -> None:
+        """I am done with the posts of ``peers``."""
+        w, row = self._words, self.acks[self.rank]
+        for q in peers:
+            w[row + q] += 1
 
     def release(self) -> None:
         self.records = self.data = []
@@ -121,7 +129,7 @@ class BoardWays:
     def board_claim(self, what: str) -> None:
         """Wait until every reader of my last post has acknowledged it."""
         board = self.board
-        if not board.unacked():
+        if not board.unacked():   # nearly always: readers acknowledge as they finish
             return
         backoff = Backoff(self.spin_s, self.free_polls)
         while True:
@@ -149,12 +157,12 @@ class BoardWays:
         then, or the peers that entered this very call (flight recorder) without
         posting: they took another way (a different call; the caller checks)."""
         board = self.board
-        pending = [q for q in peers if board.ticket(q) != ticket]
+        pending = board.waiting_for(peers, ticket)
         if not pending:
             return []
         backoff = Backoff(self.spin_s, self.reply_polls)
         while True:
-            pending = [q for q in pending if board.ticket(q) != ticket]
+            pending = board.waiting_for(pending, ticket)
             if not pending:
                 return []
             if not backoff.idle():
@@ -176,8 +184,7 @@ class BoardWays:
         # A peer posts before it records the call, so one that recorded it and
         # has still no post on the board is on another way.
         if all(records[q].entered(ctx, number) for q in pending):
-            late = [q for q in pending if self.board.ticket(q) != ticket]
-            return late or None
+            return self.board.waiting_for(pending, ticket) or None
         return None
 
     def _board_sleep(self, pending: list[int], ticket: int) -> None:
