@@ -36,6 +36,8 @@ demo demos/03_ring_allreduce.py prints the ring's bytes next to 2(N-1)/N * M.
 """
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 from minidist.comm.collectives import direct, small
@@ -66,6 +68,31 @@ SMALL_BYTES = 256 * 1024
 # against 0.85x/1.11x/1.50x at world 4; at 1 MiB direct took 244.5 us against the
 # ring's 158.7 (pinning a peer's pages costs about 60 us per 512 KiB).
 DIRECT_BYTES = 4 * 1024 * 1024
+
+# `minidist bench collectives --tune` (bench/bench_collectives.py) measures every
+# algorithm on this machine and writes the thresholds that keep auto nearest the
+# fastest into a JSON file; a world started with MINIDIST_ALL_REDUCE_TUNING=<file>
+# uses them (every rank reads the same file: a rank that chose otherwise would be
+# caught by the same-call check, which compares the algorithm).
+TUNING_ENV = "MINIDIST_ALL_REDUCE_TUNING"
+TUNED = ("GATHER_BYTES", "SMALL_BYTES", "DIRECT_BYTES")
+
+
+def load_tuning(path: str) -> dict:
+    """Set auto's thresholds from a file written by ``--tune``; returns them."""
+    with open(path) as f:
+        tuned = json.load(f)
+    unknown = set(tuned) - set(TUNED) - {"run"}
+    if unknown:
+        raise ValueError(f"{path}: unknown thresholds {sorted(unknown)}; expected {TUNED}")
+    for name in TUNED:
+        if name in tuned:
+            globals()[name] = int(tuned[name])
+    return {name: globals()[name] for name in TUNED}
+
+
+if os.environ.get(TUNING_ENV):
+    load_tuning(os.environ[TUNING_ENV])
 
 
 def naive_all_reduce(group, flat: Any, op: ReduceOp, tag: int) -> None:
