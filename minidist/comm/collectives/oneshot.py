@@ -120,7 +120,7 @@ def board_all_reduce(group, tensor: Any, plan: OneShotPlan, number: int, tag: in
     t.record_begin(group.ctx, number, group.ranks, plan.line)   # after the post: see above
     strays = t.board_wait(plan.peers, ticket, plan.line)
     if strays:
-        _another_way(group, plan, strays, tag)       # raises on every rank
+        another_way(group, plan, strays, tag)        # raises on every rank
     _check(group, plan)                              # raises on every rank
     xs = plan.by_rank if plan.on_host else [backend.from_host(x) for x in plan.by_rank]
     fold_in_order(xs, tensor, plan.combine, plan.op)         # from the slots, in rank order
@@ -153,11 +153,12 @@ def _check(group, plan: OneShotPlan) -> None:
                 f"{dtype_name(plan.code)} expected (different shapes or dtypes?)")
 
 
-def _another_way(group, plan: OneShotPlan, strays: list[int], tag: int) -> None:
+def another_way(group, plan, strays: list[int], tag: int) -> None:
     """Some peers entered this call without posting: they made another call,
     whose first messages are the same-call check's (check.py). Acknowledge
     the posts, take back what the strays owe, and join the records-only
-    check, which raises CollectiveMismatchError on every rank."""
+    check, which raises CollectiveMismatchError on every rank. ``plan``: a
+    board plan (here, alltoall_board.py) with the call's line, me and peers."""
     board = group.transport.board
     for q in strays:
         board.forgive(q)
