@@ -16,6 +16,10 @@ On every rank of a local world it times, per call (best of 5 windows of
 and prints the parts: the flag round is the wait (alpha); copy and fold are
 the bytes; what remains of the one-shot call is its Python (the flight
 recorder, the record check, the stats), and all_reduce's dispatch on top.
+
+Then the alpha of each algorithm (``--alpha-size``, 64 bytes: the time of a call
+that moves next to nothing), ``allgather`` both through the board and, in a
+world started with MINIDIST_BOARD=0, through the channels (the Bruck rounds).
 """
 from __future__ import annotations
 
@@ -74,11 +78,27 @@ def parts(size: int, iters: int) -> dict:
     return out
 
 
+ALPHA_ALGORITHMS = ("allgather", "recursive_doubling", "tree", "ring", "naive", "direct")
+
+
+def alpha_sweep(size: int, iters: int) -> dict:
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    x = xp.zeros(size // 4, dtype="float32")
+    out = {}
+    for alg in ALPHA_ALGORITHMS:
+        for _ in range(10):
+            dist.all_reduce(x, algorithm=alg)
+        out[alg] = _windows(lambda: dist.all_reduce(x, algorithm=alg), iters, dist.barrier)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worlds", type=positive_int, nargs="+", default=[2])
     p.add_argument("--size", type=byte_size, default=1 << 10)
     p.add_argument("--iters", type=positive_int, default=2000)
+    p.add_argument("--alpha-size", type=byte_size, default=64)
     args = p.parse_args()
     from minidist.comm import World
     from _collective_bench import human, slowest_rank
@@ -92,6 +112,16 @@ def main() -> None:
         print(f"  {'Python of the one-shot call (the rest)':<40} {rest * 1e6:7.2f}")
         print(f"  {'api.py dispatch (all_reduce - one-shot)':<40} "
               f"{(best['all_reduce'] - best['one-shot']) * 1e6:7.2f}")
+        iters = max(1, args.iters // 4)
+        with World(n) as world:
+            alphas = slowest_rank(world.run(alpha_sweep, args.alpha_size, iters))
+        with World(n, env={"MINIDIST_BOARD": "0"}) as world:
+            channels = slowest_rank(world.run(alpha_sweep, args.alpha_size, iters))
+        print(f"world {n}, alpha: microseconds per all_reduce of {human(args.alpha_size)}")
+        print(f"  {'allgather, through the board':<40} {alphas['allgather'] * 1e6:7.2f}")
+        print(f"  {'allgather, through the channels':<40} {channels['allgather'] * 1e6:7.2f}")
+        for alg in ALPHA_ALGORITHMS[1:]:
+            print(f"  {alg:<40} {min(alphas[alg], channels[alg]) * 1e6:7.2f}")
 
 
 if __name__ == "__main__":

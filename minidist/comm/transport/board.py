@@ -31,8 +31,11 @@ every group. The waits (``BoardWays``, mixed into LocalTransport) follow
 wait.py: poll, yield, then sleep on the doorbell, which a post rings; a wait
 checks the abort word and raises CommTimeoutError with the flight recorder's
 report after the timeout, like every wait of the transport.
+``MINIDIST_BOARD=0`` leaves the board out (bench_latency.py compares both ways).
 """
 from __future__ import annotations
+
+import os
 
 from minidist.comm.errors import TIMEOUT_HINT, CommTimeoutError
 from minidist.comm.transport import flight
@@ -44,6 +47,11 @@ RECORD_BYTES = 128       # the same-call check's record (collectives/check.py)
 HEAD_BYTES = 64          # ticket, nbytes, dtype code: one cache line
 T_TICKET, T_NBYTES, T_CODE = range(3)
 ACK_NAP_S = 1e-3         # a long wait for acks naps this long (readers do not ring)
+
+
+def board_wanted() -> bool:
+    """False under MINIDIST_BOARD=0: the small collectives then take the channels."""
+    return os.environ.get("MINIDIST_BOARD", "1") != "0"
 
 
 def ack_bytes(world_size: int) -> int:

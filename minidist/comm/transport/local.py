@@ -46,7 +46,7 @@ from collections import deque
 from typing import Any
 
 from minidist.comm.transport import cma, flight, shm, topology
-from minidist.comm.transport.board import Board, BoardWays
+from minidist.comm.transport.board import Board, BoardWays, board_wanted
 from minidist.comm.transport.doorbell import Doorbells
 from minidist.comm.transport.shm import S_ARRIVAL, S_BYTES, S_CODE, S_OFFSET, S_TAG, S_TOTAL
 from minidist.comm.errors import TIMEOUT_HINT, CommTimeoutError, WorldAbortedError
@@ -101,10 +101,11 @@ class LocalTransport(ShortWays, BoardWays, Transport):
         # without an emulated link; the direct all-reduce also over one (read_peer).
         self.peer_reads = cma.available()
         self.single_copy = self.peer_reads and self._link is None
-        # The board (board.py): not over an emulated link, whose time it would skip.
+        # The board (board.py): not over an emulated link, whose time it would skip,
+        # nor with MINIDIST_BOARD=0 (to compare with the channels' way).
         capacity = shm.read_board_capacity(self._seg)
         self.board = (Board(buf, shm.board_offset(n), n, rank, capacity)
-                      if capacity and self._link is None else None)
+                      if capacity and self._link is None and board_wanted() else None)
         self._lock = threading.RLock()
         self._posts = 0  # receives posted so far (see exchange)
         self._next_ctx = 1
