@@ -90,6 +90,12 @@ class Transport:
         self.wait_all([self.isend(send_arr, dst, tag, ctx), self.irecv(recv_arr, src, tag, ctx, op)],
                       timeout, what, abortable)
 
+    def recv(self, arr: Any, src: int, tag: int, ctx: int = 0, timeout: float | None = None,
+             what: str = "") -> None:
+        """Receive into ``arr`` from ``src`` and return when it is there: the
+        blocking receive of a pipeline stage or a ring-attention step."""
+        self.wait_all([self.irecv(arr, src, tag, ctx)], timeout, what)
+
     def exchange(self, data: Any, dst: int, inbox: Any, src: int, tag: int, ctx: int = 0,
                  timeout: float | None = None, what: str = "", abortable: bool = True) -> bool:
         """Send the host uint8 array ``data`` to ``dst`` while receiving one message

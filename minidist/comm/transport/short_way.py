@@ -99,6 +99,52 @@ class ShortWays:
             self._release(src, ch)
         return same
 
+    # -- a blocking receive of one piece -----------------------------------------
+    def recv(self, arr: Any, src: int, tag: int, ctx: int = 0, timeout: float | None = None,
+             what: str = "") -> None:
+        """Receive into ``arr`` from ``src``, blocking. See ``Transport.recv``.
+
+        The short way, taken when the message fits one slot and nothing else
+        is under way with ``src``: poll the channel's head word until a piece
+        is there and, if it is a whole message with our tag, take it (its size
+        and dtype checked as always). Anything else (another tag or a message
+        in pieces first, a long wait, another thread posting) leaves the
+        channel as it was to the general way (irecv, wait_all)."""
+        wire = (ctx << TAG_BITS) | tag
+        r = Recv(self, src, wire, arr, None)
+        with self._lock:
+            quiet = (self._link is None and r.total <= self.slot_bytes
+                     and not (self._posted.get(src) or src in self._current
+                              or self._unexpected.get(src)))
+            posts = self._posts
+        if quiet and not in_background_thread() and self._take_whole(src, wire, r, posts):
+            return
+        self.wait_all([self._post_recv(r)], timeout, what)
+
+    def _take_whole(self, src: int, wire: int, r: Recv, posts: int) -> bool:
+        """Wait (spinning, yielding) for the next piece from ``src``; if it is a
+        whole message with tag ``wire``, deliver it into ``r`` and return True.
+        False, having taken nothing, for the general way."""
+        ch, w = self._in[src], self._words
+        seen = ch.count
+        backoff = Backoff(self.spin_s, self.reply_polls)
+        while w[ch.head_i] == seen:
+            if self._posts != posts or backoff.idle():
+                return False   # another thread posted a receive, or a long wait
+        with self._lock:
+            if self._posts != posts or ch.count != seen:
+                return False
+            k = seen % self.nslots
+            h = ch.hdr_i[k]
+            total = w[h + S_TOTAL]
+            if w[h + S_TAG] != wire or w[h + S_BYTES] != total:
+                return False
+            r.check(total, w[h + S_CODE])  # raises, leaving it in the channel, as _match does
+            r.accept(ch.payload[k][:total], 0)
+            self._release(src, ch)
+            r.complete()
+        return True
+
     # -- one step of a ring ----------------------------------------------------
     def sendrecv(self, send_arr: Any, dst: int, recv_arr: Any, src: int, tag: int,
                  ctx: int = 0, op: ReduceOp | None = None, timeout: float | None = None,
