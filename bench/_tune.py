@@ -8,14 +8,17 @@
     direct              from DIRECT_BYTES
 
 Given the time of every algorithm at every size and world size of one run,
-``fit`` tries every combination of thresholds on the sizes' grid and keeps the
-one whose worst ratio auto / fastest is least (then the least sum of ratios,
-then the thresholds of the defaults' order). ``ratios`` says, for a set of
+``fit`` first caps each algorithm's time at a size by its time at any larger
+size (``monotone``: on a machine shared with others a burst of load can make
+one measurement ten times slower), then tries every combination of
+thresholds on the sizes' grid and keeps the one with the least sum of
+log(auto / fastest) over all points (then the least worst ratio). ``ratios`` says, for a set of
 thresholds, how far auto is from the fastest at each point.
 """
 from __future__ import annotations
 
 import itertools
+import math
 
 INF = float("inf")
 
@@ -46,9 +49,25 @@ def ratios(times: dict, thresholds: tuple[int, int, int], best: dict | None = No
             for (n, size), t in best.items()}
 
 
+def monotone(times: dict) -> dict:
+    """``times`` with each algorithm's time at a size capped by its time at any
+    larger size (a call on fewer bytes does no more work): a burst of load
+    elsewhere during one measurement then no longer decides a threshold."""
+    out = dict(times)
+    for n, alg in {(n, alg) for n, alg, _ in times}:
+        least = INF
+        for size in sorted((s for m, a, s in times if (m, a) == (n, alg)), reverse=True):
+            least = min(least, times[(n, alg, size)])
+            out[(n, alg, size)] = least
+    return out
+
+
 def fit(times: dict) -> tuple[tuple[int, int, int], dict]:
     """The thresholds (GATHER_BYTES, SMALL_BYTES, DIRECT_BYTES) that keep auto
-    nearest the fastest over ``times``, and the ratios they give."""
+    nearest the fastest over ``times`` (after ``monotone``): the least sum of
+    log(auto / fastest) over every point, then the least worst ratio; and the
+    ratios they give."""
+    times = monotone(times)
     sizes = sorted({size for _, _, size in times})
     worlds = sorted({n for n, _, _ in times})
     # A threshold between two measured sizes behaves like the lower one.
@@ -61,7 +80,7 @@ def fit(times: dict) -> tuple[tuple[int, int, int], dict]:
         if s > d:
             continue
         r = ratios(times, (g, s, d), least)
-        key = (max(r.values()), sum(r.values()))
+        key = (sum(math.log(v) for v in r.values()), max(r.values()))
         if chosen_key is None or key < chosen_key:
             chosen, chosen_key = (g, s, d), key
     return chosen, ratios(times, chosen, least)
