@@ -139,7 +139,9 @@ class BoardWays:
         board = self.board
         if not board.unacked():   # nearly always: readers acknowledge as they finish
             return
-        backoff = Backoff(self.spin_s, self.free_polls)
+        # A reader microseconds from its ack: spin as long as for a reply before
+        # yielding (wait.py), or a yield may cost a time slice per call.
+        backoff = Backoff(self.spin_s, self.reply_polls)
         while True:
             late = board.unacked()
             if not late:
