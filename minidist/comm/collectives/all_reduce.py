@@ -17,6 +17,9 @@ same bits on every rank. The algorithms differ in how many steps they take
             every rank gathers all N arrays and folds them in rank order,
             in the same messages as the same-call check (small.py):
             T = ceil(log2 N) * alpha + (N-1) * M/beta  -- best for tiny M
+            On one machine, where the array fits a slot of the board, the
+            gather is one post read in place by every peer (oneshot.py):
+            T = alpha_board + (N-1) * M/beta_read      -- the latency path
     hierarchical
             ring inside each node, ring between nodes on 1/L of the array, ring
             inside again (hierarchical.py): 2(K-1)/K * M/L per rank between
@@ -24,6 +27,14 @@ same bits on every rank. The algorithms differ in how many steps they take
     direct  each rank reads its chunk of every peer's array and folds it, then
             reads every other chunk from its owner (direct.py; one machine):
             T = 3 ceil(log2 N) * alpha + 2(N-1)/N * M/beta, each byte copied once
+
+The alpha of each, measured here (bench/bench_latency.py: an all-reduce of 64
+bytes on the 2-core VM, load average 0.2, best of 5 windows; world 4 is two
+ranks per core; docs/collectives.md, "The latency path"), in microseconds:
+
+    world   allgather:board   allgather:channels   rec.doubling   tree   ring   naive   direct
+      2           5.7               10.7               20.5        28.5   29.2   27.1    38.6
+      4          26.8               49.4              124.1       145.2  218.3  142.8   250.2
 
 ``naive`` is the oracle the others are tested against. ``choose`` names the
 algorithm: the one asked for, or for ``auto`` one by size, as NCCL and MPI

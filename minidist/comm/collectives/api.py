@@ -141,6 +141,9 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | N
     each other's memory (the ring where they cannot; an explicit ``direct`` there
     raises, naming why). Its entry reduces a flat view of ``tensor`` after the
     same-call check, which allgather and direct carry in their own first messages.
+    On one machine an allgather that fits a rank's slot on the board is one post
+    and N-1 reads in place (oneshot.py); its plan is kept per (shape, dtype, op,
+    algorithm), and the next such call goes straight to it.
 
     Runs now, or in the background with ``async_op=True`` (a ``Work`` to wait on)."""
     g = resolve(group)
