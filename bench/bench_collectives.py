@@ -34,7 +34,7 @@ MPICH's, ``auto/best`` auto's time over the fastest algorithm's at that size
 (1.00 when auto took it), ``gloo/auto`` how many times faster auto is than gloo.
 
 ``--tune`` sweeps allgather, recursive doubling, ring and direct over 1 KiB ..
-16 MiB, fits the thresholds that keep auto nearest the fastest at every size
+64 MiB (powers of 2), fits the thresholds that keep auto nearest the fastest at every size
 and world (_tune.py), prints them with the ratio they give at each point, and
 writes them to ``--tune-file``, for a world started with
 MINIDIST_ALL_REDUCE_TUNING=<that file> (all_reduce.py).
@@ -58,7 +58,7 @@ ALGORITHMS = ("auto", "allgather", "recursive_doubling", "ring", "direct")
 # The largest size each algorithm is timed at (None: every size): allgather sends
 # (N-1) * M bytes and recursive doubling log2(N) * M, far behind beyond these.
 LARGEST = {"allgather": 1 << 20, "recursive_doubling": 4 << 20}
-TUNE_SIZES = [1 << k for k in range(10, 25)]   # 1 KiB, 2 KiB, ..., 16 MiB
+TUNE_SIZES = [1 << k for k in range(10, 27)]   # 1 KiB, 2 KiB, ..., 64 MiB
 
 
 # -- minidist, on every rank of a World ---------------------------------------------
