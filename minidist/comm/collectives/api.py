@@ -137,7 +137,7 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | N
     with the algorithm all_reduce.py names: the one asked for (ring, tree,
     recursive_doubling, naive, allgather, hierarchical, direct) or, for ``auto``
     (the default), allgather while (N-1) * M <= 192 KiB, recursive doubling below
-    256 KiB, the ring below 4 MiB and direct from 4 MiB where the ranks can read
+    512 KiB, the ring below 4 MiB and direct from 4 MiB where the ranks can read
     each other's memory (the ring where they cannot; an explicit ``direct`` there
     raises, naming why). Its entry reduces a flat view of ``tensor`` after the
     same-call check, which allgather and direct carry in their own first messages.
