@@ -1,13 +1,16 @@
 """What bench_collectives.py and bench_alltoall.py share: the sizes, how long to
 time each, the best-of over alternating sweeps, the MPICH run under mpiexec,
-and a row of the table (time, algbw, busbw per side)."""
+the torch.distributed gloo run (``--peer gloo``), and a row of the table (time,
+algbw, busbw per side)."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 
 from minidist.calc.comm import bus_bandwidth
 
@@ -88,3 +91,67 @@ def best_of(sweeps: list, repeats: int, best: dict | None = None) -> dict:
             for k, t in sweep().items():
                 best[k] = min(t, best.get(k, float("inf")))
     return best
+
+
+# -- torch.distributed's gloo: the CPU backend a learner would otherwise use ------------
+
+def run_gloo(n: int, sizes: list[int], collective: str) -> dict:
+    """``collective`` (all_reduce or all_to_all) of float32 under torch.distributed's
+    gloo backend, N processes on this machine: {"gloo:<size>": seconds}; {} without torch."""
+    try:
+        import torch  # noqa: F401  (only to know that the workers can import it)
+    except ImportError:
+        return {}
+    with socket.socket() as s:      # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MINIDIST_SHM")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n),
+               OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "gloo", collective,
+                               ",".join(map(str, sizes))], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(n)]
+    outs = [p.communicate(timeout=1800) for p in procs]
+    for line in outs[0][0].splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    print(f"gloo run failed:\n{outs[0][0]}\n{outs[0][1]}", file=sys.stderr)
+    return {}
+
+
+def gloo_worker(collective: str, sizes: list[int]) -> None:
+    """One rank of run_gloo: time ``collective`` as the MPICH worker times its own."""
+    import torch
+    import torch.distributed as tdist
+    tdist.init_process_group("gloo")
+    n = tdist.get_world_size()
+    out = {}
+    for size in sizes:
+        count = size // 4 // n * n
+        x, y = torch.ones(count), torch.ones(count)
+        if collective == "all_reduce":
+            def call():
+                tdist.all_reduce(x)
+        else:
+            def call():
+                tdist.all_to_all_single(y, x)
+        for _ in range(2):
+            call()
+        best = float("inf")
+        for _ in range(windows(size)):
+            tdist.barrier()
+            t = time.perf_counter()
+            for _ in range(iterations(size)):
+                call()
+            slowest = torch.tensor([(time.perf_counter() - t) / iterations(size)])
+            tdist.all_reduce(slowest, op=tdist.ReduceOp.MAX)
+            best = min(best, float(slowest))
+        out[f"gloo:{size}"] = best
+    if tdist.get_rank() == 0:
+        print("RESULT " + json.dumps(out), flush=True)
+    tdist.destroy_process_group()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["gloo"]:
+    gloo_worker(sys.argv[2], [int(s) for s in sys.argv[3].split(",")])

@@ -11,7 +11,8 @@ check (which carries the split sizes), reading its peers' inputs in one copy fro
 256 KiB up (alltoall.py); the "pairwise" column is the same call with that turned
 off (``MINIDIST_SINGLE_COPY=0``: every part through shared memory, two copies). The
 reference is mpi4py's ``Alltoallv`` under MPICH's ``mpiexec`` (which reads its
-peer's memory in one copy too, CMA, for large messages). All are timed alike (best
+peer's memory in one copy too, CMA, for large messages), and with ``--peer gloo``
+torch.distributed's ``all_to_all_single`` on gloo. All are timed alike (best
 of the timed windows, each window timed by its slowest rank, best of ``--repeats``
 runs alternating them). The last column is minidist's busbw over MPICH's.
 
@@ -33,7 +34,7 @@ from _args import byte_size, positive_int
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _collective_bench import (SIZES, best_of, human, iterations, row_cells,  # noqa: E402
-                               run_mpi, slowest_rank, usable_cores, windows)
+                               run_gloo, run_mpi, slowest_rank, usable_cores, windows)
 
 
 def minidist_sweep(sizes: list[int]) -> dict:
@@ -108,9 +109,12 @@ def table(n: int, sizes: list[int], best: dict) -> str:
     factor = (n - 1) / n
     sides = (("minidist", "minidist all_to_all_single"), ("pairwise", "pairwise (2 copies)"),
              ("mpi", "MPICH Alltoallv"))
+    if any(k.startswith("gloo:") for k in best):
+        sides += (("gloo", "gloo all_to_all_single"),)
     head = f"{'size':>8} | " + " | ".join(f"{title:^26}" for _, title in sides) + \
         f" | {'minidist/MPICH':>14}"
-    sub = f"{'':>8} | " + " | ".join([f"{'time':>9} {'algbw':>7} {'busbw':>8}"] * 3) + " |"
+    sub = (f"{'':>8} | " + " | ".join([f"{'time':>9} {'algbw':>7} {'busbw':>8}"] * len(sides))
+           + " |")
     lines = [f"world {n}  (busbw = algbw * (N-1)/N = algbw * {factor:.2f}; GB/s = 1e9 B/s)"]
     if n > usable_cores():
         lines.append(f"{n} ranks on {usable_cores()} cores: ranks share the cores (both sides)")
@@ -132,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-mpi", action="store_true", help="skip the MPICH reference")
     p.add_argument("--no-pairwise", action="store_true",
                    help="skip the pairwise (two-copy) column")
+    p.add_argument("--peer", choices=("gloo",), help="also run torch.distributed's gloo")
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--sizes", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -149,6 +154,8 @@ def main(argv: list[str] | None = None) -> None:
             sweeps.append(lambda: run_minidist(n, sizes, single_copy=False))
         if not args.no_mpi:
             sweeps.append(lambda: run_mpi(n, sizes, __file__))
+        if args.peer == "gloo":
+            sweeps.append(lambda: run_gloo(n, sizes, "all_to_all"))
         best = best_of(sweeps, args.repeats)
         print()
         print(table(n, sizes, best), flush=True)

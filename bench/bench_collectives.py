@@ -1,29 +1,43 @@
-"""All-reduce bandwidth: minidist's auto, ring, direct and naive vs MPICH, in one run.
+"""All-reduce bandwidth: minidist's algorithms vs MPICH (and torch's gloo), in one run.
 
     python bench/bench_collectives.py                 # worlds 2 and 4, 1 KiB .. 256 MiB
-    python bench/bench_collectives.py --max-size 16M --worlds 2
+    python bench/bench_collectives.py --max-size 16M --worlds 2 --peer gloo
     python bench/bench_collectives.py --collective all_to_all   # bench_alltoall.py
+    python bench/bench_collectives.py --tune          # fit auto's thresholds (_tune.py)
 
 For every message size and world size it prints the time of one all-reduce of
-float32 data, its algorithm bandwidth algbw = M / t, and the bus bandwidth
-busbw = algbw * 2(N-1)/N (the nccl-tests convention: what each link carries,
-comparable across N), for
+float32 data, and for ``auto`` and the references its algorithm bandwidth
+algbw = M / t and bus bandwidth busbw = algbw * 2(N-1)/N (the nccl-tests
+convention: what each link carries, comparable across N), for
 
 - minidist ``auto`` (what ``all_reduce`` takes by default; the last column says
-  which algorithm that is at each size), ``ring``, ``direct`` (each rank reads
-  its peers' arrays in one copy, comm/collectives/direct.py) and ``naive`` on the local shared-memory
-  transport (``minidist.launch`` world, default options: the same-call check
-  included);
+  which algorithm that is at each size) and each algorithm auto chooses from:
+  ``allgather`` (through the board while the array fits a rank's slot,
+  comm/collectives/oneshot.py; up to 1 MiB), ``recursive_doubling`` (up to 4 MiB),
+  ``ring`` and ``direct`` (each rank reads its peers' arrays in one copy,
+  comm/collectives/direct.py), on the local shared-memory transport
+  (``minidist.launch`` world, default options: the same-call check included);
 - mpi4py's native ``Allreduce`` (in place) under MPICH's ``mpiexec``: the
   reference, run as a subprocess of this script;
+- with ``--peer gloo``, torch.distributed's ``all_reduce`` on the gloo backend
+  (the CPU backend a learner would otherwise use), N processes of its own;
 - a single-process ``memcpy`` of M bytes: a ceiling for any transfer on this
   machine (a ring step copies M/N bytes and adds M/N bytes per rank).
 
 Each configuration is measured ``--repeats`` times, alternating minidist and
-MPICH so that a burst of other load on the machine hits both; the best time of
-the repeats is reported, each run's time being its best of 5 timed windows (3
-above 16 MiB), on both sides alike. The ratio columns are minidist auto's,
-ring's and direct's busbw over MPICH's.
+the references so that a burst of other load on the machine hits all; the best
+time of the repeats is reported, each run's time being its best of 5 timed
+windows (3 above 16 MiB), each window timed by its slowest rank, on every side
+alike. auto's time is the better of its own column and that of the algorithm it
+takes (the same calls, timed twice). ``auto/MPICH`` is auto's busbw over
+MPICH's, ``auto/best`` auto's time over the fastest algorithm's at that size
+(1.00 when auto took it), ``gloo/auto`` how many times faster auto is than gloo.
+
+``--tune`` sweeps allgather, recursive doubling, ring and direct over 1 KiB ..
+64 MiB (powers of 2), fits the thresholds that keep auto nearest the fastest at every size
+and world (_tune.py), prints them with the ratio they give at each point, and
+writes them to ``--tune-file``, for a world started with
+MINIDIST_ALL_REDUCE_TUNING=<that file> (all_reduce.py).
 """
 from __future__ import annotations
 
@@ -34,12 +48,17 @@ import time
 import numpy as np
 
 from minidist.calc.comm import BUS_FACTORS
-from minidist.comm.collectives.all_reduce import choose
+from minidist.comm.collectives.all_reduce import TUNING_ENV, choose
 from _args import byte_size, positive_int
-from _collective_bench import (SIZES, best_of, human, iterations, row_cells, run_mpi,
-                               slowest_rank, usable_cores, windows)
+from _collective_bench import (SIZES, best_of, human, iterations, row_cells, run_gloo,
+                               run_mpi, slowest_rank, usable_cores, windows)
 
 LATENCY_SIZE = 1 << 10
+ALGORITHMS = ("auto", "allgather", "recursive_doubling", "ring", "direct")
+# The largest size each algorithm is timed at (None: every size): allgather sends
+# (N-1) * M bytes and recursive doubling log2(N) * M, far behind beyond these.
+LARGEST = {"allgather": 1 << 20, "recursive_doubling": 4 << 20}
+TUNE_SIZES = [1 << k for k in range(10, 27)]   # 1 KiB, 2 KiB, ..., 64 MiB
 
 
 # -- minidist, on every rank of a World ---------------------------------------------
@@ -50,6 +69,8 @@ def minidist_sweep(sizes: list[int], algorithms: list[str]) -> dict:
     out = {}
     for alg in algorithms:
         for size in sizes:
+            if size > LARGEST.get(alg, size):
+                continue
             x = xp.zeros(size // 4, dtype="float32")
             iters = iterations(size)
             for _ in range(2 if size < (64 << 20) else 1):  # warm up
@@ -66,16 +87,17 @@ def minidist_sweep(sizes: list[int], algorithms: list[str]) -> dict:
     return out
 
 
-def run_minidist(n: int, sizes: list[int]) -> dict:
+def run_minidist(n: int, sizes: list[int], algorithms=ALGORITHMS) -> dict:
     from minidist.comm import World
     out = {}
     with World(n) as world:
-        out.update(slowest_rank(world.run(minidist_sweep, sizes,
-                                          ["auto", "ring", "direct", "naive"])))
-        if LATENCY_SIZE not in sizes:
+        out.update(slowest_rank(world.run(minidist_sweep, sizes, list(algorithms))))
+        if LATENCY_SIZE not in sizes and "auto" in algorithms:
             out.update(slowest_rank(world.run(minidist_sweep, [LATENCY_SIZE], ["auto"])))
-    with World(n, check=False) as world:  # what the same-call check costs
-        out.update(slowest_rank(world.run(minidist_sweep, [LATENCY_SIZE], ["auto"]), "nocheck:"))
+    if "auto" in algorithms:
+        with World(n, check=False) as world:  # what the same-call check costs
+            out.update(slowest_rank(world.run(minidist_sweep, [LATENCY_SIZE], ["auto"]),
+                                    "nocheck:"))
     return out
 
 
@@ -119,38 +141,97 @@ def memcpy_ceiling(sizes: list[int]) -> dict:
 
 # -- the table ---------------------------------------------------------------------------
 
-def table(n: int, sizes: list[int], best: dict) -> str:
+def _time(t: float | None) -> str:
+    if t is None:
+        return f"{'-':>9}"
+    return f"{t * 1e6:.1f}us" if t < 1e-2 else f"{t * 1e3:.2f}ms"
+
+
+def table(n: int, sizes: list[int], best: dict, algorithms=ALGORITHMS) -> str:
     factor = BUS_FACTORS["all_reduce"](n)
-    sides = (("auto", "minidist auto"), ("ring", "minidist ring"), ("direct", "minidist direct"),
-             ("naive", "minidist naive"), ("mpi", "MPICH Allreduce"))
-    head = (f"{'size':>8} | " + " | ".join(f"{title:^26}" for _, title in sides)
-            + f" | {'memcpy':>7} | {'auto/MPICH':>10} | {'ring/MPICH':>10} | {'direct/MPICH':>12}"
-            + " | auto takes")
-    sub = (f"{'':>8} | " + " | ".join([f"{'time':>9} {'algbw':>7} {'busbw':>8}"] * len(sides))
-           + f" | {'GB/s':>7} | {'busbw':>10} | {'busbw':>10} | {'busbw':>12} |")
+    gloo = any(k.startswith("gloo:") for k in best)
+    others = [a for a in algorithms if a != "auto"]
+    short = {"recursive_doubling": "rec.doubl"}   # column titles of 9 characters
+    head = (f"{'size':>8} | {'minidist auto':^26} | "
+            + " | ".join(f"{short.get(a, a):>9}" for a in others)
+            + f" | {'MPICH Allreduce':^26}" + (f" | {'gloo':>9}" if gloo else "")
+            + f" | {'memcpy':>7} | {'auto/MPICH':>10} | {'auto/best':>9}"
+            + (f" | {'gloo/auto':>9}" if gloo else "") + " | auto takes")
+    sub = (f"{'':>8} | {'time':>9} {'algbw':>7} {'busbw':>8} | "
+           + " | ".join(f"{'time':>9}" for _ in others)
+           + f" | {'time':>9} {'algbw':>7} {'busbw':>8}" + (f" | {'time':>9}" if gloo else "")
+           + f" | {'GB/s':>7} | {'busbw':>10} | {'time':>9}" + (f" | {'time':>9}" if gloo else "")
+           + " |")
     lines = [f"world {n}  (busbw = algbw * 2(N-1)/N = algbw * {factor:.2f}; GB/s = 1e9 B/s)"]
     cores = usable_cores()
     if n > cores:
         lines.append(f"{n} ranks on {cores} core{'s' * (cores > 1)}: ranks share the cores "
-                     f"and take turns (both minidist and MPICH)")
+                     f"and take turns (minidist, MPICH and gloo alike)")
     lines += [head, sub, "-" * len(head)]
     for size in sizes:
-        cells, busbws = row_cells(best, size, n, [key for key, _ in sides], "all_reduce")
+        # auto is its pick: its time is the better of the two measurements of it
+        pick = best.get(f"{choose('auto', size, n)}:{size}", float("inf"))
+        if f"auto:{size}" in best:
+            best[f"auto:{size}"] = min(best[f"auto:{size}"], pick)
+        cells, busbws = row_cells(best, size, n, ["auto", "mpi"], "all_reduce")
+        auto = best.get(f"auto:{size}")
+        measured = [best[f"{a}:{size}"] for a in algorithms if f"{a}:{size}" in best]
         mc = best.get(f"memcpy:{size}")
-        ratios = [f"{busbws[k] / busbws['mpi']:{w - 1}.2f}x" if "mpi" in busbws and k in busbws
-                  else f"{'-':>{w}}" for k, w in (("auto", 10), ("ring", 10), ("direct", 12))]
-        lines.append(f"{human(size):>8} | " + " | ".join(cells)
-                     + f" | {size / mc / 1e9 if mc else 0:7.2f} | " + " | ".join(ratios)
-                     + f" | {choose('auto', size, n)}")
+        row = (f"{human(size):>8} | {cells[0]} | "
+               + " | ".join(f"{_time(best.get(f'{a}:{size}')):>9}" for a in others)
+               + f" | {cells[1]}")
+        if gloo:
+            row += f" | {_time(best.get(f'gloo:{size}')):>9}"
+        mpi_ratio = (f"{busbws['auto'] / busbws['mpi']:9.2f}x" if {"auto", "mpi"} <= set(busbws)
+                     else f"{'-':>10}")
+        row += f" | {size / mc / 1e9 if mc else 0:7.2f} | {mpi_ratio}"
+        row += f" | {auto / min(measured):8.2f}x" if auto and measured else f" | {'-':>9}"
+        if gloo:
+            g = best.get(f"gloo:{size}")
+            row += f" | {g / auto:8.1f}x" if g and auto else f" | {'-':>9}"
+        lines.append(row + f" | {choose('auto', size, n)}")
     key = f"auto:{LATENCY_SIZE}"
     if key in best and f"mpi:{LATENCY_SIZE}" in best:
         mpi = best[f"mpi:{LATENCY_SIZE}"]
         auto, bare = best[key], best.get("nocheck:" + key, float("nan"))
-        lines.append(f"{human(LATENCY_SIZE)} latency: minidist auto (allgather, the same-call "
-                     f"check in its messages) {auto * 1e6:.1f}us = {auto / mpi:.2f}x MPICH's "
-                     f"{mpi * 1e6:.1f}us; with the check off {bare * 1e6:.1f}us = "
-                     f"{bare / mpi:.2f}x")
+        lines.append(f"{human(LATENCY_SIZE)} latency: minidist auto ({choose('auto', LATENCY_SIZE, n)}"
+                     f", the same-call check in its messages) {auto * 1e6:.1f}us = "
+                     f"{auto / mpi:.2f}x MPICH's {mpi * 1e6:.1f}us; with the check off "
+                     f"{bare * 1e6:.1f}us = {bare / mpi:.2f}x")
     return "\n".join(lines)
+
+
+# -- --tune: fit auto's thresholds to this machine ----------------------------------------
+
+def tune(worlds: list[int], repeats: int, path: str) -> None:
+    import _tune
+    from minidist.comm.collectives import all_reduce
+    algorithms = [a for a in ALGORITHMS if a != "auto"]
+    times = {}
+    for n in worlds:
+        best = best_of([lambda: run_minidist(n, TUNE_SIZES, algorithms)], repeats)
+        for key, t in best.items():
+            alg, size = key.rsplit(":", 1)
+            times[(n, alg, int(size))] = t
+    (gather, small, direct), ratios = _tune.fit(times)
+    tuned = dict(GATHER_BYTES=gather, SMALL_BYTES=small, DIRECT_BYTES=direct,
+                 run=f"bench_collectives --tune, worlds {worlds}, {usable_cores()} cores, "
+                     f"best of {repeats}, {time.strftime('%Y-%m-%d %H:%M')}")
+    with open(path, "w") as f:
+        json.dump(tuned, f, indent=1)
+    now = (all_reduce.GATHER_BYTES, all_reduce.SMALL_BYTES, all_reduce.DIRECT_BYTES)
+    before = _tune.ratios(times, now)
+    print(f"{'world':>5} {'size':>8} | " + " ".join(f"{a:>18}" for a in algorithms)
+          + " | tuned takes        auto/best | now takes          auto/best")
+    for n, size in sorted(ratios):
+        cells = " ".join(f"{_time(times.get((n, a, size))):>18}" for a in algorithms)
+        print(f"{n:>5} {human(size):>8} | {cells} | {_tune.pick(n, size, gather, small, direct):<18}"
+              f" {ratios[(n, size)]:8.2f}x | {_tune.pick(n, size, *now):<18} "
+              f"{before[(n, size)]:8.2f}x")
+    print(f"tuned: GATHER_BYTES={gather} SMALL_BYTES={small} DIRECT_BYTES={direct}: auto within "
+          f"{(max(ratios.values()) - 1) * 100:.1f}% of the fastest at every point "
+          f"(the thresholds in all_reduce.py: {(max(before.values()) - 1) * 100:.1f}%)")
+    print(f"written to {path}; use them with {TUNING_ENV}={path}")
 
 
 COLLECTIVES = ("all_reduce", "all_to_all")
@@ -169,7 +250,13 @@ def main() -> None:
     p.add_argument("--min-size", type=byte_size, default=1 << 10)
     p.add_argument("--max-size", type=byte_size, default=256 << 20)
     p.add_argument("--repeats", type=positive_int, default=2)
+    p.add_argument("--algorithms", nargs="+", choices=ALGORITHMS + ("naive", "tree"),
+                   default=list(ALGORITHMS), help="minidist's columns (auto first)")
     p.add_argument("--no-mpi", action="store_true", help="skip the MPICH reference")
+    p.add_argument("--peer", choices=("gloo",), help="also run torch.distributed's gloo")
+    p.add_argument("--tune", action="store_true",
+                   help="fit auto's thresholds to this machine and write them to --tune-file")
+    p.add_argument("--tune-file", default="all_reduce_tuning.json")
     p.add_argument("--collective", choices=COLLECTIVES, default="all_reduce",
                    help="all_to_all: run bench_alltoall.py (vs MPI_Alltoallv) with the other flags")
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
@@ -178,20 +265,27 @@ def main() -> None:
     if args.mpi_worker:
         mpi_worker([int(s) for s in args.sizes.split(",")])
         return
+    if args.tune:
+        tune(args.worlds, args.repeats, args.tune_file)
+        return
     sizes = [s for s in SIZES if args.min_size <= s <= args.max_size]
     if not sizes:
         p.error(f"no size between --min-size {args.min_size} and --max-size {args.max_size}: "
                 "the sizes are 1K, 4K, 16K, ... 256M (powers of 4)")
+    algorithms = ["auto"] + [a for a in args.algorithms if a != "auto"]
     cores = usable_cores()
     print(f"all-reduce of float32, {cores} CPU core{'s' * (cores > 1)}, "
           f"best of {args.repeats} repeats")
     ceiling = memcpy_ceiling(sizes)
     for n in args.worlds:
-        sweeps = [lambda: run_minidist(n, sizes)] + ([] if args.no_mpi else
-                                                     [lambda: run_mpi(n, sizes, __file__)])
+        sweeps = [lambda: run_minidist(n, sizes, algorithms)]
+        if not args.no_mpi:
+            sweeps.append(lambda: run_mpi(n, sizes, __file__))
+        if args.peer == "gloo":
+            sweeps.append(lambda: run_gloo(n, sizes, "all_reduce"))
         best = best_of(sweeps, args.repeats, dict(ceiling))
         print()
-        print(table(n, sizes, best), flush=True)
+        print(table(n, sizes, best, algorithms), flush=True)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,13 @@ Files, in reading order:
                    tree, recursive doubling, ring, allgather, hierarchical, direct),
                    ``choose`` (auto by size) and its measured thresholds
 - small.py         the allgather all-reduce, which travels inside the same-call check
+- oneshot.py       the latency path: the allgather all-reduce as one post on the board
+                   and N-1 reads in place (transport/board.py), called straight from api.py
 - direct.py        the direct all-reduce: one-copy reads of the peers' arrays, and the
                    probe that learns whether the ranks may read each other
 - hierarchical.py  two-level all-reduce: ring in the node, ring between nodes on 1/L
 - alltoall.py      all-to-all with uneven splits (pairwise exchange, single-copy reads)
+- alltoall_board.py  all-to-all's splits, and inputs that fit a slot, in one post on the board
 - work.py          ``Work``: async handles and the background thread that runs them
 - cost.py          the alpha-beta cost model of each algorithm
 

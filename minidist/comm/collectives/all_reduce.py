@@ -17,6 +17,9 @@ same bits on every rank. The algorithms differ in how many steps they take
             every rank gathers all N arrays and folds them in rank order,
             in the same messages as the same-call check (small.py):
             T = ceil(log2 N) * alpha + (N-1) * M/beta  -- best for tiny M
+            On one machine, where the array fits a slot of the board, the
+            gather is one post read in place by every peer (oneshot.py):
+            T = alpha_board + (N-1) * M/beta_read      -- the latency path
     hierarchical
             ring inside each node, ring between nodes on 1/L of the array, ring
             inside again (hierarchical.py): 2(K-1)/K * M/L per rank between
@@ -24,6 +27,14 @@ same bits on every rank. The algorithms differ in how many steps they take
     direct  each rank reads its chunk of every peer's array and folds it, then
             reads every other chunk from its owner (direct.py; one machine):
             T = 3 ceil(log2 N) * alpha + 2(N-1)/N * M/beta, each byte copied once
+
+The alpha of each, measured here (bench/bench_latency.py: an all-reduce of 64
+bytes on the 2-core VM, load average 0.2, best of 5 windows; world 4 is two
+ranks per core; docs/collectives.md, "The latency path"), in microseconds:
+
+    world   allgather:board   allgather:channels   rec.doubling   tree   ring   naive   direct
+      2           5.7               10.7               20.5        28.5   29.2   27.1    38.6
+      4          26.8               49.4              124.1       145.2  218.3  142.8   250.2
 
 ``naive`` is the oracle the others are tested against. ``choose`` names the
 algorithm: the one asked for, or for ``auto`` one by size, as NCCL and MPI
@@ -36,6 +47,8 @@ demo demos/03_ring_allreduce.py prints the ring's bytes next to 2(N-1)/N * M.
 """
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 from minidist.comm.collectives import direct, small
@@ -48,24 +61,55 @@ from minidist.comm.transport.reduce_op import ReduceOp, finish
 ALGORITHMS = ("auto", "ring", "tree", "recursive_doubling", "naive", "allgather",
               "hierarchical", "direct")
 
-# The thresholds of auto, from bench_collectives (float32, world 2 and 4 on the
-# 2-core VM, microseconds per call, best of 5 windows; docs/collectives.md has the tables).
+# The thresholds of auto, from `bench_collectives.py --tune --worlds 2 4 --repeats 2`
+# on the 2-core VM (float32, microseconds per call, best of 5 windows; world 4 is
+# two ranks per core; docs/collectives.md has the tables). Two runs ten minutes
+# apart at load average 0.2-1.7 ("run 2", "run 3"); set it for your machine with
+# --tune and MINIDIST_ALL_REDUCE_TUNING.
 #
-# allgather while the (N-1) * M bytes it sends are at most this. At world 2:
-# 64 KiB took 18.9 us (recursive doubling 27.9, ring 36.0, MPICH 20.7), 128 KiB
-# 29.5 (35.1, 42.3), 256 KiB 74.2 (51.6, 54.8); at world 4, 64 KiB took 105
-# against 148 and 228, 128 KiB 316 against 198 and 251.
+# allgather while the (N-1) * M bytes it sends are at most this: through the
+# board (oneshot.py) up to 64 KiB it took 5.7-15.8 us at world 2 (recursive
+# doubling 20.7-55.9, ring 29.6-63.3) and 28-53 us at world 4 (136-227); 128 KiB
+# 51.6 at world 2 (rec. doubling 89.4) and, gathered through the channels, 233
+# at world 4 (313): both runs fit 192 KiB.
 GATHER_BYTES = 192 * 1024
-# recursive doubling below this, the ring from here: at 64/128 KiB recursive
-# doubling took 27.5/36.0 us against the ring's 36.6/43.4 at world 2, 156/219
-# against 275/298 at world 4; the ring won from 256-512 KiB (54.8 against 51.6
-# at 256 KiB world 2 is level; 305 against 358 at world 4).
-SMALL_BYTES = 256 * 1024
-# direct from this size, the ring below: direct/MPICH busbw 1.06x/1.38x/2.50x at
-# 4/16/64 MiB world 2 against the ring's 0.87x/0.91x/2.09x, and 1.04x/1.47x/2.02x
-# against 0.85x/1.11x/1.50x at world 4; at 1 MiB direct took 244.5 us against the
-# ring's 158.7 (pinning a peer's pages costs about 60 us per 512 KiB).
+# recursive doubling below this, the ring (or direct) from here: at 256 KiB it
+# took 72 us against the ring's 157 at world 2 and 466 against 461 at world 4
+# (run 3), 148 against 147 and 246 against 294 (run 2); at 512 KiB the ring or
+# direct won in both.
+SMALL_BYTES = 512 * 1024
+# direct from this size, the ring below. The runs disagree: run 3 had direct
+# 2-3x ahead of the ring from 512 KiB at world 2 but 1.15-1.34x behind it from
+# 512 KiB to 8 MiB at world 4; run 2 had the ring ahead up to 16 MiB at both.
+# Both had direct ahead from 32-64 MiB (8.7 against 13.4 ms, 23 against 59 ms at
+# 64 MiB, run 3). 4 MiB keeps each run's worst ratio at 2.7-3.5x where 512 KiB
+# or 16 MiB costs one run 3.4-3.5x; see docs/collectives.md.
 DIRECT_BYTES = 4 * 1024 * 1024
+
+# `minidist bench collectives --tune` (bench/bench_collectives.py) measures every
+# algorithm on this machine and writes the thresholds that keep auto nearest the
+# fastest into a JSON file; a world started with MINIDIST_ALL_REDUCE_TUNING=<file>
+# uses them (every rank reads the same file: a rank that chose otherwise would be
+# caught by the same-call check, which compares the algorithm).
+TUNING_ENV = "MINIDIST_ALL_REDUCE_TUNING"
+TUNED = ("GATHER_BYTES", "SMALL_BYTES", "DIRECT_BYTES")
+
+
+def load_tuning(path: str) -> dict:
+    """Set auto's thresholds from a file written by ``--tune``; returns them."""
+    with open(path) as f:
+        tuned = json.load(f)
+    unknown = set(tuned) - set(TUNED) - {"run"}
+    if unknown:
+        raise ValueError(f"{path}: unknown thresholds {sorted(unknown)}; expected {TUNED}")
+    for name in TUNED:
+        if name in tuned:
+            globals()[name] = int(tuned[name])
+    return {name: globals()[name] for name in TUNED}
+
+
+if os.environ.get(TUNING_ENV):
+    load_tuning(os.environ[TUNING_ENV])
 
 
 def naive_all_reduce(group, flat: Any, op: ReduceOp, tag: int) -> None:

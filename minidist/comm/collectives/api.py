@@ -26,16 +26,17 @@ Arrays are arrays of the active backend. In-place where torch's are in place:
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Callable
 
 from minidist.backend import xp
-from minidist.comm.collectives import work
+from minidist.comm.collectives import alltoall_board, oneshot, work
 from minidist.comm.collectives.all_reduce import make_plan, runnable
 from minidist.comm.collectives.all_reduce import run as run_all_reduce
 from minidist.comm.collectives.alltoall import (check_splits, offsets, pairwise_all_to_all,
                                                 alltoall_plan, single_copy_all_to_all, source_of,
                                                 split_sizes, worth_single_copy)
-from minidist.comm.collectives.check import describe, verify_same_call
+from minidist.comm.collectives.check import describe, keep_plan, verify_same_call
 from minidist.comm.group import ProcessGroup, resolve
 from minidist.comm.transport.reduce_op import ReduceOp, finish
 from minidist.comm.collectives.ring import chunk_bounds, ring_all_gather, ring_reduce_scatter
@@ -136,15 +137,27 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | N
     with the algorithm all_reduce.py names: the one asked for (ring, tree,
     recursive_doubling, naive, allgather, hierarchical, direct) or, for ``auto``
     (the default), allgather while (N-1) * M <= 192 KiB, recursive doubling below
-    256 KiB, the ring below 4 MiB and direct from 4 MiB where the ranks can read
+    512 KiB, the ring below 4 MiB and direct from 4 MiB where the ranks can read
     each other's memory (the ring where they cannot; an explicit ``direct`` there
     raises, naming why). Its entry reduces a flat view of ``tensor`` after the
     same-call check, which allgather and direct carry in their own first messages.
+    On one machine an allgather that fits a rank's slot on the board is one post
+    and N-1 reads in place (oneshot.py); its plan is kept per (shape, dtype, op,
+    algorithm), and the next such call goes straight to it.
 
     Runs now, or in the background with ``async_op=True`` (a ``Work`` to wait on)."""
     g = resolve(group)
-    name = runnable(algorithm, tensor.nbytes, g)
-    plan = make_plan(g, name, tensor, op)  # allgather, direct: their check's table
+    key = ("call", tensor.shape, tensor.dtype, op, algorithm)
+    plan = g.small_plans.get(key)          # a small call made before: the latency path
+    if plan is None:
+        name = runnable(algorithm, tensor.nbytes, g)
+        plan = make_plan(g, name, tensor, op)  # allgather, direct: their check's table
+        if oneshot.through_board(plan):
+            keep_plan(g, key, plan)        # next time, straight here (oneshot.py)
+    if oneshot.through_board(plan):
+        if async_op or not work.idle():
+            return work.submit(partial(oneshot.call, g, tensor, plan), async_op)
+        return oneshot.call(g, tensor, plan)
     if plan is None:
         return _run(g, "all_reduce", dict(op=op.name, algorithm=name, **_sig(tensor)),
                     _all_reduce, async_op, args=(tensor, op, name, None))
@@ -289,8 +302,9 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
     (``input_split_sizes[j]`` on i) must be what j expects from i
     (``output_split_sizes[i]`` on j): otherwise every rank raises
     ``CollectiveMismatchError`` naming the pair, before any data moves.
-    On one machine each rank reads its parts straight from its peers' inputs
-    (single copy); otherwise pairwise exchange (alltoall.py).
+    On one machine the split sizes, and inputs that fit, travel through the
+    board in one post (alltoall_board.py), and larger parts are read straight
+    from the peers' inputs (single copy); otherwise pairwise exchange (alltoall.py).
     """
     g = resolve(group)
     if input.dtype != output.dtype or tuple(input.shape[1:]) != tuple(output.shape[1:]):
@@ -304,23 +318,43 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
     row = 1
     for s in input.shape[1:]:
         row *= s
+    if alltoall_board.usable(g):    # one machine: the splits and small inputs on the board
+        on_board = alltoall_board.board_plan(g, input.dtype, tuple(input.shape[1:]))
+
+        def job():
+            flat_in = xp.ascontiguousarray(input).reshape(-1)
+            flat_out, write_back = _flat(output)
+            alltoall_board.call(g, flat_out, flat_in, send, recv, row,
+                                source_of(g, flat_in, flat_out), on_board, write_back,
+                                _move_parts)
+        return work.submit(job, async_op)
     plan = alltoall_plan(g, input.dtype, tuple(input.shape[1:]))
 
     def body(g, tag):
         flat_in = xp.ascontiguousarray(input).reshape(-1)
         flat_out, write_back = _flat(output)
         in_edges, out_edges = offsets(send), offsets(recv)
-        sources = None
+        matrix = sources = None
         if g.check and g.size > 1:
             matrix, sources = check_splits(g, plan, send, recv, tag,
                                            source_of(g, flat_in, flat_out))
-        if not (sources and worth_single_copy(matrix, row * input.itemsize)
-                and single_copy_all_to_all(g, flat_in, in_edges, flat_out, out_edges,
-                                           row, matrix, sources, tag, plan.done)):
-            pairwise_all_to_all(g, flat_in, in_edges, flat_out, out_edges, row, tag)
+        _move_parts(g, flat_in, in_edges, flat_out, out_edges, row, matrix, sources, tag,
+                    plan.done)
         write_back()
     return _run(g, "all_to_all_single", plan.fields, body, async_op, checks_itself=True,
                 line=plan.line)
+
+
+def _move_parts(g, flat_in: Any, in_edges: list[int], flat_out: Any, out_edges: list[int],
+                row: int, matrix: list | None, sources: list | None, tag: int,
+                done: tuple | None) -> None:
+    """Move the parts of an all-to-all whose splits ``matrix`` are agreed: read
+    from the peers' inputs (``sources``) where worth it and possible, else the
+    pairwise exchange (alltoall.py)."""
+    if not (sources and worth_single_copy(matrix, row * flat_in.itemsize)
+            and single_copy_all_to_all(g, flat_in, in_edges, flat_out, out_edges,
+                                       row, matrix, sources, tag, done)):
+        pairwise_all_to_all(g, flat_in, in_edges, flat_out, out_edges, row, tag)
 
 
 def barrier(group: ProcessGroup | None = None, async_op: bool = False):

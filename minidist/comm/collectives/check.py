@@ -130,10 +130,15 @@ def cached_plan(group, key: tuple, make, *args, keep=None):
     if plan is None:
         plan = make(*args)
         if keep is None or keep(plan):
-            if len(group.small_plans) >= MAX_PLANS:
-                group.small_plans.clear()
-            group.small_plans[key] = plan
+            keep_plan(group, key, plan)
     return plan
+
+
+def keep_plan(group, key: tuple, plan) -> None:
+    """Keep ``plan`` as ``group``'s plan for ``key`` (at most MAX_PLANS)."""
+    if len(group.small_plans) >= MAX_PLANS:
+        group.small_plans.clear()
+    group.small_plans[key] = plan
 
 
 class CheckTable:
@@ -200,12 +205,15 @@ def raise_mismatch(group, line: str, tag: int) -> None:
     gather_rows(group, bruck_rounds(group, table), tag, "the collective check (who called what)",
                 abortable=False)
     r = group.rank
-    lines = [""] * n
-    for i in range(n):
-        lines[(r + i) % n] = bytes(table[i]).rstrip(b"\0").decode(errors="replace")
-    listing = "\n".join(f"  rank {group.global_rank(i)}: {lines[i]}" for i in range(n))
+    raise mismatch_error(group, [table[(q - r) % n] for q in range(n)])
+
+
+def mismatch_error(group, records: list) -> CollectiveMismatchError:
+    """The error every rank raises: ``records[q]`` is group rank q's record."""
+    lines = [bytes(rec).rstrip(b"\0").decode(errors="replace") for rec in records]
+    listing = "\n".join(f"  rank {group.global_rank(i)}: {line}" for i, line in enumerate(lines))
     differ = _differences(lines) if len(set(lines)) > 1 else ["the size of their data"]
-    raise CollectiveMismatchError(
+    return CollectiveMismatchError(
         f"ranks of group {group.ranks} called different collectives "
         f"(they differ in {', '.join(differ)}):\n{listing}")
 

@@ -10,6 +10,7 @@ the algorithms in all_reduce.py, ring.py and tree.py:
     tree all-reduce    T = 2 ceil(log2 N) * (alpha + M / beta)
     rec. doubling      T = ceil(log2 N) * (alpha + M / beta)   (+2 steps if N not 2^k)
     allgather all-red. T = ceil(log2 N) * alpha + (N-1) * M / beta
+    one-shot all-red.  T = alpha + (N-1) * M / beta            (the board, oneshot.py)
     direct all-reduce  T = 3 ceil(log2 N) * alpha + 2(N-1)/N * M / beta  (reads, direct.py)
     ring all-gather    T = (N-1) * alpha + (N-1)/N * M / beta  (M = the gathered total)
     tree broadcast     T = ceil(log2 N) * (alpha + M / beta)
@@ -62,6 +63,14 @@ def allgather_all_reduce(m: float, n: int, alpha: float, beta: float) -> Cost:
     """Gather all N arrays (Bruck, ceil(log2 N) rounds), reduce locally (small.py)."""
     sent = (n - 1) * m
     return Cost(_log2(n) * alpha + sent / beta, sent, _log2(n))
+
+
+def oneshot_all_reduce(m: float, n: int, alpha: float, beta: float) -> Cost:
+    """Post once on the board, read the N-1 peers' slots in place, fold (oneshot.py):
+    the allgather's bytes in one step."""
+    sent = (n - 1) * m
+    steps = 1 if n > 1 else 0
+    return Cost(steps * alpha + sent / beta, sent, steps)
 
 
 def direct_all_reduce(m: float, n: int, alpha: float, beta: float) -> Cost:

@@ -86,6 +86,8 @@ def send(tensor: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0)
     g = resolve(group)
     start = trace.active.now() if trace.active is not None else 0.0
     h = g.isend(tensor, g.group_rank(dst), _check_tag(tag))
+    if h.done and trace.active is None:
+        return   # all of it went into free slots at once: nothing to wait for, nobody to name
     _waited(g, [h], f"send to rank {dst} tag={tag}", "send",
             dict(peer=dst, tag=tag, bytes_sent=tensor.nbytes), start)
 
@@ -93,7 +95,16 @@ def send(tensor: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0)
 def recv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0) -> int:
     """Receive into ``tensor`` (same shape and dtype as sent). Returns ``src``."""
     g = resolve(group)
-    start = trace.active.now() if trace.active is not None else 0.0
+    if trace.active is None:   # the transport's blocking receive (a short way for one slot)
+        g.group_rank(src)      # a member of the group, or ValueError
+        what = f"recv from rank {src} tag={tag}"
+        g.transport.record_begin(g.ctx, -1, g.ranks, what)
+        g.transport.recv(tensor, src, _check_tag(tag), g.ctx, g.timeout, what)
+        g.transport.record_end()
+        g.stats.bytes_recv += tensor.nbytes
+        g.stats.msgs_recv += 1
+        return src
+    start = trace.active.now()
     h = g.irecv(tensor, g.group_rank(src), _check_tag(tag))
     _waited(g, [h], f"recv from rank {src} tag={tag}", "recv",
             dict(peer=src, tag=tag, bytes_recv=tensor.nbytes), start)

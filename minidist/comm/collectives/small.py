@@ -25,6 +25,9 @@ needs no extra fold/unfold steps when N is not a power of two), but sends
 blocks are the arrays alone, and a block of another size raises
 MessageMismatchError where it arrives.
 
+On one machine an array that fits a slot of the board takes the latency path
+instead (oneshot.py): one post and N-1 reads in place, the same fold.
+
 A call should cost little more than its messages, so everything that depends
 only on (group, shape, dtype, op) is worked out once and kept in a plan: the
 table, the views of its rows in rank order, the record, the fields of the
@@ -35,8 +38,9 @@ from __future__ import annotations
 from typing import Any
 
 from minidist import backend
+from minidist.comm.collectives import oneshot
 from minidist.comm.collectives.check import CheckTable, cached_plan, describe
-from minidist.comm.transport.reduce_op import ReduceOp, combine_fn, finish
+from minidist.comm.transport.reduce_op import ReduceOp, combine_fn, fold_in_order
 
 # Only plans whose table is small are kept: every array that auto sends here
 # (N * M <= 2 * 192 KiB, all_reduce.GATHER_BYTES, plus N records), not an explicit
@@ -80,8 +84,13 @@ def _small_table(plan: SmallPlan) -> bool:
     return plan.table.nbytes <= MAX_KEPT_TABLE_BYTES
 
 
-def plan_for(group, tensor: Any, op: ReduceOp) -> SmallPlan:
-    """The plan for an all-reduce of ``tensor`` with ``op`` on ``group``, made on first use."""
+def plan_for(group, tensor: Any, op: ReduceOp):
+    """The plan for an all-reduce of ``tensor`` with ``op`` on ``group``, made on
+    first use: through the board where the array fits its slot (oneshot.py),
+    else through the check's Bruck rounds (here)."""
+    if oneshot.fits(group, tensor.nbytes):
+        return cached_plan(group, ("board", tensor.shape, tensor.dtype, op), oneshot.OneShotPlan,
+                           group, tensor.shape, tensor.dtype, op)
     return cached_plan(group, (tensor.shape, tensor.dtype, op), SmallPlan,
                        group, tensor.shape, tensor.dtype, op, keep=_small_table)
 
@@ -97,8 +106,4 @@ def allgather_all_reduce(group, flat: Any, plan: SmallPlan, tag: int) -> None:
     stats.msgs_sent += plan.messages
     stats.msgs_recv += plan.messages
     xs = plan.by_rank if plan.on_host else [backend.from_host(x) for x in plan.by_rank]
-    fold = plan.combine
-    fold(xs[0], xs[1], out=flat)
-    for x in xs[2:]:
-        fold(flat, x, out=flat)
-    finish(plan.op, flat, group.size)
+    fold_in_order(xs, flat, plan.combine, plan.op)

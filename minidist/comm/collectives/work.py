@@ -113,6 +113,13 @@ def _count_queued(delta: int) -> None:
             sys.setswitchinterval(_switch["default"])
 
 
+def idle() -> bool:
+    """Is no asynchronous collective queued or running? (A synchronous call may
+    then run at once, without ``submit``.)"""
+    last = _state["last"]
+    return last is None or last._done.is_set()
+
+
 def submit(job: Callable[[], None], async_op: bool) -> Work | None:
     """Run ``job`` now (async_op=False, returns None) or in the background (returns Work)."""
     if not async_op:

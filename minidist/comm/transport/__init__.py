@@ -13,6 +13,7 @@ Files, in reading order:
 - pending.py    pending sends and receives of the local transport, where a piece lands
 - local.py      ``LocalTransport``: messages through shared memory, pipelined in slots
 - short_way.py  the local transport's fast paths for ``exchange`` and ``sendrecv``
+- board.py      one slot per rank that every peer reads in place: small collectives' latency path
 - cma.py        single-copy reads of a peer's memory (Linux process_vm_readv), for all-to-all
 - link.py       an emulated link: bytes that take M / beta on the wire while the CPU is free
 - topology.py   which ranks share a machine: found from host names (MPI) or declared

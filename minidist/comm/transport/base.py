@@ -57,6 +57,7 @@ class Transport:
     name: str
     single_copy = False  # may peers read this rank's arrays directly (cma.py)?
     peer_reads = False   # ... also over an emulated link (read_peer waits out the wire)?
+    board = None         # each rank's slot that every peer reads in place (board.py), or None
 
     def read_arrival(self, src: int, nbytes: int) -> int:
         """When a read of ``nbytes`` from rank ``src`` asked for now lands, in ns
@@ -92,6 +93,12 @@ class Transport:
         wait for each other, whatever the size."""
         self.wait_all([self.isend(send_arr, dst, tag, ctx), self.irecv(recv_arr, src, tag, ctx, op)],
                       timeout, what, abortable)
+
+    def recv(self, arr: Any, src: int, tag: int, ctx: int = 0, timeout: float | None = None,
+             what: str = "") -> None:
+        """Receive into ``arr`` from ``src`` and return when it is there: the
+        blocking receive of a pipeline stage or a ring-attention step."""
+        self.wait_all([self.irecv(arr, src, tag, ctx)], timeout, what)
 
     def exchange(self, data: Any, dst: int, inbox: Any, src: int, tag: int, ctx: int = 0,
                  timeout: float | None = None, what: str = "", abortable: bool = True) -> bool:

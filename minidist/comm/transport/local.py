@@ -23,7 +23,9 @@ when a receive with another tag is waiting behind it on the same channel.
 
 ``exchange`` (one step of the same-call check) and ``sendrecv`` (one step of
 a ring) take a short way when nothing else is under way with their peers:
-short_way.py.
+short_way.py. Beside the channels, each rank has a slot on the board
+(board.py), written once and read in place by every peer: the latency path
+of the small collectives.
 
 Waiting (wait.py, the policy of every wait): when a pass moves nothing, the
 rank polls again, then yields its core between polls, for up to ``spin_s``
@@ -45,6 +47,7 @@ from collections import deque
 from typing import Any
 
 from minidist.comm.transport import cma, flight, shm, topology
+from minidist.comm.transport.board import Board, BoardWays, board_wanted
 from minidist.comm.transport.doorbell import Doorbells
 from minidist.comm.transport.shm import S_ARRIVAL, S_BYTES, S_CODE, S_OFFSET, S_TAG, S_TOTAL
 from minidist.comm.errors import (TIMEOUT_HINT, CommTimeoutError, NotThisRankError,
@@ -59,7 +62,7 @@ from minidist.comm.transport.wait import (REPLY_POLLS, SPIN_S, Backoff, free_pol
                                           in_background_thread)
 
 
-class LocalTransport(ShortWays, Transport):
+class LocalTransport(ShortWays, BoardWays, Transport):
     """Point-to-point between the processes of one machine, through shared memory."""
 
     name = "shm"
@@ -112,6 +115,11 @@ class LocalTransport(ShortWays, Transport):
         # without an emulated link; the direct all-reduce also over one (read_peer).
         self.peer_reads = cma.available()
         self.single_copy = self.peer_reads and self._link is None
+        # The board (board.py): not over an emulated link, whose time it would skip,
+        # nor with MINIDIST_BOARD=0 (to compare with the channels' way).
+        capacity = shm.read_board_capacity(self._seg)
+        self.board = (Board(buf, shm.board_offset(n), n, rank, capacity)
+                      if capacity and self._link is None and board_wanted() else None)
         self._lock = threading.RLock()
         self._posts = 0  # receives posted so far (see exchange)
         self._next_ctx = 1
@@ -348,7 +356,7 @@ class LocalTransport(ShortWays, Transport):
     def _timeout_error(self, handles, timeout, what) -> CommTimeoutError:
         pending = [h.describe() for h in handles if not h.done]
         where = f" in {what}" if what else ""
-        report = flight.hang_report(shm.flight_records(self._seg), self.rank)
+        report = flight.hang_report(self._flight_records(), self.rank)
         if trace.active is not None:   # the hang report as an instant event (trace/)
             trace.active.instant("hang report", "failure", dict(report=report), scope="p")
         return CommTimeoutError(
@@ -356,6 +364,10 @@ class LocalTransport(ShortWays, Transport):
             + "; ".join(pending) + "\n" + report + "\n" + TIMEOUT_HINT)
 
     # -- the flight recorder (flight.py) -------------------------------------
+    def _flight_records(self) -> list:
+        """Every rank's last call, read from the segment now."""
+        return shm.flight_records(self._seg)
+
     def record_begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
         self._flight.begin(ctx, number, ranks, text)
 
@@ -385,6 +397,8 @@ class LocalTransport(ShortWays, Transport):
         for ch in self._out + self._in:
             ch.release()
         self._out = self._in = []
+        if self.board is not None:
+            self.board.release()
         self._words.release()
         self._ranks.release()
         self._bells.close()

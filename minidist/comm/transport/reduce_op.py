@@ -43,6 +43,16 @@ def finish(op: ReduceOp, acc: Any, group_size: int) -> None:
         raise TypeError(f"ReduceOp.AVG is not defined for dtype {acc.dtype}")
 
 
+def fold_in_order(arrays: list, out: Any, combine, op: ReduceOp) -> None:
+    """out = op(arrays[0], arrays[1], ..., arrays[-1]), folded left to right (at
+    least two arrays; ``combine`` is ``combine_fn(op)``): the order every rank
+    of an all-gather all-reduce folds in, so all get the same bits."""
+    combine(arrays[0], arrays[1], out=out)
+    for a in arrays[2:]:
+        combine(out, a, out=out)
+    finish(op, out, len(arrays))
+
+
 def reduce_reference(arrays: list, op: ReduceOp) -> Any:
     """The single-process oracle: fold ``arrays`` left to right with ``op``."""
     acc = arrays[0].copy()

@@ -8,7 +8,6 @@ easy to spot (``leftover_segments()``).
 Layout (all offsets multiples of 64 bytes, one cache line)::
 
     world header (1024 B): magic, world_size, nslots, slot_bytes, abort word,
-    world header (1024 B): magic, world_size, nslots, slot_bytes, abort word,
                            the emulated link's bytes/s, node size and bytes/s
                            between nodes (link.py), abort message
     doorbells (64 B per rank, doorbell.py)
@@ -17,7 +16,9 @@ Layout (all offsets multiples of 64 bytes, one cache line)::
                            (written by the launcher's rank process; another process
                            cannot join as that rank) and how many runs it finished
                            (a peer waiting on a rank that finished the run fails at
-                           once, naming it), padded to a multiple of 4096 B
+                           once, naming it)
+    the board: one slot per rank that every peer reads (board.py), padded to a
+               multiple of 4096 B
     channel[src * N + dst] for every ordered pair, each:
         head   (64 B)  pieces written by src       (only src writes it)
         tail   (64 B)  pieces consumed by dst      (only dst writes it)
@@ -38,7 +39,7 @@ import secrets
 
 from multiprocess import resource_tracker, shared_memory
 
-from minidist.comm.transport import flight
+from minidist.comm.transport import board, flight
 from minidist.comm.transport.doorbell import BYTES_PER_RANK, Doorbells
 
 PREFIX = "minidist_"
@@ -51,6 +52,7 @@ MAGIC = 0x6D696E6964697374  # "minidist"
 # Word indices (int64) in the world header.
 W_MAGIC, W_WORLD, W_NSLOTS, W_SLOT_BYTES, W_ABORT, W_ABORT_LEN, W_LINK = range(7)
 W_NODE_SIZE, W_INTER_LINK = 7, 8   # two-level topology (link.py); 0: one node
+W_BOARD = 9                        # data bytes of a rank's slot on the board (board.py)
 # Word indices (int64) in a slot's header, from the slot's first word h: what the
 # sender writes beside each piece (local.py, short_way.py).
 S_TAG, S_TOTAL, S_OFFSET, S_BYTES, S_CODE, S_ARRIVAL = range(6)
@@ -80,19 +82,33 @@ def ranks_offset(world_size: int) -> int:
     return flight_offset(world_size) + flight.region_bytes(world_size)
 
 
-def channels_offset(world_size: int) -> int:
-    """Where the channels start: after the header, doorbells, flight and rank records,
-    page aligned."""
+def board_offset(world_size: int) -> int:
+    """Where the board starts: after the rank records, on a cache line."""
     end = ranks_offset(world_size) + world_size * RANK_BYTES
+    return -(-end // 64) * 64
+
+
+def board_capacity(slot_bytes: int) -> int:
+    """Data bytes of a rank's slot on the board: BOARD_BYTES, at most a channel slot."""
+    return min(board.BOARD_BYTES, slot_bytes)
+
+
+def channels_offset(world_size: int, slot_bytes: int) -> int:
+    """Where the channels start: after the header, doorbells, flight and rank records
+    and the board, page aligned."""
+    end = (board_offset(world_size)
+           + world_size * board.slot_bytes(world_size, board_capacity(slot_bytes)))
     return -(-end // 4096) * 4096
 
 
 def channel_offset(src: int, dst: int, world_size: int, nslots: int, slot_bytes: int) -> int:
-    return channels_offset(world_size) + (src * world_size + dst) * channel_bytes(nslots, slot_bytes)
+    return (channels_offset(world_size, slot_bytes)
+            + (src * world_size + dst) * channel_bytes(nslots, slot_bytes))
 
 
 def segment_bytes(world_size: int, nslots: int, slot_bytes: int) -> int:
-    return channels_offset(world_size) + world_size * world_size * channel_bytes(nslots, slot_bytes)
+    return (channels_offset(world_size, slot_bytes)
+            + world_size * world_size * channel_bytes(nslots, slot_bytes))
 
 
 def create(world_size: int, nslots: int, slot_bytes: int, link_bytes_per_s: int = 0,
@@ -114,6 +130,7 @@ def create(world_size: int, nslots: int, slot_bytes: int, link_bytes_per_s: int 
     words[W_LINK] = link_bytes_per_s
     words[W_NODE_SIZE] = node_size
     words[W_INTER_LINK] = inter_bytes_per_s
+    words[W_BOARD] = board_capacity(slot_bytes)
     words[W_MAGIC] = MAGIC
     words.release()
     return seg
@@ -143,6 +160,14 @@ def read_header(seg: shared_memory.SharedMemory) -> tuple[int, int, int, int]:
     """(world_size, nslots, slot_bytes, link bytes per second) of a segment."""
     words = seg.buf[:HEADER_BYTES].cast("q")
     out = (words[W_WORLD], words[W_NSLOTS], words[W_SLOT_BYTES], words[W_LINK])
+    words.release()
+    return out
+
+
+def read_board_capacity(seg: shared_memory.SharedMemory) -> int:
+    """Data bytes of a rank's slot on the board (board.py)."""
+    words = seg.buf[:HEADER_BYTES].cast("q")
+    out = words[W_BOARD]
     words.release()
     return out
 
@@ -220,7 +245,10 @@ def close(seg: shared_memory.SharedMemory) -> None:
     try:
         seg.close()
     except BufferError:
-        pass
+        # Arrays still view it (the plans of the board's latency path, kept by
+        # their group): they keep the mapping alive until they go; drop our
+        # handle, so that it is not closed again, noisily, at exit.
+        seg._mmap = None
 
 
 def unlink(name: str) -> None:

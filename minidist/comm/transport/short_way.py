@@ -75,22 +75,15 @@ class ShortWays:
         """Wait (spinning, yielding) for a one-piece message with tag ``wire`` from
         ``src`` and take it: True if it had ``inbox.size`` bytes, False if not
         (dropped); None to hand over to the general way, having taken nothing."""
-        ch, w = self._in[src], self._words
-        seen = ch.count
-        backoff = Backoff(self.spin_s, self.reply_polls)
-        while w[ch.head_i] == seen:
-            if self._posts != posts:
-                return None  # another thread posted a receive: it may take our message
-            if backoff.idle():
-                return None  # a long wait: wait_all sleeps on the doorbell
+        ch = self._in[src]
+        seen = self._next_piece(ch, posts)
+        if seen is None:
+            return None
         with self._lock:
-            if self._posts != posts or ch.count != seen:
+            k = self._whole_message(ch, seen, posts, wire)
+            if k is None:
                 return None
-            k = seen % self.nslots
-            h = ch.hdr_i[k]
-            total = w[h + S_TOTAL]
-            if w[h + S_TAG] != wire or w[h + S_BYTES] != total:
-                return None  # another tag first, or a message in several pieces
+            total = self._words[ch.hdr_i[k] + S_TOTAL]
             same = total == inbox.size
             if same and total > SMALL_COPY:
                 inbox[:] = ch.payload[k][:total]
@@ -98,6 +91,73 @@ class ShortWays:
                 memoryview(inbox)[:] = ch.raw[k][:total]
             self._release(src, ch)
         return same
+
+    def _next_piece(self, ch, posts: int) -> int | None:
+        """Poll (spinning, then yielding) until a piece is in the incoming channel
+        ``ch``; its number, or None when another thread posted a receive (it
+        may take our message) or the wait grew long (wait_all sleeps on the
+        doorbell)."""
+        w, seen = self._words, ch.count
+        backoff = Backoff(self.spin_s, self.reply_polls)
+        while w[ch.head_i] == seen:
+            if self._posts != posts or backoff.idle():
+                return None
+        return seen
+
+    def _whole_message(self, ch, seen: int, posts: int, wire: int) -> int | None:
+        """The slot of piece ``seen`` if it is a whole message with tag ``wire``
+        and nobody took it meanwhile; None (another tag first, a message in
+        several pieces) for the general way. The caller holds the lock."""
+        if self._posts != posts or ch.count != seen:
+            return None
+        k = seen % self.nslots
+        h = ch.hdr_i[k]
+        w = self._words
+        if w[h + S_TAG] != wire or w[h + S_BYTES] != w[h + S_TOTAL]:
+            return None
+        return k
+
+    # -- a blocking receive of one piece -----------------------------------------
+    def recv(self, arr: Any, src: int, tag: int, ctx: int = 0, timeout: float | None = None,
+             what: str = "") -> None:
+        """Receive into ``arr`` from ``src``, blocking. See ``Transport.recv``.
+
+        The short way, taken when the message fits one slot and nothing else
+        is under way with ``src``: poll the channel's head word until a piece
+        is there and, if it is a whole message with our tag, take it (its size
+        and dtype checked as always). Anything else (another tag or a message
+        in pieces first, a long wait, another thread posting) leaves the
+        channel as it was to the general way (irecv, wait_all)."""
+        wire = (ctx << TAG_BITS) | tag
+        r = Recv(self, src, wire, arr, None)
+        with self._lock:
+            quiet = (self._link is None and r.total <= self.slot_bytes
+                     and not (self._posted.get(src) or src in self._current
+                              or self._unexpected.get(src)))
+            posts = self._posts
+        if quiet and not in_background_thread() and self._take_whole(src, wire, r, posts):
+            return
+        self.wait_all([self._post_recv(r)], timeout, what)
+
+    def _take_whole(self, src: int, wire: int, r: Recv, posts: int) -> bool:
+        """Wait (spinning, yielding) for the next piece from ``src``; if it is a
+        whole message with tag ``wire``, deliver it into ``r`` and return True.
+        False, having taken nothing, for the general way."""
+        ch, w = self._in[src], self._words
+        seen = self._next_piece(ch, posts)
+        if seen is None:
+            return False
+        with self._lock:
+            k = self._whole_message(ch, seen, posts, wire)
+            if k is None:
+                return False
+            h = ch.hdr_i[k]
+            total = w[h + S_TOTAL]
+            r.check(total, w[h + S_CODE])  # raises, leaving it in the channel, as _match does
+            r.accept(ch.payload[k][:total], 0)
+            self._release(src, ch)
+            r.complete()
+        return True
 
     # -- one step of a ring ----------------------------------------------------
     def sendrecv(self, send_arr: Any, dst: int, recv_arr: Any, src: int, tag: int,

@@ -40,9 +40,13 @@ def _small_bytes(n_elems):
 def test_small_all_reduce_sends_n_minus_1_times_m_and_its_check_is_free(worlds, n):
     """The records that carry the same-call check ride along uncounted, as the
     separate check's messages are: what counts is the (N-1) * M of data."""
-    for last in worlds.get(n).run(_small_bytes, 256):
+    for last in worlds.get(n).run(_small_bytes, 256):    # 1 KiB: through the board
         assert last["algorithm"] == "allgather"
         assert last["bytes_sent"] == last["bytes_recv"] == (n - 1) * 1024
+        assert last["msgs_sent"] == n - 1        # one post, read by each of N-1 peers
+    for last in worlds.get(n).run(_small_bytes, 2048):   # 8 KiB: over the board's 4 KiB
+        assert last["algorithm"] == "allgather"
+        assert last["bytes_sent"] == last["bytes_recv"] == (n - 1) * 8192
         assert last["msgs_sent"] == (n - 1).bit_length()  # ceil(log2 N) rounds
 
 

@@ -58,3 +58,10 @@ def test_direct_all_reduce_sends_the_rings_bytes_in_3_log_n_steps():
         assert direct.bytes_sent == ring.bytes_sent
         assert direct.steps == 3 * (n - 1).bit_length()     # 3 ceil(log2 N)
         assert (direct.seconds < ring.seconds) == (n >= 6)  # 2(N-1) > 3 ceil(log2 N) from 6
+
+
+def test_oneshot_all_reduce_takes_one_step_and_sends_the_allgathers_bytes():
+    c = cost.oneshot_all_reduce(1e3, 5, 1e-6, 1e9)
+    assert c.steps == 1 and c.bytes_sent == cost.allgather_all_reduce(1e3, 5, 1e-6, 1e9).bytes_sent
+    assert c.seconds == pytest.approx(1e-6 + 4e3 / 1e9)
+    assert cost.oneshot_all_reduce(1e3, 1, 1e-6, 1e9).seconds == 0

@@ -179,3 +179,29 @@ def _sendrecv_whose_receive_finishes_first():
 def test_a_finished_receive_takes_no_piece_of_the_next_message(worlds):
     (first, second), ok = worlds.get(2).run(_sendrecv_whose_receive_finishes_first)
     assert first == [1.0] * 3 and second == [2.0] * 3 and ok
+
+
+def _recv_whole_then_in_pieces_then_out_of_order(count):
+    """A blocking recv takes a whole one-slot message straight from the channel
+    (short_way.recv), and hands anything else to the general way: a message in
+    pieces, or one whose tag is not the first in the channel."""
+    import minidist.distributed as dist
+    from minidist.backend import to_host, xp
+    r = dist.get_rank()
+    if r == 0:
+        for tag, n in ((1, 3), (2, count), (4, 5), (3, 7)):
+            dist.send(xp.full(n, float(tag)), 1, tag=tag)
+        return None
+    got = []
+    for tag, n in ((1, 3), (2, count), (3, 7), (4, 5)):   # 3 before 4: out of order
+        x = xp.zeros(n)
+        dist.recv(x, 0, tag=tag)
+        got.append((tag, to_host(x).tolist() == [float(tag)] * n))
+    return got, dist.get_stats().msgs_recv
+
+
+def test_blocking_recv_takes_whole_messages_and_hands_the_rest_over(worlds):
+    count = 3 * 4096 // 8                         # float64 over three 4 KiB slots
+    _, (got, msgs) = worlds.get(2).run(_recv_whole_then_in_pieces_then_out_of_order, count)
+    assert got == [(1, True), (2, True), (3, True), (4, True)]
+    assert msgs >= 4

@@ -1,0 +1,172 @@
+"""The latency path: a small all-reduce in one post and N-1 reads on the board.
+
+small.py's all-reduce gathers every rank's array in ceil(log2 N) rounds of
+messages and folds them in rank order. On one machine the gathering can be
+one step: every rank writes its array once into its own slot on the board
+(transport/board.py), and reads its peers' arrays where they lie:
+
+    post     slot_r = [record of r's call | x_r]; then the ticket of this call (one store)
+    wait     until every peer's ticket is this call's
+    check    every record equals mine       -> all ranks made the same call
+    fold     x = op(x_0, x_1, ..., x_{N-1}), in rank order, straight out of the slots
+    ack      tell each peer I am done with its slot (it may post again)
+
+    T_oneshot = alpha_post + (N-1) * M / beta_read,  M copied in once, read N-1 times
+
+Every rank folds the same N arrays in the same order: every rank gets the
+bits of the one-process reference, as with small.py (NCCL's "one-shot"
+all-reduce, the same idea on a GPU's peer memory). The record rides in the
+slot, so the same-call check costs no message.
+
+A call does nothing else: its plan (made once per group, shape, dtype and op,
+kept for the next call as ``all_reduce`` finds it, api.py) holds the views of
+every slot as arrays of the caller's shape, the record, the stats fields; a
+call copies in, posts, waits, compares N-1 records, folds and acknowledges.
+docs/collectives.md ("The latency path") shows where its time goes.
+
+A rank that made another call takes another way and never posts. Every way
+records the call in the flight recorder first (flight.py) -- this one right
+after its post -- so a rank that sees a peer in this very call without a post
+knows the peer is elsewhere: it then joins the same-call check's records-only
+exchange (check.py), which every other way starts with, and every rank raises
+CollectiveMismatchError naming who called what. Ranks that all post but
+disagree see every record and raise at once. Without the check
+(``check=False``) a block of another size raises MessageMismatchError.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from minidist import backend
+from minidist.comm.collectives.check import describe, encode, mismatch_error, verify_same_call
+from minidist.comm.errors import CollectiveMismatchError, MessageMismatchError
+from minidist.comm.transport.base import dtype_code, dtype_name, host_view
+from minidist.comm.transport.board import ticket_of
+from minidist.comm.transport.reduce_op import ReduceOp, combine_fn, fold_in_order
+from minidist.trace import recorder as trace
+
+
+def fits(group, nbytes: int) -> bool:
+    """Can an all-reduce of ``nbytes`` on ``group`` go through the board?"""
+    board = group.transport.board
+    return board is not None and group.size > 1 and nbytes <= board.capacity
+
+
+def through_board(plan) -> bool:
+    """Is ``plan`` (from all_reduce.make_plan, or None) one of the board's?"""
+    return isinstance(plan, OneShotPlan)
+
+
+class OneShotPlan:
+    """What a one-shot all-reduce of one (shape, dtype, op) on one group needs."""
+
+    def __init__(self, group, shape: tuple, dtype: Any, op: ReduceOp):
+        board = group.transport.board
+        n = group.size
+        # The call, as the stats record it and the check compares it: the
+        # algorithm is small.py's all-gather, gathered through the board.
+        self.fields = dict(op=op.name, algorithm="allgather", dtype=dtype.name, shape=shape)
+        self.line = describe("all_reduce", **self.fields)
+        self.record = encode(self.line) if group.check else None    # 128 B, or no check
+        count = 1
+        for s in shape:
+            count *= s
+        self.nbytes, self.code = count * dtype.itemsize, dtype_code(dtype)   # M
+        me = group.transport.rank
+        self.me = me
+        self.peers = [q for q in group.ranks if q != me]             # global ranks
+        # Rank q's slot as an array of the caller's shape, in group rank order.
+        host = [board.data[q][:self.nbytes].view(dtype).reshape(shape) for q in group.ranks]
+        self.mine = host[group.rank]
+        self.records = [board.records[q] for q in group.ranks]      # (128,) uint8 each
+        self.peer_records = [board.records[q] for q in self.peers]
+        # On the CPU backends from_host gives a view, made once here; on CuPy it
+        # copies to the device, so it must happen on every call.
+        self.on_host = backend.get_backend() != "cupy"
+        self.by_rank = [backend.from_host(x) for x in host] if self.on_host else host
+        self.combine, self.op = combine_fn(op), op
+        self.bytes_moved = (n - 1) * self.nbytes    # read by each of N-1 peers; N-1 read here
+        self.messages = n - 1
+
+
+def call(group, tensor: Any, plan: OneShotPlan) -> None:
+    """``all_reduce(tensor)`` through the board: number the call, run it, count it."""
+    tag = group.next_collective_tag()     # every rank numbers its calls alike
+    start = time.perf_counter()
+    board_all_reduce(group, tensor, plan, group.calls, tag)
+    stats = group.stats
+    before = stats.snapshot()
+    stats.bytes_sent += plan.bytes_moved
+    stats.bytes_recv += plan.bytes_moved
+    stats.msgs_sent += plan.messages
+    stats.msgs_recv += plan.messages
+    stats.record("all_reduce", before, plan.fields, time.perf_counter() - start)
+    if trace.active is not None:   # its span, with the bytes it moved (trace/)
+        trace.active.call("all_reduce", group.ranks, start, stats.last)
+
+
+def board_all_reduce(group, tensor: Any, plan: OneShotPlan, number: int, tag: int) -> None:
+    """Reduce ``tensor`` in place across ``group`` (the module docstring)."""
+    t = group.transport
+    board = t.board
+    ticket = ticket_of(group.ctx, number)
+    t.board_claim(plan.line)                         # my last post has been read by all
+    plan.mine[...] = backend.to_host(tensor)         # copy in
+    if plan.record is not None and board.posted_record is not plan.record:
+        board.records[plan.me][:] = host_view(plan.record)
+        board.posted_record = plan.record
+    t.board_post(ticket, plan.nbytes, plan.code, plan.peers)
+    t.record_begin(group.ctx, number, group.ranks, plan.line)   # after the post: see above
+    strays = t.board_wait(plan.peers, ticket, plan.line)
+    if strays:
+        another_way(group, plan, strays, tag)        # raises on every rank
+    _check(group, plan)                              # raises on every rank
+    xs = plan.by_rank if plan.on_host else [backend.from_host(x) for x in plan.by_rank]
+    fold_in_order(xs, tensor, plan.combine, plan.op)         # from the slots, in rank order
+    board.ack(plan.peers)                            # they may post again
+    t.record_end()
+
+
+def _check(group, plan: OneShotPlan) -> None:
+    """Every peer's record equals mine (or, without the check, its block has my
+    size and dtype); otherwise raise, having read what the error names and then
+    acknowledged every post: every rank sees the same posts, so every rank raises."""
+    board = group.transport.board
+    if plan.record is not None:
+        record = plan.record
+        for rec in plan.peer_records:
+            if rec.tobytes() != record:
+                break
+        else:
+            return
+        error = mismatch_error(group, plan.records)  # read the records before the acks
+        board.ack(plan.peers)                         # free the peers to post again
+        raise error
+    for q in plan.peers:
+        nbytes, code = board.header(q)
+        if nbytes != plan.nbytes or code != plan.code:
+            board.ack(plan.peers)
+            raise MessageMismatchError(
+                f"rank {plan.me}: in {plan.line}, rank {q} posted a block of another size "
+                f"({nbytes} bytes of {dtype_name(code)}) than the {plan.nbytes} bytes of "
+                f"{dtype_name(plan.code)} expected (different shapes or dtypes?)")
+
+
+def another_way(group, plan, strays: list[int], tag: int) -> None:
+    """Some peers entered this call without posting: they made another call,
+    whose first messages are the same-call check's (check.py). Acknowledge
+    the posts, take back what the strays owe, and join the records-only
+    check, which raises CollectiveMismatchError on every rank. ``plan``: a
+    board plan (here, alltoall_board.py) with the call's line, me and peers."""
+    board = group.transport.board
+    for q in strays:
+        board.forgive(q)
+    board.ack([q for q in plan.peers if q not in strays])
+    if not group.check:
+        raise MessageMismatchError(
+            f"rank {plan.me}: in {plan.line}, ranks {strays} made another call (the group "
+            f"has check=False, so the calls cannot be compared)")
+    verify_same_call(group, plan.line, tag)
+    raise CollectiveMismatchError(f"rank {plan.me}: in {plan.line}, ranks {strays} took "
+                                  f"another way, but the same-call check found no difference")

@@ -1,0 +1,70 @@
+"""all_to_all_single through the board (alltoall_board.py): uneven splits of
+inputs that fit a slot move in one post and N-1 copies out of the slots;
+when any input does not fit, every rank moves the parts the other way, with
+the splits as posted. Either way the result is the NumPy reference's, on
+every rank, and a disagreement is refused on every rank."""
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ..conftest import TEST_SLOT_BYTES
+from .test_alltoall import DTYPES, _expected, _run, split_matrix
+
+ROOM = TEST_SLOT_BYTES - 64   # a slot's room for the input: the counts take a cache line
+
+
+def _run_watched(case):
+    """``_run``, noting whether the parts were moved off the board (api._move_parts)."""
+    from minidist.comm.collectives import api
+    moved = []
+    move = api._move_parts
+
+    def spy(*args):
+        moved.append(1)
+        move(*args)
+    api._move_parts = spy
+    try:
+        got, last = _run(case)
+    finally:
+        api._move_parts = move
+    return got, last, bool(moved)
+
+
+@settings(max_examples=8, deadline=None)
+@given(data=st.data())
+def test_board_all_to_all_matches_numpy_reference_on_both_sides_of_the_slot(worlds, data):
+    n = data.draw(st.sampled_from([2, 3, 4]))
+    case = dict(S=data.draw(split_matrix(n)),
+                row_shape=tuple(data.draw(st.lists(st.integers(1, 3), max_size=2))),
+                dtype=data.draw(st.sampled_from(DTYPES)), seed=data.draw(st.integers(0, 999)))
+    row_bytes = np.dtype(case["dtype"]).itemsize * int(np.prod(case["row_shape"]))
+    all_fit = all(sum(row) * row_bytes <= ROOM for row in case["S"])
+    for rank, (got, last, moved_off) in enumerate(worlds.get(n).run(_run_watched, case)):
+        assert np.array_equal(got, _expected(case, rank)), f"rank {rank} of {case}"
+        assert moved_off == (not all_fit), f"rank {rank}: all fit = {all_fit}"
+        sent = sum(case["S"][rank]) - case["S"][rank][rank]
+        assert last["bytes_sent"] == sent * row_bytes
+
+
+def _splits_disagree():
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    r = dist.get_rank()
+    x = xp.ones(4, dtype="float32")
+    out = xp.zeros(4, dtype="float32")
+    try:
+        # rank 1 says it sends 3 rows to rank 0, which expects 2 from it
+        dist.all_to_all_single(out, x, [2, 2], [3, 1] if r == 1 else [2, 2])
+    except dist.CollectiveMismatchError as e:
+        error = str(e)
+    else:
+        error = None
+    y = xp.ones(2, dtype="float32")
+    dist.all_to_all_single(y, xp.full(2, float(r), dtype="float32"))   # the world goes on
+    return error, y.tolist()
+
+
+def test_splits_that_disagree_on_the_board_raise_on_every_rank(worlds):
+    for rank, (error, later) in enumerate(worlds.get(2).run(_splits_disagree)):
+        assert error is not None and "rank 1 sends 3 rows to rank 0, which expects 2" in error
+        assert later == [0.0, 1.0]
