@@ -25,9 +25,8 @@ Arrays are arrays of the active backend. In-place where torch's are in place:
 """
 from __future__ import annotations
 
-import time
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 from minidist.backend import xp
 from minidist.comm.collectives import alltoall_board, oneshot, work
@@ -36,73 +35,12 @@ from minidist.comm.collectives.all_reduce import run as run_all_reduce
 from minidist.comm.collectives.alltoall import (check_splits, offsets, pairwise_all_to_all,
                                                 alltoall_plan, single_copy_all_to_all, source_of,
                                                 split_sizes, worth_single_copy)
-from minidist.comm.collectives.check import describe, keep_plan, verify_same_call
+from minidist.comm.collectives.call import _flat, _run, _same_as, _sig
+from minidist.comm.collectives.check import keep_plan
 from minidist.comm.group import ProcessGroup, resolve
 from minidist.comm.transport.reduce_op import ReduceOp, finish
 from minidist.comm.collectives.ring import chunk_bounds, ring_all_gather, ring_reduce_scatter
 from minidist.comm.collectives.tree import binomial_broadcast, binomial_reduce
-from minidist.trace import recorder as trace
-
-
-def _run(group: ProcessGroup | None, name: str, fields: dict,
-         body: Callable[..., None], async_op: bool, checks_itself: bool = False,
-         line: str | None = None, args: tuple = ()):
-    """Run ``body(group, tag, *args)`` as collective ``name``: the same-call check
-    first (unless the body's own messages carry it), the bytes it moved into
-    ``group.stats``, now or in the background (work.py)."""
-    g = group if isinstance(group, ProcessGroup) else resolve(group)
-    tag = g.next_collective_tag()  # taken now, in issue order, even if run later
-    number = g.calls              # this call's number in the group, the same on every rank
-
-    def job() -> None:
-        start = time.perf_counter()  # the same-call check is part of the collective's time
-        text = describe(name, **fields) if line is None else line
-        g.transport.record_begin(g.ctx, number, g.ranks, text)  # flight recorder
-        if g.check and g.size > 1 and not checks_itself:
-            verify_same_call(g, text, tag)
-        before = g.stats.snapshot()
-        body(g, tag, *args)
-        g.stats.record(name, before, fields, time.perf_counter() - start)
-        g.transport.record_end()
-        if trace.active is not None:   # its span, with g.stats.last's bytes (trace/)
-            trace.active.call(name, g.ranks, start, g.stats.last)
-
-    return work.submit(job, async_op)
-
-
-def _nothing() -> None:
-    pass
-
-
-def _flat(arr: Any) -> tuple[Any, Callable[[], None]]:
-    """A 1-D contiguous view of ``arr`` to work in, and how to write it back."""
-    if arr.flags.c_contiguous:
-        return arr.reshape(-1), _nothing
-    staging = xp.ascontiguousarray(arr).reshape(-1)
-
-    def write_back() -> None:
-        arr[...] = staging.reshape(arr.shape)
-    return staging, write_back
-
-
-_dtype_names: dict = {}
-
-
-def _sig(arr: Any) -> dict:
-    dtype = arr.dtype
-    name = _dtype_names.get(dtype)
-    if name is None:
-        name = _dtype_names[dtype] = dtype.name  # slow in NumPy: computed once per dtype
-    return {"dtype": name, "shape": arr.shape}
-
-
-def _same_as(arrays: list, ref: Any, what: str, n: int) -> None:
-    if len(arrays) != n:
-        raise ValueError(f"{what} must hold {n} arrays (one per rank), got {len(arrays)}")
-    for a in arrays:
-        if a.shape != ref.shape or a.dtype != ref.dtype:
-            raise ValueError(f"every array in {what} must have shape {tuple(ref.shape)} and "
-                             f"dtype {ref.dtype}, got {tuple(a.shape)} {a.dtype}")
 
 
 def broadcast(tensor: Any, src: int, group: ProcessGroup | None = None,
@@ -307,12 +245,7 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
     from the peers' inputs (single copy); otherwise pairwise exchange (alltoall.py).
     """
     g = resolve(group)
-    if input.dtype != output.dtype or tuple(input.shape[1:]) != tuple(output.shape[1:]):
-        raise ValueError(f"all_to_all_single: input {tuple(input.shape)} {input.dtype} and "
-                         f"output {tuple(output.shape)} {output.dtype} must have the same dtype "
-                         f"and the same shape after the first axis")
-    if input.ndim == 0:
-        raise ValueError("all_to_all_single: input must have at least one axis to split")
+    _check_rows(input, output)
     send = split_sizes(input_split_sizes, input.shape[0], g.size, "input")
     recv = split_sizes(output_split_sizes, output.shape[0], g.size, "output")
     row = 1
@@ -343,6 +276,16 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
         write_back()
     return _run(g, "all_to_all_single", plan.fields, body, async_op, checks_itself=True,
                 line=plan.line)
+
+
+def _check_rows(input: Any, output: Any) -> None:
+    """all_to_all_single moves rows: one dtype, one row shape, at least one axis."""
+    if input.dtype != output.dtype or tuple(input.shape[1:]) != tuple(output.shape[1:]):
+        raise ValueError(f"all_to_all_single: input {tuple(input.shape)} {input.dtype} and "
+                         f"output {tuple(output.shape)} {output.dtype} must have the same dtype "
+                         f"and the same shape after the first axis")
+    if input.ndim == 0:
+        raise ValueError("all_to_all_single: input must have at least one axis to split")
 
 
 def _move_parts(g, flat_in: Any, in_edges: list[int], flat_out: Any, out_edges: list[int],

@@ -12,6 +12,7 @@ Files, in reading order:
 - flight.py     the flight recorder: each rank's last call, in shared memory, to name who hangs
 - pending.py    pending sends and receives of the local transport, where a piece lands
 - local.py      ``LocalTransport``: messages through shared memory, pipelined in slots
+- local_wait.py how the local transport waits, and the three ways a wait ends early
 - short_way.py  the local transport's fast paths for ``exchange`` and ``sendrecv``
 - board.py      one slot per rank that every peer reads in place: small collectives' latency path
 - cma.py        single-copy reads of a peer's memory (Linux process_vm_readv), for all-to-all

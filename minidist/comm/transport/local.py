@@ -23,9 +23,10 @@ when a receive with another tag is waiting behind it on the same channel.
 
 ``exchange`` (one step of the same-call check) and ``sendrecv`` (one step of
 a ring) take a short way when nothing else is under way with their peers:
-short_way.py. Beside the channels, each rank has a slot on the board
-(board.py), written once and read in place by every peer: the latency path
-of the small collectives.
+short_way.py. How a wait runs the progress loop, sleeps and ends early (an
+aborted world, a finished peer, the timeout): local_wait.py. Beside the
+channels, each rank has a slot on the board (board.py), written once and read
+in place by every peer: the latency path of the small collectives.
 
 Waiting (wait.py, the policy of every wait): when a pass moves nothing, the
 rank polls again, then yields its core between polls, for up to ``spin_s``
@@ -50,19 +51,17 @@ from minidist.comm.transport import cma, flight, shm, topology
 from minidist.comm.transport.board import Board, BoardWays, board_wanted
 from minidist.comm.transport.doorbell import Doorbells
 from minidist.comm.transport.shm import S_ARRIVAL, S_BYTES, S_CODE, S_OFFSET, S_TAG, S_TOTAL
-from minidist.comm.errors import (TIMEOUT_HINT, CommTimeoutError, NotThisRankError,
-                                   PeerFinishedError, WorldAbortedError)
+from minidist.comm.errors import NotThisRankError
 from minidist.comm.transport.link import EmulatedLink
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.comm.transport.pending import SMALL_COPY, TAG_BITS, Channel, Recv, Send, Unexpected
+from minidist.comm.transport.local_wait import LocalWaits
 from minidist.comm.transport.short_way import ShortWays
-from minidist.trace import recorder as trace
 from minidist.comm.transport.base import Handle, Transport, dtype_code, host_bytes, host_view
-from minidist.comm.transport.wait import (REPLY_POLLS, SPIN_S, Backoff, free_polls,
-                                          in_background_thread)
+from minidist.comm.transport.wait import REPLY_POLLS, SPIN_S, free_polls
 
 
-class LocalTransport(ShortWays, BoardWays, Transport):
+class LocalTransport(LocalWaits, ShortWays, BoardWays, Transport):
     """Point-to-point between the processes of one machine, through shared memory."""
 
     name = "shm"
@@ -77,15 +76,7 @@ class LocalTransport(ShortWays, BoardWays, Transport):
         self.rank, self.timeout = rank, timeout
         # Who holds each rank, and how many runs each finished (shm.py's rank records)
         self._ranks = shm.rank_records(self._seg)
-        holder = self._ranks[rank * shm.RANK_WORDS + shm.R_PID]
-        if holder and holder != os.getpid():
-            self._ranks.release()
-            shm.untrack(self._seg)   # else its exit would take the segment from the world
-            shm.close(self._seg)
-            raise NotThisRankError(
-                f"process {os.getpid()} cannot join the world in {segment_name} as rank "
-                f"{rank}: rank {rank} is process {holder}. A process a rank starts inherits "
-                f"MINIDIST_SHM and RANK; unset them in it (or start a world of its own)")
+        self._refuse_a_stranger(segment_name, rank)
         # How a wait spins, yields and sleeps on the doorbell: wait.py.
         self.spin_s = SPIN_S
         self.free_polls = free_polls(self.world_size)
@@ -123,6 +114,18 @@ class LocalTransport(ShortWays, BoardWays, Transport):
         self._lock = threading.RLock()
         self._posts = 0  # receives posted so far (see exchange)
         self._next_ctx = 1
+
+    def _refuse_a_stranger(self, segment_name: str, rank: int) -> None:
+        """Only the process the launcher started as ``rank`` may join as it."""
+        holder = self._ranks[rank * shm.RANK_WORDS + shm.R_PID]
+        if holder and holder != os.getpid():
+            self._ranks.release()
+            shm.untrack(self._seg)   # else its exit would take the segment from the world
+            shm.close(self._seg)
+            raise NotThisRankError(
+                f"process {os.getpid()} cannot join the world in {segment_name} as rank "
+                f"{rank}: rank {rank} is process {holder}. A process a rank starts inherits "
+                f"MINIDIST_SHM and RANK; unset them in it (or start a world of its own)")
 
     # -- posting -------------------------------------------------------------
     def isend(self, arr: Any, dst: int, tag: int, ctx: int = 0) -> Handle:
@@ -266,56 +269,6 @@ class LocalTransport(ShortWays, BoardWays, Transport):
                 moved = True
         return moved
 
-    def flush(self) -> None:
-        """Wait until every queued send is written into its channel. A send waits in its
-        queue while the channel to its peer is full, and moves only when this rank next
-        talks to the transport: a rank that returns from a run with one still queued
-        would leave its peer waiting on a rank that counts itself finished."""
-        with self._lock:
-            queued = [send for queue in self._sends.values() for send in queue]
-        if queued:
-            self.wait_all(queued, what="the sends still queued when the run returned")
-
-    def wait_all(self, handles: list, timeout: float | None = None, what: str = "",
-                 abortable: bool = True) -> None:
-        timeout = self.timeout if timeout is None else timeout
-        backoff = Backoff(0.0 if in_background_thread() else self.spin_s, self.free_polls)
-        while True:
-            with self._lock:
-                moved = self._progress()
-            if all(h.done for h in handles):
-                return
-            if moved:
-                backoff.reset()
-                continue
-            if self._link is not None and self._link.sleep_until_next():
-                if abortable:   # slept while a piece was on the (emulated) wire
-                    self._check_abort()
-                continue
-            if not backoff.idle():
-                continue
-            if abortable:
-                self._check_abort()
-                self._check_peers(handles)
-            if backoff.idle_seconds() > timeout:
-                raise self._timeout_error(handles, timeout, what)
-            self._sleep(handles)
-
-    def _sleep(self, handles: list) -> None:
-        """Sleep on our doorbell until a peer rings (at most 50 ms)."""
-        bells, me = self._bells, self.rank
-        seen = bells.value(me)
-        with self._lock:
-            bells.sleepers(me, +1)
-        try:
-            with self._lock:  # look once more, now that peers know we may sleep
-                moved = self._progress()
-            if not moved and not all(h.done for h in handles):
-                bells.wait(me, seen, 0.05)
-        finally:
-            with self._lock:
-                bells.sleepers(me, -1)
-
     def read_arrival(self, src: int, nbytes: int) -> int:
         """When a read of ``nbytes`` from rank ``src``, asked for now, lands (ns;
         after what was asked of ``src`` before); 0 without an emulated link (link.py)."""
@@ -328,41 +281,6 @@ class LocalTransport(ShortWays, BoardWays, Transport):
             self._link.sleep_until(arrival, self._check_abort)
         return cma.read(pid, address, out)
 
-    def _check_abort(self) -> None:
-        if self._words[shm.W_ABORT]:
-            failed, msg = shm.abort_reason(self._seg)
-            who = "the launcher" if failed < 0 else f"rank {failed}"
-            raise WorldAbortedError(f"rank {self.rank}: stopping because {who} failed: {msg}")
-
-    def _check_peers(self, handles: list) -> None:
-        """A long wait on a peer that has finished the run this rank is in (it counts
-        more finished runs) will never end: say so now, naming it."""
-        runs, stride = self._ranks, shm.RANK_WORDS
-        mine = runs[self.rank * stride + shm.R_RUNS]
-        for h in handles:
-            peer = h.peer()
-            if h.done or peer is None or runs[peer * stride + shm.R_RUNS] <= mine:
-                continue
-            # The peer wrote what it sent before it counted the run: one more pass
-            # takes what came since our last one (sent, then finished: no error)
-            with self._lock:
-                self._progress()
-            if not h.done:
-                raise PeerFinishedError(
-                    f"rank {self.rank}: {h.describe()} cannot complete: rank {peer} has "
-                    f"returned from the function this world runs (it finished early, or "
-                    f"skipped a call the others make)")
-
-    def _timeout_error(self, handles, timeout, what) -> CommTimeoutError:
-        pending = [h.describe() for h in handles if not h.done]
-        where = f" in {what}" if what else ""
-        report = flight.hang_report(self._flight_records(), self.rank)
-        if trace.active is not None:   # the hang report as an instant event (trace/)
-            trace.active.instant("hang report", "failure", dict(report=report), scope="p")
-        return CommTimeoutError(
-            f"rank {self.rank}: waited {timeout:g} s{where} without progress on: "
-            + "; ".join(pending) + "\n" + report + "\n" + TIMEOUT_HINT)
-
     # -- the flight recorder (flight.py) -------------------------------------
     def _flight_records(self) -> list:
         """Every rank's last call, read from the segment now."""
@@ -372,13 +290,6 @@ class LocalTransport(ShortWays, BoardWays, Transport):
         self._flight.begin(ctx, number, ranks, text)
 
     def record_end(self) -> None:
-        self._flight.end()
-
-    def wait_handle(self, handle: Any, timeout: float | None = None) -> None:
-        """``handle.wait()`` of an isend / irecv: wait for it, noted in the flight
-        recorder like a blocking send / recv (a rank stuck here is named by it)."""
-        self._flight.begin(0, -1, self._all_ranks, handle.describe())
-        self.wait_all([handle], timeout)
         self._flight.end()
 
     # -- groups and shutdown -------------------------------------------------

@@ -1,0 +1,123 @@
+"""How the local transport waits: its progress loop, the doorbell sleep, and the three
+ways a wait ends early.
+
+``LocalTransport`` (local.py) mixes this in, as it does the short ways. A wait runs
+the progress loop (``_progress``: push queued sends, pull arriving pieces) until
+its handles are done; between empty passes it follows wait.py's policy (spin,
+yield, then sleep on its doorbell until a peer rings). It ends early in three ways,
+each an error that names why:
+
+- the world was aborted (a rank or the launcher failed): ``WorldAbortedError``;
+- a peer it waits on has already returned from the run (shm.py's rank records
+  count each rank's finished runs): ``PeerFinishedError``, at once;
+- nothing moved for ``timeout`` seconds: ``CommTimeoutError``, with the hang
+  report of every rank's last call (flight.py).
+
+It uses the transport's ``_lock``, ``_progress``, ``_sends``, ``_ranks``, ``_bells``,
+``_words``, ``_seg``, ``_link``, ``spin_s``, ``free_polls`` and ``timeout``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from minidist.comm.errors import (TIMEOUT_HINT, CommTimeoutError, PeerFinishedError,
+                                   WorldAbortedError)
+from minidist.comm.transport import flight, shm
+from minidist.comm.transport.wait import Backoff, in_background_thread
+from minidist.trace import recorder as trace
+
+
+class LocalWaits:
+    """The waiting half of ``LocalTransport``."""
+
+    def flush(self) -> None:
+        """Wait until every queued send is written into its channel. A send waits in its
+        queue while the channel to its peer is full, and moves only when this rank next
+        talks to the transport: a rank that returns from a run with one still queued
+        would leave its peer waiting on a rank that counts itself finished."""
+        with self._lock:
+            queued = [send for queue in self._sends.values() for send in queue]
+        if queued:
+            self.wait_all(queued, what="the sends still queued when the run returned")
+
+    def wait_all(self, handles: list, timeout: float | None = None, what: str = "",
+                 abortable: bool = True) -> None:
+        timeout = self.timeout if timeout is None else timeout
+        backoff = Backoff(0.0 if in_background_thread() else self.spin_s, self.free_polls)
+        while True:
+            with self._lock:
+                moved = self._progress()
+            if all(h.done for h in handles):
+                return
+            if moved:
+                backoff.reset()
+                continue
+            if self._link is not None and self._link.sleep_until_next():
+                if abortable:   # slept while a piece was on the (emulated) wire
+                    self._check_abort()
+                continue
+            if not backoff.idle():
+                continue
+            if abortable:
+                self._check_abort()
+                self._check_peers(handles)
+            if backoff.idle_seconds() > timeout:
+                raise self._timeout_error(handles, timeout, what)
+            self._sleep(handles)
+
+    def _sleep(self, handles: list) -> None:
+        """Sleep on our doorbell until a peer rings (at most 50 ms)."""
+        bells, me = self._bells, self.rank
+        seen = bells.value(me)
+        with self._lock:
+            bells.sleepers(me, +1)
+        try:
+            with self._lock:  # look once more, now that peers know we may sleep
+                moved = self._progress()
+            if not moved and not all(h.done for h in handles):
+                bells.wait(me, seen, 0.05)
+        finally:
+            with self._lock:
+                bells.sleepers(me, -1)
+
+    def wait_handle(self, handle: Any, timeout: float | None = None) -> None:
+        """``handle.wait()`` of an isend / irecv: wait for it, noted in the flight
+        recorder like a blocking send / recv (a rank stuck here is named by it)."""
+        self._flight.begin(0, -1, self._all_ranks, handle.describe())
+        self.wait_all([handle], timeout)
+        self._flight.end()
+
+    def _check_abort(self) -> None:
+        if self._words[shm.W_ABORT]:
+            failed, msg = shm.abort_reason(self._seg)
+            who = "the launcher" if failed < 0 else f"rank {failed}"
+            raise WorldAbortedError(f"rank {self.rank}: stopping because {who} failed: {msg}")
+
+    def _check_peers(self, handles: list) -> None:
+        """A long wait on a peer that has finished the run this rank is in (it counts
+        more finished runs) will never end: say so now, naming it."""
+        runs, stride = self._ranks, shm.RANK_WORDS
+        mine = runs[self.rank * stride + shm.R_RUNS]
+        for h in handles:
+            peer = h.peer()
+            if h.done or peer is None or runs[peer * stride + shm.R_RUNS] <= mine:
+                continue
+            # The peer wrote what it sent before it counted the run: one more pass
+            # takes what came since our last one (sent, then finished: no error)
+            with self._lock:
+                self._progress()
+            if not h.done:
+                raise PeerFinishedError(
+                    f"rank {self.rank}: {h.describe()} cannot complete: rank {peer} has "
+                    f"returned from the function this world runs (it finished early, or "
+                    f"skipped a call the others make)")
+
+    def _timeout_error(self, handles, timeout, what) -> CommTimeoutError:
+        pending = [h.describe() for h in handles if not h.done]
+        where = f" in {what}" if what else ""
+        report = flight.hang_report(self._flight_records(), self.rank)
+        if trace.active is not None:   # the hang report as an instant event (trace/)
+            trace.active.instant("hang report", "failure", dict(report=report), scope="p")
+        return CommTimeoutError(
+            f"rank {self.rank}: waited {timeout:g} s{where} without progress on: "
+            + "; ".join(pending) + "\n" + report + "\n" + TIMEOUT_HINT)
