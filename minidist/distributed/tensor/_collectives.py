@@ -76,7 +76,9 @@ def all_gather_shard(local: Any, dim: int, length: int, group: ProcessGroup) -> 
 
 def all_reduce_partial(local: Any, reduce_op: str, group: ProcessGroup) -> Any:
     """Partial -> Replicate: the reduction of every rank's summand (a new array)."""
-    out = local.copy()                               # C order; 0-d stays 0-d
+    # an array (a 0-d one's arithmetic may have left a NumPy scalar, which no
+    # collective can write into), C order; 0-d stays 0-d
+    out = xp.array(local, order="C")
     if out.size:
         _note("all_reduce", group, out.nbytes)
         all_reduce(out, op=REDUCE_OP[reduce_op], group=group)
