@@ -85,7 +85,7 @@ class Tensor:
         if self._ctx is not None:
             raise RuntimeError("post-accumulate-grad hooks are for leaf tensors")
         self._hooks.append(hook)
-        return _HookHandle(self._hooks, hook)
+        return RemovableHandle(self._hooks, hook)
 
     # -- array facts --------------------------------------------------------
     @property
@@ -252,7 +252,9 @@ class Tensor:
         return ops.Cast.apply(self, dtype=dtype)
 
 
-class _HookHandle:
+class RemovableHandle:
+    """What a ``register_*_hook`` returns (torch's name): ``remove()`` unregisters the hook."""
+
     def __init__(self, hooks: list, hook: Callable):
         self._hooks, self._hook = hooks, hook
 

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable
 
 from minidist import backend
 from minidist.autograd import Tensor, enable_grad
+from minidist.autograd.tensor import RemovableHandle
 from minidist.trace import recorder as trace
 
 
@@ -80,17 +81,17 @@ class Optimizer:
         self.param_groups.append(full)
 
     # -- step hooks: the extension point for wrappers like DiLoCo --------------
-    def register_step_pre_hook(self, hook: Callable[..., None]) -> "StepHookHandle":
+    def register_step_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(optimizer, args, kwargs)`` at the start of every ``step()``
         (torch's signature); ``handle.remove()`` takes it off."""
         self._step_pre_hooks.append(hook)
-        return StepHookHandle(self._step_pre_hooks, hook)
+        return RemovableHandle(self._step_pre_hooks, hook)
 
-    def register_step_post_hook(self, hook: Callable[..., None]) -> "StepHookHandle":
+    def register_step_post_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """Call ``hook(optimizer, args, kwargs)`` at the end of every ``step()``, after
         the parameters were updated: what it does to them is what ``step()`` leaves."""
         self._step_post_hooks.append(hook)
-        return StepHookHandle(self._step_post_hooks, hook)
+        return RemovableHandle(self._step_post_hooks, hook)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's gradient: to ``None`` (default) or to zeros in place."""
@@ -200,17 +201,6 @@ class Optimizer:
             hyper = ", ".join(f"{k}={v}" for k, v in group.items() if k != "params")
             lines.append(f"  group {g}: {len(group['params'])} params, {hyper}")
         return "\n".join(lines + [")"])
-
-
-class StepHookHandle:
-    """What ``register_step_*_hook`` returns: ``remove()`` unregisters the hook."""
-
-    def __init__(self, hooks: list, hook: Callable):
-        self._hooks, self._hook = hooks, hook
-
-    def remove(self) -> None:
-        if self._hook in self._hooks:
-            self._hooks.remove(self._hook)
 
 
 def _load_value(name: str, value: Any, p: Tensor, index: int) -> Any:
