@@ -14,7 +14,7 @@ each an error that names why:
   report of every rank's last call (flight.py).
 
 It uses the transport's ``_lock``, ``_progress``, ``_sends``, ``_ranks``, ``_bells``,
-``_words``, ``_seg``, ``_link``, ``spin_s``, ``free_polls`` and ``timeout``.
+``_words``, ``_in``, ``_seg``, ``_link``, ``spin_s``, ``free_polls`` and ``timeout``.
 """
 from __future__ import annotations
 
@@ -102,6 +102,8 @@ class LocalWaits:
             peer = h.peer()
             if h.done or peer is None or runs[peer * stride + shm.R_RUNS] <= mine:
                 continue
+            if self._words[self._in[peer].head_i] != self._in[peer].count:
+                continue  # it sent pieces we have not taken yet: still on an emulated wire
             # The peer wrote what it sent before it counted the run: one more pass
             # takes what came since our last one (sent, then finished: no error)
             with self._lock:
