@@ -49,11 +49,19 @@ def _check_block_size(block_size: int) -> None:
                          "for 32-element blocks use mx_quantize(x, 'fp4_e2m1fn')")
 
 
+def magnitude_max(x: Any, axis: Any = None) -> Any:
+    """max |x| (NaN if any is NaN), float32, read from the bits: a float's magnitude
+    orders as its bits do and NaN's sort above inf's. Exact where float32 arithmetic
+    reads subnormals as 0 (CuPy), where ``xp.max(xp.abs(x))`` would give 0."""
+    return backend.from_bits(xp.max(backend.bits(x) & xp.uint32(0x7FFFFFFF), axis=axis),
+                             "float32")
+
+
 def nvfp4_tensor_scale(x: Any) -> Any:
     """s_tensor = amax / (6 * 448) over x's finite values, as a float32 0-d array (1 if none)."""
     with quiet():
-        mag = xp.abs(x)
-        amax = xp.max(xp.where(xp.isfinite(mag), mag, 0)).astype("float32")
+        x = x.astype("float32", copy=False)             # max, then cast: the same value
+        amax = magnitude_max(xp.where(xp.isfinite(x), x, xp.float32(0)))
     scale = amax / xp.float32(FP4_E2M1FN.max * FP8_E4M3FN.max)
     return xp.where(amax > 0, scale, xp.float32(1.0)).astype("float32")
 
@@ -75,7 +83,7 @@ def nvfp4_quantize(x: Any, block_size: int = NVFP4_BLOCK_SIZE, axis: int = -1,
         xp.asarray(tensor_scale, dtype="float32")
     blocks = to_blocks(x, block_size, axis)                     # (..., nb, 16)
     with quiet():
-        amax = xp.max(xp.abs(blocks), axis=-1)                  # (..., nb)
+        amax = magnitude_max(blocks, axis=-1)                   # (..., nb)
         bad = ~xp.isfinite(amax)
         s_block = (amax / xp.float32(FP4_E2M1FN.max)) / s_tensor
         s_block = xp.clip(s_block, FP8_E4M3FN.smallest_subnormal, FP8_E4M3FN.max)
@@ -83,7 +91,7 @@ def nvfp4_quantize(x: Any, block_size: int = NVFP4_BLOCK_SIZE, axis: int = -1,
         s_block[bad] = 1                                        # keep the arithmetic finite
         reciprocal = (xp.float32(1) / s_tensor) / s_block       # (..., nb), FP32
         scaled = blocks * reciprocal[..., None]                 # (..., nb, 16)
-        scaled[bad | (amax == 0)] = 0                           # 0 * an overflowed reciprocal
+        scaled[bad | (backend.bits(amax) == 0)] = 0              # 0 * an overflowed reciprocal
     elements = quantize(scaled, FP4_E2M1FN, rounding=rounding, saturate=True, rng=rng)
     s_block[bad] = xp.nan
     return (from_blocks(elements, x.shape[axis], axis), scales_from_blocks(s_block, axis),
