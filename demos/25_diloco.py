@@ -35,6 +35,7 @@ def train_rank(args, how):
     """One rank: a 3-layer tanh MLP regressing a fixed random teacher (AdamW inner)."""
     import minidist.distributed as dist
     from minidist.autograd import Tensor, no_grad
+    from minidist import backend
     from minidist.backend import Generator, xp
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.optim import SGD, AdamW
@@ -43,7 +44,7 @@ def train_rank(args, how):
 
     w = args.width
     model = tanh_mlp(w)
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("island", "local"))
+    mesh = init_device_mesh(backend.device_type(), (2, 2), mesh_dim_names=("island", "local"))
     kind, H, F = how
     slow = mesh.get_group("island") if kind != "DDP" else None     # the groups that cross
     ddp = DistributedDataParallel(model, group=None if kind == "DDP" else mesh.get_group("local"))
