@@ -201,7 +201,8 @@ def pipeline_cases(draw, p):
         m = 2 * p + draw(st.integers(0, 2))        # DualPipeV needs m >= 2p
     return dict(schedule=schedule, v=v, m=m, mb=draw(st.integers(1, 2)),
                 extra_layers=draw(st.integers(0, 2)), tie=draw(st.booleans()),
-                checkpoint=draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
+                checkpoint=draw(st.sampled_from([False, True, "selective"])),
+                seed=draw(st.integers(0, 2**16)))
 
 
 @settings(max_examples=8, deadline=None)
