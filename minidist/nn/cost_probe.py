@@ -40,7 +40,7 @@ def layer_saved_bytes(seq: int, batch: int, hidden: int, heads: int, *,
 
 def step_matmul_flops(batch: int, seq: int, layers: int, hidden: int, heads: int,
                       vocab: int, *, attention: str = "naive",
-                      checkpoint: bool = False) -> int:
+                      checkpoint: bool | str = False) -> int:
     """Matmul FLOPs of one forward and backward of a GPT on (batch, seq) tokens."""
     cfg = GPTConfig(block_size=seq, vocab_size=vocab, n_layer=layers, n_head=heads,
                     n_embd=hidden, attention=attention, checkpoint=checkpoint)

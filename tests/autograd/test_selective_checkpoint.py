@@ -15,7 +15,7 @@ from minidist.autograd.selective_checkpoint import SavePolicy
 from minidist.autograd.tensor import Tensor
 from minidist.calc import activation_memory_per_layer, minidist_layer_activation_bytes
 from minidist.nn import GPT, GPTConfig, Llama, LlamaConfig
-from minidist.nn.cost_probe import layer_saved_bytes
+from minidist.nn.cost_probe import layer_saved_bytes, step_matmul_flops
 from minidist.nn.gpt import Block
 
 POLICIES = {"none": "no checkpoint", "full": None, "selective": SavePolicy(),
@@ -114,3 +114,15 @@ def test_a_policy_naming_an_op_that_does_not_exist_is_refused():
         GPTConfig(checkpoint="sometimes")
     with pytest.raises(ValueError, match="checkpoint is False, True / 'full' or 'selective'"):
         LlamaConfig(checkpoint="selctive")
+
+
+@pytest.mark.parametrize("attention", ["naive", "flash"])
+def test_selective_recomputes_no_matmul_and_full_recomputes_the_forward(attention):
+    """Matmul FLOPs of a step: selective (matmuls and attention kept) runs no more
+    than no checkpointing; full runs the forward's once more (eq. 3 with recompute)."""
+    b, s, layers, h, a, vocab = 2, 16, 2, 16, 2, 23
+    none = step_matmul_flops(b, s, layers, h, a, vocab, attention=attention)
+    selective = step_matmul_flops(b, s, layers, h, a, vocab, attention=attention,
+                                  checkpoint="selective")
+    full = step_matmul_flops(b, s, layers, h, a, vocab, attention=attention, checkpoint=True)
+    assert selective == none < full

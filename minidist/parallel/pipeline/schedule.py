@@ -106,12 +106,13 @@ def interleaved(stages: int, microbatches: int, virtual: int) -> Schedule:
     return schedule
 
 
-def make_schedule(name: str, stages: int, microbatches: int, virtual: int = 1) -> Schedule:
-    """The schedule called ``name``; ``virtual`` is used by "interleaved" (zb_v
-    always has 2 chunks per rank, see ``chunks_per_rank``) and checked by
-    "dualpipe_v", which needs exactly 2 (1, the default, standing for its own)."""
+def make_schedule(name: str, stages: int, microbatches: int,
+                  virtual: int | None = None) -> Schedule:
+    """The schedule called ``name``. ``virtual``, the chunks per rank, is used by
+    "interleaved" (None: 1) and checked by "dualpipe_v", which needs exactly 2
+    (None: 2); zb_v always has 2 (see ``chunks_per_rank``)."""
     if name == "dualpipe_v":
-        check_dualpipe_v(stages, microbatches, 2 if virtual == 1 else virtual)
+        check_dualpipe_v(stages, microbatches, 2 if virtual is None else virtual)
         return dualpipe_v(stages, microbatches)
     if name in SPLIT_BACKWARD:
         return {"zb_h1": zb_h1, "zb_h2": zb_h2, "zb_v": zb_v}[name](stages, microbatches)
@@ -120,7 +121,7 @@ def make_schedule(name: str, stages: int, microbatches: int, virtual: int = 1) -
     if name == "1f1b":
         return one_f_one_b(stages, microbatches)
     if name == "interleaved":
-        return interleaved(stages, microbatches, virtual)
+        return interleaved(stages, microbatches, 1 if virtual is None else virtual)
     raise ValueError(f"unknown schedule {name!r}: one of {SCHEDULES}")
 
 
