@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minidist.calc import dualpipe_v_idle
 from minidist.parallel.pipeline.op import Op, Overlap, plain_ops, rank_and_chunk
 from minidist.parallel.pipeline.schedule import make_schedule, simulate
 
@@ -49,6 +50,7 @@ def test_dualpipe_v_bubble_is_the_readmes_p_minus_1_times_fb_plus_b_minus_3w(p, 
     last = max(end for row in timings for _, _, end in row)
     idle = max((last - first) - sum(end - start for _, start, end in row) for row in timings)
     assert idle == pytest.approx((p - 1) * (fb + b - 3 * w), abs=1e-9)
+    assert idle == pytest.approx(dualpipe_v_idle(p, f, b, w, fb), abs=1e-9)
 
 
 @settings(max_examples=20, deadline=None)

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 import minidist.distributed as dist
 from minidist import backend
-from minidist.calc.pipeline import bubble_fraction, peak_inflight_microbatches
+from minidist.calc.pipeline import (bubble_fraction, dualpipe_v_idle,
+                                    peak_inflight_microbatches)
 from minidist.comm import World
 from minidist.nn import GPT, GPTConfig, Linear, Module
 from minidist.parallel.pipeline.executor import measured_bubble, run_pipeline, split_layers
@@ -312,7 +313,7 @@ def test_bubble_measured_in_processes_on_the_logical_clock_is_the_formula(world4
     timelines = [timeline for timeline, _ in results]
     if schedule == "dualpipe_v":   # the README's idle of the busiest rank (dualpipe.py):
         # chunk costs F = W = 1/2, B = 1, F&B = F + B: (p - 1)(F&B + B - 3W)
-        assert _busiest_idle(timelines) == pytest.approx((p - 1) * (1.5 + 1.0 - 1.5))
+        assert _busiest_idle(timelines) == pytest.approx(dualpipe_v_idle(p, 0.5, 1.0, 0.5))
     else:
         assert measured_bubble(timelines) == pytest.approx(_formula(schedule, p, m, v),
                                                            abs=1e-12)
