@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from minidist import backend
+
 MATMULS = ("Linear", "MatMul")
 # torchtitan's op_sac_save_list in minidist's op names: matrix products and attention
 OP_SAC_SAVE_LIST = MATMULS + ("FlashAttention", "NaiveAttention")
@@ -41,8 +43,10 @@ class SavePolicy:
                                                # (torchtitan's per-op "mm" policy)
 
     def check(self, known: set[str]) -> None:
-        """Raise ValueError naming any op of ``save`` that no Function defines."""
-        unknown = sorted(set(self.save) - known)
+        """Raise ValueError naming any op of ``save`` that no Function defines (the
+        default list's names count as known: its attention ops are defined in
+        minidist.attention, which may not be imported yet)."""
+        unknown = sorted(set(self.save) - known - set(OP_SAC_SAVE_LIST))
         if unknown:
             raise ValueError(f"selective checkpointing: no op named {unknown}; ops are "
                              f"Function classes, e.g. {sorted(known)[:12]}...")
@@ -53,7 +57,8 @@ class _Session:
 
     def __init__(self, policy: SavePolicy, kept: list | None = None):
         self.policy = policy
-        self.kept = [] if kept is None else kept      # (op name, Context, output), in order
+        # (op name, Context, output, the default generator's state after the op), in order
+        self.kept = [] if kept is None else kept
         self.replaying = kept is not None
         self.position = 0                             # next kept op to hand back
         self.matmuls = 0                              # matmuls seen so far
@@ -76,11 +81,14 @@ def replay(name: str) -> tuple[Any, Any] | None:
     (not recomputing selectively, or an op to run again)."""
     if _active is None or not _active.replaying or not _active.keeps(name):
         return None
-    kept_name, ctx, out = _active.kept[_active.position]
+    kept_name, ctx, out, random_state = _active.kept[_active.position]
     if kept_name != name:
         raise RuntimeError(f"selective checkpoint: the recompute ran {name} where the "
                            f"forward ran {kept_name}: the block must run the same ops")
     _active.position += 1
+    # a kept op that drew random numbers (a Dropout) is not run again: move the
+    # generator on as it did, so the draws after it repeat the forward's
+    backend.default_generator().set_state(random_state)
     return ctx, out
 
 
@@ -88,10 +96,10 @@ def record(name: str, ctx: Any, out: Any) -> None:
     """In a selective checkpoint's forward: keep this op's context and output if the
     policy saves it."""
     if _active is not None and not _active.replaying and _active.keeps(name):
-        _active.kept.append((name, ctx, out))
+        _active.kept.append((name, ctx, out, backend.default_generator().get_state()))
 
 
-class selective(object):
+class selective:
     """``with selective(policy[, kept]):`` the forward (records) or its recompute
     (replays ``kept``); nests, restoring the outer one on exit."""
 
@@ -111,7 +119,7 @@ class selective(object):
 def kept_arrays(kept: list) -> list:
     """Every array the kept ops hold (outputs and saved), to show in saved_bytes."""
     arrays = []
-    for _, ctx, out in kept:
+    for _, ctx, out, _ in kept:
         arrays.extend(out if isinstance(out, tuple) else (out,))
         arrays.extend(getattr(ctx, "saved", ()))
     return arrays

@@ -16,6 +16,7 @@ from minidist.autograd.tensor import Tensor
 from minidist.calc import activation_memory_per_layer, minidist_layer_activation_bytes
 from minidist.nn import GPT, GPTConfig, Llama, LlamaConfig
 from minidist.nn.cost_probe import layer_saved_bytes, step_matmul_flops
+from minidist.nn.functional import dropout
 from minidist.nn.gpt import Block
 
 POLICIES = {"none": "no checkpoint", "full": None, "selective": SavePolicy(),
@@ -24,6 +25,7 @@ POLICIES = {"none": "no checkpoint", "full": None, "selective": SavePolicy(),
 
 def _block_grads(cfg, mode, seed):
     block = Block(cfg, backend.Generator(0))
+    backend.default_generator().set_state(backend.Generator(seed).get_state())   # dropout
     x = Tensor(backend.Generator(seed).normal((2, cfg.block_size, cfg.n_embd),
                                               dtype="float64"), requires_grad=True)
     y = block(x) if mode == "none" else checkpoint(block, x, policy=POLICIES[mode])
@@ -33,11 +35,11 @@ def _block_grads(cfg, mode, seed):
 
 @settings(max_examples=4, deadline=None)
 @given(attention=st.sampled_from(["naive", "flash"]), heads=st.sampled_from([1, 2]),
-       seed=st.integers(0, 2**16))
+       dropout=st.sampled_from([0.0, 0.2]), seed=st.integers(0, 2**16))
 def test_selective_checkpoint_of_a_gpt_block_is_bit_for_bit_no_checkpoint(attention, heads,
-                                                                          seed):
+                                                                          dropout, seed):
     cfg = GPTConfig(block_size=6, n_embd=8, n_head=heads, attention=attention,
-                    dtype="float64")
+                    dropout=dropout, dtype="float64")
     want = _block_grads(cfg, "none", seed)
     for mode in ("full", "selective", "every other matmul"):
         got = _block_grads(cfg, mode, seed)
@@ -126,3 +128,22 @@ def test_selective_recomputes_no_matmul_and_full_recomputes_the_forward(attentio
                                   checkpoint="selective")
     full = step_matmul_flops(b, s, layers, h, a, vocab, attention=attention, checkpoint=True)
     assert selective == none < full
+
+
+def test_a_kept_random_op_moves_the_generator_on_so_later_draws_repeat():
+    """Dropout kept: the recompute does not run it, yet the noise drawn after it
+    must be the forward's noise (the generator is moved on as the op moved it)."""
+    def fn(x):
+        y = dropout(x, 0.5)                                        # kept, not rerun
+        noise = Tensor(backend.default_generator().random(x.shape, dtype="float64"))
+        return (y * noise).tanh()
+
+    def grad(policy):
+        backend.default_generator().set_state(backend.Generator(9).get_state())
+        x = Tensor(backend.Generator(4).normal((3, 5), dtype="float64"), requires_grad=True)
+        y = fn(x) if policy == "none" else checkpoint(fn, x, policy=policy)
+        y.sum().backward()
+        return x.grad
+    want = grad("none")
+    assert np.array_equal(grad(SavePolicy(save=("Dropout",))), want)
+    assert np.array_equal(grad(None), want)
