@@ -47,7 +47,7 @@ def adam_step(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int, *
 
 def _kernel() -> Any:
     if "adam" not in _KERNEL:
-        import cupy
+        cupy = backend.array_module()                  # applies() has checked it is CuPy
         _KERNEL["adam"] = cupy.ElementwiseKernel(
             "T grad, T wd, T decay, T beta1, T one_minus_beta1, T beta2, T one_minus_beta2, "
             "T sqrt_bc2, T eps, T bc1, T lr, bool has_decay, bool decoupled",
