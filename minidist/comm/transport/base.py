@@ -118,6 +118,12 @@ class Transport:
         of the calls of context ``ctx``: fault tolerance watches every rank of every
         replica in its quorum, as the partner of a dead rank stops too."""
 
+    def forget(self, ctx: int) -> None:
+        """Drop the sends of context ``ctx`` not yet begun and its receives not yet
+        matched: its calls were given up (a peer died), and a send nobody will take
+        would hold this rank at the end of the run (a message half sent still goes out,
+        or its receiver would take the next one's pieces for the rest of it)."""
+
     def has_returned(self, rank: int) -> bool:
         """Has ``rank`` returned from the function this world runs, before this rank?"""
         return False

@@ -306,6 +306,19 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Transport):
     def watch_deaths(self, ctx: int, ranks: list[int]) -> None:
         self._watched[ctx] = list(ranks)
 
+    def forget(self, ctx: int) -> None:
+        with self._lock:
+            for dst, queue in list(self._sends.items()):
+                kept = deque(op for op in queue if op.sent or op.tag >> TAG_BITS != ctx)
+                if kept:
+                    self._sends[dst] = kept
+                else:
+                    del self._sends[dst]
+            for src, posted in list(self._posted.items()):
+                posted[:] = [r for r in posted if r.tag >> TAG_BITS != ctx]
+                if not posted:
+                    del self._posted[src]
+
     def abort(self, message: str) -> None:
         if self._seg is not None:
             shm.set_abort(self._seg, self.rank, message)
