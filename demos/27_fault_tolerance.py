@@ -98,6 +98,7 @@ def restart_run(args, ckpt, uninterrupted):
     begin = time.perf_counter()
     try:
         with World(3, timeout=30.0) as world:
+            first = time.perf_counter()              # training from here: the first start out
             world.run(train_rank, args, (1, args.kill_step), 0, ckpt)
     except RankFailedError as e:
         print(f"restart run: rank {e.rank} failed ({e.exc_type}); starting a new world")
@@ -111,7 +112,8 @@ def restart_run(args, ckpt, uninterrupted):
     result["times"] = uninterrupted["times"][:args.kill_step] + [shift + t for t in
                                                                    result["times"]]
     result["losses"] = uninterrupted["losses"][:args.kill_step] + result["losses"]
-    result.update(wall=time.perf_counter() - begin, resume=resume, start_s=start_s)
+    result.update(wall=time.perf_counter() - begin, resume=resume, start_s=start_s,
+                  train_s=time.perf_counter() - first)
     return result
 
 
