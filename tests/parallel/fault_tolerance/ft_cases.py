@@ -75,9 +75,11 @@ def train_on_rank(case):
     model = Net(case["d_in"], case["hidden"], case["d_out"], case["seed"] + replica)
     inner = AdamW(model.parameters(), lr=case["lr"], weight_decay=0.01)
     cursor = {"next": 0}        # the sampler's state: the next batch to read
+    rng = backend.Generator(1000 + replica)     # a replica's own stream (dropout, say)
 
     def state_dict():
-        return {"model": model.state_dict(), "optim": inner.state_dict(), "cursor": cursor}
+        return {"model": model.state_dict(), "optim": inner.state_dict(), "cursor": cursor,
+                "rng": rng.get_state()}
 
     def load_state_dict(state):
         if _kill_phase(case, replica, part, state["cursor"]["next"]) == "heal":
@@ -85,6 +87,7 @@ def train_on_rank(case):
         model.load_state_dict(state["model"])
         inner.load_state_dict(state["optim"])
         cursor.update(state["cursor"])
+        rng.set_state(state["rng"])
 
     manager = Manager(load_state_dict, state_dict, case["min_replica_size"], mesh=mesh,
                       replicate_dim=dim, num_replicas=case["num_replicas"], timeout=20.0)
@@ -97,13 +100,14 @@ def train_on_rank(case):
         except ReplicaLostError:
             return {"history": history, "healed": healed, "lost": True, "failed": failed}
         if healed is None and manager.changes[-1].healed and replica in manager.changes[-1].healed:
-            healed = (cursor["next"], snapshot(model, inner))
+            healed = (cursor["next"], dict(snapshot(model, inner), rng=repr(rng.get_state())))
         step = cursor["next"]
         cursor["next"] += 1
         _one_step(case, model, manager, pair, replica, part, step)
         if not optimizer.step():
             failed[step] = type(manager.errored()).__name__
-        history[step] = snapshot(model, inner)
+        rng.normal((1,))                              # the stream moves on every step
+        history[step] = dict(snapshot(model, inner), rng=repr(rng.get_state()))
     return {"history": history, "healed": healed, "lost": False, "changes": manager.changes,
             "failed": failed}
 

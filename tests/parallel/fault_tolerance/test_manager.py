@@ -68,7 +68,7 @@ def test_a_spare_heals_bit_identical_to_its_source_then_trains_in_the_quorum():
     join, state = spare["healed"]
     assert join == 3                            # the quorum after the failed step 2
     assert set(state) == set(source["history"][join - 1])
-    for name, value in state.items():           # parameters and AdamW's moments and step
+    for name, value in state.items():           # parameters, AdamW's moments and step, RNG
         assert np.array_equal(value, source["history"][join - 1][name]), name
     assert sorted(spare["history"]) == [3, 4]
     assert_survivors_follow_the_oracle(case, got)
