@@ -47,6 +47,7 @@ FIGURES = {
     "22_placements.png": ("22_placements.py", [], {}),
     "25_diloco.png": ("25_diloco.py", [], {}),
     "26_muon.png": ("26_muon.py", ["--steps", "300"], {}),
+    "27_fault_tolerance.png": ("27_fault_tolerance.py", [], {}),
 }
 
 

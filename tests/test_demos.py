@@ -45,6 +45,8 @@ SMOKE_ARGS = {
     "22_placements.py": ["-n", "2", "--width", "4", "--n-embd", "8"],
     "23_block_scaling.py": ["--steps", "16", "--n-embd", "32"],
     "26_muon.py": ["--steps", "20"],
+    "27_fault_tolerance.py": ["--steps", "8", "--kill-step", "5", "--ckpt-every", "4",
+                              "--width", "16"],
 }
 
 

@@ -108,6 +108,26 @@ class Transport:
         left as it was) and return False."""
         raise NotImplementedError
 
+    def failed_ranks(self) -> list[int]:
+        """The ranks that died in a world that goes on without them (only the local
+        transport's launcher lets one go on: World(fault_tolerant=True)); here: none."""
+        return []
+
+    def watch_deaths(self, ctx: int, ranks: list[int]) -> None:
+        """Let the death of any of ``ranks`` (not only the group's own) end the waits
+        of the calls of context ``ctx``: fault tolerance watches every rank of every
+        replica in its quorum, as the partner of a dead rank stops too."""
+
+    def forget(self, ctx: int) -> None:
+        """Drop the sends of context ``ctx`` not yet begun and its receives not yet
+        matched: its calls were given up (a peer died), and a send nobody will take
+        would hold this rank at the end of the run (a message half sent still goes out,
+        or its receiver would take the next one's pieces for the rest of it)."""
+
+    def has_returned(self, rank: int) -> bool:
+        """Has ``rank`` returned from the function this world runs, before this rank?"""
+        return False
+
     def record_begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
         """Note the call that starts (the flight recorder, flight.py); here: nowhere."""
 
