@@ -333,6 +333,13 @@ def get_topology() -> "topology.Topology | None":
     return getattr(world_group().transport, "topology", None)
 
 
+def get_link_bytes() -> Any:
+    """The bytes this rank put on the emulated links so far, inside its node and between
+    nodes (transport/link.py's LinkBytes; every group's traffic), or None when the world
+    has no emulated link."""
+    return world_group().transport.link_bytes()
+
+
 def get_world_size(group: ProcessGroup | None = None) -> int:
     if group is NON_GROUP_MEMBER:
         return -1

@@ -269,6 +269,11 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Transport):
                 moved = True
         return moved
 
+    def link_bytes(self) -> Any:
+        """Bytes put on the emulated links inside the node and between nodes (link.py),
+        or None without an emulated link."""
+        return self._link.link_bytes() if self._link is not None else None
+
     def read_arrival(self, src: int, nbytes: int) -> int:
         """When a read of ``nbytes`` from rank ``src``, asked for now, lands (ns;
         after what was asked of ``src`` before); 0 without an emulated link (link.py)."""
