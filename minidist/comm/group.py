@@ -334,9 +334,8 @@ def get_topology() -> "topology.Topology | None":
 
 
 def get_link_bytes() -> Any:
-    """The bytes this rank put on the emulated links so far, inside its node and between
-    nodes (transport/link.py's LinkBytes; every group's traffic), or None when the world
-    has no emulated link."""
+    """Bytes this rank put on the emulated links, inside its node and between nodes, in
+    every group (transport/link.py's LinkBytes); None without an emulated link."""
     return world_group().transport.link_bytes()
 
 
