@@ -442,6 +442,9 @@ def diloco_runs(path, runs):
     a2.set(xlabel="MB sent per rank across the slow link", xscale="log", yscale="log",
            title="loss vs slow-link bytes")
     a1.legend(fontsize=8)
+    _save(plt, fig, path)
+
+
 def optimizer_runs(path, runs, title):
     """Demo 26: the loss curve of each optimizer."""
     plt = _pyplot()
