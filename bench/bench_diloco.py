@@ -54,6 +54,7 @@ def mlp(width: int, layers: int):
 
 def build(how: str, model, args):
     """(the forward to call, the inner optimizer, the context to train in)."""
+    from minidist import backend
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.distributed.fsdp import fully_shard
     from minidist.nn import Linear
@@ -62,7 +63,7 @@ def build(how: str, model, args):
     from minidist.parallel.data.onebit_adam import OnebitAdam
     from minidist.parallel.data.topk import TopKState, topk_hook
     from minidist.parallel.diloco import DiLoCo
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("island", "local"))
+    mesh = init_device_mesh(backend.device_type(), (2, 2), mesh_dim_names=("island", "local"))
     linears = [m for m in model if isinstance(m, Linear)]
     forward, nothing = model, contextlib.nullcontext()
     if how == "1-bit Adam":

@@ -62,13 +62,14 @@ def build(args, how, model, mesh):
 def train_rank(args, how):
     """One rank: the GPT on its own windows of the corpus (AdamW inner)."""
     import minidist.distributed as dist
+    from minidist import backend
     from minidist.autograd import no_grad
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.nn import GPT, GPTConfig
     chars, data = load_corpus()
     model = GPT(GPTConfig(block_size=args.block, vocab_size=len(chars), n_layer=2, n_head=2,
                           n_embd=args.width, seed=0))
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("island", "local"))
+    mesh = init_device_mesh(backend.device_type(), (2, 2), mesh_dim_names=("island", "local"))
     forward, inner, diloco = build(args, how, model, mesh)
     held_x, held_y = next(windows(data, 16, args.block, seed=7))
     stream = windows(data, args.batch, args.block, seed=100 + dist.get_rank())

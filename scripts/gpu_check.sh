@@ -120,7 +120,7 @@ case "$stage" in
   selftest) run_stage selftest selftest ;;
   quick)    run_stage quick selftest --quick ;;
   suite)    [ $# -gt 0 ] || { echo "usage: gpu_check.sh suite TEST_PATH..." >&2; exit 2; }
-            run_stage "suite_$(echo "$*" | tr -c 'A-Za-z0-9' '_')" suite "$@" ;;
+            run_stage "${NAME:-suite_$(echo "$*" | tr -c 'A-Za-z0-9' '_' | cut -c1-60)}" suite "$@" ;;
   demos)    run_stage demos demos ;;
   bench)    run_stage bench bench ;;
   checks)   checks ;;

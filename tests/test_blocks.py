@@ -123,7 +123,8 @@ def test_blockwise_maps_a_function_block_by_block(monkeypatch):
 
     got = backend.to_host(_blocks.blockwise(fn, x))
     np.testing.assert_array_equal(got, np.arange(95, dtype=np.float32) * 2 + 1)
-    assert seen == [10] * 9 + [5]
+    # CuPy runs every chain whole: on a GPU each block would cost a kernel launch per op
+    assert seen == ([95] if backend.get_backend() == "cupy" else [10] * 9 + [5])
 
 
 def test_attention_dropout_in_blocks_equals_dropout_whole(monkeypatch):

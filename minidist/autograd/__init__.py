@@ -7,7 +7,8 @@
   ``set_empty_grad``); ``no_grad`` (grad_mode.py)
 - the backward split into input (B) and deferred weight (W) gradients
   (weight_grad.py), through the engine's one extension point, ``split``
-- every op (ops/), ``gradcheck`` (gradcheck.py), ``checkpoint`` (activation_checkpoint.py)
+- every op (ops/), ``gradcheck`` (gradcheck.py), ``checkpoint`` (activation_checkpoint.py),
+  selectively with a ``SavePolicy`` (selective_checkpoint.py: matmuls and attention kept)
 - what a recompute re-enters (the precision policy, registered from above):
   ``register_recompute_context`` / ``capture_forward_context`` (recompute.py)
 """
@@ -18,11 +19,12 @@ from minidist.autograd.functional import concat, matmul, split, stack, where
 from minidist.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from minidist.autograd.gradcheck import GradcheckError, gradcheck
 from minidist.autograd.recompute import capture_forward_context, register_recompute_context
+from minidist.autograd.selective_checkpoint import SavePolicy
 from minidist.autograd.tensor import Tensor, tensor
 from minidist.autograd.weight_grad import WeightGradients, backward_split
 
 __all__ = ["Tensor", "tensor", "Function", "Context", "no_grad", "enable_grad",
            "is_grad_enabled", "set_grad_enabled", "gradcheck", "GradcheckError",
-           "checkpoint", "concat", "stack", "split", "where", "matmul",
+           "checkpoint", "SavePolicy", "concat", "stack", "split", "where", "matmul",
            "backward_split", "WeightGradients", "register_recompute_context",
            "capture_forward_context", "set_empty_grad"]

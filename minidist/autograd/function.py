@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minidist.autograd import grad_mode
+from minidist.autograd import grad_mode, selective_checkpoint
 
 
 class Context:
@@ -64,11 +64,18 @@ class Function:
     def apply(cls, *args: Any, **kwargs: Any):
         from minidist.autograd.tensor import Tensor
 
-        ctx = Context()
         needs = tuple(isinstance(a, Tensor) and a.requires_grad for a in args)
-        ctx.needs_input_grad = needs
-        arrays = tuple(a.data if isinstance(a, Tensor) else a for a in args)
-        out = cls.forward(ctx, *arrays, **kwargs)
+        # a selective checkpoint's recompute hands back what its forward kept
+        kept = selective_checkpoint.replay(cls.__name__)
+        if kept is not None:
+            ctx, out = kept
+            ctx.needs_input_grad = needs
+        else:
+            ctx = Context()
+            ctx.needs_input_grad = needs
+            arrays = tuple(a.data if isinstance(a, Tensor) else a for a in args)
+            out = cls.forward(ctx, *arrays, **kwargs)
+            selective_checkpoint.record(cls.__name__, ctx, out)
 
         track = any(needs) and grad_mode.is_grad_enabled()
         if not track:

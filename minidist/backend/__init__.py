@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from minidist.backend import guard_ftz
 from minidist.backend.guard import GuardArray, GuardNamespace, _unwrap
 
 BACKENDS = ("numpy", "cupy", "guard")
@@ -194,6 +195,15 @@ def bits(a: Any) -> Any:
 def from_bits(u: Any, dtype: Any) -> Any:
     """Inverse of ``bits``: reinterpret unsigned ints as floats of ``dtype``."""
     return u.view(dtype)
+
+
+def flushes_subnormals() -> bool:
+    """Whether float32 arithmetic reads and writes subnormals as zero here: CuPy's
+    kernels do (``-ftz=true``), and the guard does when told to (guard_ftz.py).
+    minidist.precision works around it where a subnormal is a value it must keep."""
+    if _state["name"] == "cupy":
+        return True
+    return _state["name"] == "guard" and guard_ftz.flush_subnormals()
 
 
 def synchronize() -> None:

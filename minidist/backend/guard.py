@@ -7,6 +7,13 @@ so that a stray ``np.`` call in core code fails on any machine, not only on
 the first GPU it meets. ``GuardNamespace`` is the guard's ``xp``: NumPy's
 functions, unwrapping guard arrays on the way in and wrapping results on the
 way out. ``minidist.backend`` selects it with ``MINIDIST_BACKEND=guard``.
+
+CuPy compiles its kernels with ``-ftz=true``: float32 arithmetic, comparisons and
+float32 <-> float64 casts read a subnormal float32 as 0 and write 0 for one; bit
+views, copies, ``where``, ``copysign``, ``signbit`` and ``isfinite`` keep them.
+``flush_subnormals(True)`` makes the guard do the same (guard_ftz.py; the
+list is what scripts/ftz_probe.py found on an H100); it costs a few passes per operation, so the
+suite turns it on where subnormals are the subject (tests/precision).
 """
 from __future__ import annotations
 
@@ -14,6 +21,8 @@ from typing import Any
 
 import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
+
+from minidist.backend.guard_ftz import flush_call, flush_cast, flush_subnormals  # noqa: F401
 
 _HOST_MIX = ("a host numpy.ndarray was mixed into an operation on device arrays "
              "(guard backend, behaving like CuPy); convert it explicitly with "
@@ -72,7 +81,7 @@ class GuardArray(NDArrayOperatorsMixin):
 
     # -- NumPy protocol: dispatch to NumPy on the unwrapped arrays ---------
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        return _wrap(getattr(ufunc, method)(*_unwrap(inputs), **_unwrap(kwargs)))
+        return _wrap(flush_call(getattr(ufunc, method), ufunc, _unwrap(inputs), _unwrap(kwargs)))
 
     def __array_function__(self, func, types, args, kwargs):
         return _wrap(func(*_unwrap(args), **_unwrap(kwargs)))
@@ -99,6 +108,9 @@ class GuardArray(NDArrayOperatorsMixin):
         attr = getattr(self._a, name)
         if not callable(attr):
             return attr
+        if name == "astype":
+            return lambda *args, **kwargs: _wrap(flush_cast(self._a, *_unwrap(args),
+                                                            **_unwrap(kwargs)))
 
         def method(*args, **kwargs):
             return _wrap(attr(*_unwrap(args), **_unwrap(kwargs)))
@@ -189,7 +201,7 @@ class _GuardSubmodule:
 
 def _make_wrapped(fn):
     def wrapped(*args, **kwargs):
-        return _wrap(fn(*_unwrap(args), **_unwrap(kwargs)))
+        return _wrap(flush_call(fn, fn, _unwrap(args), _unwrap(kwargs)))
     wrapped.__name__ = getattr(fn, "__name__", "fn")
     return wrapped
 

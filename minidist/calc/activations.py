@@ -132,14 +132,23 @@ def minidist_layer_activation_bytes(seq: int, batch: int, hidden: int, heads: in
     Megatron's 16 elements (+ 2 masks) and 2 a s^2 b (+ a mask): minidist keeps
     tanh(u) for GELU's backward (+4 sbh), and with dropout 0 stores no masks and no
     dropout output. recompute="full" (``GPTConfig(checkpoint=True)``) keeps the
-    block input only: sbh.
+    block input only: sbh. recompute="selective" (``checkpoint="selective"``:
+    the results of the matmuls and attention kept, with what their backwards need)
+    keeps the block input, ln_1's and ln_2's outputs, Q K V (3), the attention's
+    output O and its heads merged, the attention projection's output, the MLP's
+    4h-wide fc output and GELU output, the MLP projection's output: 18 sbh, and
+    a s^2 b (naive: P) or a s b (flash: the logsumexp).
     """
     _check(seq, batch, hidden, heads, 1)
-    if recompute not in ("none", "full"):
-        raise ValueError(f"minidist's GPT recomputes 'none' or 'full', got {recompute!r}")
+    if recompute not in ("none", "full", "selective"):
+        raise ValueError(f"minidist's GPT recomputes 'none', 'full' or 'selective', "
+                         f"got {recompute!r}")
     sbh, sb = seq * batch * hidden, seq * batch
     if recompute == "full":
         return bytes_per_element * sbh
+    if recompute == "selective":
+        scores = heads * sb if flash else heads * seq * sb
+        return bytes_per_element * (18 * sbh + scores)
     elements = 20 * sbh + 2 * sb
     if flash:
         elements += sbh + heads * sb

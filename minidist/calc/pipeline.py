@@ -71,6 +71,22 @@ def zero_bubble_fraction(stages: int, microbatches: int, schedule: str) -> Fract
     return Fraction(0)
 
 
+def dualpipe_v_idle(stages: int, forward: float, backward: float, weight: float,
+                    overlapped: float | None = None) -> float:
+    """DualPipeV's bubble as the DualPipe README gives it: idle time of the busiest
+    of p ranks (PP = 2p pipeline stages) over a step, (PP/2 - 1)(F&B + B - 3W).
+
+    forward F, backward B (a full backward), weight W (its weight part) and
+    overlapped F&B (a forward and a backward run as one op; F + B when None) are
+    the costs of one chunk (half a rank's layers). Exact on the ideal clock when
+    F = W = B / 2 (parallel/pipeline/dualpipe.py; for 1F1B the README's row is
+    (PP - 1)(F + B), for ZB1P (PP - 1)(F + B - 2W))."""
+    if stages < 1:
+        raise ValueError(f"stages must be >= 1, got {stages}")
+    both = forward + backward if overlapped is None else overlapped
+    return (stages - 1) * (both + backward - 3 * weight)
+
+
 def bubble_fraction(stages: int, microbatches: int, schedule: str = "1f1b",
                     virtual_stages: int = 1) -> float:
     """Pipeline bubble as idle time over ideal compute time, for every schedule.

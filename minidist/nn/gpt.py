@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minidist import backend
+from minidist.autograd.selective_checkpoint import policy_of
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn import functional as F
@@ -37,7 +38,8 @@ class GPTConfig:
     dropout: float = 0.0        # on attention weights, residual branches, embeddings
     bias: bool = True           # biases in Linear and LayerNorm, as GPT-2
     tie_weights: bool = True    # lm_head shares wte's matrix, as GPT-2
-    checkpoint: bool = False    # recompute each block in backward (less memory)
+    checkpoint: bool | str = False   # recompute each block in backward (less memory);
+                                     # "selective": keep matmuls and attention
     dtype: str = "float32"      # parameter and activation dtype
     seed: int = 0               # weight init seed (same weights on every backend)
     attention: str = "naive"    # "naive" (full T x T scores) | "flash" (tiled, minidist.attention)
@@ -64,6 +66,8 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.checkpoint is not False:
+            policy_of(self.checkpoint)       # refuses anything but True, "full", "selective"
 
 
 class Block(Module):
@@ -131,7 +135,7 @@ class GPT(Module):
         """idx: integer (B, T) -> logits (B, T, vocab), and the loss if targets given."""
         idx = idx.data if isinstance(idx, Tensor) else idx
         x = self.embed(idx)                                           # (B, T, C)
-        recompute = self.config.checkpoint and self.training
+        recompute = self.config.checkpoint if self.training else False   # or "selective"
         aux_losses = []                  # each MoE block's router loss, with its graph
         for block in self.blocks:
             x, aux = run_block(block, routing_mlp(block), x, "aux_loss", recompute)

@@ -29,6 +29,7 @@ from functools import partial
 from typing import Any, Iterator
 
 from minidist import backend
+from minidist.autograd.selective_checkpoint import policy_of
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn import functional as F
@@ -70,7 +71,8 @@ class LlamaConfig:
     dtype: str = "float32"                # parameter and activation dtype
     seed: int = 0                         # weight init seed (same weights on every backend)
     attention: str = "naive"              # "naive" | "flash" (minidist.attention)
-    checkpoint: bool = False              # recompute each layer in backward
+    checkpoint: bool | str = False        # recompute each layer in backward;
+                                          # "selective": keep matmuls and attention
 
     def __post_init__(self):
         if self.num_key_value_heads is None:
@@ -87,6 +89,8 @@ class LlamaConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_key_value_heads={self.num_key_value_heads} must divide "
                              f"num_attention_heads={self.num_attention_heads}")
+        if self.checkpoint is not False:
+            policy_of(self.checkpoint)       # refuses anything but True, "full", "selective"
         if self.head_dim % 2:
             raise ValueError(f"rotary embeddings need an even head_dim, got {self.head_dim}")
         if self.num_local_experts and not 1 <= self.num_experts_per_tok <= self.num_local_experts:
@@ -248,7 +252,7 @@ class Llama(Module):
         if position_ids is None and past_key_values is not None:
             position_ids = past_key_values.get_seq_length() + xp.arange(idx.shape[1])
         x = self.embed(idx)
-        recompute = self.config.checkpoint and self.training
+        recompute = self.config.checkpoint if self.training else False   # or "selective"
         mean_probs = []   # each MoE layer's mean router probabilities (E,), with their graph
         for i, layer in enumerate(self.blocks):
             if past_key_values is not None:

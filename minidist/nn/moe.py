@@ -39,6 +39,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from minidist.autograd.activation_checkpoint import checkpoint
+from minidist.autograd.selective_checkpoint import policy_of
 from minidist.autograd.function import Function
 from minidist.autograd.functional import concat
 from minidist.autograd.recompute import is_recomputing
@@ -215,20 +216,24 @@ def routing_mlp(block: Module) -> MoE | None:
 
 
 def run_block(fn: Callable[[Tensor], Tensor], moe: MoE | None, x: Tensor, term: str,
-              recompute: bool = False) -> tuple[Tensor, Tensor | None]:
+              recompute: bool | str = False) -> tuple[Tensor, Tensor | None]:
     """``fn(x)`` (a block whose MLP is ``moe``, or None), and for an MoE the field
     ``term`` of its routing (``moe.last``): the tensor the loss adds (the GPT's
     ``"aux_loss"``, the Llama's ``"mean_probs"``), with its graph.
 
     ``recompute``: run the block under an activation checkpoint (in no_grad, and
-    again in backward). The term then leaves the checkpoint as its second output,
+    again in backward; "selective": keeping the matmuls' and attention's results,
+    autograd/selective_checkpoint.py). The term then leaves the checkpoint as its second output,
     so that its gradient runs through the recompute as the block's output's does;
     read off ``moe.last`` after the checkpoint it would be a constant of the no-grad
     forward, and the router would silently get no gradient from the loss it adds.
     """
+    if not recompute:
+        return (fn(x), None) if moe is None else (fn(x), getattr(moe.last, term))
+    policy = policy_of(recompute)
     if moe is None:
-        return (checkpoint(fn, x) if recompute else fn(x)), None
+        return checkpoint(fn, x, policy=policy), None
 
     def with_term(x: Tensor) -> tuple[Tensor, Tensor]:
         return fn(x), getattr(moe.last, term)
-    return checkpoint(with_term, x) if recompute else with_term(x)
+    return checkpoint(with_term, x, policy=policy)

@@ -35,7 +35,8 @@ from minidist.parallel.pipeline import (GPTPiece, Op, PipelineStats, gpipe, inte
                                         render_timeline,
                                         run_pipeline, simulate, split_gpt, split_layers,
                                         sync_tied_gradients)
-from minidist.parallel.pipeline import chunks_per_rank, placement, zb_h1, zb_h2, zb_v
+from minidist.parallel.pipeline import (chunks_per_rank, dualpipe_v, placement, zb_h1, zb_h2,
+                                       zb_v)
 from minidist.parallel.tensor import (ColumnParallelLinear, ParallelBlock, ParallelMLP,
                                       ParallelSelfAttention, RowParallelLinear,
                                       SequenceParallelLayerNorm, TensorParallelGPT,
@@ -65,7 +66,7 @@ __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_syn
            "Op", "gpipe", "one_f_one_b", "interleaved", "make_schedule", "simulate",
            "render_timeline", "run_pipeline", "PipelineStats", "measured_bubble", "split_layers",
            "GPTPiece", "split_gpt", "pieces_of_rank", "pipeline_parameters",
-           "sync_tied_gradients", "counted_parameters", "zb_h1", "zb_h2", "zb_v",
+           "sync_tied_gradients", "counted_parameters", "zb_h1", "zb_h2", "zb_v", "dualpipe_v",
            "chunks_per_rank", "placement", "ThreeDParallelGPT",
            # DiLoCo (local SGD with an outer optimizer)
            "DiLoCo",

@@ -11,8 +11,9 @@ and run with minidist's own strategies on a world of local processes:
     otherwise     ThreeDParallelGPT on a dp x pp x tp mesh (parallel/three_d.py), the
                   1F1B schedule over m micro-batches, AdamW; ZeRO 0, no recomputation
 
-Every rank traces its allocations (``tracemalloc``, what ``backend.MemoryTracker``
-reads) from before the model is built: after a warm-up step (AdamW's state exists),
+Every rank traces its allocations (``tracemalloc`` on the CPU; CuPy's memory pool
+counts them on a GPU; ``backend.memory_in_use`` and ``MemoryTracker`` read either)
+from before the model is built: after a warm-up step (AdamW's state exists),
 the peak of one more step counted from zero is the rank's peak memory -- weights,
 gradients, optimizer state, activations and every temporary. Tracing slows
 allocation, so it is stopped before the timed steps; a step's time is the slowest
@@ -151,10 +152,10 @@ def _run_on_rank(cfg: GPTConfig, layout: dict, sequences: int, steps: int) -> di
             m = sequences // (layout["dp"] * layout["micro_batch"])
             step = _MeshStep(cfg, layout["dp"], layout["tp"], layout["pp"], m)
         step(*batches[0])                       # warm-up: AdamW's state is made here
-        tracemalloc.reset_peak()
-        base = tracemalloc.get_traced_memory()[0]
-        step(*batches[1])
-        now, peak = tracemalloc.get_traced_memory()
+        base = backend.memory_in_use()          # traced host memory; CuPy's pool on a GPU
+        with backend.MemoryTracker() as step_memory:
+            step(*batches[1])
+        peak = base + step_memory.peak
     finally:
         tracemalloc.stop()
     seconds = []

@@ -21,15 +21,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from minidist import backend
 from minidist.backend import xp
 from minidist.precision.formats import FloatFormat, get_format
 from minidist.precision.rounding import quantize, quiet
+from minidist.precision.subnormals import narrow, widen
 
 
 def encode(x: Any, fmt: FloatFormat | str, saturate: bool = False) -> Any:
     """Codes of ``quantize(x, fmt, saturate=saturate)``, as ``fmt.code_dtype``."""
     fmt = get_format(fmt)
     M, E = fmt.man_bits, fmt.exp_bits
+    if str(x.dtype) == "float32" and backend.flushes_subnormals():
+        x = widen(x)                             # frexp / ldexp below would lose subnormals
     y = quantize(x, fmt, saturate=saturate)
     if not fmt.has_nan and bool(xp.isnan(y).any()):
         raise ValueError(f"{fmt.name} has no NaN and x holds one; replace NaN before encoding "
@@ -65,6 +69,8 @@ def decode(codes: Any, fmt: FloatFormat | str, dtype: str = "float32") -> Any:
         raise TypeError(f"decode takes integer codes, got {codes.dtype}")
     if dtype not in ("float32", "float64") or not fmt.fits_in(dtype):
         raise ValueError(f"decode to {dtype!r}: use float32 or float64 wide enough for {fmt}")
+    if dtype == "float32" and backend.flushes_subnormals():
+        return narrow(decode(codes, fmt, "float64"))   # ldexp in float32 would flush
     c = codes.astype(xp.int64)
     if c.size and (int(c.min()) < 0 or int(c.max()) >= 2 ** fmt.bits):
         raise ValueError(f"codes must lie in [0, 2^{fmt.bits}) for {fmt}")

@@ -35,8 +35,10 @@ import math
 from typing import Any, Callable
 
 from minidist.autograd.pieces import piece_kinds
+from minidist import backend
 from minidist.backend import xp
 from minidist.precision.rounding import quiet
+from minidist.precision.subnormals import narrow, widen
 
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
 
@@ -79,8 +81,7 @@ class GradScaler:
                                "since the last update().")
         if state["stage"] == _STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        inv_scale = self._scale.astype(xp.float64) ** -1
-        inv_scale = inv_scale.astype(xp.float32)
+        inv_scale = widen(narrow(widen(self._scale) ** -1))   # 1/S rounded to float32, as float64
         found_inf = xp.zeros((), dtype=xp.float32)
         params = [p for group in optimizer.param_groups for p in group["params"]]
         for p in params:
@@ -88,7 +89,10 @@ class GradScaler:
                 continue
             bad = ~xp.isfinite(p.grad).all()
             found_inf = xp.maximum(found_inf, bad.astype(xp.float32))
-            p.grad *= inv_scale.astype(p.grad.dtype)
+            if p.grad.dtype == xp.float32 and backend.flushes_subnormals():
+                p.grad[...] = narrow(widen(p.grad) * inv_scale)   # 1/S above 2^126 is subnormal
+            else:
+                p.grad *= inv_scale.astype(p.grad.dtype)
         for layout, _ in piece_kinds(params)[1]:   # pieces: their holders agree
             found_inf = xp.asarray(layout.combine(float(found_inf), math.inf), dtype=xp.float32)
         if self._found_inf_reduce is not None:
@@ -183,4 +187,4 @@ class GradScaler:
 def _f32(value: float) -> Any:
     """A Python float (a float64) rounded once to a 0-d float32 array (inf if too big)."""
     with quiet():
-        return xp.asarray(value, dtype=xp.float64).astype(xp.float32)
+        return narrow(xp.asarray(value, dtype=xp.float64))

@@ -39,10 +39,12 @@ from typing import Any
 
 from minidist import backend
 from minidist.backend import xp
-from minidist.precision.block_layout import (check_float_input, from_blocks, normalize_axis,
-                                             scales_from_blocks, scales_to_blocks, to_blocks)
+from minidist.precision.block_layout import (block_amax, check_float_input, check_scale_shape,
+                                             from_blocks, normalize_axis, scales_from_blocks,
+                                             scales_to_blocks, to_blocks)
 from minidist.precision.formats import E8M0FNU, FloatFormat, get_format
 from minidist.precision.rounding import quantize, quiet
+from minidist.precision.subnormals import exp2_float32, narrow, widen
 
 MX_BLOCK_SIZE = 32
 MX_ELEMENT_FORMATS = ("fp8_e4m3fn", "fp8_e5m2", "fp6_e2m3fn", "fp6_e3m2fn", "fp4_e2m1fn")
@@ -85,10 +87,13 @@ def mx_quantize(x: Any, fmt: FloatFormat | str, block_size: int = MX_BLOCK_SIZE,
     check_float_input(x, "mx_quantize")
     fmt = mx_element_format(fmt)
     _check_block_size(block_size)
+    if str(x.dtype) == "float32" and backend.flushes_subnormals():   # keep x's subnormals
+        elements, scales = mx_quantize(widen(x), fmt, block_size, axis, rounding, rng)
+        return narrow(elements), scales
     axis = normalize_axis(axis, x.ndim, "mx_quantize")
     blocks = to_blocks(x, block_size, axis)                  # (..., nb, k)
     with quiet():
-        amax = xp.max(xp.abs(blocks), axis=-1)               # (..., nb); NaN if any is NaN
+        amax = block_amax(blocks)                            # (..., nb); NaN if any is NaN
         e = mx_shared_exponent(amax, fmt)                    # (..., nb)
         bad = xp.isnan(e)
         e_int = xp.where(bad, 0, e).astype(xp.int32)
@@ -96,7 +101,7 @@ def mx_quantize(x: Any, fmt: FloatFormat | str, block_size: int = MX_BLOCK_SIZE,
         scaled = blocks * inverse[..., None]                  # V / X: times a power of two
         scaled[bad] = 0                                       # a NaN-scale block's elements: 0
     elements = quantize(scaled, fmt, rounding=rounding, saturate=True, rng=rng)
-    scales = xp.ldexp(xp.ones(e.shape, "float32"), e_int)
+    scales = exp2_float32(e_int)                              # 2^-127 is a float32 subnormal
     scales[bad] = xp.nan
     return from_blocks(elements, x.shape[axis], axis), scales_from_blocks(scales, axis)
 
@@ -107,6 +112,8 @@ def mx_dequantize(elements: Any, scales: Any, block_size: int = MX_BLOCK_SIZE,
     check_float_input(elements, "mx_dequantize")
     _check_block_size(block_size)
     axis = normalize_axis(axis, elements.ndim, "mx_dequantize")
+    if str(elements.dtype) == "float32" and backend.flushes_subnormals():
+        return narrow(dequantize_blocks(widen(elements), widen(scales), block_size, axis))
     return dequantize_blocks(elements, scales, block_size, axis)
 
 
@@ -114,10 +121,7 @@ def dequantize_blocks(elements: Any, scales: Any, block_size: int, axis: int) ->
     """elements * their block's scale (exact for MX: a power of two times a short value)."""
     n = elements.shape[axis]
     want = elements.shape[:axis] + (-(-n // block_size),) + elements.shape[axis + 1:]
-    if tuple(scales.shape) != want:
-        raise ValueError(f"scales have shape {tuple(scales.shape)}; elements of shape "
-                         f"{tuple(elements.shape)} in blocks of {block_size} along axis "
-                         f"{axis} need {want}")
+    check_scale_shape(scales, elements, want, f"blocks of {block_size} along axis {axis}")
     blocks = to_blocks(elements, block_size, axis)           # (..., nb, k)
     s = scales_to_blocks(scales, axis).astype(elements.dtype)   # (..., nb, 1)
     with quiet():

@@ -35,8 +35,9 @@ from typing import Any
 
 from minidist import backend
 from minidist.backend import xp
-from minidist.precision.block_layout import (check_float_input, from_blocks, normalize_axis,
-                                             scales_from_blocks, scales_to_blocks, to_blocks)
+from minidist.precision.block_layout import (block_amax, check_float_input, check_scale_shape,
+                                             from_blocks, normalize_axis, scales_from_blocks,
+                                             scales_to_blocks, to_blocks)
 from minidist.precision.formats import FP4_E2M1FN, FP8_E4M3FN
 from minidist.precision.rounding import quantize, quiet
 
@@ -52,8 +53,8 @@ def _check_block_size(block_size: int) -> None:
 def nvfp4_tensor_scale(x: Any) -> Any:
     """s_tensor = amax / (6 * 448) over x's finite values, as a float32 0-d array (1 if none)."""
     with quiet():
-        mag = xp.abs(x)
-        amax = xp.max(xp.where(xp.isfinite(mag), mag, 0)).astype("float32")
+        x = x.astype("float32", copy=False)             # max, then cast: the same value
+        amax = block_amax(xp.where(xp.isfinite(x), x, xp.float32(0)).reshape(-1))
     scale = amax / xp.float32(FP4_E2M1FN.max * FP8_E4M3FN.max)
     return xp.where(amax > 0, scale, xp.float32(1.0)).astype("float32")
 
@@ -75,7 +76,7 @@ def nvfp4_quantize(x: Any, block_size: int = NVFP4_BLOCK_SIZE, axis: int = -1,
         xp.asarray(tensor_scale, dtype="float32")
     blocks = to_blocks(x, block_size, axis)                     # (..., nb, 16)
     with quiet():
-        amax = xp.max(xp.abs(blocks), axis=-1)                  # (..., nb)
+        amax = block_amax(blocks)                               # (..., nb)
         bad = ~xp.isfinite(amax)
         s_block = (amax / xp.float32(FP4_E2M1FN.max)) / s_tensor
         s_block = xp.clip(s_block, FP8_E4M3FN.smallest_subnormal, FP8_E4M3FN.max)
@@ -83,7 +84,7 @@ def nvfp4_quantize(x: Any, block_size: int = NVFP4_BLOCK_SIZE, axis: int = -1,
         s_block[bad] = 1                                        # keep the arithmetic finite
         reciprocal = (xp.float32(1) / s_tensor) / s_block       # (..., nb), FP32
         scaled = blocks * reciprocal[..., None]                 # (..., nb, 16)
-        scaled[bad | (amax == 0)] = 0                           # 0 * an overflowed reciprocal
+        scaled[bad | (backend.bits(amax) == 0)] = 0              # 0 * an overflowed reciprocal
     elements = quantize(scaled, FP4_E2M1FN, rounding=rounding, saturate=True, rng=rng)
     s_block[bad] = xp.nan
     return (from_blocks(elements, x.shape[axis], axis), scales_from_blocks(s_block, axis),
@@ -98,9 +99,7 @@ def nvfp4_dequantize(elements: Any, block_scales: Any, tensor_scale: Any,
     axis = normalize_axis(axis, elements.ndim, "nvfp4_dequantize")
     n = elements.shape[axis]
     want = elements.shape[:axis] + (-(-n // block_size),) + elements.shape[axis + 1:]
-    if tuple(block_scales.shape) != want:
-        raise ValueError(f"block_scales have shape {tuple(block_scales.shape)}; elements of "
-                         f"shape {tuple(elements.shape)} need {want}")
+    check_scale_shape(block_scales, elements, want, f"blocks of {block_size} along axis {axis}")
     blocks = to_blocks(elements.astype("float32", copy=False), block_size, axis)  # (..., nb, 16)
     with quiet():
         s = scales_to_blocks(block_scales, axis) * xp.asarray(tensor_scale, dtype="float32")

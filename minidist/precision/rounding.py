@@ -46,6 +46,10 @@ tests check bit for bit against the reference and against ml_dtypes / NumPy:
 - bfloat16-like formats (float32's exponent range) on float32: round the bit
   pattern itself: add ``0x7FFF + (bit 16)``, clear the low 16 bits.
 
+On a backend that flushes float32 subnormals (CuPy), float32 input whose format
+reaches below 2^-125 is rounded in float64 and narrowed back through its bits
+(subnormals.py); the bf16 bit-pattern path needs no float arithmetic and stays.
+
 Both are chains of a dozen elementwise steps, run one cache-sized block at a time
 (backend/blocks.py): twice the speed of whole-array sweeps on 10M values.
 """
@@ -58,6 +62,7 @@ from minidist import backend
 from minidist.backend import xp
 from minidist.backend.blocks import blockwise
 from minidist.precision.formats import FloatFormat, get_format
+from minidist.precision.subnormals import narrow, widen
 
 # per input dtype: (mantissa bits p, exponent bias, uint view)
 _LAYOUT = {"float32": (23, 127, "uint32"), "float64": (52, 1023, "uint64")}
@@ -78,6 +83,9 @@ def quantize(x: Any, fmt: FloatFormat | str, rounding: str = "nearest",
     """
     fmt = get_format(fmt)
     dtype = _check_input(x, fmt)
+    if _flushed(fmt, dtype) and not (rounding == "nearest" and not saturate
+                                     and _bit_pattern_applies(fmt, dtype)):
+        return narrow(quantize(widen(x), fmt, rounding, saturate, rng))   # exact: see subnormals.py
     with quiet():
         if rounding == "nearest" and rng is None:
             # elementwise: one cache-sized block at a time (backend/blocks.py)
@@ -113,7 +121,8 @@ def _quantize(x: Any, fmt: FloatFormat, dtype: str, rounding: str, saturate: boo
 def quantize_reference(x: Any, fmt: FloatFormat | str, saturate: bool = False) -> Any:
     """Round to nearest even by the plain formula (frexp / ldexp / rint): the oracle."""
     fmt = get_format(fmt)
-    _check_input(x, fmt)
+    if _flushed(fmt, _check_input(x, fmt)):
+        return narrow(quantize_reference(widen(x), fmt, saturate))
     with quiet():
         if fmt.special == "fnu":
             return _round_exponent_only(x, fmt, saturate)
@@ -124,6 +133,14 @@ def quiet() -> Any:
     """Silence NumPy's overflow / invalid warnings: inf and NaN are expected inputs here."""
     errstate = getattr(xp, "errstate", None)     # CuPy has none (and does not warn)
     return errstate(all="ignore") if errstate is not None else contextlib.nullcontext()
+
+
+def _flushed(fmt: FloatFormat, dtype: str) -> bool:
+    """Whether float32 arithmetic here would lose values of ``fmt``: a backend that
+    flushes subnormals (CuPy) and a format with values below 2^-126 (bf16, E8M0), or
+    inputs there that do not all round to 0 (smallest value below 2^-125)."""
+    return (dtype == "float32" and fmt.smallest_subnormal < 2.0 ** -125
+            and backend.flushes_subnormals())
 
 
 def _check_input(x: Any, fmt: FloatFormat) -> str:

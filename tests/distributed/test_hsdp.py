@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minidist import backend
 from minidist.backend import get_backend
 from tests.distributed.worlds import world_fixture
 
@@ -68,7 +69,7 @@ def hsdp_case(case):
     from minidist import backend
     from minidist.distributed.device_mesh import init_device_mesh
     from minidist.distributed.fsdp import fully_shard, sharded_state_dict
-    mesh = init_device_mesh("cpu", case["mesh"], mesh_dim_names=("dp_replicate", "dp_shard"))
+    mesh = init_device_mesh(backend.device_type(), case["mesh"], mesh_dim_names=("dp_replicate", "dp_shard"))
     model = _model(case)
     for block in _blocks(case, model):
         fully_shard(block, mesh=mesh, reshard_after_forward=case["reshard"])
@@ -127,7 +128,7 @@ def bad_input_case():
     from minidist.nn import Linear
     messages = []
     for shape, reshard in (((2, 2, 1), True), ((2, 2), 4)):
-        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("a", "b", "c")[:len(shape)])
+        mesh = init_device_mesh(backend.device_type(), shape, mesh_dim_names=("a", "b", "c")[:len(shape)])
         try:
             fully_shard(Linear(4, 4), mesh=mesh, reshard_after_forward=reshard)
             messages.append(None)
@@ -156,7 +157,7 @@ def torch_shaped_case(case):
     from minidist.nn import Linear, Sequential
     from minidist.optim import SGD
     names = ("dp_replicate", "dp_shard")[-len(case["mesh"]):]
-    mesh = init_device_mesh("cpu", tuple(case["mesh"]), mesh_dim_names=names)
+    mesh = init_device_mesh(backend.device_type(), tuple(case["mesh"]), mesh_dim_names=names)
     layers = []
     for w, b in case["weights"]:
         layer = Linear(w.shape[1], w.shape[0], dtype="float64")
@@ -221,7 +222,7 @@ def bf16_reduce_case(mesh_shape):
     def model():
         return Sequential(Linear(5, 7, generator=backend.Generator(1)),
                           Linear(7, 3, generator=backend.Generator(2)))
-    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp_replicate", "dp_shard"))
+    mesh = init_device_mesh(backend.device_type(), mesh_shape, mesh_dim_names=("dp_replicate", "dp_shard"))
     whole, hsdp = model(), model()
     policy = MixedPrecisionPolicy(reduce_dtype="bfloat16")
     for layer in hsdp:

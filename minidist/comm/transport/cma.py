@@ -57,9 +57,9 @@ def available() -> bool:
 def host_address(arr: Any) -> int | None:
     """The address of a C-contiguous array in this process's host memory, or
     None when it has none (a device array, or a strided one)."""
-    if backend.get_backend() == "cupy":
+    if backend.get_backend() == "cupy" and backend.is_array(arr):
         return None  # device memory: another process cannot read it this way
-    host = backend.to_host(arr)  # a view for NumPy and the guard backend
+    host = backend.to_host(arr)  # a host array as it is (CuPy's staged copies too); a view
     if not host.flags.c_contiguous:
         return None
     try:  # a quarter of the time of __array_interface__, for a writable buffer

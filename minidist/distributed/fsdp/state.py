@@ -44,6 +44,7 @@ from minidist.backend import xp
 from minidist.autograd.recompute import is_recomputing
 from minidist.comm.collectives.api import all_gather_into_tensor
 from minidist.comm.group import ProcessGroup, new_group, world_group
+from minidist.distributed.fsdp.gather_format import gather_pieces
 from minidist.distributed.fsdp.hsdp import DataParallelMesh, all_reduce_pieces
 from minidist.distributed.fsdp.reduce_format import (emulated_format,
                                                      reduce_scatter_dim0_in_format)
@@ -60,13 +61,21 @@ class MixedPrecisionPolicy:
     """Dtypes of the gathered parameters and of the gradients' reduce-scatter (None: the
     parameter's own). "float32" / "float64" are NumPy's; "bfloat16", "float16" and the
     other formats of minidist.precision round the values to the format (the arrays keep
-    their dtype; reduce_format.py says where each rounding happens)."""
+    their dtype; reduce_format.py says where each rounding happens). An emulated
+    ``param_dtype`` is cast before the all-gather, which moves its codes (2 bytes an
+    element for bfloat16); ``float8_all_gather`` gathers e4m3 codes with a scale per piece
+    (torchtitan's enable_fsdp_float8_all_gather; gather_format.py)."""
     param_dtype: str | None = None
     reduce_dtype: str | None = None
+    float8_all_gather: bool = False
 
     def check(self) -> None:
         emulated_format(self.param_dtype)
         emulated_format(self.reduce_dtype)
+        if self.float8_all_gather and emulated_format(self.param_dtype) is not None:
+            raise ValueError(f"MixedPrecisionPolicy: float8_all_gather gathers e4m3 codes "
+                             f"with their scales; param_dtype={self.param_dtype!r} would round "
+                             "them again: leave param_dtype None (or float32 / float64)")
 
 
 class FSDPParam(NamedTuple):
@@ -145,12 +154,12 @@ class FSDPState:
         self.put(self.shards())
 
     # -- gathering, with prefetch --------------------------------------------------
-    def _start(self, phase: str, async_op: bool) -> coll.GatheredDim0 | list:
+    def _start(self, phase: str, async_op: bool) -> Any:
         lengths = [param.shape[0] for param in self.params]
         if phase == "backward" and self.post_group is not None:
             return coll.all_gather_dim0(self.post_forward, lengths, self.post_group, async_op)
-        return coll.all_gather_dim0([s.data for s in self.shards()], lengths,
-                                    self.shard_group, async_op)
+        return gather_pieces([s.data for s in self.shards()], lengths, self.shard_group,
+                             self.mp_policy, async_op)     # cast before (gather_format.py)
 
     def gather(self, phase: str = "forward", keep: bool = False) -> list[Any]:
         """Every parameter of the unit whole (arrays), by one all-gather (or the one

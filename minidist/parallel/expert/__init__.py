@@ -10,7 +10,8 @@ backward), whose split sizes follow the router's choices:
 Files, in reading order:
 
 - dispatch.py         all-to-all with uneven splits as an autograd op (backward: the
-                      split matrix transposed), and the exchange of counts before it
+                      split matrix transposed), started in the background and waited
+                      for (overlap), and the exchange of counts before it
 - expert_parallel.py  ``ExpertMesh`` (dp x ep), ``ExpertParallelMoE``,
                       ``expert_parallel(model, mesh)``, ``sync_expert_parallel_gradients``
 

@@ -8,6 +8,11 @@ transposed (what rank j received from i, j now sends to i).
     forward:   y = A2A_S(x)            send splits S[r][:], receive splits S[:][r]
     backward:  dx = A2A_{S^T}(dy)      send splits S[:][r], receive splits S[r][:]
 
+Overlapped (``all_to_all_start`` then ``all_to_all_wait``): the all-to-all runs in the
+background (``all_to_all_single(..., async_op=True)``, a ``Work``) while the caller
+computes what does not need its rows (the shared expert); the wait hands on the rows.
+The same bytes land in the same places, so the result is the plain one bit for bit.
+
 The receiver does not know S[:][r] in advance (it depends on the router's choices
 on every rank), so ``exchange_counts`` sends it first: an all-to-all of E/ep counts
 per destination, one per expert of that rank.
@@ -49,6 +54,57 @@ class AllToAll(Function):
         dist.all_to_all_single(dx, xp.ascontiguousarray(grad), send_splits, recv_splits,
                                group=ctx.group)
         return dx, None, None, None
+
+
+class InFlight:
+    """One all-to-all on the wire: its ``Work`` (None once waited for)."""
+
+    def __init__(self):
+        self.work = None
+
+
+class AllToAllStart(Function):
+    """Issue the all-to-all in the background; its output buffer comes back at once and
+    must not be read before ``AllToAllWait`` (backward: the plain transposed all-to-all)."""
+
+    @staticmethod
+    def forward(ctx, x, send_splits, recv_splits, group, flight):
+        ctx.splits, ctx.group = (send_splits, recv_splits), group
+        out = xp.empty((sum(recv_splits),) + tuple(x.shape[1:]), dtype=x.dtype)
+        flight.work = dist.all_to_all_single(out, xp.ascontiguousarray(x), recv_splits,
+                                             send_splits, group=group, async_op=True)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return AllToAll.backward(ctx, grad)[:4] + (None,)
+
+
+class AllToAllWait(Function):
+    """Wait for the all-to-all in ``flight``; its rows, unchanged (backward: identity)."""
+
+    @staticmethod
+    def forward(ctx, out, flight):
+        flight.work.wait()
+        flight.work = None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def all_to_all_start(x: Tensor, send_splits: list[int], recv_splits: list[int],
+                     group: Any = None) -> tuple[Tensor, InFlight]:
+    """Start ``all_to_all``: (the rows' buffer, not to be read yet, and the call in flight)."""
+    flight = InFlight()
+    out = AllToAllStart.apply(x, list(send_splits), list(recv_splits), group, flight)
+    return out, flight
+
+
+def all_to_all_wait(out: Tensor, flight: InFlight) -> Tensor:
+    """The rows of the all-to-all started by ``all_to_all_start``, once they have landed."""
+    return AllToAllWait.apply(out, flight)
 
 
 def all_to_all(x: Tensor, send_splits: list[int], recv_splits: list[int],

@@ -22,6 +22,11 @@ there); the dp copies of expert i sum theirs and divide by N:
     dense:   g = (1/N) sum over all ranks of g_r
     expert:  g = (1/N) sum over the dp ranks holding it of g_r
 
+``overlap=True``: the dispatch all-to-all runs in the background while the shared
+experts compute on the rank's tokens (``all_to_all_single(..., async_op=True)``); the
+same bytes land in the same places and the same sums are taken, so the output is the
+plain one bit for bit. Without shared experts there is nothing to hide it behind.
+
 Equal to one process training the same model on the same global batch with capacity
 groups of one rank's tokens (``GPTConfig.moe_groups = N``): under the default
 ``global_batch`` balancing the loss uses expert counts summed over all N ranks (one
@@ -40,7 +45,8 @@ from minidist.distributed.tensor._piece_norm import note_piece_over
 from minidist.nn.module import Module
 from minidist.nn.moe import Experts, MoE, dispatch_order, index_add, run_experts
 from minidist.nn.router import expert_counts
-from minidist.parallel.expert.dispatch import all_to_all, exchange_counts, host_ints
+from minidist.parallel.expert.dispatch import (all_to_all, all_to_all_start, all_to_all_wait,
+                                               exchange_counts, host_ints)
 
 _SETTINGS = ("n_expert", "top_k", "capacity_factor", "normalize", "aux_coef", "z_coef",
              "bias_rate", "expert_bias", "balance", "step_counts", "token_share")
@@ -76,8 +82,9 @@ class ExpertParallelMoE(MoE):
     (named by their global index, so state dicts line up with the one-process model).
     """
 
-    def __init__(self, moe: MoE, mesh: ExpertMesh):
+    def __init__(self, moe: MoE, mesh: ExpertMesh, overlap: bool = False):
         Module.__init__(self)
+        self.overlap = overlap       # dispatch in the background, the shared experts meanwhile
         E, ep = moe.n_expert, mesh.ep
         if E % ep:
             raise ValueError(f"{E} experts do not split over an expert-parallel group of "
@@ -108,7 +115,13 @@ class ExpertParallelMoE(MoE):
         sent = host_ints(per_expert)
         send_splits = [sum(sent[j * per:(j + 1) * per]) for j in range(ep)]
         recv_splits = [sum(row) for row in got]
-        received = all_to_all(rows, send_splits, recv_splits, group)  # (R, C) by source
+        shared = None
+        if self.overlap and self.shared is not None:      # the shared experts, while in flight
+            pending, flight = all_to_all_start(rows, send_splits, recv_splits, group)
+            shared = self.shared(x)                                  # (B, T, C)
+            received = all_to_all_wait(pending, flight)              # (R, C) by source
+        else:
+            received = all_to_all(rows, send_splits, recv_splits, group)  # (R, C) by source
         order = expert_major(got)                                    # by expert, then source
         y = run_experts(self.experts, received[order],
                         [sum(got[i][e] for i in range(ep)) for e in range(per)])
@@ -116,6 +129,8 @@ class ExpertParallelMoE(MoE):
         returned = all_to_all(back, recv_splits, send_splits, group)  # (A, C) as sent
         gates = routing.gates.reshape(-1)[flat]                      # (A,)
         out = index_add(returned * gates.reshape(-1, 1), tokens, x_flat.shape[0])
+        if shared is not None:
+            return out.reshape(shape) + shared
         return self.add_shared(out.reshape(shape), x)
 
 
@@ -137,11 +152,12 @@ def expert_major(got: list[list[int]]) -> Any:
     return xp.asarray(order, dtype="int64")
 
 
-def expert_parallel(model: Module, mesh: ExpertMesh) -> Module:
-    """Make every ``MoE`` block of ``model`` (a GPT) expert-parallel over ``mesh``, in place."""
+def expert_parallel(model: Module, mesh: ExpertMesh, overlap: bool = False) -> Module:
+    """Make every ``MoE`` block of ``model`` (a GPT) expert-parallel over ``mesh``, in place
+    (``overlap``: each dispatch hidden behind the shared experts, ``ExpertParallelMoE``)."""
     for block in model.blocks:
         if isinstance(block.mlp, MoE) and not isinstance(block.mlp, ExpertParallelMoE):
-            block.mlp = ExpertParallelMoE(block.mlp, mesh)
+            block.mlp = ExpertParallelMoE(block.mlp, mesh, overlap)
     return model
 
 

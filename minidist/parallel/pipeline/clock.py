@@ -30,21 +30,26 @@ class OpClock:
         self.split, self.virtual = split, virtual
         self.timeline: list[tuple[Op, float, float]] = []
         self.logical = op_costs is not None   # send and receive time stamps
-        self._now = 0.0       # the logical clock: when this rank is free again
-        self._arrived = 0.0   # the logical time the current op's input arrived
+        self._span = (0.0, 0.0)   # the logical clock: the current (or last) op's start, end
+        self._arrived = 0.0       # the logical time the current op's inputs had all arrived
         self._start = 0.0
 
     def arrived(self, sent_at: float) -> None:
-        """The current op's input was sent at logical time ``sent_at``."""
-        self._arrived = sent_at
+        """An input of the current op was sent at logical time ``sent_at``."""
+        self._arrived = max(self._arrived, sent_at)
 
     def stamp(self) -> float:
-        """The logical time a message sent now carries: the end of the last op."""
-        return self._now
+        """The logical time a message sent now carries: the end of the op that
+        produced it (the current op, or the last one)."""
+        return self._span[1]
 
-    def begin(self) -> None:
-        """The op starts (its input is here)."""
+    def begin(self, op: Op) -> None:
+        """The op starts (its inputs are here)."""
         self._start = time.perf_counter()
+        if self.logical:
+            start = max(self._span[1], self._arrived)
+            self._span = start, start + op_cost(op.kind, self.op_costs, self.split, self.virtual)
+            self._arrived = 0.0
 
     def end(self, op: Op) -> None:
         """The op is done: record its (op, start, end)."""
@@ -53,9 +58,7 @@ class OpClock:
             _sleep_until(start + op_cost(op.kind, self.op_seconds, self.split, self.virtual))
         end = time.perf_counter()
         if self.logical:
-            start = max(self._now, self._arrived)
-            end = self._now = start + op_cost(op.kind, self.op_costs, self.split, self.virtual)
-            self._arrived = 0.0
+            start, end = self._span
         self.timeline.append((op, start, end))
 
 

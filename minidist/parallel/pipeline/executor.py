@@ -12,6 +12,8 @@ in order, a rank does:
     W(i, c)   (zero-bubble schedules) the weight gradients that B(i, c) left as
               closures (autograd.backward_split): B computed only dL/dx, the
               one thing the previous piece waits for
+    F&B       (dualpipe_v) receive both inputs, F of one chunk and send its
+              output, then B and W of the other and send its gradient: one op
 
 The step's loss is the mean of the m micro-batch losses, so the last piece starts
 each backward from dL/dloss_i = 1/m, and parameter gradients add up over the
@@ -44,7 +46,7 @@ from minidist.autograd.weight_grad import backward_split
 from minidist.backend import xp
 from minidist.nn.module import Module
 from minidist.parallel.pipeline.clock import OpClock
-from minidist.parallel.pipeline.op import Op, rank_and_chunk, virtual_stage
+from minidist.parallel.pipeline.op import Op, Overlap, plain_ops, rank_and_chunk, virtual_stage
 from minidist.trace import recorder as trace
 
 _TAG_BASE = 1 << 20   # pipeline tags: base + ((kind P + sending piece) m + micro-batch)
@@ -144,7 +146,7 @@ def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
     Gradients accumulate into the chunks' parameters.
     """
     p, r = dist.get_world_size(group), dist.get_rank(group)
-    split = any(op.kind == "W" for op in ops)
+    split = any(op.kind == "W" for op in plain_ops(ops))
     clock = OpClock(op_seconds, op_costs, split, len(chunks))
     link = Neighbours(group, p * len(chunks), microbatches, placement, activation_shape,
                       dtype, clock)
@@ -152,17 +154,25 @@ def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
     traced = trace.active is not None and op_costs is None   # op spans in a trace (trace/)
     step = trace.active.next_step("pipeline") if traced else 0
     for op in ops:
-        s = virtual_stage(r, op.chunk, p, placement)    # this piece's place in the model
-        if op.kind == "F":
-            run.forward(op, s)
-        elif op.kind == "B":
-            run.backward(op, s)
+        if isinstance(op, Overlap):                     # F&B: two pieces in one op
+            run.overlapped(op, virtual_stage(r, op.forward.chunk, p, placement),
+                           virtual_stage(r, op.backward.chunk, p, placement))
         else:
-            run.weight(op)
+            _run_op(run, op, virtual_stage(r, op.chunk, p, placement))
         if traced:
             trace_op(*clock.timeline[-1], step, group, p)
     link.wait()
     return run.stats
+
+
+def _run_op(run: "_StepRun", op: Op, s: int) -> None:
+    """One F, B or W of piece ``s`` (this op's place in the model)."""
+    if op.kind == "F":
+        run.forward(op, s)
+    elif op.kind == "B":
+        run.backward(op, s)
+    else:
+        run.weight(op)
 
 
 class _StepRun:
@@ -182,55 +192,105 @@ class _StepRun:
 
     def forward(self, op: Op, s: int) -> None:
         """F: receive x (unless the first piece), y = chunk(x), send y (or keep the loss)."""
-        i, first, last = op.microbatch, s == 0, s == self.last_piece
-        x = None if first else Tensor(self.link.receive("F", s - 1, i), requires_grad=True)
-        self.clock.begin()
-        inp = self.inputs[i] if first else x
-        chunk = self.chunks[op.chunk]
-        out = chunk(inp, self.targets[i]) if last else chunk(inp)
-        self.saved[(i, op.chunk)] = (x, out)
-        held = len(self.saved) + len(self.w_todo)
-        self.stats.peak_inflight = max(self.stats.peak_inflight, held)
+        x = self.forward_input(op, s)
+        self.clock.begin(op)
+        out = self.forward_compute(op, s, x)
         self.clock.end(op)
-        if last:
-            self.stats.losses.append(float(out.data))
-        else:
-            self.link.send(out.data, "F", s, s + 1, i)
+        self.forward_output(op, s, out)
 
     def backward(self, op: Op, s: int) -> None:
         """B: receive dL/dy (the last piece: 1/m), backpropagate, send dL/dx back (unless
         the first piece); with W ops, only dL/dx now and the weights' gradients kept."""
-        i, key = op.microbatch, (op.microbatch, op.chunk)
-        x, out = self.saved.pop(key)
+        grad = self.backward_input(op, s)
+        self.clock.begin(op)
+        x = self.backward_compute(op, grad)
+        self.clock.end(op)
+        self.backward_output(op, s, x)
+
+    def weight(self, op: Op) -> None:
+        """W: the weight gradients B left for this micro-batch and chunk."""
+        self.clock.begin(op)
+        self.w_todo.pop((op.microbatch, op.chunk)).run()
+        self.clock.end(op)
+
+    def overlapped(self, op: Overlap, s_f: int, s_b: int) -> None:
+        """F&B: both inputs received, then the forward computed and its output sent
+        (``isend``: it travels while the backward computes), then the backward and
+        its W, and its gradient sent."""
+        x = self.forward_input(op.forward, s_f)
+        grad = self.backward_input(op.backward, s_b)
+        self.clock.begin(op)
+        self.forward_output(op.forward, s_f, self.forward_compute(op.forward, s_f, x))
+        x_b = self.backward_compute(op.backward, grad)
+        self.w_todo.pop((op.backward.microbatch, op.backward.chunk)).run()
+        self.clock.end(op)
+        self.backward_output(op.backward, s_b, x_b)
+
+    def forward_input(self, op: Op, s: int) -> Tensor | None:
+        """The activation from the previous piece (None on the first piece)."""
+        if s == 0:
+            return None
+        return Tensor(self.link.receive("F", s - 1, op.microbatch), requires_grad=True)
+
+    def forward_compute(self, op: Op, s: int, x: Tensor | None) -> Tensor:
+        """y = chunk(x), or the loss on the last piece; x and y kept for B."""
+        i = op.microbatch
+        chunk = self.chunks[op.chunk]
         if s == self.last_piece:
-            grad = xp.full(out.shape, 1.0 / self.m, dtype=out.dtype)   # d(mean)/d(loss_i)
+            out = chunk(self.inputs[i] if s == 0 else x, self.targets[i])
         else:
-            grad = self.link.receive("B", s + 1, i)
-        self.clock.begin()
+            out = chunk(self.inputs[i] if s == 0 else x)
+        self.saved[(i, op.chunk)] = (x, out)
+        held = len(self.saved) + len(self.w_todo)
+        self.stats.peak_inflight = max(self.stats.peak_inflight, held)
+        return out
+
+    def forward_output(self, op: Op, s: int, out: Tensor) -> None:
+        """Send y on (or keep the loss, on the last piece)."""
+        if s == self.last_piece:
+            self.stats.losses.append(float(out.data))
+        else:
+            self.link.send(out.data, "F", s, s + 1, op.microbatch)
+
+    def backward_input(self, op: Op, s: int) -> Any:
+        """dL/dy from the next piece; on the last piece d(mean)/d(loss_i) = 1/m."""
+        if s == self.last_piece:
+            out = self.saved[(op.microbatch, op.chunk)][1]
+            return xp.full(out.shape, 1.0 / self.m, dtype=out.dtype)
+        return self.link.receive("B", s + 1, op.microbatch)
+
+    def backward_compute(self, op: Op, grad: Any) -> Tensor | None:
+        """Backpropagate dL/dy through the chunk; returns x, whose .grad is dL/dx.
+        With W ops, the weights' gradients are kept for W (autograd.backward_split)."""
+        key = (op.microbatch, op.chunk)
+        x, out = self.saved.pop(key)
         if self.split:       # dL/dx now; the weights' gradients wait for W
             self.w_todo[key] = backward_split(out, grad, weights=self.weights[op.chunk])
             held = sum(w.held_bytes for w in self.w_todo.values())
             self.stats.peak_w_bytes = max(self.stats.peak_w_bytes, held)
         else:
             out.backward(grad)
-        self.clock.end(op)
+        return x
+
+    def backward_output(self, op: Op, s: int, x: Tensor | None) -> None:
+        """Send dL/dx back (unless the first piece)."""
         if s != 0:
-            self.link.send(x.grad, "B", s, s - 1, i)
-
-    def weight(self, op: Op) -> None:
-        """W: the weight gradients B left for this micro-batch and chunk."""
-        self.clock.begin()
-        self.w_todo.pop((op.microbatch, op.chunk)).run()
-        self.clock.end(op)
+            self.link.send(x.grad, "B", s, s - 1, op.microbatch)
 
 
-def trace_op(op: Op, start: float, end: float, step: int, group: Any, p: int) -> None:
+def trace_op(op: Op | Overlap, start: float, end: float, step: int, group: Any,
+             p: int) -> None:
     """The op as a span of the trace (the same start and end as ``stats.timeline``,
-    so the trace's bubble is ``measured_bubble``'s: trace/summary.py)."""
+    so the trace's bubble is ``measured_bubble``'s: trace/summary.py). An F&B is
+    one span, named and numbered after its forward half."""
     ranks = list(range(p)) if group is None else list(group.ranks)
-    trace.active.span(f"{op.kind}{op.microbatch}" + (f" c{op.chunk}" if op.chunk else ""),
-                      "pipeline", start, end, dict(kind=op.kind, microbatch=op.microbatch,
-                                                   chunk=op.chunk, step=step, group=ranks))
+    first = op.forward if isinstance(op, Overlap) else op
+    name = f"{first.kind}{first.microbatch}" + (f" c{first.chunk}" if first.chunk else "")
+    if isinstance(op, Overlap):
+        b = op.backward
+        name += f" & B{b.microbatch}" + (f" c{b.chunk}" if b.chunk else "")
+    trace.active.span(name, "pipeline", start, end, dict(
+        kind=op.kind, microbatch=first.microbatch, chunk=first.chunk, step=step, group=ranks))
 
 
 def measured_bubble(timelines: Sequence[Sequence[tuple]]) -> float:

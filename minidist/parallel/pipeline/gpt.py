@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import minidist.distributed as dist
 from minidist.autograd.activation_checkpoint import checkpoint
+from minidist.autograd.selective_checkpoint import policy_of
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn.module import Module, ModuleList
@@ -57,9 +58,10 @@ class GPTPiece(Module):
         if self.first:
             x = self.model.embed(x)                                    # (B, T, C)
         # config.checkpoint: each block recomputed in its backward, as in the whole model
-        recompute = getattr(self.model.config, "checkpoint", False) and self.model.training
+        recompute = getattr(self.model.config, "checkpoint", False)    # True or "selective"
+        recompute = recompute if self.model.training else False
         for block in self.blocks:
-            x = checkpoint(block, x) if recompute else block(x)
+            x = checkpoint(block, x, policy=policy_of(recompute)) if recompute else block(x)
         if self.last:
             return self.model.head(x, targets)[1]                      # scalar loss
         return x

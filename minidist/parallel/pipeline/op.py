@@ -15,6 +15,7 @@ chunk being 1/v of a stage (the one rule for the simulator and the executor):
 
     F  t_f / v      B  t_b / v, or (t_b - t_w) / v where the schedule has W ops
     W  t_w / v      t_w = half of t_b unless given
+    F&B  t_fb / v   t_fb = t_f + t_b (no overlap gained) unless given
 """
 from __future__ import annotations
 
@@ -33,7 +34,34 @@ class Op:
         return f"{self.kind}{self.microbatch}{chunk}"
 
 
-Schedule = list[list[Op]]   # schedule[stage] = that stage's ops, in order
+@dataclass(frozen=True)
+class Overlap:
+    """F&B (DualPipeV): the forward of one micro-batch on one chunk and the full
+    backward (B, then W) of another on the other chunk, run as one op: it starts
+    once both inputs are here, and its two sends leave as each half is done, so
+    the communication of one half can hide behind the compute of the other."""
+    forward: Op         # an F
+    backward: Op        # a B; its W runs inside this op too
+    kind = "F&B"        # (a class constant, not a field)
+
+    def parts(self) -> tuple[Op, Op, Op]:
+        """The plain ops it runs, in order: F, B, W."""
+        b = self.backward
+        return self.forward, b, Op("W", b.microbatch, b.chunk)
+
+    def __str__(self) -> str:
+        return f"{self.forward}&{self.backward}"
+
+
+Schedule = list[list["Op | Overlap"]]   # schedule[stage] = that stage's ops, in order
+
+
+def plain_ops(ops: list) -> list[Op]:
+    """A stage's ops with every F&B opened into its F, B and W."""
+    out: list[Op] = []
+    for op in ops:
+        out.extend(op.parts() if isinstance(op, Overlap) else (op,))
+    return out
 
 
 def check_sizes(stages: int, microbatches: int, virtual: int) -> None:
@@ -60,10 +88,14 @@ def rank_and_chunk(piece: int, stages: int, placement: str = "loop") -> tuple[in
 
 def op_cost(kind: str, costs: tuple, split: bool, virtual: int = 1) -> float:
     """The cost of one ``kind`` op of a chunk, from ``costs`` = (forward, backward[,
-    weight]) of a whole stage (the module docstring): with W ops (``split``) W
-    takes ``weight`` of the backward (half when it is missing or None) and B the rest."""
+    weight[, overlapped]]) of a whole stage (the module docstring): with W ops
+    (``split``) W takes ``weight`` of the backward (half when it is missing or None)
+    and B the rest; an F&B costs ``overlapped`` (forward + backward when missing)."""
     forward, backward = costs[0], costs[1]
     weight = costs[2] if len(costs) > 2 and costs[2] is not None else backward / 2
+    if kind == "F&B":
+        both = costs[3] if len(costs) > 3 and costs[3] is not None else forward + backward
+        return both / virtual
     if kind == "F":
         return forward / virtual
     if kind == "W":

@@ -17,6 +17,8 @@ the p v pieces, and an op names its chunk.
                   split into B (input gradient) and W (weight gradient), and the
                   W's moved into the bubble. zb_v places two chunks per rank in a
                   V (rank r: pieces r and 2p-1-r).
+    dualpipe_v    DeepSeek-V3's DualPipeV (dualpipe.py): zb_v's V, its steady
+                  state a forward of one chunk paired with a backward of the other.
 
 Bubble (idle time of a stage over its ideal compute time; workbook ch. 5,
 minidist.calc.pipeline), for equal-cost stages, t_f + t_b per micro-batch:
@@ -24,6 +26,7 @@ minidist.calc.pipeline), for equal-cost stages, t_f + t_b per micro-batch:
     GPipe, 1F1B  (p-1) / m          (1F1B's gain is memory: p micro-batches, not m)
     interleaved  (p-1) / (m v)
     ZB-H1        (p-1) / (3m)       ZB-H2, ZB-V: 0      (t_f = t_b = t_w)
+    DualPipeV    (p-1)(F&B + B - 3W) of idle time per rank (dualpipe.py)
 
 ``simulate`` runs a schedule on an idealised machine (every op takes its cost,
 messages take no time) and returns each op's start and end; it raises, naming
@@ -33,12 +36,14 @@ The executor (executor.py) runs the same data in real processes.
 """
 from __future__ import annotations
 
-from minidist.parallel.pipeline.op import (Op, Schedule, check_sizes, op_cost, rank_and_chunk,
-                                          virtual_stage)
+from minidist.parallel.pipeline.dualpipe import check_dualpipe_v, dualpipe_v
+from minidist.parallel.pipeline.op import (Op, Overlap, Schedule, check_sizes, op_cost,
+                                          plain_ops, rank_and_chunk, virtual_stage)
 from minidist.parallel.pipeline.zero_bubble import zb_h1, zb_h2, zb_v
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1", "zb_h2", "zb_v")
-SPLIT_BACKWARD = ("zb_h1", "zb_h2", "zb_v")     # schedules whose backward is B + W
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1", "zb_h2", "zb_v", "dualpipe_v")
+SPLIT_BACKWARD = ("zb_h1", "zb_h2", "zb_v", "dualpipe_v")   # backward as B + W
+V_SHAPED = ("zb_v", "dualpipe_v")               # two chunks per rank, in a V
 
 
 def gpipe(stages: int, microbatches: int) -> Schedule:
@@ -101,9 +106,14 @@ def interleaved(stages: int, microbatches: int, virtual: int) -> Schedule:
     return schedule
 
 
-def make_schedule(name: str, stages: int, microbatches: int, virtual: int = 1) -> Schedule:
-    """The schedule called ``name``; ``virtual`` is used by "interleaved" only
-    (zb_v always has 2 chunks per rank, see ``chunks_per_rank``)."""
+def make_schedule(name: str, stages: int, microbatches: int,
+                  virtual: int | None = None) -> Schedule:
+    """The schedule called ``name``. ``virtual``, the chunks per rank, is used by
+    "interleaved" (None: 1) and checked by "dualpipe_v", which needs exactly 2
+    (None: 2); zb_v always has 2 (see ``chunks_per_rank``)."""
+    if name == "dualpipe_v":
+        check_dualpipe_v(stages, microbatches, 2 if virtual is None else virtual)
+        return dualpipe_v(stages, microbatches)
     if name in SPLIT_BACKWARD:
         return {"zb_h1": zb_h1, "zb_h2": zb_h2, "zb_v": zb_v}[name](stages, microbatches)
     if name == "gpipe":
@@ -111,21 +121,21 @@ def make_schedule(name: str, stages: int, microbatches: int, virtual: int = 1) -
     if name == "1f1b":
         return one_f_one_b(stages, microbatches)
     if name == "interleaved":
-        return interleaved(stages, microbatches, virtual)
+        return interleaved(stages, microbatches, 1 if virtual is None else virtual)
     raise ValueError(f"unknown schedule {name!r}: one of {SCHEDULES}")
 
 
 def chunks_per_rank(name: str, virtual: int = 1) -> int:
     """Model chunks each rank holds under schedule ``name``."""
-    if name == "zb_v":
+    if name in V_SHAPED:
         return 2
     return virtual if name == "interleaved" else 1
 
 
 def placement(name: str) -> str:
     """How chunks sit on ranks: "loop" (chunk c of rank r is piece c p + r) or
-    "v" (zb_v: rank r holds pieces r and 2p - 1 - r)."""
-    return "v" if name == "zb_v" else "loop"
+    "v" (zb_v, dualpipe_v: rank r holds pieces r and 2p - 1 - r)."""
+    return "v" if name in V_SHAPED else "loop"
 
 
 # -- where an op's input comes from ------------------------------------------------
@@ -152,8 +162,9 @@ def check_local_order(schedule: Schedule) -> None:
     """Each op once; on every stage F(i) before B(i) before W(i) (same chunk);
     and, where a schedule has W ops, a W for every B. Raises ValueError naming
     the first violation."""
-    split = any(op.kind == "W" for ops in schedule for op in ops)
+    split = any(op.kind == "W" for ops in schedule for op in plain_ops(ops))
     for r, ops in enumerate(schedule):
+        ops = plain_ops(ops)                  # an F&B as its F, B and W
         seen: set[Op] = set()
         for op in ops:
             if op in seen:
@@ -175,20 +186,23 @@ def check_local_order(schedule: Schedule) -> None:
 
 def simulate(schedule: Schedule, virtual: int = 1, forward_cost: float = 1.0,
              backward_cost: float = 1.0, weight_cost: float | None = None,
-             placement: str = "loop") -> list[list[tuple[Op, float, float]]]:
+             placement: str = "loop", overlapped_cost: float | None = None,
+             ) -> list[list[tuple[Op, float, float]]]:
     """(op, start, end) per stage: each op starts once its stage is free and its
     input has arrived; a chunk's op costs 1/v of a stage's.
 
     ``backward_cost`` is a whole backward; in a schedule with W ops, W takes
     ``weight_cost`` of it (default half) and B the rest, so one call compares
-    1F1B and the zero-bubble schedules on the same work. Raises ValueError if a
-    stage's own order is wrong (``check_local_order``), RuntimeError naming
-    what each stuck stage waits for if no stage can move while ops remain."""
+    1F1B and the zero-bubble schedules on the same work; an F&B (op.Overlap)
+    waits for both its inputs and costs ``overlapped_cost`` (default forward +
+    backward). Raises ValueError if a stage's own order is wrong
+    (``check_local_order``), RuntimeError naming what each stuck stage waits
+    for if no stage can move while ops remain."""
     check_local_order(schedule)
     p = len(schedule)
-    split = any(op.kind == "W" for ops in schedule for op in ops)
-    cost = {kind: op_cost(kind, (forward_cost, backward_cost, weight_cost), split, virtual)
-            for kind in "FBW"}
+    split = any(op.kind == "W" for ops in schedule for op in plain_ops(ops))
+    costs = (forward_cost, backward_cost, weight_cost, overlapped_cost)
+    cost = {kind: op_cost(kind, costs, split, virtual) for kind in ("F", "B", "W", "F&B")}
     done: dict[tuple[int, Op], float] = {}
     nxt = [0] * p
     free = [0.0] * p
@@ -199,26 +213,41 @@ def simulate(schedule: Schedule, virtual: int = 1, forward_cost: float = 1.0,
         for r in range(p):
             while nxt[r] < len(schedule[r]):
                 op = schedule[r][nxt[r]]
-                dep = dependency(op, r, p, virtual, placement)
-                if dep is not None and dep not in done:
+                deps = _inputs(op, r, p, virtual, placement)
+                if any(dep not in done for dep in deps):
                     break
-                start = max(free[r], done[dep] if dep is not None else 0.0)
+                start = max([free[r]] + [done[dep] for dep in deps])
                 free[r] = start + cost[op.kind]
-                done[(r, op)] = free[r]
+                for part in plain_ops([op]):
+                    done[(r, part)] = free[r]
                 out[r].append((op, start, free[r]))
                 nxt[r] += 1
                 remaining -= 1
                 moved = True
         if not moved:
-            waits = []
-            for r in range(p):
-                if nxt[r] < len(schedule[r]):
-                    op = schedule[r][nxt[r]]
-                    dep_rank, dep_op = dependency(op, r, p, virtual, placement)
-                    waits.append(f"stage {r}'s {op} waits for {dep_op} of stage {dep_rank}")
-            raise RuntimeError("schedule deadlocks: " + "; ".join(waits) +
-                               ", each of which comes later in its stage's order")
+            _raise_deadlock(schedule, nxt, done, virtual, placement)
     return out
+
+
+def _inputs(op, rank: int, stages: int, virtual: int, placement: str) -> list[tuple[int, Op]]:
+    """The (rank, op) pairs whose messages ``op`` needs, each half of an F&B's."""
+    halves = (op.forward, op.backward) if isinstance(op, Overlap) else (op,)
+    deps = [dependency(half, rank, stages, virtual, placement) for half in halves]
+    return [dep for dep in deps if dep is not None]
+
+
+def _raise_deadlock(schedule: Schedule, nxt: list, done: dict, virtual: int,
+                    placement: str) -> None:
+    """No stage can move: name what each stuck stage waits for."""
+    p, waits = len(schedule), []
+    for r in range(p):
+        if nxt[r] < len(schedule[r]):
+            op = schedule[r][nxt[r]]
+            for dep_rank, dep_op in _inputs(op, r, p, virtual, placement):
+                if (dep_rank, dep_op) not in done:
+                    waits.append(f"stage {r}'s {op} waits for {dep_op} of stage {dep_rank}")
+    raise RuntimeError("schedule deadlocks: " + "; ".join(waits) +
+                       ", each of which comes later in its stage's order")
 
 
 def render_timeline(timings: list[list[tuple[Op, float, float]]], slot: float = 1.0,

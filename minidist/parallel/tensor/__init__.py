@@ -10,6 +10,8 @@ Files, in reading order:
 
 - mappings.py  Megatron's f and g (and the gathers and splits, sequence parallel's
                reduce-scatter / all-gather) as autograd ops
+- async_tp.py  async TP: ``fused_all_gather_matmul`` and ``fused_matmul_reduce_scatter``,
+               the gather / reduce-scatter as a ring overlapped with the matmul
 - layers.py    ``ColumnParallelLinear``, ``RowParallelLinear``, ``ParallelMLP``,
                ``ParallelSelfAttention``, ``SequenceParallelLayerNorm``;
                ``sharded_parameters`` (which are split, which replicated)
@@ -21,6 +23,8 @@ Files, in reading order:
 Docs: docs/tensor_parallel.md. Demo: demos/06_tensor_parallel.py.
 Tests: tests/parallel/tensor/.
 """
+from minidist.parallel.tensor.async_tp import (fused_all_gather_matmul,
+                                               fused_matmul_reduce_scatter)
 from minidist.parallel.tensor.gpt import ParallelBlock, TensorParallelGPT
 from minidist.parallel.tensor.layers import (ColumnParallelLinear, ParallelMLP,
                                              ParallelSelfAttention, RowParallelLinear,
@@ -36,4 +40,5 @@ __all__ = ["copy_to_tp", "reduce_from_tp", "gather_from_tp", "split_to_tp", "gat
            "reduce_scatter_to_sp", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",
            "ParallelSelfAttention", "SequenceParallelLayerNorm", "shard_state_dict", "sharded_parameters",
            "VocabParallelEmbedding", "vocab_parallel_cross_entropy", "vocab_range",
-           "ParallelBlock", "TensorParallelGPT", "TensorParallelLlama", "SequenceParallelRMSNorm"]
+           "ParallelBlock", "TensorParallelGPT", "TensorParallelLlama", "SequenceParallelRMSNorm",
+           "fused_all_gather_matmul", "fused_matmul_reduce_scatter"]

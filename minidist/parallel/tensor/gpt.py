@@ -10,7 +10,8 @@
 Communication per block and direction: 2 all-reduces (attention, MLP) of
 (B, T, C); with ``sequence_parallel`` instead 2 all-gathers and 2
 reduce-scatters, and the residual stream, layer norms and dropout are on T/t
-positions per rank.
+positions per rank; with ``async_tp`` as well, each of those is fused with its matmul
+(async_tp.py), the transfer of one chunk overlapped with the product of the last.
 
 Parameter names are GPT's (``blocks.0.attn.c_attn.weight``), and the model
 starts from the weights of ``GPT(cfg)``: ``shard_state_dict`` slices any dense
@@ -31,7 +32,8 @@ from minidist.nn.layers import Dropout, Embedding, LayerNorm
 from minidist.nn import functional as F
 from minidist.nn.module import Module, ModuleList
 from minidist.parallel.tensor.layers import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention,
-                                      SequenceParallelLayerNorm, shard_state_dict)
+                                      SequenceParallelLayerNorm, check_async_tp,
+                                      shard_state_dict)
 from minidist.parallel.tensor.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 from minidist.parallel.tensor.mappings import copy_to_tp, gather_from_tp
 
@@ -46,16 +48,17 @@ class ParallelBlock(Module):
     """Pre-norm block: x + attn(ln(x)), then x + mlp(ln(x)); attn and mlp split."""
 
     def __init__(self, cfg: GPTConfig, group: Any = None, sequence_parallel: bool = False,
-                 generator: Any = None):
+                 generator: Any = None, async_tp: bool = False):
         super().__init__()
         sp, gen = sequence_parallel, generator
         self.ln_1 = _layer_norm(cfg, group, sp)
         self.attn = ParallelSelfAttention(cfg.n_embd, cfg.n_head, cfg.dropout, cfg.bias,
                                           cfg.dtype, generator=gen, attention=cfg.attention,
-                                          group=group, sequence_parallel=sp)
+                                          group=group, sequence_parallel=sp, async_tp=async_tp)
         self.ln_2 = _layer_norm(cfg, group, sp)
         self.mlp = ParallelMLP(cfg.n_embd, 4 * cfg.n_embd, cfg.dropout, cfg.bias, cfg.dtype,
-                               generator=gen, group=group, sequence_parallel=sp)
+                               generator=gen, group=group, sequence_parallel=sp,
+                               async_tp=async_tp)
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -69,9 +72,11 @@ class TensorParallelGPT(Module):
     Pipeline stages call its three parts: ``embed``, ``blocks``, ``head``.
     """
 
-    def __init__(self, cfg: GPTConfig, group: Any = None, sequence_parallel: bool = False):
+    def __init__(self, cfg: GPTConfig, group: Any = None, sequence_parallel: bool = False,
+                 async_tp: bool = False):
         super().__init__()
         self.config, self.group, self.sequence_parallel = cfg, group, sequence_parallel
+        check_async_tp(async_tp, sequence_parallel)
         if cfg.moe_every:
             raise ValueError("tensor parallelism here splits dense MLPs; a GPT with MoE "
                              f"blocks (moe_every={cfg.moe_every}) is split by expert "
@@ -88,12 +93,12 @@ class TensorParallelGPT(Module):
                                           generator=gen, group=group, sequence_parallel=sp)
         self.wpe = Embedding(cfg.block_size, cfg.n_embd, cfg.dtype, std=0.02, generator=gen)
         self.drop = Dropout(cfg.dropout)
-        self.blocks = ModuleList([ParallelBlock(cfg, group, sp, gen)
+        self.blocks = ModuleList([ParallelBlock(cfg, group, sp, gen, async_tp)
                                   for _ in range(cfg.n_layer)])
         self.ln_f = _layer_norm(cfg, group, sp)
         self.lm_head = ColumnParallelLinear(cfg.n_embd, cfg.vocab_size, bias=False,
                                             sequence_parallel=sp, group=group, dtype=cfg.dtype,
-                                            std=0.02, generator=gen)
+                                            std=0.02, generator=gen, async_tp=async_tp)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight  # both are vocabulary rows [start, stop)
         # start from the dense model's weights (same seed -> same model as GPT(cfg))

@@ -21,7 +21,10 @@ matching rows of each of W_q, W_k, W_v inside c_attn (whose outputs are
 
 Sequence parallelism (``sequence_parallel=True``): the input of a column layer is
 the rank's T/t positions and is all-gathered (not copied), the output of a row
-layer is reduce-scattered (not all-reduced); see mappings.py. Parameters used on
+layer is reduce-scattered (not all-reduced); see mappings.py. With ``async_tp=True``
+too, each of those collectives is fused with its matmul as a ring that computes on one
+chunk while the next travels (async_tp.py: ``fused_all_gather_matmul``,
+``fused_matmul_reduce_scatter``). Parameters used on
 position shards (layer norms, the row layer's bias) then see only T/t positions
 each, so their gradient is summed over the group: they go through f too.
 
@@ -45,6 +48,8 @@ from minidist.nn import functional as F
 from minidist.nn.layers import Dropout, LayerNorm, Linear
 from minidist.nn.module import Module, Parameter
 from minidist.precision.autocast import get_autocast_policy
+from minidist.parallel.tensor.async_tp import (fused_all_gather_matmul,
+                                               fused_matmul_reduce_scatter)
 from minidist.parallel.tensor.mappings import (copy_to_tp, gather_from_sp, gather_from_tp,
                                        reduce_from_tp, reduce_scatter_to_sp)
 
@@ -57,6 +62,25 @@ def _divide(n: int, t: int, what: str) -> int:
 
 def _owned(start: int, stop: int) -> Any:
     return xp.arange(start, stop)
+
+
+def check_async_tp(async_tp: bool, sequence_parallel: bool) -> None:
+    """Async TP fuses sequence parallelism's all-gather and reduce-scatter with the
+    matmuls: refuse it without them (torchtitan requires sequence parallelism too)."""
+    if async_tp and not sequence_parallel:
+        raise ValueError("async_tp overlaps sequence parallelism's all-gather and "
+                         "reduce-scatter with the matmuls: turn sequence_parallel on too")
+
+
+def _overlapping(layer: Module) -> bool:
+    """Take the fused ring (async_tp.py)? Under autocast the products are rounded by
+    F.linear's low-precision path, which the ring does not take: refuse, not skip."""
+    if not layer.async_tp:
+        return False
+    if get_autocast_policy() is not None:
+        raise ValueError("async_tp multiplies in the parameters' dtype; under autocast "
+                         "build the layers with async_tp=False")
+    return True
 
 
 class ColumnParallelLinear(Module):
@@ -72,11 +96,13 @@ class ColumnParallelLinear(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  gather_output: bool = False, sequence_parallel: bool = False,
                  group: Any = None, dtype: str = "float32", std: float | None = None,
-                 generator: Any = None, rows: Any = None):
+                 generator: Any = None, rows: Any = None, async_tp: bool = False):
         super().__init__()
         t, r = dist.get_world_size(group), dist.get_rank(group)
         per_rank = _divide(out_features, t, "out_features")
+        check_async_tp(async_tp, sequence_parallel)
         self.group, self.gather_output, self.sequence_parallel = group, gather_output, sequence_parallel
+        self.async_tp = async_tp
         self.rows = _owned(r * per_rank, (r + 1) * per_rank) if rows is None else rows
         dense = Linear(in_features, out_features, bias, dtype, std, generator)
         self.weight = Parameter(self.shard("weight", dense.weight.data))   # (out/t, in)
@@ -88,6 +114,10 @@ class ColumnParallelLinear(Module):
         return full[self.rows].copy()
 
     def forward(self, x: Tensor) -> Tensor:
+        if _overlapping(self):   # the gather of positions fused with the matmul, as a ring
+            _, (y,) = fused_all_gather_matmul(x, [self.weight.T], 1, self.group)  # (B, T, out/t)
+            y = y if self.bias is None else y + self.bias
+            return gather_from_tp(y, axis=-1, group=self.group) if self.gather_output else y
         if self.sequence_parallel:
             x = gather_from_sp(x, axis=1, group=self.group)           # (B, T/t, in) -> (B, T, in)
         else:
@@ -105,11 +135,12 @@ class RowParallelLinear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  sequence_parallel: bool = False, group: Any = None, dtype: str = "float32",
-                 std: float | None = None, generator: Any = None):
+                 std: float | None = None, generator: Any = None, async_tp: bool = False):
         super().__init__()
         t, r = dist.get_world_size(group), dist.get_rank(group)
         per_rank = _divide(in_features, t, "in_features")
-        self.group, self.sequence_parallel = group, sequence_parallel
+        check_async_tp(async_tp, sequence_parallel)
+        self.group, self.sequence_parallel, self.async_tp = group, sequence_parallel, async_tp
         self.cols = _owned(r * per_rank, (r + 1) * per_rank)
         dense = Linear(in_features, out_features, bias, dtype, std, generator)
         self.weight = Parameter(self.shard("weight", dense.weight.data))   # (out, in/t)
@@ -122,6 +153,9 @@ class RowParallelLinear(Module):
         return full.copy()
 
     def forward(self, x: Tensor) -> Tensor:
+        if _overlapping(self):   # the matmul fused with the reduce-scatter, as a ring
+            y = fused_matmul_reduce_scatter(x, self.weight.T, "sum", 1, self.group)  # (B, T/t, out)
+            return y if self.bias is None else y + copy_to_tp(self.bias, self.group)
         partial = F.linear(x, self.weight)                             # (B, T, out), X_i A_i^T
         if self.sequence_parallel:
             y = reduce_scatter_to_sp(partial, axis=1, group=self.group)  # (B, T/t, out)
@@ -156,13 +190,13 @@ class ParallelMLP(Module):
     def __init__(self, n_embd: int, hidden: int | None = None, dropout: float = 0.0,
                  bias: bool = True, dtype: str = "float32", std: float | None = None,
                  proj_std: float | None = None, generator: Any = None, group: Any = None,
-                 sequence_parallel: bool = False):
+                 sequence_parallel: bool = False, async_tp: bool = False):
         super().__init__()
         hidden = hidden or 4 * n_embd
         self.c_fc = ColumnParallelLinear(n_embd, hidden, bias, False, sequence_parallel,
-                                         group, dtype, std, generator)
+                                         group, dtype, std, generator, async_tp=async_tp)
         self.c_proj = RowParallelLinear(hidden, n_embd, bias, sequence_parallel, group, dtype,
-                                        proj_std or std, generator)
+                                        proj_std or std, generator, async_tp=async_tp)
         self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -180,7 +214,8 @@ class ParallelSelfAttention(Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True,
                  dtype: str = "float32", std: float | None = None,
                  proj_std: float | None = None, generator: Any = None,
-                 attention: str = "naive", group: Any = None, sequence_parallel: bool = False):
+                 attention: str = "naive", group: Any = None, sequence_parallel: bool = False,
+                 async_tp: bool = False):
         super().__init__()
         t, r = dist.get_world_size(group), dist.get_rank(group)
         if n_embd % n_head:
@@ -194,9 +229,10 @@ class ParallelSelfAttention(Module):
         mine = xp.arange(r * width, (r + 1) * width)
         rows = xp.concatenate([mine, n_embd + mine, 2 * n_embd + mine])   # q_r, k_r, v_r
         self.c_attn = ColumnParallelLinear(n_embd, 3 * n_embd, bias, False, sequence_parallel,
-                                           group, dtype, std, generator, rows=rows)
+                                           group, dtype, std, generator, rows=rows,
+                                           async_tp=async_tp)
         self.c_proj = RowParallelLinear(n_embd, n_embd, bias, sequence_parallel, group, dtype,
-                                        proj_std or std, generator)
+                                        proj_std or std, generator, async_tp=async_tp)
         self.resid_dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

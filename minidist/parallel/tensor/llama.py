@@ -22,7 +22,9 @@ logit columns so that every rank picks from the whole vocabulary (an argmax over
 own V/t columns would return a local index of the wrong token). With ``sequence_parallel``
 the residual stream and the RMSNorms hold T/t positions per rank; attention still
 sees all T positions (the column layers all-gather them), so RoPE's positions are
-the global ones without further care.
+the global ones without further care. ``async_tp`` (with ``sequence_parallel``) fuses
+each column layer's gather and each row layer's reduce-scatter with its matmul
+(async_tp.py); q, k and v then each gather the positions on their own ring.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from minidist.nn.layers import RMSNorm
 from minidist.nn.generate import generate
 from minidist.nn.llama import Llama, LlamaConfig
 from minidist.parallel.tensor.layers import (ColumnParallelLinear, RowParallelLinear,
-                                             shard_state_dict)
+                                             check_async_tp, shard_state_dict)
 from minidist.parallel.tensor.mappings import copy_to_tp, gather_from_tp
 from minidist.parallel.tensor.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
 
@@ -71,9 +73,11 @@ class TensorParallelLlama(Llama):
 
     ``forward(idx, targets)`` returns (logits of this rank's V/t columns, loss)."""
 
-    def __init__(self, cfg: LlamaConfig, group: Any = None, sequence_parallel: bool = False):
+    def __init__(self, cfg: LlamaConfig, group: Any = None, sequence_parallel: bool = False,
+                 async_tp: bool = False):
         t = dist.get_world_size(group)
         check_tensor_parallel(cfg, t)
+        check_async_tp(async_tp, sequence_parallel)
         if cfg.num_local_experts:
             raise ValueError("tensor parallelism here splits dense SwiGLU MLPs; a Llama with "
                              "MoE layers (num_local_experts > 0) is split by expert "
@@ -89,10 +93,11 @@ class TensorParallelLlama(Llama):
         std, dtype = cfg.initializer_range, cfg.dtype
 
         def column(n_in: int, n_out: int, bias: bool) -> ColumnParallelLinear:
-            return ColumnParallelLinear(n_in, n_out, bias, False, sp, group, dtype, std)
+            return ColumnParallelLinear(n_in, n_out, bias, False, sp, group, dtype, std,
+                                        async_tp=async_tp)
 
         def row(n_in: int, n_out: int, bias: bool) -> RowParallelLinear:
-            return RowParallelLinear(n_in, n_out, bias, sp, group, dtype, std)
+            return RowParallelLinear(n_in, n_out, bias, sp, group, dtype, std, async_tp=async_tp)
 
         def norm() -> RMSNorm:
             if sp:

@@ -75,16 +75,15 @@ def test_sync_every_1_with_sgd_and_outer_lr_1_is_ddp(world):
 def train_replica_of_ddp(case):
     """World 4 as a (replica=2, dp=2) mesh: DiLoCo over 'replica', each replica DDP
     over 'dp' with half of the replica's batch on each rank."""
-    import minidist.distributed as dist
+    from minidist import backend
     from minidist.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replica", "dp"))
+    mesh = init_device_mesh(backend.device_type(), (2, 2), mesh_dim_names=("replica", "dp"))
     replica, part = mesh.get_coordinate()
     return train_on_rank(case, replica_group=mesh["replica"], replica=replica, parts=2,
                          part=part, ddp_group=mesh.get_group("dp"))
 
 
 def test_diloco_over_a_mesh_dimension_composes_with_ddp_replicas():
-    from minidist import backend
     case = case_of(world=2, seed=7, H=2, steps=5, batch=4)
     with World(4, timeout=20.0, run_timeout=120.0) as w:
         got = w.run(train_replica_of_ddp, case.copy())
@@ -97,10 +96,11 @@ def test_diloco_over_a_mesh_dimension_composes_with_ddp_replicas():
 def train_replica_of_fsdp(case, shape):
     """DiLoCo over mesh dim 0 ('replica'); each replica fully_shard over the rest: FSDP
     over 'dp_shard' on a (2, 2) mesh, HSDP over ('dp_replicate', 'dp_shard') on (2, 2, 2)."""
+    from minidist import backend
     from minidist.distributed.device_mesh import init_device_mesh
     names = ("replica", "dp_replicate", "dp_shard") if len(shape) == 3 \
         else ("replica", "dp_shard")
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    mesh = init_device_mesh(backend.device_type(), shape, mesh_dim_names=names)
     coord = mesh.get_coordinate()
     part = coord[1] if len(shape) == 2 else coord[1] * shape[2] + coord[2]
     return train_on_rank(case, replica_group=mesh["replica"], replica=coord[0],

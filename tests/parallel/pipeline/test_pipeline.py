@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 import minidist.distributed as dist
 from minidist import backend
-from minidist.calc.pipeline import bubble_fraction, peak_inflight_microbatches
+from minidist.calc.pipeline import (bubble_fraction, dualpipe_v_idle,
+                                    peak_inflight_microbatches)
 from minidist.comm import World
 from minidist.nn import GPT, GPTConfig, Linear, Module
 from minidist.parallel.pipeline.executor import measured_bubble, run_pipeline, split_layers
@@ -61,6 +62,13 @@ def test_schedule_runs_each_op_once_and_its_idealised_bubble_is_the_formula(name
                 held += 1 if o.kind == "F" else -1
                 peak = max(peak, held)
             assert peak == peak_inflight_microbatches(p, m, name, stage=r)
+
+
+def _busiest_idle(timelines):
+    """The most time a rank spends in no op between the first op anywhere and the last."""
+    first = min(start for row in timelines for _, start, _ in row)
+    last = max(end for row in timelines for _, _, end in row)
+    return max(last - first - sum(end - start for _, start, end in row) for row in timelines)
 
 
 def _formula(name, p, m, v=1):
@@ -190,16 +198,33 @@ def pipeline_cases(draw, p):
     schedule = draw(st.sampled_from(SCHEDULES))
     v = chunks_per_rank(schedule, draw(st.integers(2, 3)))
     m = p * draw(st.integers(1, 3)) if schedule == "interleaved" else draw(st.integers(1, 7))
+    if schedule == "dualpipe_v":
+        m = 2 * p + draw(st.integers(0, 2))        # DualPipeV needs m >= 2p
     return dict(schedule=schedule, v=v, m=m, mb=draw(st.integers(1, 2)),
                 extra_layers=draw(st.integers(0, 2)), tie=draw(st.booleans()),
-                checkpoint=draw(st.booleans()), seed=draw(st.integers(0, 2**16)))
+                checkpoint=draw(st.sampled_from([False, True, "selective"])),
+                seed=draw(st.integers(0, 2**16)))
 
 
 @settings(max_examples=8, deadline=None)
 @given(data=st.data())
 def test_every_schedule_gives_the_single_process_gradients(world, data):
+    _check_against_one_process(world, data.draw(pipeline_cases(world.world_size)))
+
+
+@settings(max_examples=1, deadline=None)
+@given(extra=st.integers(0, 2), tie=st.booleans(), checkpoint=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_dualpipe_v_gives_the_single_process_gradients(world, extra, tie, checkpoint, seed):
     p = world.world_size
-    case = data.draw(pipeline_cases(p))
+    _check_against_one_process(world, dict(schedule="dualpipe_v", v=2, m=2 * p + extra, mb=2,
+                                           extra_layers=1, tie=tie, checkpoint=checkpoint,
+                                           seed=seed))
+
+
+def _check_against_one_process(world, case):
+    """The pipelined step's gradients, AdamW step and loss equal one process's."""
+    p = world.world_size
     results = world.run(pipeline_gpt_grads, case)
     want, loss, want_stepped = single_process_grads(case, p * case["v"])
     got, stepped = {}, {}
@@ -253,10 +278,10 @@ def test_many_microbatches_and_large_messages_never_deadlock(world, schedule):
     p = world.world_size
     v = chunks_per_rank(schedule, 2)
     m = 8 * p
-    ops = 3 if schedule.startswith("zb") else 2
     # 4 x 640 float64 = 20 KiB per message, more than the channel's four 4 KiB
     # slots: a blocking send would wait for its receiver here (p2p.py)
-    assert world.run(many_microbatches, schedule, m, v, 640) == [ops * m * v] * p
+    want = [len(ops) for ops in make_schedule(schedule, p, m, v)]     # an F&B is one op
+    assert world.run(many_microbatches, schedule, m, v, 640) == want
 
 
 # -- measured bubbles ------------------------------------------------------------------
@@ -286,7 +311,12 @@ def test_bubble_measured_in_processes_on_the_logical_clock_is_the_formula(world4
     v = chunks_per_rank(schedule, 2)
     results = world4.run(clocked_step, schedule, m, v)
     timelines = [timeline for timeline, _ in results]
-    assert measured_bubble(timelines) == pytest.approx(_formula(schedule, p, m, v), abs=1e-12)
+    if schedule == "dualpipe_v":   # the README's idle of the busiest rank (dualpipe.py):
+        # chunk costs F = W = 1/2, B = 1, F&B = F + B: (p - 1)(F&B + B - 3W)
+        assert _busiest_idle(timelines) == pytest.approx(dualpipe_v_idle(p, 0.5, 1.0, 0.5))
+    else:
+        assert measured_bubble(timelines) == pytest.approx(_formula(schedule, p, m, v),
+                                                           abs=1e-12)
     # the same numbers as the idealised run of the same orders
     ideal = simulate(make_schedule(schedule, p, m, v), v, 1.0, 2.0, placement=placement(schedule))
     assert [[(o, a, b) for o, a, b in row] for row in timelines] == ideal
