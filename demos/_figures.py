@@ -442,6 +442,9 @@ def diloco_runs(path, runs):
     a2.set(xlabel="MB sent per rank across the slow link", xscale="log", yscale="log",
            title="loss vs slow-link bytes")
     a1.legend(fontsize=8)
+    _save(plt, fig, path)
+
+
 def fault_tolerance_runs(path, runs, kill_step):
     """Demo 27: held-out loss vs wall time, uninterrupted, per-step FT and restart.
 

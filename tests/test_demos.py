@@ -36,7 +36,7 @@ SMOKE_ARGS = {
     "15_moe.py": ["-n", "2", "--steps", "5"],
     "16_ulysses.py": ["-n", "2", "--lengths", "64", "128"],
     "18_compression.py": ["--steps", "8", "--width", "64"],
-    "25_diloco.py": ["--steps", "60", "--width", "64"],
+    "25_diloco.py": ["--steps", "20", "--width", "16", "--block", "16"],
     "24_planner.py": ["--model", "llama3-8b", "--gpus", "16", "--batch-tokens", "262144",
                       "--seq", "4096", "--no-published"],
     "19_topology.py": ["-n", "4", "--node-size", "2"],

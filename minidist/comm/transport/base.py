@@ -59,6 +59,11 @@ class Transport:
     peer_reads = False   # ... also over an emulated link (read_peer waits out the wire)?
     board = None         # each rank's slot that every peer reads in place (board.py), or None
 
+    def link_bytes(self) -> Any:
+        """The bytes this rank put on its emulated links (link.py's LinkBytes), or None
+        on a transport without one."""
+        return None
+
     def read_arrival(self, src: int, nbytes: int) -> int:
         """When a read of ``nbytes`` from rank ``src`` asked for now lands, in ns
         (an emulated link, link.py); 0 where bytes take no time on a wire."""

@@ -271,10 +271,20 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Transport):
                 moved = True
         return moved
 
+    def link_bytes(self) -> Any:
+        """Bytes put on the emulated links inside the node and between nodes (link.py),
+        or None without an emulated link."""
+        return self._link.link_bytes() if self._link is not None else None
+
     def read_arrival(self, src: int, nbytes: int) -> int:
         """When a read of ``nbytes`` from rank ``src``, asked for now, lands (ns;
-        after what was asked of ``src`` before); 0 without an emulated link (link.py)."""
-        return self._link.stamp_read(src, nbytes) if self._link is not None else 0
+        after what was asked of ``src`` before); 0 without an emulated link (link.py).
+        Under the lock the sends take: the communication thread may read while the
+        main thread sends, and both move the link's clocks and byte counts."""
+        if self._link is None:
+            return 0
+        with self._lock:
+            return self._link.stamp_read(src, nbytes)
 
     def read_peer(self, src: int, pid: int, address: int, out: Any, arrival: int = 0) -> bool:
         """One-copy read of rank ``src``'s memory (cma.py), once the bytes have
