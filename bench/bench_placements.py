@@ -56,10 +56,12 @@ def build(variant: str, n_layer: int, n_embd: int):
             megatron.load_state_dict(shard_state_dict(megatron, block.state_dict()))
             setattr(model.blocks, str(i), megatron)
     elif variant == "parallelize_module":
+        from minidist import backend
         from minidist.distributed.device_mesh import init_device_mesh
         from minidist.distributed.tensor.parallel import (ColwiseParallel, FusedColwiseParallel,
                                                           RowwiseParallel, parallelize_module)
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
+        mesh = init_device_mesh(backend.device_type(), (dist.get_world_size(),),
+                                mesh_dim_names=("tp",))
         parallelize_module(model, mesh["tp"], {"blocks.*.attn.c_attn": FusedColwiseParallel(),
                                                "blocks.*.attn.c_proj": RowwiseParallel(),
                                                "blocks.*.mlp.c_fc": ColwiseParallel(),

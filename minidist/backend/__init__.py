@@ -250,9 +250,10 @@ def device_name() -> str:
 
 
 def device_type() -> str:
-    """torch's name for where the arrays live: "cuda" on CuPy, else "cpu" (what
+    """torch's name for where the arrays live: "cuda" on CuPy and on the guard that
+    imitates it (so a mesh made with "cpu" fails on the CPU too), else "cpu" (what
     ``init_device_mesh`` expects, as ``"cuda" if torch.cuda.is_available() else "cpu"``)."""
-    return "cuda" if _state["name"] == "cupy" else "cpu"
+    return "cuda" if _state["name"] in ("cupy", "guard") else "cpu"
 
 
 def current_device() -> int | None:

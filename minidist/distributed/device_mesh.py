@@ -28,7 +28,7 @@ import math
 from minidist import backend
 from minidist.comm.group import ProcessGroup, get_world_size, new_group, world_group
 
-_DEVICE_OF_BACKEND = {"numpy": "cpu", "guard": "cpu", "cupy": "cuda"}
+_DEVICE_OF_BACKEND = {"numpy": "cpu", "guard": "cuda", "cupy": "cuda"}  # the guard imitates CuPy
 
 
 def _row_major(coord: tuple[int, ...], shape: tuple[int, ...]) -> int:
@@ -157,7 +157,8 @@ def init_device_mesh(device_type: str, mesh_shape: tuple[int, ...], *,
     expected = _DEVICE_OF_BACKEND.get(backend.get_backend())
     if device_type != expected:
         raise ValueError(f"device_type {device_type!r} does not match the {backend.get_backend()} "
-                         f"backend: use {expected!r} (MINIDIST_BACKEND=cupy runs on 'cuda')")
+                         f"backend: use {expected!r}, or backend.device_type() (CuPy, and the guard "
+                         "backend that imitates it, run on 'cuda')")
     mesh_shape = tuple(int(n) for n in mesh_shape)
     if not mesh_shape or min(mesh_shape) < 1:
         raise ValueError(f"mesh_shape must be one or more positive sizes, got {mesh_shape}")

@@ -62,7 +62,7 @@ def _mesh_and_place(case):
     rank = world_group().rank
     if case["parts"] == 1:
         return None, None, rank, 0, None
-    mesh = init_device_mesh("cpu", (case["replicas"], case["parts"]),
+    mesh = init_device_mesh(backend.device_type(), (case["replicas"], case["parts"]),
                             mesh_dim_names=("dp_replicate", "dp_shard"))
     return mesh, "dp_replicate", rank // case["parts"], rank % case["parts"], \
         mesh.get_group("dp_shard")

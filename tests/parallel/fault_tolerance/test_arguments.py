@@ -8,6 +8,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 import minidist.distributed as dist
+from minidist import backend
 from minidist.distributed.device_mesh import init_device_mesh
 from minidist.nn import Linear
 from minidist.optim import SGD
@@ -27,7 +28,7 @@ def _manager(**kw):
 
 
 def test_a_quorum_dimension_not_in_the_mesh_is_refused(one_process):
-    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp_shard",))
+    mesh = init_device_mesh(backend.device_type(), (1,), mesh_dim_names=("dp_shard",))
     with pytest.raises(ValueError, match="'dp_replicate' is not a dimension of the mesh"):
         _manager(mesh=mesh, replicate_dim="dp_replicate")
 
