@@ -32,6 +32,7 @@ def isend(tensor: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0
     handle = g.isend(tensor, g.group_rank(dst), _check_tag(tag))
     if trace.active is not None:
         trace.active.call("isend", g.ranks, start, dict(peer=dst, tag=tag, bytes_sent=tensor.nbytes))
+        return _TracedHandle(handle, f"isend to {dst} tag={tag}", landing=False)
     return handle
 
 
@@ -43,24 +44,31 @@ def irecv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0
     handle = g.irecv(tensor, g.group_rank(src), _check_tag(tag), op)
     if trace.active is not None:
         trace.active.call("irecv", g.ranks, start, dict(peer=src, tag=tag, bytes_recv=tensor.nbytes))
-        return _TracedRecv(handle)
+        return _TracedHandle(handle, f"irecv from {src} tag={tag}", landing=True)
     return handle
 
 
-class _TracedRecv(Handle):
-    """The handle of an ``irecv`` while a trace is recorded: its ``wait()`` also ends
-    the message's flow arrow, at the moment the receive is complete."""
+class _TracedHandle(Handle):
+    """The handle of an ``isend`` / ``irecv`` while a trace is recorded: a ``wait()``
+    that blocks is a "wait" span of cat "comm" (the communication no compute hid,
+    trace/summary.py), and a receive's ``wait()`` ends the message's flow arrow at the
+    moment it is complete (``landing``)."""
 
-    def __init__(self, handle: Handle):
-        self.handle = handle
+    def __init__(self, handle: Handle, what: str, landing: bool):
+        self.handle, self.what, self.landing = handle, what, landing
 
     @property
     def done(self) -> bool:
         return self.handle.done
 
     def wait(self, timeout: float | None = None) -> None:
+        start = trace.active.now() if trace.active is not None and not self.done else None
         self.handle.wait(timeout)
-        if trace.active is not None:
+        if trace.active is None:
+            return
+        if start is not None:
+            trace.active.span("wait", "comm", start, trace.active.now(), {"on": self.what})
+        if self.landing:
             trace.active.landed()
 
     def is_completed(self) -> bool:
