@@ -1,4 +1,6 @@
-"""Point-to-point calls of the facade: send, recv, isend, irecv, recv_reduce.
+"""Point-to-point calls of the facade: send, recv, isend, irecv, recv_reduce; and
+``post_send`` / ``post_recv``, isend / irecv for the library's own rings (async TP),
+whose tags come from the group's collective sequence, outside the users' range.
 
 ``dst`` / ``src`` are global ranks (as in torch.distributed); ``tag`` tells
 apart messages between the same pair. Sends and receives between a pair with
@@ -27,21 +29,32 @@ def _check_tag(tag: int) -> int:
 
 def isend(tensor: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> Handle:
     """Start sending ``tensor`` to rank ``dst``; do not modify it until ``wait()``."""
-    g = resolve(group)
+    return post_send(tensor, dst, resolve(group), _check_tag(tag))
+
+
+def irecv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0,
+          op: ReduceOp | None = None) -> Handle:
+    """Start receiving into ``tensor`` from rank ``src`` (reduce into it with ``op``)."""
+    return post_recv(tensor, src, resolve(group), _check_tag(tag), op)
+
+
+def post_send(tensor: Any, dst: int, g: ProcessGroup, tag: int) -> Handle:
+    """``isend`` with any tag, for the library's own rings of point-to-point messages
+    (async TP's collective matmul): ``tag`` from ``g.next_collective_tag()``, outside
+    the users' range, so that no user message can be taken for one of the ring's."""
     start = trace.active.now() if trace.active is not None else 0.0
-    handle = g.isend(tensor, g.group_rank(dst), _check_tag(tag))
+    handle = g.isend(tensor, g.group_rank(dst), tag)
     if trace.active is not None:
         trace.active.call("isend", g.ranks, start, dict(peer=dst, tag=tag, bytes_sent=tensor.nbytes))
         return _TracedHandle(handle, f"isend to {dst} tag={tag}", landing=False)
     return handle
 
 
-def irecv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0,
-          op: ReduceOp | None = None) -> Handle:
-    """Start receiving into ``tensor`` from rank ``src`` (reduce into it with ``op``)."""
-    g = resolve(group)
+def post_recv(tensor: Any, src: int, g: ProcessGroup, tag: int,
+              op: ReduceOp | None = None) -> Handle:
+    """``irecv`` with any tag: ``post_send``'s other end."""
     start = trace.active.now() if trace.active is not None else 0.0
-    handle = g.irecv(tensor, g.group_rank(src), _check_tag(tag), op)
+    handle = g.irecv(tensor, g.group_rank(src), tag, op)
     if trace.active is not None:
         trace.active.call("irecv", g.ranks, start, dict(peer=src, tag=tag, bytes_recv=tensor.nbytes))
         return _TracedHandle(handle, f"irecv from {src} tag={tag}", landing=True)

@@ -12,6 +12,7 @@ Files, in reading order:
                reduce-scatter / all-gather) as autograd ops
 - async_tp.py  async TP: ``fused_all_gather_matmul`` and ``fused_matmul_reduce_scatter``,
                the gather / reduce-scatter as a ring overlapped with the matmul
+- ring_matmul.py  the rings themselves on arrays, one way round and both ways
 - layers.py    ``ColumnParallelLinear``, ``RowParallelLinear``, ``ParallelMLP``,
                ``ParallelSelfAttention``, ``SequenceParallelLayerNorm``;
                ``sharded_parameters`` (which are split, which replicated)

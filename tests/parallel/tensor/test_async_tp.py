@@ -11,7 +11,7 @@ axis (the contraction axis included), the shard lengths, the number of B's, sum 
 """
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.distributed.worlds import worlds_fixture
@@ -50,7 +50,8 @@ def _gather_case(case):
     for fused in (True, False):
         x, ws = _tensor(shard), [_tensor(b) for b in bs]
         if fused:
-            a, ys = fused_all_gather_matmul(x, ws, case["dim"])
+            a, ys = fused_all_gather_matmul(x, ws, case["dim"],
+                                            bidirectional=case.get("bidi", False))
         else:
             a = gather_from_sp(x, axis=dim)
             ys = [a @ w for w in ws]
@@ -82,7 +83,8 @@ def _scatter_case(case):
     for fused in (True, False):
         x, w = _tensor(a), _tensor(b)
         if fused:
-            z = fused_matmul_reduce_scatter(x, w, case["op"], case["dim"])
+            z = fused_matmul_reduce_scatter(x, w, case["op"], case["dim"],
+                                            bidirectional=case.get("bidi", False))
         else:
             z = reduce_scatter_to_sp(x @ w, axis=dim)
             z = z * (1.0 / n) if case["op"] == "avg" else z
@@ -114,6 +116,36 @@ def test_fused_matmul_reduce_scatter_equals_matmul_then_reduce_scatter(worlds, n
     case = dict(shape=shape, dim=dim, op=op, cols=cols, seed=seed)
     for err in worlds(n).run(_scatter_case, case):
         assert err <= TOL, (case, err)
+
+
+def _uni_and_bi(case):
+    """Forward outputs of the one-way and the two-way all-gather-matmul, bit for bit?"""
+    import minidist.distributed as dist
+    from minidist.parallel.tensor.ring_matmul import ring_all_gather_matmul
+    rng = np.random.default_rng(case["seed"] + dist.get_rank())
+    shard = rng.standard_normal(case["shape"])
+    k = shard.shape[-1] * (dist.get_world_size() if case["dim"] in (-1, len(shard.shape) - 1) else 1)
+    bs = [rng.standard_normal((k, 2))]
+    one, two = (ring_all_gather_matmul(shard, bs, case["dim"], None, bidi) for bidi in (False, True))
+    return all(np.array_equal(u, b) for u, b in zip([one[0]] + one[1], [two[0]] + two[1]))
+
+
+@settings(max_examples=4, deadline=None)
+@example(n=3, shape=[2, 3], pick=0, op="sum", cols=2, seed=1)       # one hop each way
+@example(n=4, shape=[2, 1, 3], pick=5, op="avg", cols=1, seed=2)    # two hops and one
+@given(n=st.integers(2, 4), shape=shapes, pick=st.integers(0, 5),
+       op=st.sampled_from(["sum", "avg"]), cols=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_bidirectional_rings_equal_the_plain_collective_then_matmul(worlds, n, shape, pick, op,
+                                                                   cols, seed):
+    """Each chunk sent both ways round (floor(N/2) steps): the same math, forward and
+    backward; the gather's outputs are the one-way ring's bit for bit."""
+    dim = pick % (2 * len(shape)) - len(shape)                # any axis, counted either way
+    case = dict(shape=shape, dim=dim, n_b=1, cols=cols, seed=seed, op=op, bidi=True)
+    for result in worlds(n).run(_gather_case, case):
+        assert result["a_bitwise"] and result["rest"] <= TOL, (case, result)
+    for err in worlds(n).run(_scatter_case, case):
+        assert err <= TOL, (case, err)
+    assert all(worlds(n).run(_uni_and_bi, case)), case
 
 
 def _refusals():
@@ -202,3 +234,26 @@ def test_tp_models_with_async_tp_train_to_one_process(worlds, kind, n, seed):
         for name, want in wants[rank].items():
             diff = np.abs(params[name] - want).max()
             assert diff <= TOL, f"rank {rank} {name}: {diff:.2e} ({kind}, seed {seed})"
+
+
+def _user_message_in_flight(seed):
+    """A user's own message (tag 703, a shard's shape) posted before the ring and received
+    after it: (the ring's output equals the plain gather's, the message arrived intact)."""
+    import minidist.distributed as dist
+    from minidist import backend
+    from minidist.parallel.tensor.ring_matmul import ring_all_gather_matmul
+    n, r = dist.get_world_size(), dist.get_rank()
+    rng = np.random.default_rng(seed)
+    shards = rng.standard_normal((n, 2, 3))
+    b = rng.standard_normal((3, 2))
+    mine, inbox = backend.from_host(shards[r]), backend.from_host(np.zeros((2, 3)))
+    sent = dist.isend(backend.from_host(-shards[r]), (r + 1) % n, tag=703)
+    a_full, (y,) = ring_all_gather_matmul(mine, [backend.from_host(b)], 0)
+    dist.irecv(inbox, (r - 1) % n, tag=703).wait()
+    sent.wait()
+    return (np.array_equal(backend.to_host(a_full), shards.reshape(-1, 3))
+            and np.array_equal(backend.to_host(inbox), -shards[(r - 1) % n]))
+
+
+def test_the_ring_takes_no_users_message_whatever_its_tag(worlds):
+    assert all(worlds(3).run(_user_message_in_flight, 5))
