@@ -8,7 +8,7 @@ bytes on the wire for M / B while the CPU is free), each variant's ratio taken a
 the plain one of the same run:
 
 - ``tp``:       a GPT under tensor + sequence parallelism (tp = 2), plain (all-gather, then
-                matmul) vs async TP (parallel/tensor/async_tp.py: the ring's chunk
+                matmul) vs async TP (distributed/_symmetric_memory/: the ring's chunk
                 travels while the previous one multiplies);
 - ``pipeline``: an MoE Llama over 2 stages, 1F1B vs DualPipeV (pipeline/dualpipe.py);
 - ``fsdp``:     a GPT under fully_shard per block, float32 gathers vs bfloat16 and float8

@@ -34,7 +34,7 @@ def _host(t):
 def _gather_case(case):
     """Fused all-gather-matmul against gather_from_sp then matmul, with every gradient."""
     import minidist.distributed as dist
-    from minidist.parallel.tensor.async_tp import fused_all_gather_matmul
+    from minidist.distributed._symmetric_memory.async_tp import fused_all_gather_matmul
     from minidist.parallel.tensor.mappings import gather_from_sp
     n, r = dist.get_world_size(), dist.get_rank()
     rng = np.random.default_rng(case["seed"])
@@ -69,7 +69,7 @@ def _gather_case(case):
 def _scatter_case(case):
     """Fused matmul-reduce-scatter against matmul then reduce_scatter_to_sp."""
     import minidist.distributed as dist
-    from minidist.parallel.tensor.async_tp import fused_matmul_reduce_scatter
+    from minidist.distributed._symmetric_memory.async_tp import fused_matmul_reduce_scatter
     from minidist.parallel.tensor.mappings import reduce_scatter_to_sp
     n, r = dist.get_world_size(), dist.get_rank()
     rng = np.random.default_rng(case["seed"] + r)                   # each rank its summand
@@ -121,7 +121,7 @@ def test_fused_matmul_reduce_scatter_equals_matmul_then_reduce_scatter(worlds, n
 def _uni_and_bi(case):
     """Forward outputs of the one-way and the two-way all-gather-matmul, bit for bit?"""
     import minidist.distributed as dist
-    from minidist.parallel.tensor.ring_matmul import ring_all_gather_matmul
+    from minidist.distributed._symmetric_memory.ring_matmul import ring_all_gather_matmul
     rng = np.random.default_rng(case["seed"] + dist.get_rank())
     shard = rng.standard_normal(case["shape"])
     k = shard.shape[-1] * (dist.get_world_size() if case["dim"] in (-1, len(shard.shape) - 1) else 1)
@@ -151,7 +151,7 @@ def test_bidirectional_rings_equal_the_plain_collective_then_matmul(worlds, n, s
 def _refusals():
     """The messages of each split the ring cannot make, on this rank."""
     import minidist.distributed as dist
-    from minidist.parallel.tensor.async_tp import (fused_all_gather_matmul,
+    from minidist.distributed._symmetric_memory.async_tp import (fused_all_gather_matmul,
                                                    fused_matmul_reduce_scatter)
     r, found = dist.get_rank(), {}
     tries = {
@@ -241,7 +241,7 @@ def _user_message_in_flight(seed):
     after it: (the ring's output equals the plain gather's, the message arrived intact)."""
     import minidist.distributed as dist
     from minidist import backend
-    from minidist.parallel.tensor.ring_matmul import ring_all_gather_matmul
+    from minidist.distributed._symmetric_memory.ring_matmul import ring_all_gather_matmul
     n, r = dist.get_world_size(), dist.get_rank()
     rng = np.random.default_rng(seed)
     shards = rng.standard_normal((n, 2, 3))

@@ -1,6 +1,6 @@
 """Async tensor parallelism (collective matmul): a gather or a scatter fused with its matmul.
 
-Sequence parallelism (mappings.py) all-gathers the positions before a column-parallel
+Sequence parallelism (parallel/tensor/mappings.py) all-gathers the positions before a column-parallel
 matmul and reduce-scatters the partial sums after a row-parallel one, and waits for each
 collective before computing. Cut the collective into its N ring steps and compute on
 the chunk already here while the next one travels (Wang et al., 2023, "Overlap
@@ -47,8 +47,8 @@ import minidist.distributed as dist
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
-from minidist.parallel.tensor.ring_matmul import (axis, ring_all_gather_matmul,
-                                                  ring_matmul_reduce_scatter)
+from minidist.distributed._symmetric_memory.ring_matmul import (
+    axis, ring_all_gather_matmul, ring_matmul_reduce_scatter)
 
 
 class FusedAllGatherMatmul(Function):
