@@ -207,18 +207,23 @@ def time_variant(pair: str, variant: str, a, path: str | None) -> tuple[float, f
     return statistics.median(wall), statistics.median(cpu)
 
 
-def from_trace(path: str, steps: int) -> tuple[float, float]:
-    """(exposed communication, bytes sent) per step, the largest over the ranks, read off
-    the trace as ``minidist trace summary`` reads it."""
+def from_trace(path: str, steps: int) -> tuple[float, float, float]:
+    """(exposed communication, bytes sent, bytes all-gathered) per step, the largest over
+    the ranks, read off the trace as ``minidist trace summary`` reads it."""
     from minidist.trace import load
     from minidist.trace.summary import COMM, summarize
     trace = load(path)
     exposed = max(row["exposed_comm"] for row in summarize(trace)["ranks"].values())
     sent: dict = {}
+    gathered: dict = {}
     for e in trace["traceEvents"]:
         if e.get("ph") == "X" and e.get("cat") == COMM:
-            sent[e["pid"]] = sent.get(e["pid"], 0) + e.get("args", {}).get("bytes_sent", 0)
-    return exposed * 1e-6 / steps, max(sent.values(), default=0) / steps
+            args, pid = e.get("args", {}), e["pid"]
+            sent[pid] = sent.get(pid, 0) + args.get("bytes_sent", 0)
+            if e["name"].startswith("all_gather"):
+                gathered[pid] = gathered.get(pid, 0) + args.get("bytes_recv", 0)
+    most = max(gathered.values(), default=0)
+    return exposed * 1e-6 / steps, max(sent.values(), default=0) / steps, most / steps
 
 
 def measure_pair(world, pair: str, a, folder: str) -> dict:
@@ -232,8 +237,8 @@ def measure_pair(world, pair: str, a, folder: str) -> dict:
             ranks = world.run(time_variant, pair, v, a, path)
             per_round[v].append((max(t for t, _ in ranks), max(c for _, c in ranks)))
             if path is not None:
-                exposed, sent = from_trace(path, a.trace_steps)
-                rows[v] = dict(exposed=exposed, sent=sent)
+                exposed, sent, gathered = from_trace(path, a.trace_steps)
+                rows[v] = dict(exposed=exposed, sent=sent, gathered=gathered)
     for v, times in per_round.items():
         rows[v].update(step=statistics.median(t for t, _ in times),
                        cpu=statistics.median(c for _, c in times))
@@ -252,6 +257,10 @@ def report(pair: str, rows: dict, gbps: float) -> None:
         print(f"  {v:<16} {1e3 * row['step']:8.1f} {row['step'] / base['step']:6.3f} "
               f"{1e3 * row['exposed']:10.1f} {exposed_ratio:6.3f} {1e3 * row['cpu']:7.1f} "
               f"{row['sent'] / 1e6:8.3f} {1e3 * wire:8.1f}")
+    if pair == "fsdp":       # the gathers' bytes: what the low-precision formats change
+        print("  all-gathered per step and rank: " + ", ".join(
+            f"{v} {row['gathered'] / 1e6:.3f} MB ({row['gathered'] / base['gathered']:.2f} x)"
+            for v, row in rows.items()))
     for v in overlapped:
         verdict(v, plain, rows[v], base)
 
@@ -276,7 +285,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default=",".join(PAIRS), help="pairs to run, comma-separated")
     ap.add_argument("--layers", type=positive_int, default=2)
-    ap.add_argument("--width", type=positive_int, default=256, help="hidden size")
+    ap.add_argument("--width", type=positive_int, default=128, help="hidden size")
     ap.add_argument("--seq", type=positive_int, default=128, help="tokens a sequence")
     ap.add_argument("--batch", type=positive_int, default=4, help="sequences per rank "
                     "(per micro-batch in the pipeline)")
