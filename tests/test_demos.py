@@ -45,6 +45,7 @@ SMOKE_ARGS = {
     "22_placements.py": ["-n", "2", "--width", "4", "--n-embd", "8"],
     "23_block_scaling.py": ["--steps", "16", "--n-embd", "32"],
     "26_muon.py": ["--steps", "20"],
+    "27_overlap.py": ["--pair", "moe", "--width", "16", "--seq", "8", "--batch", "2"],
 }
 
 

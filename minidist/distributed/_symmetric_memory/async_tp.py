@@ -37,7 +37,7 @@ and one for an odd height rounds differently (float64 differences of ~1e-15). A
 reduce-scatter's sum runs in ring order: a reordered sum.
 The rings themselves, on arrays, one direction and both (``bidirectional=True``: each
 chunk sent both ways round, floor(N/2) steps instead of N-1), are ring_matmul.py.
-Tests: tests/parallel/tensor/test_async_tp.py, test_bidirectional_ring.py.
+Tests: tests/parallel/tensor/test_async_tp.py.
 """
 from __future__ import annotations
 

@@ -24,10 +24,14 @@ gathered A and the all-gather's products are the unidirectional ring's, bit for 
 (each chunk's product is the same, summed in rank order); the reduce-scatter adds in
 another order: equal to float tolerance.
 
+In a trace, each step's transfers are a span on a row of their own ("async TP ring
+(chunks in flight)", from the step's post to the end of its wait), so the summary counts
+what the products hid as hidden and the waits as exposed.
+
 Tags: each call takes two from the group's collective sequence (``next_collective_tag``,
 every rank in the same order), outside the users' range, so a user's own messages are
 never taken for the ring's (comm/collectives/p2p.py ``post_send``).
-Tests: tests/parallel/tensor/test_async_tp.py, test_bidirectional_ring.py.
+Tests: tests/parallel/tensor/test_async_tp.py.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ from minidist.comm.collectives.check import describe, verify_same_call
 from minidist.comm.collectives.p2p import post_recv, post_send
 from minidist.comm.errors import CollectiveMismatchError
 from minidist.comm.group import ProcessGroup, resolve
+from minidist.trace import recorder as trace
 
 
 class Ring(NamedTuple):
@@ -133,11 +138,13 @@ def ring_all_gather_matmul(a_shard: Any, bs: list, gather_dim: int, group: Any =
     for step in range(left + 1):
         r = ring.rank
         arriving = {}                            # chunk index -> its buffer, landing now
+        posted = trace.active.now() if trace.active is not None and step < left else None
         pending = _post_chunks(ring, chunks, arriving, step, left, right)
         for c in sorted({(r - step) % n, (r + step) % n} if step <= right else {(r - step) % n}):
             compute(c)
         for handle in pending:
             handle.wait()
+        in_flight(posted, step)
         for c, buf in arriving.items():
             chunks[c] = buf
     a_full = xp.concatenate(chunks, axis=dim)
@@ -181,25 +188,56 @@ def ring_matmul_reduce_scatter(a: Any, b: Any, scatter_dim: int, group: Any = No
             out = matmul(take(a, dim, c, size), b)
         return out if plus is None else out + take(plus, dim, c, size)
     if not bidirectional:                        # one arc of N-1 hops, going back
-        return _arc(ring, part, n - 1, forward=False, own=True)
-    down = _arc(ring, part, (n - 1) // 2, forward=False, own=True)
-    return down + _arc(ring, part, n // 2, forward=True, own=False)
+        return _arcs(ring, part, [Arc(n - 1, False, True)])
+    return _arcs(ring, part, [Arc((n - 1) // 2, False, True), Arc(n // 2, True, False)])
 
 
-def _arc(ring: Ring, part: Any, hops: int, forward: bool, own: bool) -> Any:
-    """The running sums of one direction after ``hops`` steps: this rank ends with chunk
-    r's sum over the ``hops`` ranks behind it (r-1, ... going forward; r+1, ... going
-    back), plus its own part of chunk r if ``own``. Unidirectional: hops = N-1, back."""
-    r, sign = ring.rank, 1 if forward else -1     # chunk r's arc starts at r + sign * hops
-    if hops == 0:
-        return part(r) if own else 0
-    total = part(r + sign * hops)
-    for step in range(1, hops + 1):
-        incoming = xp.empty_like(total)
-        pending = exchange(ring, total, incoming, forward)
-        last = step == hops
-        mine = part(r + sign * (hops - step)) if (own or not last) else None   # while they travel
+class Arc(NamedTuple):
+    """One direction of a reduce-scatter ring: chunk r's running sum reaches this rank
+    after ``hops`` steps, from the ranks behind it (r-1, ... going forward; r+1, ...
+    going back), plus this rank's own part of chunk r if ``own``."""
+    hops: int
+    forward: bool
+    own: bool
+
+    def chunk(self, r: int, step: int) -> int:
+        """The chunk whose running sum this rank holds after ``step`` steps."""
+        return r + (1 if self.forward else -1) * (self.hops - step)
+
+
+def _arcs(ring: Ring, part: Any, arcs: list) -> Any:
+    """Run the arcs side by side, one step of each at a time (both links busy at once);
+    the sum of their totals: this rank's chunk r."""
+    r = ring.rank
+    totals = [part(a.chunk(r, 0)) if (a.hops or a.own) else None for a in arcs]
+    for step in range(1, max(a.hops for a in arcs) + 1):
+        posted = trace.active.now() if trace.active is not None else None
+        moving = [k for k, a in enumerate(arcs) if step <= a.hops]
+        incoming, pending = {}, []
+        for k in moving:
+            incoming[k] = xp.empty_like(totals[k])
+            pending += exchange(ring, totals[k], incoming[k], arcs[k].forward)
+        mine = {k: part(arcs[k].chunk(r, step))                         # while they travel
+                for k in moving if arcs[k].own or step < arcs[k].hops}
         for handle in pending:
             handle.wait()
-        total = incoming + mine if mine is not None else incoming
+        in_flight(posted, step)
+        for k in moving:
+            totals[k] = incoming[k] + mine[k] if k in mine else incoming[k]
+    total = None
+    for t in totals:
+        if t is not None:
+            total = t if total is None else total + t
     return total
+
+
+TRACK = "async TP ring (chunks in flight)"   # the trace row of the rings' transfers
+
+
+def in_flight(posted: float | None, step: int) -> None:
+    """While tracing: the step's transfers, from their post to the end of their wait, as
+    a span of cat "comm" on a row of its own: the summary counts the part of it that
+    the products hid as hidden, the waits on the main thread as exposed."""
+    if posted is not None and trace.active is not None:
+        trace.active.span(f"ring step {step}", "comm", posted, trace.active.now(),
+                          tid=trace.active.tid(TRACK))

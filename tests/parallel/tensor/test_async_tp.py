@@ -257,3 +257,39 @@ def _user_message_in_flight(seed):
 
 def test_the_ring_takes_no_users_message_whatever_its_tag(worlds):
     assert all(worlds(3).run(_user_message_in_flight, 5))
+
+
+def _traced_rings(folder):
+    """Rank 0's count of ring steps in the trace of one all-gather-matmul and one
+    matmul-reduce-scatter, one way round and both ways; and whether the traces are valid."""
+    import os
+
+    import minidist.distributed as dist
+    from minidist import trace
+    from minidist.backend import xp
+    from minidist.distributed._symmetric_memory.ring_matmul import (
+        TRACK, ring_all_gather_matmul, ring_matmul_reduce_scatter)
+    from minidist.trace.check import check
+    n = dist.get_world_size()
+    steps, valid = {}, True
+    for bidi in (False, True):
+        path = os.path.join(folder, f"ring{int(bidi)}.json")
+        with trace.record(path):
+            ring_all_gather_matmul(xp.ones((2, 3)), [xp.ones((3, 2))], 0, None, bidi)
+            ring_matmul_reduce_scatter(xp.ones((2 * n, 3)), xp.ones((3, 2)), 0, None,
+                                       bidirectional=bidi)
+        dist.barrier()
+        loaded = trace.load(path)
+        tracks = {(e["pid"], e["tid"]) for e in loaded["traceEvents"] if e.get("ph") == "M"
+                  and e.get("name") == "thread_name" and e["args"]["name"] == TRACK}
+        steps[bidi] = sum(1 for e in loaded["traceEvents"] if e.get("ph") == "X"
+                          and (e["pid"], e["tid"]) in tracks) // n
+        valid = valid and not check(loaded)
+    return steps, valid
+
+
+def test_the_rings_take_n_minus_1_steps_one_way_and_n_over_2_both_ways(worlds, tmp_path):
+    """Read off the trace's row of chunks in flight, for N = 4: 3 steps each one way
+    round, 2 both ways (the reduce-scatter's two arcs side by side, not one after the other)."""
+    for steps, valid in worlds(4).run(_traced_rings, str(tmp_path)):
+        assert valid and steps == {False: 3 + 3, True: 2 + 2}, steps
