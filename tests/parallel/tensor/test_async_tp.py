@@ -121,13 +121,16 @@ def test_fused_matmul_reduce_scatter_equals_matmul_then_reduce_scatter(worlds, n
 def _uni_and_bi(case):
     """Forward outputs of the one-way and the two-way all-gather-matmul, bit for bit?"""
     import minidist.distributed as dist
+    from minidist import backend
     from minidist.distributed._symmetric_memory.ring_matmul import ring_all_gather_matmul
     rng = np.random.default_rng(case["seed"] + dist.get_rank())
     shard = rng.standard_normal(case["shape"])
     k = shard.shape[-1] * (dist.get_world_size() if case["dim"] in (-1, len(shard.shape) - 1) else 1)
-    bs = [rng.standard_normal((k, 2))]
-    one, two = (ring_all_gather_matmul(shard, bs, case["dim"], None, bidi) for bidi in (False, True))
-    return all(np.array_equal(u, b) for u, b in zip([one[0]] + one[1], [two[0]] + two[1]))
+    bs = [backend.from_host(rng.standard_normal((k, 2)))]
+    one, two = (ring_all_gather_matmul(backend.from_host(shard), bs, case["dim"], None, bidi)
+                for bidi in (False, True))
+    return all(np.array_equal(backend.to_host(u), backend.to_host(b))
+               for u, b in zip([one[0]] + one[1], [two[0]] + two[1]))
 
 
 @settings(max_examples=4, deadline=None)
