@@ -25,11 +25,14 @@ communication that no compute on the main thread hid, a blocking ``wait()`` incl
 (trace/summary.py), per step, the largest over the ranks. ``MB sent`` is one rank's
 bytes per step, ``wire`` their time on the link.
 
-The CPU floor, measured as bench_ddp.py measures it: each rank has one core here (2 ranks
-on 2 cores), so a step cannot take less than its own CPU time (every thread of the rank:
-the main thread, the communication thread). What an overlap can save on these cores is
-the plain step minus the overlapped step's CPU time; the line under each pair states the
-share of it saved, and the share of the plain variant's exposed communication hidden.
+What an overlap can hide: the bytes' time on the wire, no more (the copies in and out of
+the link run on the cores, which compute too). The first line under each pair compares
+the exposed communication it removed with min(the plain variant's wire time, its exposed
+communication); the target is half of it. The CPU floor, measured as bench_ddp.py
+measures it: each rank has one core here (2 ranks on 2 cores), so a step cannot take
+less than its own CPU time (every thread of the rank: the main thread, the
+communication thread); the second line states the share of the plain step above the
+overlapped step's CPU time that it saved.
 Each rank uses one BLAS thread; a waiting rank sleeps at once (``--spin-s 0``), so that
 its CPU time is its work, not its polling.
 """
@@ -262,23 +265,30 @@ def report(pair: str, rows: dict, gbps: float) -> None:
             f"{v} {row['gathered'] / 1e6:.3f} MB ({row['gathered'] / base['gathered']:.2f} x)"
             for v, row in rows.items()))
     for v in overlapped:
-        verdict(v, plain, rows[v], base)
+        verdict(v, plain, rows[v], base, gbps)
 
 
-def verdict(v: str, plain: str, row: dict, base: dict) -> None:
-    """What the overlap saved against what these cores allow (the module docstring)."""
+def verdict(v: str, plain: str, row: dict, base: dict, gbps: float) -> None:
+    """Two lines: the exposed communication removed against what the wire allows hiding
+    (at most the plain variant's wire time, and no more than it exposed: the copies
+    stay on the cores), and the step time saved against the CPU floor."""
+    wire = base["sent"] / (gbps * 1e9)
+    hideable = min(wire, base["exposed"])
+    removed = base["exposed"] - row["exposed"]
+    line = (f"  {v} vs {plain}: exposed {1e3 * base['exposed']:.1f} -> "
+            f"{1e3 * row['exposed']:.1f} ms, removed {1e3 * removed:.1f} ms of the "
+            f"{1e3 * hideable:.1f} ms the wire allows hiding")
+    ok = hideable > 0 and removed >= 0.5 * hideable
+    print(line + (f": target >= half {'met' if ok else 'NOT met'}" if hideable > 0
+                  else ": nothing on the wire to hide"))
     allowed = base["step"] - row["cpu"]           # the plain step down to the CPU floor
     saved = base["step"] - row["step"]
-    hidden = 1 - row["exposed"] / base["exposed"] if base["exposed"] > 0 else float("nan")
-    line = (f"  {v} vs {plain}: exposed communication {1e3 * base['exposed']:.1f} -> "
-            f"{1e3 * row['exposed']:.1f} ms ({100 * hidden:.0f}% hidden); step saved "
-            f"{1e3 * saved:.1f} ms of the {1e3 * allowed:.1f} ms above the CPU floor "
-            f"({1e3 * row['cpu']:.1f} ms)")
+    line = (f"  {' ' * len(v)}    step saved {1e3 * saved:.1f} ms of the {1e3 * allowed:.1f} "
+            f"ms above the CPU floor ({1e3 * row['cpu']:.1f} ms)")
     if allowed <= 0:
         print(line + ": no room on these cores (the floor is at or above the plain step)")
         return
-    ok = saved >= 0.5 * allowed
-    print(line + f": {saved / allowed:.2f} of it, target >= 0.5 {'met' if ok else 'NOT met'}")
+    print(line + f": {saved / allowed:.2f} of it")
 
 
 def main() -> None:
