@@ -442,6 +442,25 @@ def diloco_runs(path, runs):
     a2.set(xlabel="MB sent per rank across the slow link", xscale="log", yscale="log",
            title="loss vs slow-link bytes")
     a1.legend(fontsize=8)
+    _save(plt, fig, path)
+
+
+def fault_tolerance_runs(path, runs, kill_step):
+    """Demo 27: held-out loss vs wall time, uninterrupted, per-step FT and restart.
+
+    runs: label -> dict(losses [(step, loss)], times (s since the run's start))."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    for label, r in runs.items():
+        ax.plot(r["times"], [loss for _, loss in r["losses"]], label=label)
+    ax.set(xlabel="training time (s; the first world's start left out)",
+           ylabel="held-out loss", yscale="log", title=f"a replica killed at step {kill_step}")
+    ax.legend(fontsize=8)
+    _save(plt, fig, path)
+
+
 def optimizer_runs(path, runs, title):
     """Demo 26: the loss curve of each optimizer."""
     plt = _pyplot()

@@ -36,7 +36,7 @@ SMOKE_ARGS = {
     "15_moe.py": ["-n", "2", "--steps", "5"],
     "16_ulysses.py": ["-n", "2", "--lengths", "64", "128"],
     "18_compression.py": ["--steps", "8", "--width", "64"],
-    "25_diloco.py": ["--steps", "60", "--width", "64"],
+    "25_diloco.py": ["--steps", "20", "--width", "16", "--block", "16"],
     "24_planner.py": ["--model", "llama3-8b", "--gpus", "16", "--batch-tokens", "262144",
                       "--seq", "4096", "--no-published"],
     "19_topology.py": ["-n", "4", "--node-size", "2"],
@@ -45,7 +45,9 @@ SMOKE_ARGS = {
     "22_placements.py": ["-n", "2", "--width", "4", "--n-embd", "8"],
     "23_block_scaling.py": ["--steps", "16", "--n-embd", "32"],
     "26_muon.py": ["--steps", "20"],
-    "27_overlap.py": ["--pair", "moe", "--width", "16", "--seq", "8", "--batch", "2"],
+    "27_fault_tolerance.py": ["--steps", "8", "--kill-step", "5", "--ckpt-every", "4",
+                              "--width", "16"],
+    "28_overlap.py": ["--pair", "moe", "--width", "16", "--seq", "8", "--batch", "2"],
 }
 
 

@@ -56,6 +56,7 @@ STRATEGIES = {
     "context": set(),
     "expert": set(),
     "diloco": set(),                # a replica may be DDP / TP, but DiLoCo only sees a group
+    "fault_tolerance": set(),       # a quorum over replicas; the replicas see only its group
 }
 # Inside minidist.comm: transport moves bytes, collectives are built on it, the launcher
 # starts worlds of it. package -> what it may import (the modules at comm/ level, group,

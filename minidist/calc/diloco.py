@@ -9,7 +9,8 @@ tau the fragment delay and b the bits per outer-gradient number:
     DiLoCo       every H-th   2(N-1)/N * M                       mean per step: 1/H of DDP's
     Streaming    every H/F-th 2(N-1)/N * M / F (one fragment)    peak per step: 1/F of DiLoCo's
                  exposed per sync: max(0, wire(M/F) - tau * c)   (tau inner steps hide it)
-    quantised    the outer gradient's bytes x b / 32
+    quantised    an all-gather of the b-bit codes: (N-1) * M / F * b / 32
+                 (= Streaming's bytes x b / 32 x N / 2: the codes are gathered, not added)
     Top-K        every step   (N-1) * k * (8 + s)                k = density * n, s = 4
     1-bit Adam   every step   ~2(N-1)/N * M / 32                 after the warm-up
 
@@ -56,7 +57,8 @@ def diloco_costs(model_bytes: float, ranks: int, sync_every: int, fragments: int
     N, M, H, F = ranks, model_bytes, sync_every, fragments
     full = ring_all_reduce_time(M, N, bandwidth, latency)
     part = ring_all_reduce_time(M / F, N, bandwidth, latency)
-    quant = ring_all_reduce_time(M / F * bits / 32, N, bandwidth, latency)
+    codes = M / F * bits / 32                              # one replica's wire
+    quant = (N - 1) * codes / bandwidth + (N - 1) * latency  # an all-gather of it
     k = max(1.0, density * M / value_bytes)
     topk_bytes = (N - 1) * k * (index_bytes + value_bytes)
     onebit = ring_all_reduce_bytes(M / 32, N)
@@ -65,7 +67,7 @@ def diloco_costs(model_bytes: float, ranks: int, sync_every: int, fragments: int
         _cost("DiLoCo", ring_all_reduce_bytes(M, N), H, full, compute),
         _cost("Streaming", ring_all_reduce_bytes(M / F, N), H / F,
               max(0.0, part - delay * compute), compute),
-        _cost(f"Streaming {bits}-bit", ring_all_reduce_bytes(M / F * bits / 32, N), H / F,
+        _cost(f"Streaming {bits}-bit", (N - 1) * codes, H / F,
               max(0.0, quant - delay * compute), compute),
         _cost("Top-K", topk_bytes, 1, topk_bytes / bandwidth + (N - 1) * latency, compute),
         _cost("1-bit Adam", onebit, 1, onebit / bandwidth + 4 * (N - 1) * latency, compute),

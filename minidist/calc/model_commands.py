@@ -151,8 +151,8 @@ def _diloco(a):
 TOPICS["diloco"] = Topic(
     "bytes per rank per step and step time: DDP, DiLoCo, Streaming DiLoCo, Top-K, 1-bit Adam",
     "DDP 2(N-1)/N M every step;  DiLoCo the same every H steps;  Streaming M/F every H/F "
-    "steps (peak / F), exposed max(0, wire - tau c);  quantised x bits/32;  Top-K "
-    "(N-1) k (8 + 4);  1-bit Adam ~2(N-1)/N M/32",
+    "steps (peak / F), exposed max(0, wire - tau c);  quantised: an all-gather of the "
+    "codes, (N-1) M/F bits/32;  Top-K (N-1) k (8 + 4);  1-bit Adam ~2(N-1)/N M/32",
     "Douillard et al. 2023 (DiLoCo), 2025 (Streaming DiLoCo); Lin et al. 2018 (DGC); "
     "Tang et al. 2021 (1-bit Adam)",
     [("--params", positive, None, "parameters P (M = 4P bytes)"),

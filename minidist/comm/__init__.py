@@ -17,8 +17,8 @@ from minidist.comm.collectives.api import (all_gather, all_gather_into_tensor, a
 from minidist.comm.collectives.api import all_to_all_single
 from minidist.comm.errors import (CollectiveMismatchError, CommError, CommTimeoutError,
                                   MessageMismatchError, NestedWorldError, NotThisRankError,
-                                  PeerFinishedError, RankFailedError, WorldAbortedError,
-                                  WorldTimeoutError)
+                                  PeerDiedError, PeerFinishedError, RankFailedError,
+                                  WorldAbortedError, WorldTimeoutError)
 from minidist.comm.group import (NON_GROUP_MEMBER, ProcessGroup, destroy_process_group,
                                  get_node_local_rank, get_rank, get_topology, get_world_size,
                                  init_process_group, is_initialized, launched, new_group)

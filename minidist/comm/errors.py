@@ -43,6 +43,21 @@ class PeerFinishedError(CommError):
     runs: it finished early (or skipped a call the others make), so nothing will come."""
 
 
+class PeerDiedError(CommError):
+    """A rank of the collective (or the peer of the send or receive) this rank waits in
+    has died (killed, ``os._exit``) in a world that keeps going without it
+    (``World(fault_tolerant=True)``): nothing more will come from it. ``rank`` names
+    it. Fault tolerance (parallel/fault_tolerance/) catches it and re-forms its group
+    without the dead rank."""
+
+    def __init__(self, message: str, rank: int = -1):
+        self.rank = rank
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.rank))
+
+
 class NotThisRankError(CommError):
     """A process asked to join a world as a rank that another process holds (a child
     that inherited ``MINIDIST_SHM`` and ``RANK`` from a rank)."""

@@ -333,6 +333,12 @@ def get_topology() -> "topology.Topology | None":
     return getattr(world_group().transport, "topology", None)
 
 
+def get_link_bytes() -> Any:
+    """Bytes this rank put on the emulated links, inside its node and between nodes, in
+    every group (transport/link.py's LinkBytes); None without an emulated link."""
+    return world_group().transport.link_bytes()
+
+
 def get_world_size(group: ProcessGroup | None = None) -> int:
     if group is NON_GROUP_MEMBER:
         return -1

@@ -32,7 +32,7 @@ from minidist.comm import (NON_GROUP_MEMBER, CollectiveMismatchError, CommError,
                            recv, recv_reduce, reduce, reduce_scatter, reduce_scatter_tensor,
                            scatter, send)
 from minidist.comm import all_to_all_single
-from minidist.comm.group import get_node_local_rank, get_stats, get_topology
+from minidist.comm.group import get_link_bytes, get_node_local_rank, get_stats, get_topology
 
 
 __all__ = ["init_process_group", "destroy_process_group", "is_initialized", "get_rank",
@@ -41,6 +41,6 @@ __all__ = ["init_process_group", "destroy_process_group", "is_initialized", "get
            "reduce", "all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
            "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "barrier", "launch",
            "launched",
-           "get_stats", "CommError", "CommTimeoutError", "CollectiveMismatchError",
+           "get_stats", "get_link_bytes", "CommError", "CommTimeoutError", "CollectiveMismatchError",
            "MessageMismatchError", "RankFailedError", "WorldAbortedError"]
 __all__ += ["all_to_all_single", "get_node_local_rank", "get_topology"]

@@ -203,7 +203,7 @@ def fully_shard_pieces(module: Any) -> dict:
             continue
         for shard, _, shape in state.params:
             if len(shape) == 2:
-                found[id(shard)] = row_chunks(shape, state.mesh.get_group(0))
+                found[id(shard)] = row_chunks(shape, state.shard_group)
     return found
 
 

@@ -28,6 +28,7 @@ from typing import Any, Iterable
 
 from minidist.backend.blocks import blocked
 from minidist.backend import xp
+from minidist.optim import fused_adam
 from minidist.optim.optimizer import Optimizer, check_non_negative
 
 
@@ -83,6 +84,10 @@ def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int,
 
     Pass ``max_exp_avg_sq`` (zeros at first) for AMSGrad.
     """
+    if max_exp_avg_sq is None and fused_adam.applies(param, grad, exp_avg, exp_avg_sq):
+        return fused_adam.adam_step(param, grad, exp_avg, exp_avg_sq, step, lr=lr, beta1=beta1,
+                                    beta2=beta2, eps=eps, weight_decay=weight_decay,
+                                    decoupled=False)     # the chain below in one GPU kernel
     if weight_decay != 0:
         grad = grad + weight_decay * param               # g_t + lambda * w; p.grad untouched
     direction = adam_direction(grad, exp_avg, exp_avg_sq, step, beta1=beta1, beta2=beta2,
@@ -99,6 +104,10 @@ def adamw_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, step: int
 
     Pass ``max_exp_avg_sq`` (zeros at first) for AMSGrad.
     """
+    if max_exp_avg_sq is None and fused_adam.applies(param, grad, exp_avg, exp_avg_sq):
+        return fused_adam.adam_step(param, grad, exp_avg, exp_avg_sq, step, lr=lr, beta1=beta1,
+                                    beta2=beta2, eps=eps, weight_decay=weight_decay,
+                                    decoupled=True)      # the chain below in one GPU kernel
     if weight_decay != 0:
         param *= 1 - lr * weight_decay                   # w <- (1 - eta * lambda) * w
     direction = adam_direction(grad, exp_avg, exp_avg_sq, step, beta1=beta1, beta2=beta2,

@@ -63,3 +63,19 @@ def scales_from_blocks(scales: Any, axis: int) -> Any:
 def scales_to_blocks(scales: Any, axis: int) -> Any:
     """x-layout scales -> (..., nb, 1), to broadcast against (..., nb, k) blocks."""
     return xp.moveaxis(scales, axis, -1)[..., None]
+
+
+def block_amax(blocks: Any) -> Any:
+    """max |x| over each block's last axis (NaN if the block holds one), read from the
+    bits: a float's magnitude orders as its bit pattern does, NaN's above inf's. Exact
+    where float32 arithmetic reads a subnormal as 0 (CuPy), where xp.max(xp.abs(...)) is not."""
+    sign = 1 << (8 * blocks.itemsize - 1)
+    magnitude = backend.bits(blocks) & getattr(xp, f"uint{8 * blocks.itemsize}")(sign - 1)
+    return backend.from_bits(xp.max(magnitude, axis=-1), blocks.dtype)
+
+
+def check_scale_shape(scales: Any, elements: Any, want: tuple, blocking: str) -> None:
+    """The one check every block format's decoder makes: a scale per block."""
+    if tuple(scales.shape) != tuple(want):
+        raise ValueError(f"scales have shape {tuple(scales.shape)}; elements of shape "
+                         f"{tuple(elements.shape)} in {blocking} need {tuple(want)}")

@@ -45,10 +45,7 @@ from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.precision.autocast import AmpPolicy, use_policy
-from minidist.precision.blockwise_fp8 import (BLOCK, TILE, blockwise_fp8_dequantize,
-                                              blockwise_fp8_quantize)
-from minidist.precision.mx import mx_dequantize, mx_quantize
-from minidist.precision.nvfp4 import nvfp4_dequantize, nvfp4_quantize
+from minidist.precision.block_recipes import block_recipe
 
 RECIPES = ("mxfp8", "mxfp4", "nvfp4", "fp8_blockwise")
 HADAMARD_SIZE = 16
@@ -94,18 +91,12 @@ class BlockScaling:
         """
         rounding = "stochastic" if role == "grad" and self.stochastic_grad else "nearest"
         rng = self.rng if rounding == "stochastic" else None
-        if self.recipe in ("mxfp8", "mxfp4"):
-            fmt = "fp8_e4m3fn" if self.recipe == "mxfp8" else "fp4_e2m1fn"
-            e, s = mx_quantize(a, fmt, axis=axis, rounding=rounding, rng=rng)
-            return mx_dequantize(e, s, axis=axis)
-        if self.recipe == "nvfp4":
-            e, s, t = nvfp4_quantize(a, axis=axis, rounding=rounding, rng=rng)
-            return nvfp4_dequantize(e, s, t, axis=axis)
-        block = BLOCK if role == "w" else TILE                 # tiles run along the last axis
-        moved = a if axis in (-1, a.ndim - 1) or role == "w" else a.T
-        e, s = blockwise_fp8_quantize(xp.ascontiguousarray(moved), block)
-        out = blockwise_fp8_dequantize(e, s, block)
-        return out if moved is a else xp.ascontiguousarray(out.T)
+        name = self.recipe
+        if name == "fp8_blockwise":                 # W in 128 x 128 blocks, x and g in 1 x 128 tiles
+            name = "fp8_blockwise_block" if role == "w" else "fp8_blockwise_tile"
+        recipe = block_recipe(name)
+        e, s, t = recipe.quantize(a, axis, rounding, rng)
+        return recipe.dequantize(e, s, t, axis)
 
     def run(self, fn: Callable, args: tuple) -> Tensor:
         """The autocast policy: a Linear (x, W 2-D, bias) block-scaled, anything else BF16."""

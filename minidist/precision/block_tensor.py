@@ -20,59 +20,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from minidist.precision.blockwise_fp8 import (BLOCK, TILE, blockwise_fp8_dequantize,
-                                              blockwise_fp8_quantize)
-from minidist.precision.mx import mx_dequantize, mx_quantize
-from minidist.precision.nvfp4 import nvfp4_dequantize, nvfp4_quantize
-
-# recipe -> (element format, element bits, block size, scale bits, tensor-scale bits)
-LAYOUTS = {
-    "mxfp8": ("fp8_e4m3fn", 8, 32, 8, 0), "mxfp8_e5m2": ("fp8_e5m2", 8, 32, 8, 0),
-    "mxfp6": ("fp6_e2m3fn", 6, 32, 8, 0), "mxfp6_e3m2": ("fp6_e3m2fn", 6, 32, 8, 0),
-    "mxfp4": ("fp4_e2m1fn", 4, 32, 8, 0), "nvfp4": ("fp4_e2m1fn", 4, 16, 8, 32),
-    "fp8_blockwise_tile": ("fp8_e4m3fn", 8, 128, 32, 0),
-    "fp8_blockwise_block": ("fp8_e4m3fn", 8, 128 * 128, 32, 0),
-}
+from minidist.precision.block_recipes import RECIPES, block_recipe
 
 
 @dataclass
 class BlockScaledTensor:
     elements: Any            # values of the element format, the original shape
     scales: Any              # one per block (float32), see the quantize functions
-    recipe: str              # a key of LAYOUTS
-    axis: int = -1           # the blocked axis (MX, NVFP4)
+    recipe: str              # a key of block_recipes.RECIPES
+    axis: int = -1           # the blocked axis (MX, NVFP4, 1 x 128 tiles)
     tensor_scale: Any = None  # NVFP4's FP32 per-tensor scale
 
     @classmethod
     def quantize(cls, x: Any, recipe: str, axis: int = -1) -> "BlockScaledTensor":
-        if recipe not in LAYOUTS:
-            raise ValueError(f"unknown recipe {recipe!r}; choose one of {sorted(LAYOUTS)}")
-        if recipe == "nvfp4":
-            e, s, t = nvfp4_quantize(x, axis=axis)
-            return cls(e, s, recipe, axis, t)
-        if recipe.startswith("fp8_blockwise"):
-            e, s = blockwise_fp8_quantize(x, TILE if recipe.endswith("tile") else BLOCK)
-            return cls(e, s, recipe)
-        e, s = mx_quantize(x, LAYOUTS[recipe][0], axis=axis)
-        return cls(e, s, recipe, axis)
+        elements, scales, tensor_scale = block_recipe(recipe).quantize(x, axis, "nearest", None)
+        return cls(elements, scales, recipe, axis, tensor_scale)
 
     def dequantize(self) -> Any:
-        if self.recipe == "nvfp4":
-            return nvfp4_dequantize(self.elements, self.scales, self.tensor_scale, axis=self.axis)
-        if self.recipe.startswith("fp8_blockwise"):
-            block = TILE if self.recipe.endswith("tile") else BLOCK
-            return blockwise_fp8_dequantize(self.elements, self.scales, block)
-        return mx_dequantize(self.elements, self.scales, axis=self.axis)
+        return RECIPES[self.recipe].dequantize(self.elements, self.scales, self.tensor_scale,
+                                               self.axis)
 
     @property
     def element_format(self) -> str:
-        return LAYOUTS[self.recipe][0]
+        return RECIPES[self.recipe].element_format
 
     @property
     def bits_per_element(self) -> float:
         """Storage bits per element, scales included (see the module docstring)."""
-        _, bits, block, scale_bits, tensor_bits = LAYOUTS[self.recipe]
-        return bits + scale_bits / block + tensor_bits / max(self.elements.size, 1)
+        r = RECIPES[self.recipe]
+        return (r.element_bits + r.scale_bits / r.block_size
+                + r.tensor_scale_bits / max(self.elements.size, 1))
 
     @property
     def nbytes(self) -> float:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from minidist.backend import xp
-from minidist.precision.block_layout import check_float_input
+from minidist.precision.block_layout import block_amax, check_float_input, check_scale_shape
 from minidist.precision.formats import FP8_E4M3FN
 from minidist.precision.rounding import quantize, quiet
 
@@ -72,7 +72,7 @@ def blockwise_fp8_quantize(x: Any, block: tuple = TILE) -> tuple[Any, Any]:
     block = _check(x, block, "blockwise_fp8_quantize")
     groups = _to_groups(x, block)                                # (..., nr, nc, G)
     with quiet():
-        amax = xp.max(xp.abs(groups), axis=-1).astype("float32")   # (..., nr, nc)
+        amax = block_amax(groups).astype("float32")                # (..., nr, nc)
         bad = ~xp.isfinite(amax)
         s = amax / xp.float32(FP8_E4M3FN.max)
         s[(amax == 0) | bad] = 1
@@ -88,9 +88,7 @@ def blockwise_fp8_dequantize(elements: Any, scales: Any, block: tuple = TILE) ->
     block = _check(elements, block, "blockwise_fp8_dequantize")
     r, c = elements.shape[-2:]
     want = elements.shape[:-2] + (-(-r // block[0]), -(-c // block[1]))
-    if tuple(scales.shape) != want:
-        raise ValueError(f"scales have shape {tuple(scales.shape)}; elements of shape "
-                         f"{tuple(elements.shape)} in {block} groups need {want}")
+    check_scale_shape(scales, elements, want, f"{block} groups")
     groups = _to_groups(elements, block)
     with quiet():
         out = groups * scales[..., None].astype(elements.dtype)

@@ -39,8 +39,9 @@ from typing import Any
 
 from minidist import backend
 from minidist.backend import xp
-from minidist.precision.block_layout import (check_float_input, from_blocks, normalize_axis,
-                                             scales_from_blocks, scales_to_blocks, to_blocks)
+from minidist.precision.block_layout import (block_amax, check_float_input, check_scale_shape,
+                                             from_blocks, normalize_axis, scales_from_blocks,
+                                             scales_to_blocks, to_blocks)
 from minidist.precision.formats import E8M0FNU, FloatFormat, get_format
 from minidist.precision.rounding import quantize, quiet
 from minidist.precision.subnormals import exp2_float32, narrow, widen
@@ -92,7 +93,7 @@ def mx_quantize(x: Any, fmt: FloatFormat | str, block_size: int = MX_BLOCK_SIZE,
     axis = normalize_axis(axis, x.ndim, "mx_quantize")
     blocks = to_blocks(x, block_size, axis)                  # (..., nb, k)
     with quiet():
-        amax = xp.max(xp.abs(blocks), axis=-1)               # (..., nb); NaN if any is NaN
+        amax = block_amax(blocks)                            # (..., nb); NaN if any is NaN
         e = mx_shared_exponent(amax, fmt)                    # (..., nb)
         bad = xp.isnan(e)
         e_int = xp.where(bad, 0, e).astype(xp.int32)
@@ -120,10 +121,7 @@ def dequantize_blocks(elements: Any, scales: Any, block_size: int, axis: int) ->
     """elements * their block's scale (exact for MX: a power of two times a short value)."""
     n = elements.shape[axis]
     want = elements.shape[:axis] + (-(-n // block_size),) + elements.shape[axis + 1:]
-    if tuple(scales.shape) != want:
-        raise ValueError(f"scales have shape {tuple(scales.shape)}; elements of shape "
-                         f"{tuple(elements.shape)} in blocks of {block_size} along axis "
-                         f"{axis} need {want}")
+    check_scale_shape(scales, elements, want, f"blocks of {block_size} along axis {axis}")
     blocks = to_blocks(elements, block_size, axis)           # (..., nb, k)
     s = scales_to_blocks(scales, axis).astype(elements.dtype)   # (..., nb, 1)
     with quiet():

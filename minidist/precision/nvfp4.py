@@ -35,8 +35,9 @@ from typing import Any
 
 from minidist import backend
 from minidist.backend import xp
-from minidist.precision.block_layout import (check_float_input, from_blocks, normalize_axis,
-                                             scales_from_blocks, scales_to_blocks, to_blocks)
+from minidist.precision.block_layout import (block_amax, check_float_input, check_scale_shape,
+                                             from_blocks, normalize_axis, scales_from_blocks,
+                                             scales_to_blocks, to_blocks)
 from minidist.precision.formats import FP4_E2M1FN, FP8_E4M3FN
 from minidist.precision.rounding import quantize, quiet
 
@@ -49,19 +50,11 @@ def _check_block_size(block_size: int) -> None:
                          "for 32-element blocks use mx_quantize(x, 'fp4_e2m1fn')")
 
 
-def magnitude_max(x: Any, axis: Any = None) -> Any:
-    """max |x| (NaN if any is NaN), float32, read from the bits: a float's magnitude
-    orders as its bits do and NaN's sort above inf's. Exact where float32 arithmetic
-    reads subnormals as 0 (CuPy), where ``xp.max(xp.abs(x))`` would give 0."""
-    return backend.from_bits(xp.max(backend.bits(x) & xp.uint32(0x7FFFFFFF), axis=axis),
-                             "float32")
-
-
 def nvfp4_tensor_scale(x: Any) -> Any:
     """s_tensor = amax / (6 * 448) over x's finite values, as a float32 0-d array (1 if none)."""
     with quiet():
         x = x.astype("float32", copy=False)             # max, then cast: the same value
-        amax = magnitude_max(xp.where(xp.isfinite(x), x, xp.float32(0)))
+        amax = block_amax(xp.where(xp.isfinite(x), x, xp.float32(0)).reshape(-1))
     scale = amax / xp.float32(FP4_E2M1FN.max * FP8_E4M3FN.max)
     return xp.where(amax > 0, scale, xp.float32(1.0)).astype("float32")
 
@@ -83,7 +76,7 @@ def nvfp4_quantize(x: Any, block_size: int = NVFP4_BLOCK_SIZE, axis: int = -1,
         xp.asarray(tensor_scale, dtype="float32")
     blocks = to_blocks(x, block_size, axis)                     # (..., nb, 16)
     with quiet():
-        amax = magnitude_max(blocks, axis=-1)                   # (..., nb)
+        amax = block_amax(blocks)                               # (..., nb)
         bad = ~xp.isfinite(amax)
         s_block = (amax / xp.float32(FP4_E2M1FN.max)) / s_tensor
         s_block = xp.clip(s_block, FP8_E4M3FN.smallest_subnormal, FP8_E4M3FN.max)
@@ -106,9 +99,7 @@ def nvfp4_dequantize(elements: Any, block_scales: Any, tensor_scale: Any,
     axis = normalize_axis(axis, elements.ndim, "nvfp4_dequantize")
     n = elements.shape[axis]
     want = elements.shape[:axis] + (-(-n // block_size),) + elements.shape[axis + 1:]
-    if tuple(block_scales.shape) != want:
-        raise ValueError(f"block_scales have shape {tuple(block_scales.shape)}; elements of "
-                         f"shape {tuple(elements.shape)} need {want}")
+    check_scale_shape(block_scales, elements, want, f"blocks of {block_size} along axis {axis}")
     blocks = to_blocks(elements.astype("float32", copy=False), block_size, axis)  # (..., nb, 16)
     with quiet():
         s = scales_to_blocks(block_scales, axis) * xp.asarray(tensor_scale, dtype="float32")

@@ -1,5 +1,6 @@
 """calc/diloco.py: DiLoCo sends 1/H of DDP's bytes per step, streaming's peak is 1/F of
-DiLoCo's, quantising multiplies by bits/32, and the bytes equal what the code sends."""
+DiLoCo's, quantising sends (N-1) of bits/32 of a fragment (an all-gather of codes), and
+the bytes equal what the code sends."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +18,9 @@ def test_diloco_is_one_over_h_and_streaming_peak_one_over_f(M, N, per, F, bits, 
     assert abs(plain.bytes_per_step - ddp.bytes_per_step / H) <= 1e-9 * ddp.bytes_per_step
     assert abs(stream.peak_bytes_per_step - plain.peak_bytes_per_step / F) <= 1e-9 * M
     assert abs(stream.bytes_per_step - plain.bytes_per_step) <= 1e-9 * M
-    assert abs(quant.bytes_per_step - stream.bytes_per_step * bits / 32) <= 1e-9 * M
+    codes = M / F * bits / 32                      # what tests/parallel/diloco sends, per sync
+    assert abs(quant.bytes_per_step * H / F - (N - 1) * codes) <= 1e-9 * M
+    assert abs(quant.bytes_per_step - stream.bytes_per_step * bits / 32 * N / 2) <= 1e-9 * M
     assert ddp.step_seconds >= plain.step_seconds * (1 - 1e-12)
     assert plain.step_seconds >= stream.step_seconds * (1 - 1e-12) and stream.step_seconds >= c
 

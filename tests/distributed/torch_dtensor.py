@@ -108,7 +108,48 @@ def rule(case):
     return (full, names)
 
 
-CASES = {"redistribute": redistribute, "op": op, "rule": rule}
+# torch's c10d op names in CommDebugMode -> minidist's
+_COMM_NAMES = {"c10d._allgather_base_": "all_gather_into_tensor",
+               "c10d._reduce_scatter_base_": "reduce_scatter_tensor",
+               "c10d.allreduce_": "all_reduce"}
+
+
+def fsdp(case):
+    """fully_shard over ``case["mesh"]`` (dim 0 replicates on a 2-D mesh) on each Linear
+    of a Sequential and on the root; ``case["steps"]`` SGD steps on this rank's rows:
+    (placements as text, local pieces, CommDebugMode's counts per step, whole parameters)."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.debug import CommDebugMode
+    names = ("dp_replicate", "dp_shard")[-len(case["mesh"]):]
+    mesh = init_device_mesh("cpu", tuple(case["mesh"]), mesh_dim_names=names)
+    layers = [torch.nn.Linear(w.shape[1], w.shape[0]).double() for w, _ in case["weights"]]
+    with torch.no_grad():
+        for layer, (w, b) in zip(layers, case["weights"]):
+            layer.weight.copy_(torch.from_numpy(w))
+            layer.bias.copy_(torch.from_numpy(b))
+    model = torch.nn.Sequential(*layers)
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=case["lr"])
+    counts = []
+    for x in case["inputs"]:
+        rows = torch.from_numpy(x[case["rows"][torch.distributed.get_rank()]])
+        with CommDebugMode() as comm:
+            y = model(rows)
+            (y * y).mean().backward()
+        counts.append({_COMM_NAMES[str(k)]: v for k, v in comm.get_comm_counts().items()})
+        opt.step()
+        opt.zero_grad()
+    return ({n: [repr(p) for p in t.placements] for n, t in model.named_parameters()},
+            {n: t.to_local().detach().numpy().copy() for n, t in model.named_parameters()},
+            counts,
+            {n: t.full_tensor().detach().numpy().copy() for n, t in model.named_parameters()})
+
+
+CASES = {"redistribute": redistribute, "op": op, "rule": rule, "fsdp": fsdp}
 
 
 def _worker(rank, n, folder, fn_name, cases):

@@ -14,6 +14,6 @@ Files:
 ``minidist run -n N script.py`` (minidist/cli.py) starts a script this way, as torchrun
 does. Docs: docs/running.md. Tests: tests/comm/launch/.
 """
-from minidist.comm.launch.world import World, launch
+from minidist.comm.launch.world import RankLost, World, launch
 
-__all__ = ["World", "launch"]
+__all__ = ["RankLost", "World", "launch"]

@@ -105,6 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
     parser.add_argument("--tee", type=_streams, default=None, metavar="{0,1,2,3}",
                         help="streams that go to the log files and the console "
                              "(default with --log-dir: 3, both)")
+    parser.add_argument("--fault-tolerant", action="store_true",
+                        help="a rank that dies (killed) lets the others go on: their waits "
+                             "on it fail at once, for a quorum of replicas to carry on "
+                             "(parallel/fault_tolerance; a rank that raises still fails)")
     parser.add_argument("--verbose", action="store_true",
                         help="report a failing rank's whole traceback, minidist's own "
                              "frames included (as MINIDIST_VERBOSE=1 does)")
@@ -122,13 +126,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
         tee = ns.tee if ns.tee is not None else (3 if ns.log_dir else 0)
         return run_elastic(ns.script, ns.args, ns.nproc, max_restarts=ns.max_restarts,
                            timeout=ns.timeout, log_dir=ns.log_dir, redirects=ns.redirects,
-                           tee=tee & ~ns.redirects, verbose=ns.verbose, trace=ns.trace)
+                           tee=tee & ~ns.redirects, verbose=ns.verbose, trace=ns.trace,
+                           fault_tolerant=ns.fault_tolerant)
     return run
 
 
 def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
                 timeout: float | None = None, log_dir: str | None = None, redirects: int = 0,
-                tee: int = 0, verbose: bool = False, trace: str | None = None) -> int:
+                tee: int = 0, verbose: bool = False, trace: str | None = None,
+                fault_tolerant: bool = False) -> int:
     """Run ``script`` on ``nproc`` ranks, restarting the world after a failure up to
     ``max_restarts`` times; returns the exit status (module docstring). ``trace``:
     merge the ranks' traces of every attempt into that file, failures included."""
@@ -138,7 +144,7 @@ def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
         remove_parts(trace)   # left by an earlier run that was killed
     try:
         return _run_attempts(script, args, nproc, max_restarts, timeout, log_dir, redirects,
-                             tee, verbose, trace, failures)
+                             tee, verbose, trace, failures, fault_tolerant)
     finally:
         if trace is not None:
             _merge_trace(trace, failures)
@@ -146,7 +152,8 @@ def run_elastic(script: str, args: list[str], nproc: int, max_restarts: int = 0,
 
 def _run_attempts(script: str, args: list[str], nproc: int, max_restarts: int,
                   timeout: float | None, log_dir: str | None, redirects: int, tee: int,
-                  verbose: bool, trace: str | None, failures: list) -> int:
+                  verbose: bool, trace: str | None, failures: list,
+                  fault_tolerant: bool = False) -> int:
     from minidist.comm.errors import RankFailedError, WorldTimeoutError
     from minidist.comm.launch.output import RankOutput
     from minidist.comm.launch.world import World
@@ -160,8 +167,10 @@ def _run_attempts(script: str, args: list[str], nproc: int, max_restarts: int,
         output = RankOutput(nproc, log_dir, attempt, redirects, tee)
         try:
             with World(nproc, init_group=False, run_timeout=timeout, env=env,
-                       output=output) as world:
+                       output=output, fault_tolerant=fault_tolerant) as world:
                 world.run(run_script, script, args)
+            for lost in world.lost.values():
+                _say(f"{lost}; the others went on without it (--fault-tolerant)")
             return 0
         except RankFailedError as e:
             failures.append(dict(rank=e.rank, at=time.perf_counter(), attempt=attempt,

@@ -23,6 +23,11 @@ How a world lives and dies:
 - Ranks that are still running when the world is stopped (computing, asleep:
   never in a collective that could see the abort) are listed as stopped, so the
   error lists every rank.
+- With ``fault_tolerant=True`` a rank that dies without a word does not stop
+  the world: it is marked dead in the segment (``shm.mark_died``), so a survivor
+  waiting in a collective of it fails at once with ``PeerDiedError`` and may go on
+  without it (parallel/fault_tolerance/); ``run`` returns ``RankLost`` in its place.
+  A rank that raises still stops the world: an error is a bug, not a lost machine.
 - A ``run`` that outlives ``run_timeout`` blames no rank: it raises
   ``WorldTimeoutError`` with the ranks still running and each one's last
   communication call, read from the flight recorder in shared memory
@@ -48,7 +53,7 @@ import contextlib
 import os
 import signal
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import multiprocess
 from multiprocess.connection import wait as wait_any
@@ -64,6 +69,15 @@ from minidist.comm.transport.wait import cores_available
 from minidist.trace.session import world_env
 
 GRACE_S = 1.0  # after a failure, how long the other ranks get to report before being killed
+
+
+class RankLost(NamedTuple):
+    """What ``World(fault_tolerant=True).run`` returns for a rank that died."""
+    rank: int
+    exit_code: int      # -9: killed by SIGKILL
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} lost (exit code {_exit_code(self.exit_code)})"
 
 
 def _check_can_start(world_size: int) -> None:
@@ -86,7 +100,7 @@ class World:
                  run_timeout: float | None = None, start_timeout: float = 120.0,
                  link_gbps: float | None = None, node_size: int | None = None,
                  inter_node_gbps: float | None = None, env: dict | None = None,
-                 output: RankOutput | None = None):
+                 output: RankOutput | None = None, fault_tolerant: bool = False):
         """``timeout``: seconds a send or receive may wait without progress;
         ``nslots`` x ``slot_bytes``: the ring of each pair's channel (1 MiB slots
         up to 8 ranks, 256 KiB beyond, as there are N^2 channels); ``check``:
@@ -100,7 +114,8 @@ class World:
         nodes (link.py; None: ``MINIDIST_NODE_SIZE`` / ``MINIDIST_INTER_NODE_GBPS``);
         ``env``: variables added to each rank's environment; ``output``: collect
         the ranks' output, prefixed, into the console and log files (output.py;
-        None: the ranks write to this process's stdout and stderr directly)."""
+        None: the ranks write to this process's stdout and stderr directly);
+        ``fault_tolerant``: a rank that dies lets the others go on (module docstring)."""
         _check_can_start(world_size)
         if slot_bytes is None:
             slot_bytes = 1 << 20 if world_size <= 8 else 1 << 18
@@ -109,7 +124,8 @@ class World:
         # first, so that the trace is merged after this world has closed at exit
         env = dict(world_env(), **(env or {}))
         self.run_timeout = run_timeout  # limit on one run() (None: rely on comm timeouts)
-        self.closed = False
+        self.closed, self.fault_tolerant = False, fault_tolerant
+        self.lost: dict[int, RankLost] = {}   # rank -> how it died (fault_tolerant)
         self._output = output
         node, inter = topology(world_size, node_size, inter_node_gbps)
         self._segment = shm.create(world_size, nslots, slot_bytes,
@@ -154,6 +170,9 @@ class World:
         """Call ``fn(*args, **kwargs)`` on every rank; return the per-rank results."""
         if self.closed:
             raise RuntimeError("this world is closed (a rank failed, or close() was called)")
+        if self.lost:
+            raise RuntimeError(f"this world lost ranks {sorted(self.lost)} in an earlier run; "
+                               "start a new one")
         message = payload.dumps((fn, args, kwargs))
         try:
             for conn in self._conns:
@@ -185,11 +204,7 @@ class World:
                 conn, proc = self._conns[r], self._procs[r]
                 if conn not in ready and proc.sentinel not in ready:
                     continue
-                reply = self._reply(r, during)
-                if reply[0] == "ok":
-                    results[r] = reply[1]
-                else:
-                    failures[r] = reply[1:]
+                self._take_reply(r, results, failures, during)
                 pending.discard(r)
             if failures and failed_at is None:
                 failed_at = time.monotonic()
@@ -199,6 +214,8 @@ class World:
             report = "\n".join(flight.who_is_missing(records) + [flight.table(records)])
             self.close(force=True)
             raise WorldTimeoutError(what, timeout, sorted(pending), report)
+        if len(self.lost) == n:   # every rank died: nobody went on
+            failures = {r: ("ProcessExited", f"{lost}\n", False) for r, lost in self.lost.items()}
         for r in pending:  # still running when the others failed: stopped with them
             failures[r] = ("Stopped", f"rank {r} was still running and was stopped\n", True)
         if failures:
@@ -207,6 +224,19 @@ class World:
             raise RankFailedError(first, failures[first][0], failures[first][1],
                                   {r: f[:2] for r, f in sorted(failures.items())})
         return results
+
+    def _take_reply(self, r: int, results: list, failures: dict, during: str) -> None:
+        """Rank r's result into ``results``, or its failure into ``failures``; in a
+        fault-tolerant world a rank that died is marked dead for the others instead."""
+        reply = self._reply(r, during)
+        if reply[0] == "ok":
+            results[r] = reply[1]
+        elif reply[1] == "ProcessExited" and self.fault_tolerant and not during:
+            code = self._procs[r].exitcode
+            results[r] = self.lost[r] = RankLost(r, -1 if code is None else code)
+            shm.mark_died(self._segment, r, results[r].exit_code)
+        else:
+            failures[r] = reply[1:]
 
     def _reply(self, r: int, during: str) -> tuple:
         """Rank r's ("ok", result) or ("failed", type, traceback, aborted), a silent exit too."""

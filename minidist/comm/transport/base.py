@@ -59,6 +59,11 @@ class Transport:
     peer_reads = False   # ... also over an emulated link (read_peer waits out the wire)?
     board = None         # each rank's slot that every peer reads in place (board.py), or None
 
+    def link_bytes(self) -> Any:
+        """The bytes this rank put on its emulated links (link.py's LinkBytes), or None
+        on a transport without one."""
+        return None
+
     def read_arrival(self, src: int, nbytes: int) -> int:
         """When a read of ``nbytes`` from rank ``src`` asked for now lands, in ns
         (an emulated link, link.py); 0 where bytes take no time on a wire."""
@@ -107,6 +112,26 @@ class Transport:
         message had exactly ``inbox.size`` bytes; otherwise drop it (``inbox`` is
         left as it was) and return False."""
         raise NotImplementedError
+
+    def failed_ranks(self) -> list[int]:
+        """The ranks that died in a world that goes on without them (only the local
+        transport's launcher lets one go on: World(fault_tolerant=True)); here: none."""
+        return []
+
+    def watch_deaths(self, ctx: int, ranks: list[int]) -> None:
+        """Let the death of any of ``ranks`` (not only the group's own) end the waits
+        of the calls of context ``ctx``: fault tolerance watches every rank of every
+        replica in its quorum, as the partner of a dead rank stops too."""
+
+    def forget(self, ctx: int) -> None:
+        """Drop the sends of context ``ctx`` not yet begun and its receives not yet
+        matched: its calls were given up (a peer died), and a send nobody will take
+        would hold this rank at the end of the run (a message half sent still goes out,
+        or its receiver would take the next one's pieces for the rest of it)."""
+
+    def has_returned(self, rank: int) -> bool:
+        """Has ``rank`` returned from the function this world runs, before this rank?"""
+        return False
 
     def record_begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
         """Note the call that starts (the flight recorder, flight.py); here: nowhere."""

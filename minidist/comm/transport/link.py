@@ -49,11 +49,19 @@ shared memory). The hierarchical all-reduce (comm/collectives/hierarchical.py)
 is built for this topology. It is part of the segment's
 header, so every rank of a world sees the same link. The times are
 ``time.monotonic_ns()``, one clock for every process of the machine.
+
+Bytes per link: every piece sent and every read is stamped here, so the link counts
+the bytes this rank put on the wire with each peer (``carried``: sent to it, or read
+from it); ``link_bytes()`` sums them inside this rank's node and between nodes. Summed
+over the ranks, ``between`` is every byte that crossed the slow links once (what
+``dist.get_link_bytes()`` returns and bench/bench_diloco.py reads).
 """
 from __future__ import annotations
 
 import os
 import time
+
+from typing import NamedTuple
 
 from minidist.comm.transport.topology import NODE_SIZE_ENV
 
@@ -97,6 +105,12 @@ def topology(world_size: int, node_size: int | None,
     return node_size, inter
 
 
+class LinkBytes(NamedTuple):
+    """Bytes this rank put on its emulated links (sent, or read from a peer)."""
+    inside: int        # with the ranks of its own node (the fast links)
+    between: int       # with ranks of other nodes (the slow links)
+
+
 class EmulatedLink:
     """The outgoing links of one rank, and the earliest piece it waits for."""
 
@@ -110,6 +124,8 @@ class EmulatedLink:
         self.free_at = [0] * world_size  # dst -> when its link has carried everything sent
         self.read_free_at = [0] * world_size  # src -> ... everything read from src
         self.next_arrival = 0            # earliest arrival seen on the wire (0: none)
+        self.carried = [0] * world_size  # peer -> bytes put on the link with it (sent, read)
+        self.remote = [bool(node_size) and node(dst) != node(rank) for dst in range(world_size)]
 
     def stamp(self, dst: int, nbytes: int) -> int:
         """The arrival time (ns) of ``nbytes`` sent now to ``dst``."""
@@ -120,7 +136,13 @@ class EmulatedLink:
         ``nbytes`` for nbytes / beta: when they arrive (ns), now its new free_at."""
         start = max(time.monotonic_ns(), free_at[peer])
         free_at[peer] = arrival = start + int(nbytes * self.ns_per_byte[peer])
+        self.carried[peer] += nbytes
         return arrival
+
+    def link_bytes(self) -> LinkBytes:
+        """The bytes carried so far inside this rank's node and between nodes."""
+        between = sum(n for n, far in zip(self.carried, self.remote) if far)
+        return LinkBytes(sum(self.carried) - between, between)
 
     def arrived(self, arrival: int) -> bool:
         """Has a piece stamped ``arrival`` landed? If not, remember when it will."""

@@ -112,6 +112,8 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Transport):
         self.board = (Board(buf, shm.board_offset(n), n, rank, capacity)
                       if capacity and self._link is None and board_wanted() else None)
         self._lock = threading.RLock()
+        self._in_call = threading.local()   # .ranks: the ranks of the call in progress
+        self._watched: dict[int, list] = {}   # ctx -> ranks whose death ends its calls
         self._posts = 0  # receives posted so far (see exchange)
         self._next_ctx = 1
 
@@ -269,10 +271,20 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Transport):
                 moved = True
         return moved
 
+    def link_bytes(self) -> Any:
+        """Bytes put on the emulated links inside the node and between nodes (link.py),
+        or None without an emulated link."""
+        return self._link.link_bytes() if self._link is not None else None
+
     def read_arrival(self, src: int, nbytes: int) -> int:
         """When a read of ``nbytes`` from rank ``src``, asked for now, lands (ns;
-        after what was asked of ``src`` before); 0 without an emulated link (link.py)."""
-        return self._link.stamp_read(src, nbytes) if self._link is not None else 0
+        after what was asked of ``src`` before); 0 without an emulated link (link.py).
+        Under the lock the sends take: the communication thread may read while the
+        main thread sends, and both move the link's clocks and byte counts."""
+        if self._link is None:
+            return 0
+        with self._lock:
+            return self._link.stamp_read(src, nbytes)
 
     def read_peer(self, src: int, pid: int, address: int, out: Any, arrival: int = 0) -> bool:
         """One-copy read of rank ``src``'s memory (cma.py), once the bytes have
@@ -288,15 +300,34 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Transport):
 
     def record_begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
         self._flight.begin(ctx, number, ranks, text)
+        # whose death ends this call's waits (local_wait.py): its ranks, or those watched
+        self._in_call.ranks = self._watched.get(ctx, ranks)
 
     def record_end(self) -> None:
         self._flight.end()
+        self._in_call.ranks = None
 
     # -- groups and shutdown -------------------------------------------------
     def new_context(self, ranks: list[int]) -> int:
         ctx = self._next_ctx
         self._next_ctx += 1
         return ctx
+
+    def watch_deaths(self, ctx: int, ranks: list[int]) -> None:
+        self._watched[ctx] = list(ranks)
+
+    def forget(self, ctx: int) -> None:
+        with self._lock:
+            for dst, queue in list(self._sends.items()):
+                kept = deque(op for op in queue if op.sent or op.tag >> TAG_BITS != ctx)
+                if kept:
+                    self._sends[dst] = kept
+                else:
+                    del self._sends[dst]
+            for src, posted in list(self._posted.items()):
+                posted[:] = [r for r in posted if r.tag >> TAG_BITS != ctx]
+                if not posted:
+                    del self._posted[src]
 
     def abort(self, message: str) -> None:
         if self._seg is not None:

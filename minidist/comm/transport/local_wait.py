@@ -11,7 +11,12 @@ each an error that names why:
 - a peer it waits on has already returned from the run (shm.py's rank records
   count each rank's finished runs): ``PeerFinishedError``, at once;
 - nothing moved for ``timeout`` seconds: ``CommTimeoutError``, with the hang
-  report of every rank's last call (flight.py).
+  report of every rank's last call (flight.py);
+- in a world that goes on when a rank dies (``World(fault_tolerant=True)``), a rank
+  of the collective it is in (``record_begin``'s ranks), or the peer it waits on,
+  has died: ``PeerDiedError``, at once. Not only the peer waited on: in a ring, the
+  neighbour of the dead rank stops sending too, and its own neighbour would wait
+  out the timeout on a live rank. A group formed without the dead rank waits on.
 
 It uses the transport's ``_lock``, ``_progress``, ``_sends``, ``_ranks``, ``_bells``,
 ``_words``, ``_in``, ``_seg``, ``_link``, ``spin_s``, ``free_polls`` and ``timeout``.
@@ -20,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from minidist.comm.errors import (TIMEOUT_HINT, CommTimeoutError, PeerFinishedError,
-                                   WorldAbortedError)
+from minidist.comm.errors import (TIMEOUT_HINT, CommTimeoutError, PeerDiedError,
+                                   PeerFinishedError, WorldAbortedError)
 from minidist.comm.transport import flight, shm
 from minidist.comm.transport.wait import Backoff, in_background_thread
 from minidist.trace import recorder as trace
@@ -36,6 +41,8 @@ class LocalWaits:
         talks to the transport: a rank that returns from a run with one still queued
         would leave its peer waiting on a rank that counts itself finished."""
         with self._lock:
+            for dead in self.failed_ranks():   # nothing will take what waits for the dead
+                self._sends.pop(dead, None)
             queued = [send for queue in self._sends.values() for send in queue]
         if queued:
             self.wait_all(queued, what="the sends still queued when the run returned")
@@ -92,15 +99,37 @@ class LocalWaits:
             failed, msg = shm.abort_reason(self._seg)
             who = "the launcher" if failed < 0 else f"rank {failed}"
             raise WorldAbortedError(f"rank {self.rank}: stopping because {who} failed: {msg}")
+        ranks = getattr(self._in_call, "ranks", None)
+        if ranks is not None:
+            self._check_died(ranks, "the collective it is in")
+
+    def failed_ranks(self) -> list[int]:
+        """The ranks seen dead by a launcher that lets the world go on without them."""
+        stride = shm.RANK_WORDS
+        return [r for r in range(self.world_size) if self._ranks[r * stride + shm.R_DIED]]
+
+    def has_returned(self, rank: int) -> bool:
+        """Has ``rank`` finished more runs than this rank (returned from this one)?"""
+        runs, stride = self._ranks, shm.RANK_WORDS
+        return runs[rank * stride + shm.R_RUNS] > runs[self.rank * stride + shm.R_RUNS]
+
+    def _check_died(self, ranks: list[int], what: str) -> None:
+        stride = shm.RANK_WORDS
+        for r in ranks:
+            died = self._ranks[r * stride + shm.R_DIED]
+            if died:
+                self._in_call.ranks = None   # the call is given up: watch nothing after it
+                raise PeerDiedError(f"rank {self.rank}: rank {r} of {what} has died (exit "
+                                    f"code {died - shm.DIED_BASE}): nothing more will come from it", r)
 
     def _check_peers(self, handles: list) -> None:
         """A long wait on a peer that has finished the run this rank is in (it counts
         more finished runs) will never end: say so now, naming it."""
-        runs, stride = self._ranks, shm.RANK_WORDS
-        mine = runs[self.rank * stride + shm.R_RUNS]
+        self._check_died([h.peer() for h in handles if not h.done and h.peer() is not None],
+                         "the send or receive it waits on")
         for h in handles:
             peer = h.peer()
-            if h.done or peer is None or runs[peer * stride + shm.R_RUNS] <= mine:
+            if h.done or peer is None or not self.has_returned(peer):
                 continue
             if self._words[self._in[peer].head_i] != self._in[peer].count:
                 continue  # it sent pieces we have not taken yet: still on an emulated wire
@@ -115,6 +144,7 @@ class LocalWaits:
                     f"skipped a call the others make)")
 
     def _timeout_error(self, handles, timeout, what) -> CommTimeoutError:
+        self._in_call.ranks = None   # the call is given up (PeerDiedError's case too)
         pending = [h.describe() for h in handles if not h.done]
         where = f" in {what}" if what else ""
         report = flight.hang_report(self._flight_records(), self.rank)

@@ -60,9 +60,11 @@ S_TAG, S_TOTAL, S_OFFSET, S_BYTES, S_CODE, S_ARRIVAL = range(6)
 # the dtype code checked on receipt, when it lands on an emulated link (link.py)
 ABORT_MSG_OFFSET = 128
 # Word indices (int64) in a rank's record: the pid holding the rank (0: none recorded),
-# the runs it finished (World.run calls that returned on it)
-RANK_BYTES, R_PID, R_RUNS = 64, 0, 1
+# the runs it finished (World.run calls that returned on it), whether it died (DIED_BASE + its
+# exit code, -9 for SIGKILL; 0: alive) in a world that keeps going without it (World(fault_tolerant))
+RANK_BYTES, R_PID, R_RUNS, R_DIED = 64, 0, 1, 2
 RANK_WORDS = RANK_BYTES // 8
+DIED_BASE = 257   # so that any exit code, -256 .. 255, is stored as a positive word
 ABORT_MSG_MAX = HEADER_BYTES - ABORT_MSG_OFFSET
 
 _counter = itertools.count()
@@ -227,9 +229,23 @@ def finish_run(seg: shared_memory.SharedMemory, rank: int) -> None:
     waiting for a message from it sees at once that none will come."""
     words = rank_records(seg)
     words[rank * RANK_WORDS + R_RUNS] += 1
-    world_size = len(words) // RANK_WORDS
     words.release()
-    bells = Doorbells(seg.buf, BELLS_OFFSET, world_size)
+    _wake_all(seg)
+
+
+def mark_died(seg: shared_memory.SharedMemory, rank: int, exit_code: int) -> None:
+    """The launcher saw rank ``rank`` die (exit code ``exit_code``, -9 for SIGKILL) and
+    lets the world go on: note it, and wake every rank, so that one waiting in a
+    collective of it fails at once (local_wait.py, ``PeerDiedError``)."""
+    words = rank_records(seg)
+    words[rank * RANK_WORDS + R_DIED] = DIED_BASE + exit_code
+    words.release()
+    _wake_all(seg)
+
+
+def _wake_all(seg: shared_memory.SharedMemory) -> None:
+    """Ring every rank's doorbell (a rank asleep in a wait looks again)."""
+    bells = Doorbells(seg.buf, BELLS_OFFSET, read_header(seg)[0])
     bells.ring_all()
     bells.close()
 

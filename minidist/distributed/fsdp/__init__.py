@@ -3,6 +3,8 @@
     fully_shard.py  fully_shard, sharded_state_dict: every parameter
                     a Shard(0) DTensor, all-gathered around its unit's use, its gradient
                     reduce-scattered; ZeRO-3 with per-parameter pieces instead of flat ones
+    hsdp.py         fully_shard on a 2-D mesh (HSDP): (Replicate(), Shard(0)), the gradients
+                    reduce-scattered inside a replica and all-reduced across replicas
     state.py        FSDPState (a unit's pieces, gathers and reduce), the prefetch of the next
                     unit, MixedPrecisionPolicy, the smaller group of reshard_after_forward=k
     gather_format.py  the parameters' all-gather in a low-precision format: cast before it

@@ -54,6 +54,10 @@ within that group (state.py). The next unit's all-gather is issued before the cu
 unit computes, forward and backward (FSDP2's prefetch, state.py);
 ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` choose others.
 
+On a 2-D mesh (HSDP, hsdp.py) the parameters are placed (Replicate(), Shard(0)): the
+gathers and the reduce-scatter run over dim 1 (the N above is its size), and each
+gradient piece is then all-reduced (averaged) over dim 0, the replicas.
+
 ``MixedPrecisionPolicy(param_dtype=...)`` casts the gathered parameters (the
 compute copy; the sharded float master stays); ``reduce_dtype`` casts the
 gradient for the reduce-scatter and back; "bfloat16", "float16" and the other
@@ -73,15 +77,13 @@ from minidist.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
 from minidist.autograd.recompute import capture_forward_context, is_recomputing
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
-from minidist.comm.group import get_world_size
 from minidist.distributed._shared_tokens import share_tokens
-from minidist.distributed.device_mesh import init_device_mesh
+from minidist.distributed.fsdp.hsdp import data_parallel_mesh
 from minidist.distributed.fsdp.state import FSDPParam, FSDPState, MixedPrecisionPolicy
 from minidist.distributed.tensor._api import DTensor, distribute_tensor
 from minidist.distributed.tensor._collectives import backward_phase
 from minidist.distributed.tensor._piece_norm import note_piece, refuse_pieces_as_replicas
 from minidist.distributed.tensor._redistribute import GradPlacements
-from minidist.distributed.tensor.placement_types import Shard
 from minidist.nn.module import Module, Parameter
 from minidist.nn.moe import routes_tokens
 
@@ -174,15 +176,17 @@ class _GatheredParameters(Function):
 
 def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool | int = True,
                 mp_policy: MixedPrecisionPolicy | None = None) -> Module:
-    """Shard ``module``'s parameters (those no inner unit holds) over the 1-D ``mesh``
-    (default: the world) as Shard(0), gathered around its forward and backward.
-    ``reshard_after_forward``: True, False, or the size of a smaller group (a node) to
-    keep them sharded over from forward to backward (an int dividing the mesh's size)."""
-    mesh = _one_dim_mesh(mesh)
-    reshard_after_forward = _reshard_setting(reshard_after_forward, mesh)
+    """Shard ``module``'s parameters (those no inner unit holds) over ``mesh`` (default:
+    the world), gathered around its forward and backward: a 1-D mesh places them
+    Shard(0); a 2-D mesh (HSDP, hsdp.py) places them (Replicate(), Shard(0)), dim 0 the
+    replicas, dim 1 the ranks that shard. ``reshard_after_forward``: True, False, or the
+    size of a smaller group (a node) to keep them sharded over from forward to backward
+    (an int dividing the number of ranks that shard)."""
+    dp = data_parallel_mesh(mesh)
+    reshard_after_forward = _reshard_setting(reshard_after_forward, dp.shard_group.size)
     mp_policy = mp_policy or MixedPrecisionPolicy()
     mp_policy.check()
-    state = FSDPState(mesh, reshard_after_forward, mp_policy)
+    state = FSDPState(dp, reshard_after_forward, mp_policy)
     shard_parameters(module, state)
     _join_schedules(module, state)
     object.__setattr__(module, "_fsdp_state", state)
@@ -192,25 +196,14 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
     return module
 
 
-def _one_dim_mesh(mesh: Any) -> Any:
-    """The mesh to shard over: ``mesh`` (1-D), or the whole world."""
-    if mesh is None:
-        mesh = init_device_mesh("cuda" if backend.get_backend() == "cupy" else "cpu",
-                                (get_world_size(),))
-    if mesh.ndim != 1:
-        raise ValueError(f"fully_shard takes a 1-D mesh, got {mesh.ndim} dimensions: pass "
-                         "mesh['dp'] (the data-parallel dimension)")
-    return mesh
-
-
-def _reshard_setting(reshard_after_forward: bool | int, mesh: Any) -> bool | int:
+def _reshard_setting(reshard_after_forward: bool | int, shard_size: int) -> bool | int:
     """True, False, or the size of a smaller group; torch's two ends of the int range
-    (the mesh's size, 1) read as True and False."""
+    (the number of ranks that shard, 1) read as True and False."""
     if not isinstance(reshard_after_forward, (bool, int)):
         raise TypeError("reshard_after_forward must be True, False, or an int (the size of "
                         f"the group to reshard to), not {reshard_after_forward!r}")
     if not isinstance(reshard_after_forward, bool):
-        if reshard_after_forward == mesh.size():
+        if reshard_after_forward == shard_size:
             return True
         if reshard_after_forward == 1:
             return False
@@ -223,16 +216,17 @@ def shard_parameters(module: Module, state: FSDPState) -> None:
     mesh = state.mesh
     managed = _managed_parameters(module)
     names = {id(p): n for n, p in module.named_parameters()}
-    refuse_pieces_as_replicas([(names.get(key, "?"), p) for key, (p, _) in managed.items()],
-                              mesh.get_group(0), "fully_shard")
-    share_tokens(module, mesh.get_group(0), "batch")   # the routers' counts: every rank's batch
+    for dim in range(mesh.ndim):                # every rank of the mesh holds a batch
+        refuse_pieces_as_replicas([(names.get(key, "?"), p) for key, (p, _) in managed.items()],
+                                  mesh.get_group(dim), "fully_shard")
+        share_tokens(module, mesh.get_group(dim), "batch")   # the routers' counts
     for param, uses in managed.values():
         shape = tuple(param.shape)
         if not shape:
             raise ValueError(f"fully_shard cuts parameters along dim 0; {uses[0][1]} is a scalar")
-        piece = distribute_tensor(param.data, mesh, [Shard(0)]).to_local().data.copy()
+        piece = distribute_tensor(param.data, mesh, state.placements).to_local().data.copy()
         shard = Parameter(piece)
-        note_piece(shard, mesh, (Shard(0),), cut_from=param)   # clip_grad_norm_ counts the whole
+        note_piece(shard, mesh, state.placements, cut_from=param)  # clip_grad_norm_: the whole
         for owner, name in uses:
             setattr(owner, name, shard)
         state.params.append(FSDPParam(shard, uses, shape))
@@ -329,7 +323,7 @@ def sharded_state_dict(module: Module) -> dict[str, DTensor]:
         owner = dict(module.named_modules())[owner_name]
         state = _state_of(module, owner)
         shape = next(param.shape for param in state.params if param.shard is p)
-        out[name] = DTensor(p, state.spec(shape, Shard(0)), GradPlacements((Shard(0),), True))
+        out[name] = DTensor(p, state.spec(shape), GradPlacements(state.placements, True))
     return out
 
 

@@ -21,13 +21,18 @@ How the pieces travel: each rank sends piece j of its (rounded) gradient to rank
 and receives the n contributions to its own piece (an all-to-all), then adds them
 as above. That moves (n - 1) / n * M bytes per rank, what a ring reduce-scatter moves;
 CommDebugMode counts it as the reduce-scatter it is.
+
+HSDP's all-reduce over the replicas (hsdp.py) in a format: every rank's rounded
+values gathered, then round_sum in rank order, so every rank gets the same bits.
+It moves (n - 1) * M bytes per rank (a ring all-reduce: 2 (n - 1) / n * M);
+CommDebugMode counts it as the all-reduce it stands for.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from minidist.backend import xp
-from minidist.comm.collectives.api import all_to_all
+from minidist.comm.collectives.api import all_gather_into_tensor, all_to_all
 from minidist.comm.group import ProcessGroup
 from minidist.distributed.tensor._collectives import _note, stack_dim0, unstack_dim0
 from minidist.precision import quantize
@@ -78,3 +83,16 @@ def reduce_scatter_dim0_in_format(fulls: list, reduce_op: str, group: ProcessGro
     elif n > 1:
         received = [stacked[r].copy() for _ in range(n)]   # nothing to move
     return unstack_dim0(round_sum(received, fmt, reduce_op), shapes, r)
+
+
+def all_reduce_in_format(flat: Any, reduce_op: str, group: ProcessGroup,
+                         fmt: FloatFormat) -> Any:
+    """Partial -> Replicate of a 1-D array, reduced in ``fmt``: round_sum over the ranks
+    of ``group`` of each rank's rounded values (module docstring); the same on every rank."""
+    rounded = xp.ascontiguousarray(quantize(flat, fmt))                    # (W,)
+    if group.size == 1 or not rounded.size:
+        return round_sum([rounded], fmt, reduce_op)
+    _note("all_reduce", group, rounded.nbytes)
+    everyone = xp.empty((group.size,) + rounded.shape, dtype=rounded.dtype)   # (n, W)
+    all_gather_into_tensor(everyone, rounded, group=group)
+    return round_sum([everyone[s] for s in range(group.size)], fmt, reduce_op)

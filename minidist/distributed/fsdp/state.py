@@ -45,6 +45,7 @@ from minidist.autograd.recompute import is_recomputing
 from minidist.comm.collectives.api import all_gather_into_tensor
 from minidist.comm.group import ProcessGroup, new_group, world_group
 from minidist.distributed.fsdp.gather_format import gather_pieces
+from minidist.distributed.fsdp.hsdp import DataParallelMesh, all_reduce_pieces
 from minidist.distributed.fsdp.reduce_format import (emulated_format,
                                                      reduce_scatter_dim0_in_format)
 from minidist.distributed.tensor import _collectives as coll
@@ -116,12 +117,15 @@ class FSDPState:
     """What fully_shard keeps on a module: its mesh, its parameters' pieces and where
     they are used (a tied parameter is used by two modules), the gathers under way."""
 
-    def __init__(self, mesh: Any, reshard_after_forward: bool | int,
+    def __init__(self, dp: DataParallelMesh, reshard_after_forward: bool | int,
                  mp_policy: MixedPrecisionPolicy):
-        self.mesh, self.mp_policy = mesh, mp_policy
+        self.mesh, self.mp_policy = dp.mesh, mp_policy
+        self.shard_group = dp.shard_group              # gathers and reduce-scatters
+        self.replicate_group = dp.replicate_group      # HSDP: all-reduces the pieces
+        self.placements = dp.placements                # of every parameter of the unit
         self.reshard_after_forward = reshard_after_forward is not False
         self.post_group = None if isinstance(reshard_after_forward, bool) \
-            else post_forward_group(mesh, reshard_after_forward)
+            else post_forward_group(self.shard_group, reshard_after_forward)
         self.post_forward: list[Any] | None = None   # pieces for post_group, forward to backward
         self.params: list[FSDPParam] = []
         self.requires_gradient_sync = True
@@ -133,8 +137,8 @@ class FSDPState:
         self.backward_prefetch: list[FSDPState] | None = None   # None: the previous one
         self.pending: tuple[str, coll.GatheredDim0] | None = None  # (phase, gather under way)
 
-    def spec(self, shape: tuple[int, ...], placement: Any) -> DTensorSpec:
-        return DTensorSpec(self.mesh, (placement,), shape)
+    def spec(self, shape: tuple[int, ...]) -> DTensorSpec:
+        return DTensorSpec(self.mesh, self.placements, shape)
 
     def shards(self) -> list[Parameter]:
         return [param.shard for param in self.params]
@@ -154,7 +158,7 @@ class FSDPState:
         lengths = [param.shape[0] for param in self.params]
         if phase == "backward" and self.post_group is not None:
             return coll.all_gather_dim0(self.post_forward, lengths, self.post_group, async_op)
-        return gather_pieces([s.data for s in self.shards()], lengths, self.mesh.get_group(0),
+        return gather_pieces([s.data for s in self.shards()], lengths, self.shard_group,
                              self.mp_policy, async_op)     # cast before (gather_format.py)
 
     def gather(self, phase: str = "forward", keep: bool = False) -> list[Any]:
@@ -231,28 +235,32 @@ class FSDPState:
 
     def reduce(self, grads: list[Any]) -> list[Any]:
         """This rank's pieces of the mean over ranks of every gradient, by one
-        reduce-scatter (in ``reduce_dtype`` if the policy names one)."""
-        group = self.mesh.get_group(0)
+        reduce-scatter over the shard group (in ``reduce_dtype`` if the policy names one);
+        HSDP: then one all-reduce of the pieces over the replicas (hsdp.py)."""
+        group = self.shard_group
         fmt = emulated_format(self.mp_policy.reduce_dtype)
         if fmt is not None:
             pieces = reduce_scatter_dim0_in_format(grads, "avg", group, fmt)
         else:
             dtype = self.mp_policy.reduce_dtype or self.params[0].shard.dtype
             pieces = coll.reduce_scatter_dim0([g.astype(dtype) for g in grads], "avg", group)
+        if self.replicate_group is not None:
+            pieces = all_reduce_pieces(pieces, self.replicate_group, fmt)
         return [p.astype(param.shard.dtype) for p, param in zip(pieces, self.params)]
 
 
-def post_forward_group(mesh: Any, size: int) -> ProcessGroup:
-    """This rank's group of ``size`` for reshard_after_forward=size: the mesh's ranks in
-    blocks of ``size``. Every rank of the world builds every such group (new_group's
-    rule), so the meshes of all ranks are gathered first (one all-gather of rank lists)."""
-    n = mesh.size()
+def post_forward_group(shard_group: ProcessGroup, size: int) -> ProcessGroup:
+    """This rank's group of ``size`` for reshard_after_forward=size: the ranks of its
+    shard group in blocks of ``size``. Every rank of the world builds every such group
+    (new_group's rule), so the shard groups of all ranks are gathered first (one
+    all-gather of rank lists)."""
+    n = shard_group.size
     if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= n \
             or n % size:
-        raise ValueError(f"reshard_after_forward={size!r}: an int must divide the mesh's "
-                         f"{n} ranks (the ranks of a node, say); use True or False otherwise")
+        raise ValueError(f"reshard_after_forward={size!r}: an int must divide the {n} ranks "
+                         "that shard (the ranks of a node, say); use True or False otherwise")
     world = world_group()
-    mine = xp.asarray(list(mesh.mesh), dtype="int64")                         # (n,)
+    mine = xp.asarray(list(shard_group.ranks), dtype="int64")                 # (n,)
     everyone = xp.empty((world.size, n), dtype="int64")                       # (world, n)
     all_gather_into_tensor(everyone, mine, group=world)
     meshes = []

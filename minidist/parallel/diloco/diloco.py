@@ -59,7 +59,8 @@ class Fragment:
     params: list                                 # the model's Parameters, in model order
     global_params: list                          # theta_global, one array per parameter
     pending: Any = None                          # the all-reduce in flight (a Work), or None
-    wire: Any = None                             # (sum numel,) the outer gradient on the wire
+    wire: Any = None                             # what travels: (sum numel,) float, or codes
+    gathered: Any = None                         # (N, W) every replica's codes (quantised)
     merge_at: int = -1                           # the inner step after which it is merged
     started: float = 0.0                         # when it started (trace clock)
     syncs: int = 0                               # synchronisations completed
@@ -125,21 +126,31 @@ class DiLoCo:
                 self.finish_sync(frag)
 
     def start_sync(self, f: int) -> None:
-        """Start fragment f's all-reduce of Delta = theta_global - theta_local (rounded)."""
+        """Start fragment f's all-reduce of Delta = theta_global - theta_local, or the
+        all-gather of its codes in ``outer_grad_format`` (outer_grad.py)."""
         frag = self.fragments[f]
-        deltas = [outer_grad.round_outer_gradient(g - p.data, self.format)
-                  for g, p in zip(frag.global_params, frag.params)]
-        frag.wire = xp.concatenate([d.reshape(-1) for d in deltas])      # (sum numel,)
+        deltas = [g - p.data for g, p in zip(frag.global_params, frag.params)]
         frag.started = trace.active.now() if trace.active is not None else 0.0
         frag.merge_at = self.local_step + self.fragment_sync_delay
         frag.history.append((self.local_step, frag.merge_at))
-        frag.pending = dist.all_reduce(frag.wire, op=ReduceOp.AVG, group=self.group,
-                                       async_op=True)
+        if self.format is None:
+            frag.wire = xp.concatenate([d.reshape(-1) for d in deltas])  # (sum numel,)
+            frag.pending = dist.all_reduce(frag.wire, op=ReduceOp.AVG, group=self.group,
+                                           async_op=True)
+            return
+        frag.wire = outer_grad.encode_outer_gradients(deltas, self.format)    # (W,) uint8
+        frag.gathered = xp.empty((dist.get_world_size(self.group), frag.wire.size),
+                                 dtype=frag.wire.dtype)                          # (N, W)
+        frag.pending = dist.all_gather_into_tensor(frag.gathered, frag.wire, group=self.group,
+                                                   async_op=True)
 
     def finish_sync(self, frag: Fragment) -> None:
         """Wait for the mean, run the outer step from theta_global, merge with alpha."""
         frag.pending.wait()
         frag.pending = None
+        mean = frag.wire if self.format is None else outer_grad.mean_of_encoded(
+            frag.gathered, [g.size for g in frag.global_params], self.format,
+            frag.global_params[0].dtype)
         local = [p.data.copy() for p in frag.params]
         inner_grads = {id(p): p.grad for p in self.model.parameters()}
         for p in self.model.parameters():          # the outer step touches this fragment only
@@ -147,8 +158,8 @@ class DiLoCo:
         offset = 0
         for p, g in zip(frag.params, frag.global_params):
             p.data[...] = g                          # back to theta_global ...
-            mean = frag.wire[offset:offset + g.size].reshape(g.shape)
-            p.grad = mean.astype(g.dtype, copy=False)    # ... with the mean Delta as .grad
+            flat = mean[offset:offset + g.size]          # ... with the mean Delta as .grad
+            p.grad = flat.reshape(g.shape).astype(g.dtype, copy=False)
             offset += g.size
         self.outer.step()                            # theta_global <- OuterOpt(...)
         alpha = self.fragment_update_alpha

@@ -9,9 +9,21 @@ just fits the format (as the MX formats scale a block, with the scale exact):
     s = 2^ceil(log2(max|Delta| / fmt.max))
     Delta_q = s * round(Delta / s)                   (round: nearest even, saturating)
 
-A real wire carries the fmt.bits-bit codes plus one scale per tensor: bits / 32 of the
-float32 bytes (``minidist calc diloco``). Here the rounded values travel as floats:
-the arithmetic is the quantised one, the emulated wire's byte count is not.
+What travels are the codes (``precision.encode``: fmt.bits bits each, two 4-bit codes
+per byte) and one int32 scale exponent k per tensor, ``encode_outer_gradients``:
+
+    wire = [ codes of every tensor's Delta / s, side by side | k of each tensor ]
+           ceil(n * bits / 8) + 4 * tensors bytes            (float32: 4 n)
+
+Every replica's wire is all-gathered (the codes cannot be added as codes), and each
+rank decodes the N of them and adds them in rank order (``mean_of_encoded``):
+
+    mean = (Delta_q,0 + Delta_q,1 + ... + Delta_q,N-1) / N     the same bits everywhere
+
+An all-gather moves (N-1) * W bytes per rank: for N = 2 what a ring all-reduce of the
+codes would, bits / 32 of the float32 all-reduce's; for larger N, N / 2 times that (a
+quantised all-reduce keeps bits / 32 by rounding the partial sums again, which changes
+the mean; torchft does so).
 """
 from __future__ import annotations
 
@@ -21,6 +33,7 @@ from typing import Any
 from minidist import backend
 from minidist.backend import xp
 from minidist.precision import FloatFormat, get_format, quantize
+from minidist.precision.encoding import decode, encode
 
 # the formats Streaming DiLoCo's experiments use; any other minidist format works too
 SUGGESTED = ("bf16", "e4m3fn", "e5m2", "e2m1fn", "e3m0")
@@ -54,7 +67,47 @@ def round_outer_gradient(delta: Any, fmt: FloatFormat | None) -> Any:
     ``delta`` itself when ``fmt`` is None."""
     if fmt is None:
         return delta
-    amax = float(backend.to_host(xp.max(xp.abs(delta)))) if delta.size else 0.0
-    k = scale_exponent(amax, fmt)
+    k = _exponent(delta, fmt)
     scaled = xp.ldexp(delta, -k)                 # Delta / s, exact (s = 2^k may not fit a float32)
     return xp.ldexp(quantize(scaled, fmt, saturate=True), k)
+
+
+def _exponent(delta: Any, fmt: FloatFormat) -> int:
+    amax = float(backend.to_host(xp.max(xp.abs(delta)))) if delta.size else 0.0
+    return scale_exponent(amax, fmt)
+
+
+def encode_outer_gradients(deltas: list, fmt: FloatFormat) -> Any:
+    """The wire of one replica (module docstring): (W,) uint8, the codes of each
+    ``delta`` under its scale (4-bit codes two to a byte), then each scale's exponent."""
+    exponents = [_exponent(d, fmt) for d in deltas]
+    codes = xp.concatenate([encode(xp.ldexp(d, -k).reshape(-1), fmt, saturate=True)
+                            for d, k in zip(deltas, exponents)])            # (n,) codes
+    if fmt.bits <= 4:
+        codes = xp.concatenate([codes, xp.zeros(codes.size % 2, dtype=codes.dtype)])
+        codes = codes[0::2] | (codes[1::2] << 4)                            # (ceil(n/2),)
+    scales = xp.asarray(exponents, dtype=xp.int32)                          # (tensors,)
+    return xp.concatenate([xp.ascontiguousarray(codes).view(xp.uint8), scales.view(xp.uint8)])
+
+
+def mean_of_encoded(gathered: Any, sizes: list[int], fmt: FloatFormat, dtype: Any) -> Any:
+    """The mean over the rows of ``gathered`` ((N, W) uint8: every replica's wire) of the
+    decoded outer gradients, added in rank order: (sum of sizes,) of ``dtype``."""
+    n, tensors = sum(sizes), len(sizes)
+    total = None
+    for row in gathered:
+        code_bytes = xp.ascontiguousarray(row[:row.size - 4 * tensors])
+        exponents = backend.to_host(row[row.size - 4 * tensors:].copy().view(xp.int32))
+        if fmt.bits <= 4:
+            codes = xp.empty(2 * code_bytes.size, dtype=xp.uint8)
+            codes[0::2], codes[1::2] = code_bytes & 0xF, code_bytes >> 4
+        else:
+            codes = code_bytes.view(fmt.code_dtype)
+        values = decode(codes[:n], fmt, str(xp.dtype(dtype)))               # (n,)
+        start, parts = 0, []
+        for size, k in zip(sizes, exponents.tolist()):
+            parts.append(xp.ldexp(values[start:start + size], k))
+            start += size
+        mine = xp.concatenate(parts)
+        total = mine if total is None else total + mine
+    return total / gathered.shape[0]

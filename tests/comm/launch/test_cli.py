@@ -52,6 +52,34 @@ def test_run_exits_nonzero_with_the_failing_ranks_traceback_once(tmp_path):
     assert "ranks [0, 2] were stopped" in out.stderr
 
 
+KILLED = textwrap.dedent("""
+    import os, signal
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    from minidist.comm import PeerDiedError
+    dist.init_process_group()
+    if dist.get_rank() == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(xp.ones(3))
+    except PeerDiedError as e:
+        print(f"went on without rank {e.rank}", flush=True)
+""")
+
+
+def test_fault_tolerant_run_lets_the_others_go_on_and_says_who_was_lost(tmp_path):
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    cmd = [sys.executable, "-m", "minidist.cli", "run", "-n", "3", "--fault-tolerant",
+           str(script)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "[rank 0] went on without rank 2" in out.stdout
+    assert "[rank 1] went on without rank 2" in out.stdout
+    assert ("minidist run: rank 2 lost (exit code -9 (SIGKILL)); the others went on "
+            "without it (--fault-tolerant)") in out.stderr
+
+
 LINES = textwrap.dedent("""
     import os
     r = os.environ["RANK"]

@@ -82,3 +82,44 @@ def _switch_interval_around_async():
     during = sys.getswitchinterval()
     w.wait()
     return abs(during - SWITCH_S) < 1e-9, sys.getswitchinterval() == before
+
+
+def test_the_link_counts_bytes_inside_the_node_and_between_nodes():
+    link = EmulatedLink(1_000, world_size=4, rank=1, node_size=2, inter_bytes_per_s=10)
+    link.stamp(0, 100)                           # rank 0: same node
+    link.stamp(2, 30)                            # rank 2: the other node
+    link.stamp_read(3, 5)                        # read from rank 3: the other node
+    assert link.link_bytes() == (100, 35)
+    one_level = EmulatedLink(1_000, world_size=2, rank=0)
+    one_level.stamp(1, 7)
+    assert one_level.link_bytes() == (7, 0)
+
+
+def _link_bytes_around(algorithm):
+    import minidist.distributed as dist
+    from minidist import backend
+    x = backend.xp.ones(100_000, dtype="float32")
+    before, sent = dist.get_link_bytes(), dist.get_stats().bytes_sent
+    dist.all_reduce(x, algorithm=algorithm)
+    after = dist.get_link_bytes()
+    return after.inside - before.inside, after.between - before.between, \
+        dist.get_stats().bytes_sent - sent
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "hierarchical"])
+def test_every_byte_a_collective_sends_is_counted_on_one_link(algorithm):
+    """2 nodes x 2 ranks: the bytes on the links, inside and between nodes, add up to
+    the bytes the collective says it sent, plus the same-call check's records (at most
+    128 bytes x N rows x log2 N rounds, comm/collectives/check.py); between nodes the
+    ring's two crossing links carry 2(N-1)/N * M each, the hierarchical all-reduce
+    2(K-1)/K * M/L per rank (K = 2 nodes, L = 2 ranks per node)."""
+    with World(4, node_size=2, link_gbps=100.0, inter_node_gbps=50.0, timeout=20.0,
+               run_timeout=60.0) as world:
+        results = world.run(_link_bytes_around, algorithm)
+    records = 128 * 4 * 2
+    for inside, between, sent in results:
+        assert 0 <= inside + between - sent <= records
+    between = sum(b for _, b, _ in results)
+    m = 400_000
+    want = 2 * 1.5 * m if algorithm == "ring" else 4 * 2 * (1 / 2) * m / 2
+    assert want <= between <= want + 4 * records

@@ -84,15 +84,30 @@ def snapshot(model):
 
 # -- one rank of a world ---------------------------------------------------------
 
-def train_on_rank(case, replica_group=None, replica=None, parts=1, part=0, ddp_group=None):
-    """DiLoCo on this rank; returns the parameters after every inner step."""
+def shard_replica(model, mesh):
+    """fully_shard each layer and the root over ``mesh`` (1-D: FSDP, 2-D: HSDP); the
+    function that returns the whole parameters (gathered from their pieces)."""
+    from minidist.distributed.fsdp import fully_shard, sharded_state_dict
+    for name in LAYERS:
+        fully_shard(getattr(model, name), mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return lambda m: {n: backend.to_host(d.full_tensor().data).copy()
+                      for n, d in sharded_state_dict(m).items()}
+
+
+def train_on_rank(case, replica_group=None, replica=None, parts=1, part=0, ddp_group=None,
+                  fsdp_mesh=None):
+    """DiLoCo on this rank; returns the parameters after every inner step. A replica of
+    several ranks is DDP over ``ddp_group`` or fully_shard over ``fsdp_mesh`` (then its
+    ranks start alike, and the replicas from different weights)."""
     import minidist.distributed as dist
     from minidist.parallel.data import DistributedDataParallel
     from minidist.parallel.diloco import DiLoCo
     rank = dist.get_rank()
     replica = rank if replica is None else replica
-    model = make_model(case, seed_offset=rank)
+    model = make_model(case, seed_offset=rank if fsdp_mesh is None else replica)
     wrapped = DistributedDataParallel(model, group=ddp_group) if ddp_group is not None else model
+    whole = snapshot if fsdp_mesh is None else shard_replica(model, fsdp_mesh)
     inner = make_inner(case, model.parameters())
     outer = SGD(model.parameters(), **case["outer"])
     frags = None if case["F"] == 1 and not case.get("as_fragments") else \
@@ -106,7 +121,7 @@ def train_on_rank(case, replica_group=None, replica=None, parts=1, part=0, ddp_g
             loss_backward(wrapped, x, y)
             inner.step()
             inner.zero_grad()
-            out.append(snapshot(model))
+            out.append(whole(model))
     return out
 
 

@@ -91,3 +91,32 @@ def test_diloco_over_a_mesh_dimension_composes_with_ddp_replicas():
     for step in range(case["steps"]):
         for rank in range(4):
             assert_close(got[rank][step], want[step][rank // 2])
+
+
+def train_replica_of_fsdp(case, shape):
+    """DiLoCo over mesh dim 0 ('replica'); each replica fully_shard over the rest: FSDP
+    over 'dp_shard' on a (2, 2) mesh, HSDP over ('dp_replicate', 'dp_shard') on (2, 2, 2)."""
+    from minidist import backend
+    from minidist.distributed.device_mesh import init_device_mesh
+    names = ("replica", "dp_replicate", "dp_shard") if len(shape) == 3 \
+        else ("replica", "dp_shard")
+    mesh = init_device_mesh(backend.device_type(), shape, mesh_dim_names=names)
+    coord = mesh.get_coordinate()
+    part = coord[1] if len(shape) == 2 else coord[1] * shape[2] + coord[2]
+    return train_on_rank(case, replica_group=mesh["replica"], replica=coord[0],
+                         parts=mesh.size() // shape[0], part=part,
+                         fsdp_mesh=mesh[names[1:]])
+
+
+@pytest.mark.parametrize("shape", [(2, 2), (2, 2, 2)], ids=["fsdp", "hsdp"])
+def test_diloco_over_a_mesh_dimension_composes_with_sharded_replicas(shape):
+    """Each DiLoCo replica is fully_shard over its ranks (FSDP, or HSDP on a 2-D sub-mesh):
+    the whole parameters equal Algorithm 1 with one process per replica, to 1e-12."""
+    case = case_of(world=2, seed=11, H=2, steps=5, batch=4)
+    world = int(np.prod(shape))
+    with World(world, timeout=20.0, run_timeout=120.0) as w:
+        got = w.run(train_replica_of_fsdp, case.copy(), shape)
+    want = simulate(case)
+    for step in range(case["steps"]):
+        for rank in range(world):
+            assert_close(got[rank][step], want[step][rank // (world // 2)])

@@ -41,3 +41,35 @@ def test_bf16_under_a_power_of_two_scale_is_plain_bf16(x):
     np.testing.assert_array_equal(backend.to_host(got),
                                   backend.to_host(quantize(backend.from_host(x), "bf16")))
     assert backend.to_host(got).dtype == np.float32
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 9), min_size=1, max_size=3),
+       name=st.sampled_from(FORMATS), seed=st.integers(0, 2**16))
+def test_the_wire_holds_bits_per_value_and_decodes_to_the_rounded_outer_gradient(sizes, name,
+                                                                                  seed):
+    """encode_outer_gradients sends ceil(n * bits / 8) bytes of codes and 4 per tensor;
+    decoding one replica's wire gives round_outer_gradient's values, bit for bit."""
+    from minidist.parallel.diloco.outer_grad import encode_outer_gradients, mean_of_encoded
+    fmt = outer_grad_format(name)
+    rng = np.random.default_rng(seed)
+    deltas = [backend.from_host(rng.standard_normal(n) * 10.0 ** rng.integers(-6, 1))
+              for n in sizes]
+    wire = encode_outer_gradients(deltas, fmt)
+    n = sum(sizes)
+    assert wire.size == -(-n * fmt.bits // 8) + 4 * len(sizes)
+    got = backend.to_host(mean_of_encoded(wire[None, :], sizes, fmt, "float64"))
+    want = np.concatenate([backend.to_host(round_outer_gradient(d, fmt)) for d in deltas])
+    np.testing.assert_array_equal(got, want)
+
+
+def test_the_mean_of_wires_adds_the_replicas_in_rank_order():
+    from minidist.parallel.diloco.outer_grad import encode_outer_gradients, mean_of_encoded
+    fmt = outer_grad_format("e2m1fn")
+    rows = [[backend.from_host(np.array([0.5, -3.0, 1e-3])), backend.from_host(np.array([2.0]))],
+            [backend.from_host(np.array([1.5, 6.0, 0.0])), backend.from_host(np.array([-4.0]))]]
+    wires = backend.xp.stack([encode_outer_gradients(r, fmt) for r in rows])
+    got = backend.to_host(mean_of_encoded(wires, [3, 1], fmt, "float64"))
+    want = sum(np.concatenate([backend.to_host(round_outer_gradient(d, fmt)) for d in r])
+               for r in rows) / 2
+    np.testing.assert_array_equal(got, want)

@@ -92,3 +92,29 @@ def test_trace_shows_each_fragment_sync_overlapping_the_next_inner_steps(tmp_pat
     for s in syncs:                          # an inner step of the same rank ran inside it
         assert any(st["pid"] == s["pid"] and s["ts"] < st["ts"] < s["ts"] + s["dur"]
                    for st in steps)
+
+
+def wire_bytes_case(fmt):
+    """Two DiLoCo syncs (H = 2, 4 steps) of the float64 test net: the bytes this rank
+    sent in the outer gradients' collectives, and the net's number of values."""
+    import minidist.distributed as dist
+    case = case_of(world=dist.get_world_size(), seed=2, H=2, steps=4, fmt=fmt)
+    before = dict(dist.get_stats().per_collective)
+    train_on_rank(case)
+    after = dist.get_stats().per_collective
+    name = "all_reduce" if fmt is None else "all_gather"
+    sent = after[name]["bytes_sent"] - before.get(name, {}).get("bytes_sent", 0)
+    return sent, 3 * 4 + 4 * 4 + 4 * 2 + 4 + 4 + 2        # the 3 layers' weights and biases
+
+
+@pytest.mark.parametrize("fmt, bits", [("bf16", 16), ("e4m3fn", 8), ("e3m0", 4)])
+def test_quantised_outer_gradients_send_their_bits_on_the_wire(world, fmt, bits):
+    """Per sync and rank, an all-gather of (N-1) * (ceil(n * bits / 8) + 4 per tensor)
+    bytes; at N = 2 that is bits / 64 (and 4 bytes a tensor) of the float64 all-reduce's
+    8 n, which the same run without a format sends."""
+    n_ranks = world.world_size
+    full = world.run(wire_bytes_case, None)
+    for (sent, n), (sent_full, _) in zip(world.run(wire_bytes_case, fmt), full):
+        assert sent == 2 * (n_ranks - 1) * (-(-n * bits // 8) + 4 * 6)
+        if n_ranks == 2:
+            assert sent_full == 2 * 8 * n

@@ -1,4 +1,4 @@
-"""Demo 27: one step with and without an overlap of model parallelism, traced, on one clock.
+"""Demo 28: one step with and without an overlap of model parallelism, traced, on one clock.
 
 Two ranks on an emulated link (1 GB/s: bytes on the wire while the CPU is free) run one
 traced training step of the plain variant, then one of the overlapped one, of a pair
@@ -11,7 +11,7 @@ from bench/bench_overlap.py (whose builders this demo borrows):
                      while the all-to-all travels)
     --pair fsdp      float32 gathers vs bfloat16 gathers (half the bytes)
 
-    python demos/27_overlap.py --pair tp --figure /tmp/tp.png
+    python demos/28_overlap.py --pair tp --figure /tmp/tp.png
 
 It prints, from each trace, what ``minidist trace summary`` prints per rank: the
 communication time, the part of it no compute hid (exposed), and the part hidden. The

@@ -1,0 +1,82 @@
+"""torchft's two wrappers: a DDP whose all-reduce is the quorum's, an optimizer that
+steps only when the step commits.
+
+    manager = Manager(load_state_dict, state_dict)
+    model = DistributedDataParallel(manager, MLP(...))
+    optimizer = OptimizerWrapper(manager, AdamW(model.parameters()), model)
+    for x, y in batches:
+        optimizer.zero_grad()             # start_quorum(): who is in, heal if behind
+        loss_fn(model(x), y).backward()
+        model.sync_gradients()            # p.grad = (1/Q) sum over the quorum
+        optimizer.step()                  # only if should_commit()
+
+The gradient is averaged over the Q replicas of the quorum, not the world's N: the
+replicas that died this run contribute no batch, and dividing by N would shrink
+every step by Q/N (docs/fault_tolerance.md).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from minidist.nn.module import Module
+from minidist.parallel.fault_tolerance.manager import Manager
+
+
+class DistributedDataParallel(Module):
+    """Wrap ``module``; ``sync_gradients()`` after backward averages every gradient over
+    the quorum (``manager.allreduce``). Unlike data/ddp.py nothing is broadcast at
+    construction: the manager's first quorum makes every replica alike (init_sync)."""
+
+    def __init__(self, manager: Manager, module: Module):
+        super().__init__()
+        self.module = module
+        self._manager = manager      # not a submodule: outside the state dict
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def sync_gradients(self) -> None:
+        for p in self.module.parameters():
+            if p.grad is not None:
+                self._manager.allreduce(p.grad)
+
+
+class OptimizerWrapper:
+    """``optimizer``, stepping only when ``manager.should_commit()``; ``zero_grad`` starts
+    the step's quorum. With ``model``, every parameter it updates must be the model's:
+    a replica healed with the model's state but stepping other arrays would part from
+    its peers without a word."""
+
+    def __init__(self, manager: Manager, optimizer: Any, model: Module | None = None):
+        if model is not None:
+            ours = {id(p) for p in model.parameters()}
+            stray = [i for i, p in enumerate(_params(optimizer)) if id(p) not in ours]
+            if stray:
+                raise ValueError(f"the optimizer updates parameters {stray} (in its order) "
+                                 f"that are not parameters of the model {type(model).__name__}:"
+                                 f" build it over model.parameters()")
+        self.manager, self.optimizer = manager, optimizer
+
+    def zero_grad(self, set_to_none: bool = True) -> bool:
+        """Start the step's quorum, then clear the gradients. False: a spare that was
+        never needed (the run is over)."""
+        joined = self.manager.start_quorum()
+        self.optimizer.zero_grad(set_to_none)
+        return joined
+
+    def step(self) -> bool:
+        """Step if every member finished the step; True if it did."""
+        if not self.manager.should_commit():
+            return False
+        self.optimizer.step()
+        return True
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+
+def _params(optimizer: Any) -> list:
+    return [p for group in optimizer.param_groups for p in group["params"]]

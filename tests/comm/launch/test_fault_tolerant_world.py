@@ -1,0 +1,56 @@
+"""A world that goes on when a rank dies: the survivors' waits in a collective of the dead
+rank fail at once naming it (also where they wait on a live rank, as in a ring), a group
+without it goes on, and a rank that raises still stops the world."""
+import os
+import signal
+
+import pytest
+
+from minidist.comm import PeerDiedError, RankFailedError, World
+from minidist.comm.launch import RankLost
+
+
+def _die_or_all_reduce(victim):
+    import minidist.comm as comm
+    from minidist.backend import xp
+    pair = comm.new_group([0, 1])           # every rank builds it, as new_group requires
+    if comm.get_rank() == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    x = xp.ones(3000)
+    try:
+        comm.all_reduce(x, algorithm="ring")  # rank 0 and 1 wait on each other as well
+        return "finished"
+    except PeerDiedError as e:
+        caught = e.rank
+    if comm.get_rank() in (0, 1):            # a group without the dead rank goes on
+        y = xp.ones(3)
+        comm.all_reduce(y, group=pair)
+        return caught, float(y.sum())
+    return caught
+
+
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_a_collective_of_a_dead_rank_fails_on_every_survivor_naming_it(world_size):
+    victim = world_size - 1
+    with World(world_size, fault_tolerant=True, timeout=30.0, run_timeout=60.0) as world:
+        got = world.run(_die_or_all_reduce, victim)
+        segment = world.segment_name
+    assert got[victim] == RankLost(victim, -9)
+    assert got[:2] == [(victim, 6.0), (victim, 6.0)]
+    assert got[2:victim] == [victim] * (world_size - 3)
+    assert not os.path.exists(f"/dev/shm/{segment}")
+
+
+def _raise_on_rank_1():
+    import minidist.comm as comm
+    if comm.get_rank() == 1:
+        raise ValueError("a bug, not a lost machine")
+    from minidist.backend import xp
+    comm.all_reduce(xp.ones(4))
+
+
+def test_a_rank_that_raises_still_stops_a_fault_tolerant_world():
+    with pytest.raises(RankFailedError) as failure:
+        with World(3, fault_tolerant=True, timeout=30.0, run_timeout=60.0) as world:
+            world.run(_raise_on_rank_1)
+    assert failure.value.rank == 1 and failure.value.exc_type == "ValueError"
