@@ -281,6 +281,10 @@ def verdict(v: str, plain: str, row: dict, base: dict, gbps: float) -> None:
     ok = hideable > 0 and removed >= 0.5 * hideable
     print(line + (f": target >= half {'met' if ok else 'NOT met'}" if hideable > 0
                   else ": nothing on the wire to hide"))
+    if base["exposed"] > 3 * wire:    # then what moves is waiting, not bytes
+        print(f"  {' ' * len(v)}    (the plain variant's exposed time is over 3 x its wire "
+              f"time: it waits on its peer's compute and the scheduler, which the verdict "
+              f"cannot tell from the wire)")
     allowed = base["step"] - row["cpu"]           # the plain step down to the CPU floor
     saved = base["step"] - row["step"]
     line = (f"  {' ' * len(v)}    step saved {1e3 * saved:.1f} ms of the {1e3 * allowed:.1f} "
