@@ -2,7 +2,8 @@
 the Llama under their sequence-parallel plans train as without it (float64, 1e-12: the
 rings add in ring order), their sequence-parallel gathers and reduce-scatters fused into
 rings (fewer of them in CommDebugMode's count: the rings move by point-to-point); a plan
-with nothing to fuse is refused. Drawn: the model, the seed."""
+with nothing to fuse is refused, and so is a forward under autocast (the ring multiplies
+in the parameters' dtype). Drawn: the model, the seed."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -75,8 +76,14 @@ def refuse():
     mesh = init_device_mesh(backend.device_type(), (t,), mesh_dim_names=("tp",))
     with pytest.raises(ValueError, match="needs sequence parallelism"):
         parallelize_module(GPT(cfg), mesh["tp"], gpt_tp_plan(cfg, t), async_tp=True)
+    from minidist.precision.autocast import autocast
+    model = parallelize_module(GPT(cfg), mesh["tp"], gpt_tp_plan(cfg, t, sequence_parallel=True),
+                               async_tp=True)
+    with pytest.raises(ValueError, match="under autocast parallelize without async_tp"):
+        with autocast("bf16"):
+            model(backend.from_host(np.zeros((1, 2 * t), dtype=np.int64)))
     return True
 
 
-def test_async_tp_without_sequence_parallelism_is_refused(world):
+def test_async_tp_without_sequence_parallelism_or_under_autocast_is_refused(world):
     assert all(world.run(refuse))
