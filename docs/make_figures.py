@@ -48,6 +48,10 @@ FIGURES = {
     "25_diloco.png": ("25_diloco.py", [], {}),
     "26_muon.png": ("26_muon.py", ["--steps", "300"], {}),
     "27_fault_tolerance.png": ("27_fault_tolerance.py", [], {}),
+    "28_overlap_tp.png": ("28_overlap.py", ["--pair", "tp"], {}),
+    "28_overlap_pipeline.png": ("28_overlap.py", ["--pair", "pipeline"], {}),
+    "28_overlap_moe.png": ("28_overlap.py", ["--pair", "moe"], {}),
+    "28_overlap_fsdp.png": ("28_overlap.py", ["--pair", "fsdp"], {}),
 }
 
 

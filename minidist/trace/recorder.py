@@ -100,16 +100,16 @@ class Recorder:
         threading.Thread(target=self._flush_every, name="minidist-trace", daemon=True).start()
 
     # -- threads and clocks ------------------------------------------------------
-    def tid(self) -> int:
-        """A small id for the calling thread, named in the trace the first time."""
-        ident = threading.get_ident()
+    def tid(self, track: str | None = None) -> int:
+        """A small id for the calling thread, or the row ``track`` (of no thread), named once."""
+        ident = threading.get_ident() if track is None else track
         tid = self._tids.get(ident)
         if tid is None:
             current = threading.current_thread()
-            main = current is threading.main_thread()
+            main = current is threading.main_thread() and track is None
             tid = 0 if main else len(self._tids) + 1
             self._tids[ident] = tid
-            name = "main" if main else current.name
+            name = track or ("main" if main else current.name)
             if name == "minidist-comm":
                 name = "comm (asynchronous collectives, DDP buckets)"
             self._add(("M", {"ph": "M", "name": "thread_name", "tid": tid,

@@ -10,6 +10,12 @@ the communication inside them::
     busy = |K u C|      idle = window - busy      comm = |C|
     exposed comm = |C \\ K|      (communication that no compute hid)
 
+A thread that blocks in ``wait()`` on an async collective's Work or on an isend /
+irecv handle records a "wait" span of cat "comm" (comm/collectives/work.py, p2p.py),
+so a forward that waits for its all-gather counts the wait as communication, not as
+its own compute: the overlap that async TP, expert dispatch or FSDP's prefetch
+promise is what is left of C outside the waits and blocking calls.
+
 Two figures that strategies already measure their own way, recomputed from the
 trace alone (the tests hold them equal on the same run):
 

@@ -1,4 +1,6 @@
-"""Point-to-point calls of the facade: send, recv, isend, irecv, recv_reduce.
+"""Point-to-point calls of the facade: send, recv, isend, irecv, recv_reduce; and
+``post_send`` / ``post_recv``, isend / irecv for the library's own rings (async TP),
+whose tags come from the group's collective sequence, outside the users' range.
 
 ``dst`` / ``src`` are global ranks (as in torch.distributed); ``tag`` tells
 apart messages between the same pair. Sends and receives between a pair with
@@ -27,40 +29,59 @@ def _check_tag(tag: int) -> int:
 
 def isend(tensor: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> Handle:
     """Start sending ``tensor`` to rank ``dst``; do not modify it until ``wait()``."""
-    g = resolve(group)
-    start = trace.active.now() if trace.active is not None else 0.0
-    handle = g.isend(tensor, g.group_rank(dst), _check_tag(tag))
-    if trace.active is not None:
-        trace.active.call("isend", g.ranks, start, dict(peer=dst, tag=tag, bytes_sent=tensor.nbytes))
-    return handle
+    return post_send(tensor, dst, resolve(group), _check_tag(tag))
 
 
 def irecv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0,
           op: ReduceOp | None = None) -> Handle:
     """Start receiving into ``tensor`` from rank ``src`` (reduce into it with ``op``)."""
-    g = resolve(group)
+    return post_recv(tensor, src, resolve(group), _check_tag(tag), op)
+
+
+def post_send(tensor: Any, dst: int, g: ProcessGroup, tag: int) -> Handle:
+    """``isend`` with any tag, for the library's own rings of point-to-point messages
+    (async TP's collective matmul): ``tag`` from ``g.next_collective_tag()``, outside
+    the users' range, so that no user message can be taken for one of the ring's."""
     start = trace.active.now() if trace.active is not None else 0.0
-    handle = g.irecv(tensor, g.group_rank(src), _check_tag(tag), op)
+    handle = g.isend(tensor, g.group_rank(dst), tag)
     if trace.active is not None:
-        trace.active.call("irecv", g.ranks, start, dict(peer=src, tag=tag, bytes_recv=tensor.nbytes))
-        return _TracedRecv(handle)
+        trace.active.call("isend", g.ranks, start, dict(peer=dst, tag=tag, bytes_sent=tensor.nbytes))
+        return _TracedHandle(handle, f"isend to {dst} tag={tag}", landing=False)
     return handle
 
 
-class _TracedRecv(Handle):
-    """The handle of an ``irecv`` while a trace is recorded: its ``wait()`` also ends
-    the message's flow arrow, at the moment the receive is complete."""
+def post_recv(tensor: Any, src: int, g: ProcessGroup, tag: int,
+              op: ReduceOp | None = None) -> Handle:
+    """``irecv`` with any tag: ``post_send``'s other end."""
+    start = trace.active.now() if trace.active is not None else 0.0
+    handle = g.irecv(tensor, g.group_rank(src), tag, op)
+    if trace.active is not None:
+        trace.active.call("irecv", g.ranks, start, dict(peer=src, tag=tag, bytes_recv=tensor.nbytes))
+        return _TracedHandle(handle, f"irecv from {src} tag={tag}", landing=True)
+    return handle
 
-    def __init__(self, handle: Handle):
-        self.handle = handle
+
+class _TracedHandle(Handle):
+    """The handle of an ``isend`` / ``irecv`` while a trace is recorded: a ``wait()``
+    that blocks is a "wait" span of cat "comm" (the communication no compute hid,
+    trace/summary.py), and a receive's ``wait()`` ends the message's flow arrow at the
+    moment it is complete (``landing``)."""
+
+    def __init__(self, handle: Handle, what: str, landing: bool):
+        self.handle, self.what, self.landing = handle, what, landing
 
     @property
     def done(self) -> bool:
         return self.handle.done
 
     def wait(self, timeout: float | None = None) -> None:
+        start = trace.active.now() if trace.active is not None and not self.done else None
         self.handle.wait(timeout)
-        if trace.active is not None:
+        if trace.active is None:
+            return
+        if start is not None:
+            trace.active.span("wait", "comm", start, trace.active.now(), {"on": self.what})
+        if self.landing:
             trace.active.landed()
 
     def is_completed(self) -> bool:

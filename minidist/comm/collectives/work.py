@@ -41,6 +41,7 @@ import time
 from typing import Callable
 
 from minidist import backend
+from minidist.trace import recorder as trace
 
 
 class Work:
@@ -74,9 +75,14 @@ class Work:
             self._done.set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the collective is done; re-raise its error if it failed."""
+        """Block until the collective is done; re-raise its error if it failed. While
+        tracing, a wait that blocks is a "wait" span of cat "comm" on the waiting
+        thread: the communication that no compute hid (trace/summary.py)."""
+        start = trace.active.now() if trace.active is not None and not self._done.is_set() else None
         if not self._done.wait(timeout):
             return False
+        if start is not None and trace.active is not None:
+            trace.active.span("wait", "comm", start, trace.active.now(), {"on": "collective"})
         if self._error is not None:
             raise self._error
         return True

@@ -10,8 +10,10 @@ Files, in reading order:
 
 - mappings.py  Megatron's f and g (and the gathers and splits, sequence parallel's
                reduce-scatter / all-gather) as autograd ops
-- async_tp.py  async TP: ``fused_all_gather_matmul`` and ``fused_matmul_reduce_scatter``,
-               the gather / reduce-scatter as a ring overlapped with the matmul
+- (async TP's ``fused_all_gather_matmul`` and ``fused_matmul_reduce_scatter``, the gather /
+  reduce-scatter as a ring overlapped with the matmul, live in
+  distributed/_symmetric_memory/ as torch's do, so that parallelize_module can use them
+  too; re-exported here)
 - layers.py    ``ColumnParallelLinear``, ``RowParallelLinear``, ``ParallelMLP``,
                ``ParallelSelfAttention``, ``SequenceParallelLayerNorm``;
                ``sharded_parameters`` (which are split, which replicated)
@@ -23,8 +25,8 @@ Files, in reading order:
 Docs: docs/tensor_parallel.md. Demo: demos/06_tensor_parallel.py.
 Tests: tests/parallel/tensor/.
 """
-from minidist.parallel.tensor.async_tp import (fused_all_gather_matmul,
-                                               fused_matmul_reduce_scatter)
+from minidist.distributed._symmetric_memory import (fused_all_gather_matmul,
+                                                    fused_matmul_reduce_scatter)
 from minidist.parallel.tensor.gpt import ParallelBlock, TensorParallelGPT
 from minidist.parallel.tensor.layers import (ColumnParallelLinear, ParallelMLP,
                                              ParallelSelfAttention, RowParallelLinear,

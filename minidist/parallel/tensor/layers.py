@@ -23,8 +23,8 @@ Sequence parallelism (``sequence_parallel=True``): the input of a column layer i
 the rank's T/t positions and is all-gathered (not copied), the output of a row
 layer is reduce-scattered (not all-reduced); see mappings.py. With ``async_tp=True``
 too, each of those collectives is fused with its matmul as a ring that computes on one
-chunk while the next travels (async_tp.py: ``fused_all_gather_matmul``,
-``fused_matmul_reduce_scatter``). Parameters used on
+chunk while the next travels (distributed/_symmetric_memory/async_tp.py:
+``fused_all_gather_matmul``, ``fused_matmul_reduce_scatter``). Parameters used on
 position shards (layer norms, the row layer's bias) then see only T/t positions
 each, so their gradient is summed over the group: they go through f too.
 
@@ -48,8 +48,8 @@ from minidist.nn import functional as F
 from minidist.nn.layers import Dropout, LayerNorm, Linear
 from minidist.nn.module import Module, Parameter
 from minidist.precision.autocast import get_autocast_policy
-from minidist.parallel.tensor.async_tp import (fused_all_gather_matmul,
-                                               fused_matmul_reduce_scatter)
+from minidist.distributed._symmetric_memory import (fused_all_gather_matmul,
+                                                    fused_matmul_reduce_scatter)
 from minidist.parallel.tensor.mappings import (copy_to_tp, gather_from_sp, gather_from_tp,
                                        reduce_from_tp, reduce_scatter_to_sp)
 
@@ -73,7 +73,7 @@ def check_async_tp(async_tp: bool, sequence_parallel: bool) -> None:
 
 
 def _overlapping(layer: Module) -> bool:
-    """Take the fused ring (async_tp.py)? Under autocast the products are rounded by
+    """Take the fused ring (distributed/_symmetric_memory/)? Under autocast the products are rounded by
     F.linear's low-precision path, which the ring does not take: refuse, not skip."""
     if not layer.async_tp:
         return False

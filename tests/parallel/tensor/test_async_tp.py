@@ -11,7 +11,7 @@ axis (the contraction axis included), the shard lengths, the number of B's, sum 
 """
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tests.distributed.worlds import worlds_fixture
@@ -34,7 +34,7 @@ def _host(t):
 def _gather_case(case):
     """Fused all-gather-matmul against gather_from_sp then matmul, with every gradient."""
     import minidist.distributed as dist
-    from minidist.parallel.tensor.async_tp import fused_all_gather_matmul
+    from minidist.distributed._symmetric_memory.async_tp import fused_all_gather_matmul
     from minidist.parallel.tensor.mappings import gather_from_sp
     n, r = dist.get_world_size(), dist.get_rank()
     rng = np.random.default_rng(case["seed"])
@@ -50,7 +50,8 @@ def _gather_case(case):
     for fused in (True, False):
         x, ws = _tensor(shard), [_tensor(b) for b in bs]
         if fused:
-            a, ys = fused_all_gather_matmul(x, ws, case["dim"])
+            a, ys = fused_all_gather_matmul(x, ws, case["dim"],
+                                            bidirectional=case.get("bidi", False))
         else:
             a = gather_from_sp(x, axis=dim)
             ys = [a @ w for w in ws]
@@ -68,7 +69,7 @@ def _gather_case(case):
 def _scatter_case(case):
     """Fused matmul-reduce-scatter against matmul then reduce_scatter_to_sp."""
     import minidist.distributed as dist
-    from minidist.parallel.tensor.async_tp import fused_matmul_reduce_scatter
+    from minidist.distributed._symmetric_memory.async_tp import fused_matmul_reduce_scatter
     from minidist.parallel.tensor.mappings import reduce_scatter_to_sp
     n, r = dist.get_world_size(), dist.get_rank()
     rng = np.random.default_rng(case["seed"] + r)                   # each rank its summand
@@ -82,7 +83,8 @@ def _scatter_case(case):
     for fused in (True, False):
         x, w = _tensor(a), _tensor(b)
         if fused:
-            z = fused_matmul_reduce_scatter(x, w, case["op"], case["dim"])
+            z = fused_matmul_reduce_scatter(x, w, case["op"], case["dim"],
+                                            bidirectional=case.get("bidi", False))
         else:
             z = reduce_scatter_to_sp(x @ w, axis=dim)
             z = z * (1.0 / n) if case["op"] == "avg" else z
@@ -116,10 +118,43 @@ def test_fused_matmul_reduce_scatter_equals_matmul_then_reduce_scatter(worlds, n
         assert err <= TOL, (case, err)
 
 
+def _uni_and_bi(case):
+    """Forward outputs of the one-way and the two-way all-gather-matmul, bit for bit?"""
+    import minidist.distributed as dist
+    from minidist import backend
+    from minidist.distributed._symmetric_memory.ring_matmul import ring_all_gather_matmul
+    rng = np.random.default_rng(case["seed"] + dist.get_rank())
+    shard = rng.standard_normal(case["shape"])
+    k = shard.shape[-1] * (dist.get_world_size() if case["dim"] in (-1, len(shard.shape) - 1) else 1)
+    bs = [backend.from_host(rng.standard_normal((k, 2)))]
+    one, two = (ring_all_gather_matmul(backend.from_host(shard), bs, case["dim"], None, bidi)
+                for bidi in (False, True))
+    return all(np.array_equal(backend.to_host(u), backend.to_host(b))
+               for u, b in zip([one[0]] + one[1], [two[0]] + two[1]))
+
+
+@settings(max_examples=4, deadline=None)
+@example(n=3, shape=[2, 3], pick=0, op="sum", cols=2, seed=1)       # one hop each way
+@example(n=4, shape=[2, 1, 3], pick=5, op="avg", cols=1, seed=2)    # two hops and one
+@given(n=st.integers(2, 4), shape=shapes, pick=st.integers(0, 5),
+       op=st.sampled_from(["sum", "avg"]), cols=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_bidirectional_rings_equal_the_plain_collective_then_matmul(worlds, n, shape, pick, op,
+                                                                   cols, seed):
+    """Each chunk sent both ways round (floor(N/2) steps): the same math, forward and
+    backward; the gather's outputs are the one-way ring's bit for bit."""
+    dim = pick % (2 * len(shape)) - len(shape)                # any axis, counted either way
+    case = dict(shape=shape, dim=dim, n_b=1, cols=cols, seed=seed, op=op, bidi=True)
+    for result in worlds(n).run(_gather_case, case):
+        assert result["a_bitwise"] and result["rest"] <= TOL, (case, result)
+    for err in worlds(n).run(_scatter_case, case):
+        assert err <= TOL, (case, err)
+    assert all(worlds(n).run(_uni_and_bi, case)), case
+
+
 def _refusals():
     """The messages of each split the ring cannot make, on this rank."""
     import minidist.distributed as dist
-    from minidist.parallel.tensor.async_tp import (fused_all_gather_matmul,
+    from minidist.distributed._symmetric_memory.async_tp import (fused_all_gather_matmul,
                                                    fused_matmul_reduce_scatter)
     r, found = dist.get_rank(), {}
     tries = {
@@ -202,3 +237,62 @@ def test_tp_models_with_async_tp_train_to_one_process(worlds, kind, n, seed):
         for name, want in wants[rank].items():
             diff = np.abs(params[name] - want).max()
             assert diff <= TOL, f"rank {rank} {name}: {diff:.2e} ({kind}, seed {seed})"
+
+
+def _user_message_in_flight(seed):
+    """A user's own message (tag 703, a shard's shape) posted before the ring and received
+    after it: (the ring's output equals the plain gather's, the message arrived intact)."""
+    import minidist.distributed as dist
+    from minidist import backend
+    from minidist.distributed._symmetric_memory.ring_matmul import ring_all_gather_matmul
+    n, r = dist.get_world_size(), dist.get_rank()
+    rng = np.random.default_rng(seed)
+    shards = rng.standard_normal((n, 2, 3))
+    b = rng.standard_normal((3, 2))
+    mine, inbox = backend.from_host(shards[r]), backend.from_host(np.zeros((2, 3)))
+    sent = dist.isend(backend.from_host(-shards[r]), (r + 1) % n, tag=703)
+    a_full, (y,) = ring_all_gather_matmul(mine, [backend.from_host(b)], 0)
+    dist.irecv(inbox, (r - 1) % n, tag=703).wait()
+    sent.wait()
+    return (np.array_equal(backend.to_host(a_full), shards.reshape(-1, 3))
+            and np.array_equal(backend.to_host(inbox), -shards[(r - 1) % n]))
+
+
+def test_the_ring_takes_no_users_message_whatever_its_tag(worlds):
+    assert all(worlds(3).run(_user_message_in_flight, 5))
+
+
+def _traced_rings(folder):
+    """Rank 0's count of ring steps in the trace of one all-gather-matmul and one
+    matmul-reduce-scatter, one way round and both ways; and whether the traces are valid."""
+    import os
+
+    import minidist.distributed as dist
+    from minidist import trace
+    from minidist.backend import xp
+    from minidist.distributed._symmetric_memory.ring_matmul import (
+        TRACK, ring_all_gather_matmul, ring_matmul_reduce_scatter)
+    from minidist.trace.check import check
+    n = dist.get_world_size()
+    steps, valid = {}, True
+    for bidi in (False, True):
+        path = os.path.join(folder, f"ring{int(bidi)}.json")
+        with trace.record(path):
+            ring_all_gather_matmul(xp.ones((2, 3)), [xp.ones((3, 2))], 0, None, bidi)
+            ring_matmul_reduce_scatter(xp.ones((2 * n, 3)), xp.ones((3, 2)), 0, None,
+                                       bidirectional=bidi)
+        dist.barrier()
+        loaded = trace.load(path)
+        tracks = {(e["pid"], e["tid"]) for e in loaded["traceEvents"] if e.get("ph") == "M"
+                  and e.get("name") == "thread_name" and e["args"]["name"] == TRACK}
+        steps[bidi] = sum(1 for e in loaded["traceEvents"] if e.get("ph") == "X"
+                          and (e["pid"], e["tid"]) in tracks) // n
+        valid = valid and not check(loaded)
+    return steps, valid
+
+
+def test_the_rings_take_n_minus_1_steps_one_way_and_n_over_2_both_ways(worlds, tmp_path):
+    """Read off the trace's row of chunks in flight, for N = 4: 3 steps each one way
+    round, 2 both ways (the reduce-scatter's two arcs side by side, not one after the other)."""
+    for steps, valid in worlds(4).run(_traced_rings, str(tmp_path)):
+        assert valid and steps == {False: 3 + 3, True: 2 + 2}, steps

@@ -12,6 +12,9 @@ Files, in reading order:
     plans.py    gpt_tp_plan, llama_tp_plan: the whole model's plan (attention, MLP,
                 embeddings, head), with or without sequence parallelism
     api.py      parallelize_module(module, device_mesh, plan): a dict of names to styles
+    async_tp.py parallelize_module(..., async_tp=True): the column / row styles' sequence-
+                parallel gather / reduce-scatter fused with the matmul (torchtitan's
+                enable_async_tp; the rings are distributed/_symmetric_memory/)
     loss.py     loss_parallel(): switches the cross_entropy rule (tensor/_ops/_loss.py)
                 to vocab-parallel: three all-reduces of N numbers instead of an
                 all-gather of N x V

@@ -8,14 +8,22 @@ Names are ``named_modules`` paths; a ``*`` matches any one part
 error listing the names that exist nearby, not a plan silently half-applied.
 A parameter two modules share (a tied embedding and head) stays one Parameter,
 which the plan must cut the same way on both sides.
+
+``async_tp=True`` (torchtitan's ``enable_async_tp``): each column style whose input
+arrives cut by position and each row style whose output leaves cut by position fuses
+its collective with its matmul as a ring (async_tp.py).
 """
 from __future__ import annotations
 
+import copy
 import fnmatch
 from typing import Any
 
+from minidist.nn.layers import Linear
 from minidist.nn.module import Module
-from minidist.distributed.tensor.parallel.style import ParallelStyle
+from minidist.distributed.tensor.parallel.style import (ColwiseParallel, ParallelStyle,
+                                                        RowwiseParallel)
+from minidist.distributed.tensor.placement_types import Shard
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -25,9 +33,12 @@ def _matches(pattern: str, name: str) -> bool:
 
 
 def parallelize_module(module: Module, device_mesh: Any = None,
-                       parallelize_plan: ParallelStyle | dict | None = None) -> Module:
+                       parallelize_plan: ParallelStyle | dict | None = None, *,
+                       async_tp: bool = False) -> Module:
     """Shard ``module`` over the 1-D ``device_mesh`` as ``parallelize_plan`` says (a style
-    for the module itself, or a dict of names to styles); returns the module."""
+    for the module itself, or a dict of names to styles); returns the module.
+    ``async_tp``: fuse the sequence-parallel gathers and reduce-scatters with their
+    matmuls (module docstring)."""
     if device_mesh is None:
         raise ValueError("parallelize_module needs device_mesh (a 1-D mesh, e.g. mesh['tp'])")
     if device_mesh.ndim != 1:
@@ -36,13 +47,37 @@ def parallelize_module(module: Module, device_mesh: Any = None,
     if parallelize_plan is None:
         return module
     if isinstance(parallelize_plan, ParallelStyle):
-        return parallelize_plan._apply(module, device_mesh)
+        style = _fused(parallelize_plan, module, async_tp)
+        _something_to_fuse([style], async_tp)
+        return style._apply(module, device_mesh)
     if not isinstance(parallelize_plan, dict):
         raise TypeError("parallelize_plan must be a ParallelStyle or a dict of module names "
                         f"to styles, got {type(parallelize_plan).__name__}")
+    targets = _targets(module, parallelize_plan, async_tp)
+    _something_to_fuse([style for _, style in targets], async_tp)
     modules = dict(module.named_modules())
     tied = _tied_parameters(modules)
-    for pattern, style in parallelize_plan.items():
+    for target, style in targets:
+        style._apply(target, device_mesh)
+    _tie_again(modules, tied)
+    return module
+
+
+def _something_to_fuse(styles: list, async_tp: bool) -> None:
+    """Refuse async_tp where no style has a collective to fuse, as the layers refuse it
+    without sequence parallelism."""
+    if async_tp and not any(getattr(style, "async_tp", False) for style in styles):
+        raise ValueError("parallelize_module(async_tp=True): no column style takes its input "
+                         "cut by position and no row style leaves its output so, so there is "
+                         "no gather or reduce-scatter to fuse; async TP needs sequence "
+                         "parallelism (e.g. gpt_tp_plan(..., sequence_parallel=True))")
+
+
+def _targets(module: Module, plan: dict, async_tp: bool) -> list[tuple[Module, ParallelStyle]]:
+    """(module, style) for every name the plan matches, or a clear error."""
+    modules = dict(module.named_modules())
+    targets = []
+    for pattern, style in plan.items():
         if not isinstance(style, ParallelStyle):
             raise TypeError(f"plan entry {pattern!r}: {style!r} is not a ParallelStyle")
         found = [name for name in modules if name and _matches(pattern, name)]
@@ -51,10 +86,26 @@ def parallelize_module(module: Module, device_mesh: Any = None,
             near = sorted(n for n in modules if n and n.startswith(head))[:8]
             raise ValueError(f"plan names {pattern!r}, but {type(module).__name__} has no such "
                              f"module; modules there: {near}")
-        for name in found:
-            style._apply(modules[name], device_mesh)
-    _tie_again(modules, tied)
-    return module
+        targets += [(modules[name], _fused(style, modules[name], async_tp)) for name in found]
+    return targets
+
+
+def _fused(style: ParallelStyle, target: Module, async_tp: bool) -> ParallelStyle:
+    """``style``, or under ``async_tp`` a copy with async TP on where it has a collective
+    to fuse: a column style's Shard input, a row style's Shard output, on a Linear."""
+    if not async_tp or not isinstance(target, Linear):
+        return style
+    if isinstance(style, ColwiseParallel):
+        layout = style.input_layout
+    elif isinstance(style, RowwiseParallel):
+        layout = style.output_layout
+    else:
+        return style
+    if not isinstance(layout, Shard):
+        return style
+    fused = copy.copy(style)
+    fused.async_tp = True
+    return fused
 
 
 def _tied_parameters(modules: dict) -> list[list[tuple[str, str, Any]]]:

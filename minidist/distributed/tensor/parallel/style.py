@@ -42,6 +42,7 @@ from minidist.nn import functional as F
 from minidist.nn.layers import Embedding, Linear
 from minidist.nn.module import Module, Parameter
 from minidist.distributed.tensor._api import DTensor
+from minidist.distributed.tensor.parallel.async_tp import fusable, gather_matmul, matmul_scatter
 from minidist.distributed.tensor.parallel.parameters import (note_layout, parameter_as_dtensor,
                                                              replicated_parameter,
                                                              shard_parameter)
@@ -89,7 +90,11 @@ def _wrap_forward(module: Module, forward: Any) -> None:
 
 class ColwiseParallel(ParallelStyle):
     """Linear: weight and bias Shard(0) (Embedding: weight Shard(1)); input ``input_layouts``
-    (Replicate) gathered to Replicate; output Shard(-1) redistributed to ``output_layouts``."""
+    (Replicate) gathered to Replicate; output Shard(-1) redistributed to ``output_layouts``.
+    With ``async_tp`` (set by parallelize_module) a Shard input's gather is fused with
+    the matmul (async_tp.py)."""
+
+    async_tp = False     # parallelize_module(..., async_tp=True) turns it on, in a copy
 
     def __init__(self, *, input_layouts: Placement | None = None,
                  output_layouts: Placement | None = None, use_local_output: bool = True):
@@ -113,9 +118,13 @@ class ColwiseParallel(ParallelStyle):
         embedding = isinstance(module, Embedding)
 
         def forward(x: Any) -> Any:
-            if not embedding:   # the local matmul's dX is a summand: f all-reduces it
-                x = _to_layout(x, device_mesh, self.input_layout, Replicate(), Partial())
-            y = inner(x)                                                # (..., out/t)
+            if fusable(self.async_tp, module, self.input_layout):    # gather and matmul, a ring
+                x = _to_layout(x, device_mesh, self.input_layout, self.input_layout)
+                y = gather_matmul(module, x, self.input_layout, device_mesh)   # (B, T, out/t)
+            else:
+                if not embedding:   # the local matmul's dX is a summand: f all-reduces it
+                    x = _to_layout(x, device_mesh, self.input_layout, Replicate(), Partial())
+                y = inner(x)                                            # (..., out/t)
             out = DTensor.from_local(y, device_mesh, [Shard(y.ndim - 1)])
             out = out.redistribute(device_mesh, [self.output_layout])
             return out.to_local() if self.use_local_output else out
@@ -155,7 +164,10 @@ class FusedColwiseParallel(ColwiseParallel):
 class RowwiseParallel(ParallelStyle):
     """Linear: weight Shard(1), bias Replicate (added once, after the sum); input
     ``input_layouts`` (Shard(-1)); output Partial, redistributed to ``output_layouts``
-    (Replicate: all-reduce; Shard(1): reduce-scatter)."""
+    (Replicate: all-reduce; Shard(1): reduce-scatter; fused with the matmul under
+    ``async_tp``, set by parallelize_module: async_tp.py)."""
+
+    async_tp = False     # parallelize_module(..., async_tp=True) turns it on, in a copy
 
     def __init__(self, *, input_layouts: Placement | None = None,
                  output_layouts: Placement | None = None, use_local_output: bool = True):
@@ -175,10 +187,7 @@ class RowwiseParallel(ParallelStyle):
 
         def forward(x: Any) -> Any:
             x = _to_layout(x, device_mesh, self.input_layout, Shard(x.ndim - 1))
-            partial = F.linear(x, module.weight)                        # (..., out) summand
-            out = DTensor.from_local(partial, device_mesh, [Partial()])
-            out = out.redistribute(device_mesh, [self.output_layout])   # g
-            y = out.to_local()
+            y, shape = self._sum(module, x, device_mesh)
             # the bias is added once, after the sum; where each rank holds only its
             # positions (Shard), its gradient is a summand, all-reduced backward
             grad = Replicate() if self.output_layout.is_replicate() else Partial()
@@ -186,10 +195,22 @@ class RowwiseParallel(ParallelStyle):
             y = y if bias is None else y + bias
             if self.use_local_output:
                 return y
-            return DTensor.from_local(y, device_mesh, [self.output_layout],
-                                      shape=out.shape)
+            return DTensor.from_local(y, device_mesh, [self.output_layout], shape=shape)
         _wrap_forward(module, forward)
         return module
+
+    def _sum(self, module: Module, x: Any, device_mesh: Any) -> tuple[Any, tuple]:
+        """The summed product in ``output_layouts``, local, and its global shape: g, or
+        the matmul and reduce-scatter fused as a ring under async TP."""
+        if fusable(self.async_tp, module, self.output_layout):
+            y = matmul_scatter(module, x, self.output_layout, device_mesh)    # (B, T/t, out)
+            shape = list(y.shape)
+            shape[self.output_layout.dim % y.ndim] *= device_mesh.size()
+            return y, tuple(shape)
+        partial = F.linear(x, module.weight)                            # (..., out) summand
+        out = DTensor.from_local(partial, device_mesh, [Partial()])
+        out = out.redistribute(device_mesh, [self.output_layout])       # g
+        return out.to_local(), out.shape
 
 
     def _apply_embedding(self, module: Embedding, device_mesh: Any) -> Module:
