@@ -79,10 +79,10 @@ def run(ns: argparse.Namespace) -> int:
         a, b = parse_layout(ns.a), parse_layout(ns.b)
         for layout, text in ((a, ns.a), (b, ns.b)):
             check_layout(layout, text, ns.world_size)
-            rows = layout.dp_replicate * layout.microbatches
+            rows = layout.dp_replicate * layout.dp_shard * layout.microbatches
             if ns.batch % rows:
                 raise LayoutError(f"layout {text!r}: --batch {ns.batch} does not split into "
-                                  f"dp_replicate x mb = {rows} equal pieces; pick a multiple")
+                                  f"dp_replicate x dp_shard x mb = {rows} equal pieces; pick a multiple")
         if ns.steps < 1:
             raise LayoutError("--steps must be at least 1")
     except LayoutError as e:

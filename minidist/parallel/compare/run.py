@@ -92,6 +92,8 @@ def _build(spec: RunSpec, layout: Layout) -> tuple[Any, dict, dict]:
     if layout.single:
         model = Llama(cfg) if spec.model == "llama" else GPT(cfg)
         return model, dict(model.named_parameters()), {}
+    if layout.dp_shard > 1:
+        return _build_fsdp(spec, layout)
     from minidist.comm import DeviceMesh
     from minidist.parallel.three_d import ThreeDParallelGPT
     mesh = DeviceMesh(dp=layout.dp_replicate, pp=layout.pp, tp=layout.tp)
@@ -103,6 +105,25 @@ def _build(spec: RunSpec, layout: Layout) -> tuple[Any, dict, dict]:
             for n, q in dense.named_parameters()}
     index = {n: backend.to_host(a).reshape(-1).copy() for n, a in model.shard_of(flat).items()}
     return model, model.named_parameters(), index
+
+
+def _build_fsdp(spec: RunSpec, layout: Layout) -> tuple[Any, dict, dict]:
+    """fully_shard per block and the root: each parameter a Shard(0) piece (FSDP2)."""
+    from minidist.distributed.device_mesh import init_device_mesh
+    from minidist.distributed.fsdp import fully_shard
+    from minidist.distributed.tensor import Shard, distribute_tensor
+    cfg = model_config(spec)
+    model = Llama(cfg) if spec.model == "llama" else GPT(cfg)
+    mesh = init_device_mesh(backend.device_type(), (layout.dp_shard,))
+    index = {}
+    for name, q in model.named_parameters():
+        flat = backend.xp.arange(q.data.size, dtype="int64").reshape(q.data.shape)
+        piece = distribute_tensor(flat, mesh, [Shard(0)]).to_local().data
+        index[name] = backend.to_host(piece).reshape(-1).copy()
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, dict(model.named_parameters()), index
 
 
 def run_layout(spec: RunSpec, layout: Layout, plant: Plant | None = None) -> list[StepRecord]:
@@ -124,8 +145,15 @@ def run_layout(spec: RunSpec, layout: Layout, plant: Plant | None = None) -> lis
 
 
 def _step(model: Any, layout: Layout, idx: Any, tgt: Any, opt: _Recording) -> float | None:
-    if not layout.single:
+    """One step: the 3D entry point's, or forward and backward on this rank's rows (FSDP:
+    its data shard; single: the whole batch) and the optimizer's."""
+    if not layout.single and layout.dp_shard == 1:
         return model.train_step(idx, tgt, opt)
+    if layout.dp_shard > 1:
+        import minidist.distributed as dist
+        rows = idx.shape[0] // layout.dp_shard
+        mine = slice(dist.get_rank() * rows, (dist.get_rank() + 1) * rows)
+        idx, tgt = idx[mine], tgt[mine]
     _, loss = model(idx, tgt)
     loss.backward()
     opt.step()

@@ -27,7 +27,7 @@ def _spec(steps, dtype="float64"):
     return RunSpec(batches, vocab, "gpt", dtype)
 
 
-@pytest.mark.parametrize("layout", ["tp=2", "pp=2 schedule=gpipe"])
+@pytest.mark.parametrize("layout", ["tp=2", "pp=2 schedule=gpipe", "dp=2", "dp_shard=2"])
 def test_a_layout_equals_one_process_to_0_ulps_in_float64(world2, layout):
     spec = _spec(3)
     report = compare(spec, parse_layout(layout), parse_layout("single"), worlds={2: world2})
@@ -86,6 +86,7 @@ def test_assert_equal_exits_1_past_the_tolerance(capsys):
     ("dq=2", None, ["unknown 'dq=2'", "dp_replicate", "tp", "pp"]),
     ("tp=2", 8, ["2 ranks", "world size 8", "multiply to 8"]),
     ("cp=2", None, ["cp=2 is not composed", "use dp_replicate, tp, pp"]),
+    ("dp_shard=2 tp=2", None, ["dp_shard (fully_shard) runs alone"]),
     ("tp=two", None, ["whole number"]),
 ])
 def test_usage_errors_exit_2_naming_the_fix(capsys, layout, world, words):
