@@ -6,7 +6,9 @@ both losses and their ulps, then the first tensor where they part and why.
 
 Exit 0, or 1 with --assert-equal when a tensor is past the tolerance; 2 on a usage
 error (an unknown dimension, degrees that do not multiply to --world-size, a
-dimension not composed yet), with a message naming the fix.
+dimension not composed yet, a layout the model refuses: heads that a tp degree does
+not divide, micro-batches an interleaved schedule cannot spread), with a message
+naming the fix.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from minidist.comm.errors import RankFailedError
 from minidist.parallel.compare.api import Report, compare
 from minidist.parallel.compare.diff import Tolerance
 from minidist.parallel.compare.layout import LayoutError, check_layout, parse_layout
@@ -74,6 +77,13 @@ def print_report(report: Report) -> None:
     print(f"cause: {part.cause}: {part.why}")
 
 
+def _last_line(e: Exception) -> str:
+    """A rank's ValueError message (the last line of its traceback), or the error's own."""
+    text = e.remote_traceback if isinstance(e, RankFailedError) else str(e)
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].removeprefix("ValueError: ") if lines else text
+
+
 def run(ns: argparse.Namespace) -> int:
     try:
         a, b = parse_layout(ns.a), parse_layout(ns.b)
@@ -90,6 +100,13 @@ def run(ns: argparse.Namespace) -> int:
         return 2
     vocab, batches = corpus_batches(ns.corpus, ns.steps, ns.batch, ns.block, ns.seed)
     spec = RunSpec(batches, vocab, ns.model, ns.dtype, ns.seed)
-    report = compare(spec, a, b, Tolerance(ns.atol, ns.rtol, ns.bitwise))
+    try:
+        report = compare(spec, a, b, Tolerance(ns.atol, ns.rtol, ns.bitwise))
+    except (ValueError, RankFailedError) as e:
+        if isinstance(e, RankFailedError) and e.exc_type != "ValueError":
+            raise                                    # a crash, not a layout the model refuses
+        print(f"minidist compare: error: the model refuses the layout: {_last_line(e)}",
+              file=sys.stderr)
+        return 2
     print_report(report)
     return 1 if ns.assert_equal and report.parting is not None else 0

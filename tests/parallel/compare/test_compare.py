@@ -88,6 +88,7 @@ def test_assert_equal_exits_1_past_the_tolerance(capsys):
     ("cp=2", None, ["cp=2 is not composed", "use dp_replicate, tp, pp"]),
     ("dp_shard=2 tp=2", None, ["dp_shard (fully_shard) runs alone"]),
     ("tp=two", None, ["whole number"]),
+    ("tp=3", None, ["n_head=2 is not divisible by the tensor-parallel size 3"]),
 ])
 def test_usage_errors_exit_2_naming_the_fix(capsys, layout, world, words):
     from minidist.cli import main
