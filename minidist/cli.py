@@ -119,6 +119,11 @@ def _add_checkpoint(parser: argparse.ArgumentParser) -> Callable[[argparse.Names
     return add_arguments(parser)
 
 
+def _add_compare(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    from minidist.parallel.compare.command import add_arguments
+    return add_arguments(parser)
+
+
 def _add_selftest(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     from minidist.selftest.command import add_arguments
     return add_arguments(parser)
@@ -137,6 +142,8 @@ SUBCOMMANDS: dict[str, tuple[str, Callable]] = {
     "calc": ("closed-form cost models: memory, communication, bubbles, FLOPs", _add_calc),
     "plan": ("which parallel layout for this model on these GPUs: memory and step time "
              "of every one", _add_plan),
+    "compare": ("train one model under two layouts; per step both losses in ulps, and where "
+                "they part", _add_compare),
     "selftest": ("this backend against NumPy: the comparison checks and the property suite",
                  _add_selftest),
     "exercise": ("the documents' exercises: list, start one, check it", _add_exercise),

@@ -43,7 +43,10 @@ ALLOWED = {
 # comparisons against NumPy; exercises: the learner's inputs and expected values)
 NUMPY_OK = {"backend", "calc", "cli", "selftest", "exercises"}
 # single modules that may: the checkpoint file format is NumPy's .npy, its leaves host arrays
-NUMPY_OK_MODULES = {"checkpoint/tree.py", "checkpoint/records.py"}
+NUMPY_OK_MODULES = {"checkpoint/tree.py", "checkpoint/records.py",
+                    # compare reads two runs' host copies: ulps on the bits, the corpus
+                    "parallel/compare/api.py", "parallel/compare/diff.py",
+                    "parallel/compare/command.py"}
 
 # Inside minidist.parallel, one strategy (a subpackage) may import another only where it
 # builds on it. strategy -> the strategies it may import (besides itself); the modules at
@@ -57,6 +60,7 @@ STRATEGIES = {
     "expert": set(),
     "diloco": set(),                # a replica may be DDP / TP, but DiLoCo only sees a group
     "fault_tolerance": set(),       # a quorum over replicas; the replicas see only its group
+    "compare": {"three_d"},         # runs the layouts the 3D entry point composes
 }
 # Inside minidist.comm: transport moves bytes, collectives are built on it, the launcher
 # starts worlds of it. package -> what it may import (the modules at comm/ level, group,

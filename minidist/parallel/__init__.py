@@ -12,6 +12,8 @@ tolerance); each subpackage's docstring is its map (idea, formula, files in read
 - expert/    expert parallelism: MoE experts spread over ranks, tokens moved by all-to-all
 - diloco/    DiLoCo and Streaming DiLoCo: H local steps per replica, then an outer step on
              the averaged outer gradient (fragments, delay, mixing, quantised outer gradients)
+- compare/   one model, seed and batches under two layouts: per-step losses in ulps and the
+             first gradient or parameter where they part (``minidist compare``)
 - three_d.py      data x pipeline x tensor parallelism on one device mesh (``ThreeDParallelGPT``)
 - diagnostics.py  what to ask a data-parallel run whose numbers look wrong
 - measure.py      run a layout of a small GPT, its step time and peak memory per rank

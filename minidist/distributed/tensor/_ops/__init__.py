@@ -10,7 +10,7 @@ Files, in reading order (each docstring has its rule as a table):
     _common.py         applying a rule; the fallback to Replicate with one warning
     _matrix.py         matmul: Megatron's column (Replicate . Shard(1)) and row
                        (Shard(-1) . Shard(0) -> Partial) layers
-    _pointwise.py      add, sub, mul
+    _pointwise.py      add, sub, mul with broadcasting; torch's cost estimate picks
     _reductions.py     sum, mean (keepdim): a cut reduced dim -> Partial(sum) / Partial(avg)
     _normalization.py  softmax, log_softmax, layer_norm, rms_norm: the normalised dim whole
     _embedding.py      embedding: a vocab-cut table -> Partial (torch's MaskPartial)

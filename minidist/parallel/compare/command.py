@@ -1,0 +1,112 @@
+"""`minidist compare`: two layouts, one model and seed, the same corpus batches; per step
+both losses and their ulps, then the first tensor where they part and why.
+
+    minidist compare --a "dp=2 tp=2" --b single --steps 3
+    minidist compare --a "tp=2 amp=bf16" --b "tp=2" --dtype float32 --assert-equal
+
+Exit 0, or 1 with --assert-equal when a tensor is past the tolerance; 2 on a usage
+error (an unknown dimension, degrees that do not multiply to --world-size, a
+dimension not composed yet, a layout the model refuses: heads that a tp degree does
+not divide, micro-batches an interleaved schedule cannot spread), with a message
+naming the fix.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from typing import Callable
+
+import numpy as np
+
+from minidist.comm.errors import RankFailedError
+from minidist.parallel.compare.api import Report, compare
+from minidist.parallel.compare.diff import Tolerance
+from minidist.parallel.compare.layout import LayoutError, check_layout, parse_layout
+from minidist.parallel.compare.run import RunSpec
+
+CORPUS = pathlib.Path(__file__).resolve().parents[3] / "demos" / "data" / "corpus.txt"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    parser.add_argument("--a", required=True, help='a layout, e.g. "dp_replicate=2 tp=2"')
+    parser.add_argument("--b", default="single", help="the reference layout (default: single)")
+    parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    parser.add_argument("--model", choices=("gpt", "llama"), default="gpt")
+    parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    parser.add_argument("--batch", type=int, default=4, help="global batch rows (default 4)")
+    parser.add_argument("--block", type=int, default=8, help="characters per row (default 8)")
+    parser.add_argument("--seed", type=int, default=0, help="weights and batches (default 0)")
+    parser.add_argument("--atol", type=float, default=1e-9)
+    parser.add_argument("--rtol", type=float, default=1e-6)
+    parser.add_argument("--bitwise", action="store_true", help="every bit equal")
+    parser.add_argument("--world-size", type=int, default=None,
+                        help="check that each parallel layout has this many ranks")
+    parser.add_argument("--assert-equal", action="store_true",
+                        help="exit 1 if a tensor is past the tolerance")
+    parser.add_argument("--corpus", default=str(CORPUS), help="a text file (the shipped corpus)")
+    return run
+
+
+def corpus_batches(path: str, steps: int, batch: int, block: int, seed: int) -> tuple:
+    """(vocabulary size, [(idx, targets)] per step): random windows of the text's characters."""
+    text = pathlib.Path(path).read_text()
+    chars = sorted(set(text))
+    ids = np.array([chars.index(c) for c in text[:20000]], dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        starts = rng.integers(0, len(ids) - block - 1, batch)
+        out.append((np.stack([ids[s:s + block] for s in starts]),              # (B, T)
+                    np.stack([ids[s + 1:s + block + 1] for s in starts])))     # (B, T)
+    return len(chars), out
+
+
+def print_report(report: Report) -> None:
+    print(f"a: {report.a}\nb: {report.b}")
+    print(f"{'step':>4}  {'loss a':>22}  {'loss b':>22}  {'ulps':>6}")
+    for line in report.steps:
+        print(f"{line.step:>4}  {line.loss_a:>22.17g}  {line.loss_b:>22.17g}  {line.ulps:>6}")
+    part = report.parting
+    if part is None:
+        print("equal within the tolerance at every step")
+        return
+    where = "" if part.rank is None else f" (rank {part.rank} of a)"
+    print(f"first past the tolerance: the {part.kind} of {part.name} at step {part.step}{where}: "
+          f"max |a - b| = {part.max_abs:.3e}, {part.max_ulps} ulps")
+    print(f"cause: {part.cause}: {part.why}")
+
+
+def _last_line(e: Exception) -> str:
+    """A rank's ValueError message (the last line of its traceback), or the error's own."""
+    text = e.remote_traceback if isinstance(e, RankFailedError) else str(e)
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].removeprefix("ValueError: ") if lines else text
+
+
+def run(ns: argparse.Namespace) -> int:
+    try:
+        a, b = parse_layout(ns.a), parse_layout(ns.b)
+        for layout, text in ((a, ns.a), (b, ns.b)):
+            check_layout(layout, text, ns.world_size)
+            rows = layout.dp_replicate * layout.dp_shard * layout.microbatches
+            if ns.batch % rows:
+                raise LayoutError(f"layout {text!r}: --batch {ns.batch} does not split into "
+                                  f"dp_replicate x dp_shard x mb = {rows} equal pieces; pick a multiple")
+        if ns.steps < 1:
+            raise LayoutError("--steps must be at least 1")
+    except LayoutError as e:
+        print(f"minidist compare: error: {e}", file=sys.stderr)
+        return 2
+    vocab, batches = corpus_batches(ns.corpus, ns.steps, ns.batch, ns.block, ns.seed)
+    spec = RunSpec(batches, vocab, ns.model, ns.dtype, ns.seed)
+    try:
+        report = compare(spec, a, b, Tolerance(ns.atol, ns.rtol, ns.bitwise))
+    except (ValueError, RankFailedError) as e:
+        if isinstance(e, RankFailedError) and e.exc_type != "ValueError":
+            raise                                    # a crash, not a layout the model refuses
+        print(f"minidist compare: error: the model refuses the layout: {_last_line(e)}",
+              file=sys.stderr)
+        return 2
+    print_report(report)
+    return 1 if ns.assert_equal and report.parting is not None else 0

@@ -1,0 +1,99 @@
+"""compare: a layout equal to one process reports 0 ulps; a planted bug is found and named with
+its tensor, step and rank; bf16 against float32 is told as rounding; --assert-equal exits 1
+past the tolerance and usage errors exit 2 naming the fix.
+
+One world of 2 ranks for the module (tp=2, pp=2, dp=2 each run on it); the GPT has 4
+layers of width 16 on 4 x 8 characters, 2 or 3 steps: each case takes seconds.
+"""
+import pytest
+
+from minidist.comm import World
+from minidist.parallel.compare import (BUG, REORDERED, ROUNDING, Plant, RunSpec, Tolerance,
+                                       compare, parse_layout)
+from minidist.parallel.compare.command import CORPUS, corpus_batches
+
+SCALED = "blocks.1.mlp.c_fc.weight"
+
+
+@pytest.fixture(scope="module")
+def world2():
+    w = World(2, timeout=30.0, run_timeout=120.0)
+    yield w
+    w.close()
+
+
+def _spec(steps, dtype="float64"):
+    vocab, batches = corpus_batches(str(CORPUS), steps, 4, 8, seed=0)
+    return RunSpec(batches, vocab, "gpt", dtype)
+
+
+@pytest.mark.parametrize("layout", ["tp=2", "pp=2 schedule=gpipe", "dp=2", "dp_shard=2"])
+def test_a_layout_equals_one_process_to_0_ulps_in_float64(world2, layout):
+    spec = _spec(3)
+    report = compare(spec, parse_layout(layout), parse_layout("single"), worlds={2: world2})
+    # the first step's loss sums alike; the TP embedding's gradient adds its rows in
+    # another order, so later steps start from parameters a few ulps apart
+    assert report.steps[0].ulps == 0 and max(line.ulps for line in report.steps) <= 4
+    assert report.parting is None
+    exact = compare(spec, parse_layout(layout), parse_layout("single"), Tolerance(bitwise=True),
+                    worlds={2: world2})
+    assert (exact.parting.step, exact.parting.cause) == (0, REORDERED)
+
+
+def double_one_gradient(step, rank, named):
+    """The planted bug: on rank 1, from step 1, one gradient scaled by 2."""
+    if rank == 1 and step >= 1 and SCALED in named:
+        named[SCALED].grad *= 2
+
+
+def skip_the_all_reduce(model, rank):
+    """The planted bug: the replicas never average their gradients (skipped on one rank
+    only, the other would wait in its all-reduce until the world's timeout names it)."""
+    model.replica.sync_gradients = lambda: None
+
+
+def test_a_gradient_doubled_on_one_rank_is_named_with_its_step_and_rank(world2):
+    report = compare(_spec(3), parse_layout("dp=2"), parse_layout("single"),
+                     plant_a=Plant(on_grads=double_one_gradient), worlds={2: world2})
+    part = report.parting
+    assert (part.step, part.kind, part.name, part.rank, part.cause) == (
+        1, "gradient", SCALED, 1, BUG)
+
+
+def test_a_skipped_all_reduce_is_named_at_the_first_gradient(world2):
+    report = compare(_spec(2), parse_layout("dp=2"), parse_layout("single"),
+                     plant_a=Plant(on_model=skip_the_all_reduce), worlds={2: world2})
+    part = report.parting
+    assert (part.step, part.kind, part.name, part.cause) == (0, "gradient", "wte.weight", BUG)
+    assert part.rank in (0, 1)
+
+
+def test_bf16_against_float32_is_told_as_rounding():
+    report = compare(_spec(1, "float32"), parse_layout("single amp=bf16"),
+                     parse_layout("single"))
+    assert report.parting.cause == ROUNDING and report.steps[0].ulps > 0
+
+
+def test_assert_equal_exits_1_past_the_tolerance(capsys):
+    from minidist.cli import main
+    args = ["compare", "--a", "single amp=bf16", "--dtype", "float32", "--steps", "1"]
+    assert main(args) == 0
+    assert main(args + ["--assert-equal"]) == 1
+    assert "cause: rounding" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("layout, world, words", [
+    ("dq=2", None, ["unknown 'dq=2'", "dp_replicate", "tp", "pp"]),
+    ("tp=2", 8, ["2 ranks", "world size 8", "multiply to 8"]),
+    ("cp=2", None, ["cp=2 is not composed", "use dp_replicate, tp, pp"]),
+    ("dp_shard=2 tp=2", None, ["dp_shard (fully_shard) runs alone"]),
+    ("tp=two", None, ["whole number"]),
+    ("tp=3", None, ["n_head=2 is not divisible by the tensor-parallel size 3"]),
+])
+def test_usage_errors_exit_2_naming_the_fix(capsys, layout, world, words):
+    from minidist.cli import main
+    args = ["compare", "--a", layout] + (["--world-size", str(world)] if world else [])
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err, (word, err)
