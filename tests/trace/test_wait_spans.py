@@ -32,6 +32,7 @@ def waits_inside_a_forward(path):
                 dist.all_reduce(buf)
             return buf
 
+    dist.barrier()                              # the two start together (and untraced)
     with trace.record(path):
         Waits()()
 
@@ -46,4 +47,6 @@ def summary(tmp_path_factory):
 
 def test_a_blocking_wait_is_exposed_communication(summary):
     waiting = next(row for row in summary["ranks"].values() if row["name"].startswith("rank 0"))
-    assert waiting["exposed_comm"] >= 2 * HOLD_S * 1e6 * 0.9     # microseconds
+    # rank 0 waits about 2 * HOLD_S in all; at least HOLD_S of it, however the two ranks
+    # are scheduled on a loaded machine (counted as compute, it was 0)
+    assert waiting["exposed_comm"] >= HOLD_S * 1e6               # microseconds
