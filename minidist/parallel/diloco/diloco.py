@@ -33,6 +33,11 @@ the world, or one dimension of a mesh, so that a replica may itself be DDP / TP 
 the other dimension. Each replica's inner optimizer keeps its state across rounds,
 and so does the outer optimizer (its momentum), one buffer per parameter.
 
+``shard_group``: for a replica that is DDP inside (its ranks hold the same parameters),
+the process group (or 1-D DeviceMesh) of this rank's replica. Rank j of the L ranks then
+all-reduces only slice j of each outer gradient across the replicas and the replica
+all-gathers the slices (shard.py): 1/L of the bytes on the slow link.
+
 Invariant: right after a fragment's synchronisation with alpha = 0 its parameters
 are bitwise equal on every replica (the all-reduce leaves the same bits everywhere,
 and the outer step is the same arithmetic on the same inputs). Demo:
@@ -49,6 +54,7 @@ from minidist.distributed.device_mesh import DeviceMesh
 from minidist.nn import Module
 from minidist.parallel.diloco import outer_grad
 from minidist.parallel.diloco.schedule import check_schedule, fragment_starting_at
+from minidist.parallel.diloco.shard import replica_slices
 from minidist.backend import xp
 from minidist.trace import recorder as trace
 
@@ -60,6 +66,7 @@ class Fragment:
     global_params: list                          # theta_global, one array per parameter
     pending: Any = None                          # the all-reduce in flight (a Work), or None
     wire: Any = None                             # what travels: (sum numel,) float, or codes
+                                                 # (this rank's slice with a shard_group)
     gathered: Any = None                         # (N, W) every replica's codes (quantised)
     merge_at: int = -1                           # the inner step after which it is merged
     started: float = 0.0                         # when it started (trace clock)
@@ -77,7 +84,8 @@ class DiLoCo:
     def __init__(self, model: Module, inner_optimizer: Any, outer_optimizer: Any,
                  sync_every: int, group: Any = None,
                  fragments: Sequence[Any] | None = None, fragment_sync_delay: int = 0,
-                 fragment_update_alpha: float = 0.0, outer_grad_format: Any = None):
+                 fragment_update_alpha: float = 0.0, outer_grad_format: Any = None,
+                 shard_group: Any = None):
         groups = [list(model.parameters())] if fragments is None \
             else _fragment_params(model, fragments)
         check_schedule(sync_every, len(groups), fragment_sync_delay, fragment_update_alpha)
@@ -88,14 +96,17 @@ class DiLoCo:
         self.fragment_sync_delay = fragment_sync_delay
         self.fragment_update_alpha = float(fragment_update_alpha)
         self.format = outer_grad.outer_grad_format(outer_grad_format)   # None: full precision
-        self.group = group.get_group() if isinstance(group, DeviceMesh) else group
+        self.group = _process_group(group)
         self.local_step = 0                      # inner steps taken (t, from 1 after the first)
         self._handle = None
+        self.slices = replica_slices(_process_group(shard_group), self.group,
+                                     list(model.named_parameters()))   # None: whole
         # Every replica starts from the same theta_global: the group's first rank's
-        # parameters (as DDP broadcasts rank 0's at wrap).
-        src = _global_rank(self.group, 0)
-        for p in model.parameters():
-            dist.broadcast(p.data, src=src, group=self.group)
+        # parameters (as DDP broadcasts rank 0's at wrap); the ranks of a replica with
+        # a shard_group from its first rank's, as they hold the same theta.
+        for g in ([] if self.slices is None else [self.slices.group]) + [self.group]:
+            for p in model.parameters():
+                dist.broadcast(p.data, src=_global_rank(g, 0), group=g)
         self.fragments = [Fragment(ps, [p.data.copy() for p in ps]) for ps in groups]
 
     # -- the context: torchft registers the hook on enter -----------------------
@@ -135,10 +146,13 @@ class DiLoCo:
         frag.history.append((self.local_step, frag.merge_at))
         if self.format is None:
             frag.wire = xp.concatenate([d.reshape(-1) for d in deltas])  # (sum numel,)
+            if self.slices is not None:
+                frag.wire = self.slices.take(frag.wire)                    # (c,)
             frag.pending = dist.all_reduce(frag.wire, op=ReduceOp.AVG, group=self.group,
                                            async_op=True)
             return
-        frag.wire = outer_grad.encode_outer_gradients(deltas, self.format)    # (W,) uint8
+        frag.wire = outer_grad.encode_outer_gradients(deltas, self.format,
+                                                      *self._bounds(frag))  # (W,) uint8
         frag.gathered = xp.empty((dist.get_world_size(self.group), frag.wire.size),
                                  dtype=frag.wire.dtype)                          # (N, W)
         frag.pending = dist.all_gather_into_tensor(frag.gathered, frag.wire, group=self.group,
@@ -148,9 +162,7 @@ class DiLoCo:
         """Wait for the mean, run the outer step from theta_global, merge with alpha."""
         frag.pending.wait()
         frag.pending = None
-        mean = frag.wire if self.format is None else outer_grad.mean_of_encoded(
-            frag.gathered, [g.size for g in frag.global_params], self.format,
-            frag.global_params[0].dtype)
+        mean = self._mean(frag)                      # (sum numel,)
         local = [p.data.copy() for p in frag.params]
         inner_grads = {id(p): p.grad for p in self.model.parameters()}
         for p in self.model.parameters():          # the outer step touches this fragment only
@@ -174,6 +186,28 @@ class DiLoCo:
             trace.active.span(f"DiLoCo fragment {self.fragments.index(frag)} sync", "diloco",
                               frag.started, trace.active.now(),
                               {"bytes": int(frag.wire.nbytes), "merge_step": frag.merge_at})
+
+
+    def _bounds(self, frag: Fragment) -> tuple[int, int | None]:
+        """[lo, hi) of the fragment's values this rank sends (all without a shard_group)."""
+        if self.slices is None:
+            return 0, None
+        return self.slices.bounds(sum(g.size for g in frag.global_params))
+
+    def _mean(self, frag: Fragment) -> Any:
+        """The mean outer gradient of the whole fragment, (sum numel,), once it arrived."""
+        sizes = [g.size for g in frag.global_params]
+        mean = frag.wire if self.format is None else outer_grad.mean_of_encoded(
+            frag.gathered, sizes, self.format, frag.global_params[0].dtype,
+            *self._bounds(frag))
+        if self.slices is not None:                  # the replica's slices, end to end
+            mean = self.slices.gather(mean, sum(sizes))
+        return mean
+
+
+def _process_group(group: Any) -> Any:
+    """The ProcessGroup of ``group`` (a 1-D DeviceMesh or a ProcessGroup; None: None)."""
+    return group.get_group() if isinstance(group, DeviceMesh) else group
 
 
 def _global_rank(group: Any, group_rank: int) -> int:

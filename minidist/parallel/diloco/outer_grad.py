@@ -20,6 +20,9 @@ rank decodes the N of them and adds them in rank order (``mean_of_encoded``):
 
     mean = (Delta_q,0 + Delta_q,1 + ... + Delta_q,N-1) / N     the same bits everywhere
 
+With a ``shard_group`` (shard.py) a rank sends the codes of its slice lo:hi of the
+values only (and every exponent); ``mean_of_encoded`` then returns that slice's mean.
+
 An all-gather moves (N-1) * W bytes per rank: for N = 2 what a ring all-reduce of the
 codes would, bits / 32 of the float32 all-reduce's; for larger N, N / 2 times that (a
 quantised all-reduce keeps bits / 32 by rounding the partial sums again, which changes
@@ -77,12 +80,16 @@ def _exponent(delta: Any, fmt: FloatFormat) -> int:
     return scale_exponent(amax, fmt)
 
 
-def encode_outer_gradients(deltas: list, fmt: FloatFormat) -> Any:
+def encode_outer_gradients(deltas: list, fmt: FloatFormat, lo: int = 0,
+                           hi: int | None = None) -> Any:
     """The wire of one replica (module docstring): (W,) uint8, the codes of each
-    ``delta`` under its scale (4-bit codes two to a byte), then each scale's exponent."""
+    ``delta`` under its scale (4-bit codes two to a byte), then each scale's exponent.
+    ``lo:hi``: only those values of the deltas laid end to end (a rank's slice,
+    shard.py); each scale still comes from its whole tensor."""
     exponents = [_exponent(d, fmt) for d in deltas]
     codes = xp.concatenate([encode(xp.ldexp(d, -k).reshape(-1), fmt, saturate=True)
                             for d, k in zip(deltas, exponents)])            # (n,) codes
+    codes = codes[lo:hi]                                                    # (hi - lo,)
     if fmt.bits <= 4:
         codes = xp.concatenate([codes, xp.zeros(codes.size % 2, dtype=codes.dtype)])
         codes = codes[0::2] | (codes[1::2] << 4)                            # (ceil(n/2),)
@@ -90,10 +97,13 @@ def encode_outer_gradients(deltas: list, fmt: FloatFormat) -> Any:
     return xp.concatenate([xp.ascontiguousarray(codes).view(xp.uint8), scales.view(xp.uint8)])
 
 
-def mean_of_encoded(gathered: Any, sizes: list[int], fmt: FloatFormat, dtype: Any) -> Any:
+def mean_of_encoded(gathered: Any, sizes: list[int], fmt: FloatFormat, dtype: Any,
+                    lo: int = 0, hi: int | None = None) -> Any:
     """The mean over the rows of ``gathered`` ((N, W) uint8: every replica's wire) of the
-    decoded outer gradients, added in rank order: (sum of sizes,) of ``dtype``."""
-    n, tensors = sum(sizes), len(sizes)
+    decoded outer gradients, added in rank order: (hi - lo,) of ``dtype``, values
+    ``lo:hi`` of the tensors of ``sizes`` laid end to end (default: all of them)."""
+    tensors = len(sizes)
+    hi = sum(sizes) if hi is None else hi
     total = None
     for row in gathered:
         code_bytes = xp.ascontiguousarray(row[:row.size - 4 * tensors])
@@ -103,11 +113,13 @@ def mean_of_encoded(gathered: Any, sizes: list[int], fmt: FloatFormat, dtype: An
             codes[0::2], codes[1::2] = code_bytes & 0xF, code_bytes >> 4
         else:
             codes = code_bytes.view(fmt.code_dtype)
-        values = decode(codes[:n], fmt, str(xp.dtype(dtype)))               # (n,)
+        values = decode(codes[:hi - lo], fmt, str(xp.dtype(dtype)))         # (hi - lo,)
         start, parts = 0, []
-        for size, k in zip(sizes, exponents.tolist()):
-            parts.append(xp.ldexp(values[start:start + size], k))
+        for size, k in zip(sizes, exponents.tolist()):   # the part of each tensor in lo:hi
+            a, b = max(start, lo), min(start + size, hi)
+            if a < b:
+                parts.append(xp.ldexp(values[a - lo:b - lo], k))
             start += size
-        mine = xp.concatenate(parts)
+        mine = xp.concatenate(parts) if parts else values
         total = mine if total is None else total + mine
     return total / gathered.shape[0]

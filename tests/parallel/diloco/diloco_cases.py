@@ -96,10 +96,12 @@ def shard_replica(model, mesh):
 
 
 def train_on_rank(case, replica_group=None, replica=None, parts=1, part=0, ddp_group=None,
-                  fsdp_mesh=None):
+                  fsdp_mesh=None, shard_group=None, count_link=False):
     """DiLoCo on this rank; returns the parameters after every inner step. A replica of
     several ranks is DDP over ``ddp_group`` or fully_shard over ``fsdp_mesh`` (then its
-    ranks start alike, and the replicas from different weights)."""
+    ranks start alike, and the replicas from different weights); ``shard_group`` is
+    DiLoCo's. ``count_link``: also return the bytes this rank put on the slow link
+    during the steps (``dist.get_link_bytes().between``)."""
     import minidist.distributed as dist
     from minidist.parallel.data import DistributedDataParallel
     from minidist.parallel.diloco import DiLoCo
@@ -115,13 +117,17 @@ def train_on_rank(case, replica_group=None, replica=None, parts=1, part=0, ddp_g
     out = []
     with DiLoCo(model, inner, outer, sync_every=case["H"], group=replica_group,
                 fragments=frags, fragment_sync_delay=case["tau"],
-                fragment_update_alpha=case["alpha"], outer_grad_format=case["fmt"]):
+                fragment_update_alpha=case["alpha"], outer_grad_format=case["fmt"],
+                shard_group=shard_group):
+        before = dist.get_link_bytes().between if count_link else 0
         for step in range(case["steps"]):
             x, y = batch(case, step, replica, parts, part)
             loss_backward(wrapped, x, y)
             inner.step()
             inner.zero_grad()
             out.append(whole(model))
+    if count_link:
+        return out, dist.get_link_bytes().between - before
     return out
 
 

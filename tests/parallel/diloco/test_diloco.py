@@ -72,15 +72,17 @@ def test_sync_every_1_with_sgd_and_outer_lr_1_is_ddp(world):
             assert_close(got[rank][step], want[step])
 
 
-def train_replica_of_ddp(case):
+def train_replica_of_ddp(case, sliced=False, count_link=False):
     """World 4 as a (replica=2, dp=2) mesh: DiLoCo over 'replica', each replica DDP
-    over 'dp' with half of the replica's batch on each rank."""
+    over 'dp' with half of the replica's batch on each rank; ``sliced``: DiLoCo's
+    shard_group is 'dp' (each rank sends half of each outer gradient)."""
     from minidist import backend
     from minidist.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh(backend.device_type(), (2, 2), mesh_dim_names=("replica", "dp"))
     replica, part = mesh.get_coordinate()
     return train_on_rank(case, replica_group=mesh["replica"], replica=replica, parts=2,
-                         part=part, ddp_group=mesh.get_group("dp"))
+                         part=part, ddp_group=mesh.get_group("dp"),
+                         shard_group=mesh["dp"] if sliced else None, count_link=count_link)
 
 
 def test_diloco_over_a_mesh_dimension_composes_with_ddp_replicas():
