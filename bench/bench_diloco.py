@@ -12,7 +12,8 @@ between, float32) takes AdamW steps on a fixed batch per rank, each way:
     DDP + Top-K              the Top-K hook with error feedback (density 1%)
     1-bit Adam               OnebitAdam, measured after its warm-up (signs + scales)
     HSDP                     fully_shard on the (island, local) mesh: shard inside an island
-    DiLoCo H (DDP inside)    DDP inside each island, DiLoCo between islands
+    DiLoCo H (DDP inside)    DDP inside each island, DiLoCo between islands; each rank of
+                             an island sends half of the outer gradient (shard_group)
     DiLoCo H (FSDP inside)   fully_shard inside each island, DiLoCo between islands
     Streaming F              the same with F fragments, tau = 1, alpha = 0.5
 
@@ -79,6 +80,7 @@ def build(how: str, model, args):
         fully_shard(model, mesh=shard_over)
     elif how == "DiLoCo (DDP inside)":
         forward = DistributedDataParallel(model, group=mesh.get_group("local"))
+    shard_group = mesh["local"] if how == "DiLoCo (DDP inside)" else None   # its 2 copies
     inner = AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     if not how.startswith(("DiLoCo", "Streaming")):
         return forward, inner, nothing
@@ -89,7 +91,8 @@ def build(how: str, model, args):
     return forward, inner, DiLoCo(model, inner, outer, sync_every=args.sync_every,
                                   group=mesh["island"], fragments=fragments,
                                   fragment_sync_delay=1 if streaming else 0,
-                                  fragment_update_alpha=0.5 if streaming else 0.0)
+                                  fragment_update_alpha=0.5 if streaming else 0.0,
+                                  shard_group=shard_group)
 
 
 def _between() -> int:
@@ -136,7 +139,7 @@ def summarise(ranks: list[dict]) -> dict:
 def predictions(c: dict, m: float, args) -> dict:
     """Step seconds that calc predicts from each run's compute time c[run] (measured
     without the link) and the link: compute + exposed wire."""
-    from minidist.calc.comm import ring_all_reduce_time
+    from minidist.calc.comm import all_gather_time, ring_all_reduce_time
     from minidist.calc.diloco import diloco_costs
     fast, slow, H, F = args.fast_gbps * 1e9, args.slow_gbps * 1e9, args.sync_every, 2
 
@@ -144,12 +147,15 @@ def predictions(c: dict, m: float, args) -> dict:
         return diloco_costs(model_bytes, ranks, H, F, 32, compute, slow, delay=delay,
                             density=args.density)[row].step_seconds
     inside_fsdp = 3 * m / 2 / fast              # AG forward, AG backward, RS: (S-1)/S * M
-    c_ddp = c["DiLoCo (DDP inside)"] + ring_all_reduce_time(m, 2, fast)
+    # DDP's all-reduce inside the island every step; the island's all-gather of the
+    # outer gradient's two halves once every H steps
+    c_ddp = c["DiLoCo (DDP inside)"] + ring_all_reduce_time(m, 2, fast) \
+        + all_gather_time(m, 2, fast) / H
     return {"local": c["local"], "DDP": cost("DDP", m, 4, c["DDP"], 0),
             "DDP + Top-K": cost("Top-K", m, 4, c["DDP + Top-K"], 4),
             "1-bit Adam": cost("1-bit", m, 4, c["1-bit Adam"], 5),
             "HSDP": c["HSDP"] + inside_fsdp + ring_all_reduce_time(m / 2, 2, slow),
-            "DiLoCo (DDP inside)": cost("DiLoCo", m, 2, c_ddp, 1),
+            "DiLoCo (DDP inside)": cost("DiLoCo", m / 2, 2, c_ddp, 1),
             "DiLoCo (FSDP inside)": cost("DiLoCo", m / 2, 2,
                                          c["DiLoCo (FSDP inside)"] + inside_fsdp, 1),
             "Streaming (FSDP inside)": cost("Streaming", m / 2, 2,

@@ -76,6 +76,7 @@ def test_sliced_outer_gradients_put_1_over_l_of_the_bytes_on_the_slow_link(islan
 
 def build_with_shard_group(choice):
     """DiLoCo over 'replica' given a wrong shard_group: the error's text on this rank."""
+    import minidist.distributed as dist
     from minidist import backend
     from minidist.comm.group import world_group
     from minidist.distributed.device_mesh import init_device_mesh
@@ -87,8 +88,11 @@ def build_with_shard_group(choice):
     if choice == "fsdp":                 # the replica's ranks hold pieces, not copies
         shard_replica(model, mesh["dp"])
         shard_group = mesh["dp"]
-    else:                                # the world: the other replica's ranks too
+    elif choice == "world":              # the other replica's ranks too
         shard_group = world_group()
+    else:                                # replica 0 sliced in 2, replica 1's ranks alone
+        groups = [dist.new_group(r) for r in ([0, 1], [2], [3])]
+        shard_group = groups[0] if dist.get_rank() < 2 else groups[dist.get_rank() - 1]
     try:
         DiLoCo(model, AdamW(model.parameters(), lr=1e-3), SGD(model.parameters(), lr=0.7),
                sync_every=2, group=mesh["replica"], shard_group=shard_group)
@@ -100,6 +104,8 @@ def build_with_shard_group(choice):
 @pytest.mark.parametrize("choice, message", [
     ("world", r"shard_group \[0, 1, 2, 3\] holds ranks of other replicas .* "
               r"shard_group=mesh\['dp'\] beside group=mesh\['replica'\]"),
+    ("uneven", r"at different places of their shard_groups \(\(place, size\) per replica: "
+               r"\[\(\d, 2\), \(0, 1\)\]\): give every replica a shard_group of the same size"),
     ("fsdp", r"DiLoCo's shard_group over ranks \[\d, \d\] cannot hold 'fc1.weight'"),
 ])
 def test_a_shard_group_that_is_not_one_replicas_copies_is_refused(islands, choice, message):
