@@ -3,13 +3,28 @@
 The suite runs once per backend: ``pytest`` (NumPy) and
 ``MINIDIST_BACKEND=guard pytest`` (CuPy-like arrays that refuse implicit host
 conversion). Hypothesis examples are derandomized on CI so a run is repeatable.
+
+A test module that makes no backend array (cost models and the planner's
+arithmetic, the docs, the layering, a demo's usage error) is marked
+``host_only``: it cannot meet a CuPy rule, so it runs on the NumPy pass only and
+another backend's pass deselects it.
 """
 import os
 
-from hypothesis import HealthCheck, settings
+# One BLAS thread per process unless the caller chose: the suite runs in two pytest
+# workers on two cores (README's test command) and its multi-process tests start ranks
+# and demos of their own, all of which inherit this. OpenBLAS's threads spin while they
+# wait for work, so with more threads than cores a small matmul costs many times its
+# CPU time (demo 09 at the suite's settings: 40 s of CPU with a thread per core, 5 s
+# with one). Set before NumPy loads OpenBLAS, which reads it once (a plugin that loaded
+# NumPy first would leave this process as it is; the processes it starts still follow).
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-from minidist import backend
-from oracles.optional import hide_if_asked
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+from minidist import backend  # noqa: E402
+from oracles.optional import hide_if_asked  # noqa: E402
 
 HIDDEN = hide_if_asked(backend.get_backend())
 
@@ -19,6 +34,16 @@ settings.register_profile(
     "ci", deadline=None, derandomize=True, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+
+def pytest_collection_modifyitems(config, items):
+    """On a backend other than NumPy, deselect the ``host_only`` tests."""
+    if backend.get_backend() == "numpy":
+        return
+    host_only = [item for item in items if item.get_closest_marker("host_only")]
+    if host_only:
+        config.hook.pytest_deselected(items=host_only)
+        items[:] = [item for item in items if not item.get_closest_marker("host_only")]
 
 
 def pytest_report_header(config):

@@ -3,6 +3,10 @@ course index reaches every docs page and every numbered demo."""
 import pathlib
 import re
 
+import pytest
+
+pytestmark = pytest.mark.host_only  # text and source files: no backend array (tests/conftest.py)
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\]\(([^)#\s]+)(#[^)]*)?\)")
 

@@ -10,7 +10,11 @@ import ast
 import pathlib
 import sys
 
+import pytest
+
 import minidist
+
+pytestmark = pytest.mark.host_only  # text and source files: no backend array (tests/conftest.py)
 
 # layer -> the layers it may import (besides itself)
 ALLOWED = {

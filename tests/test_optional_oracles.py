@@ -8,6 +8,11 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+# the hiding is probed in subprocesses, each told which pass it stands for: no backend array
+pytestmark = pytest.mark.host_only
+
 TESTS = pathlib.Path(__file__).resolve().parent
 
 PROBE = """

@@ -19,7 +19,11 @@ import ast
 import pathlib
 import re
 
+import pytest
+
 import minidist
+
+pytestmark = pytest.mark.host_only  # text and source files: no backend array (tests/conftest.py)
 
 ROOT = pathlib.Path(minidist.__file__).parent
 MAX_FUNCTION_LINES = 50

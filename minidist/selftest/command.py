@@ -111,8 +111,9 @@ def run_property_suite(backend_name: str, expr: str | None, quick: bool,
               "it comes with a source checkout")
         return None
     paths = [f"tests/{p}" for p in QUICK_TESTS] if quick else ["tests"]
+    # a file at a time per worker, so that the worlds a test file keeps up start once
     args = ["-m", "pytest", *paths] + (["-k", expr] if expr else []) + \
-        (["-n", str(jobs)] if jobs > 1 else [])
+        (["-n", str(jobs), "--dist", "loadfile"] if jobs > 1 else [])
     print(f"property suite, in {REPO}: MINIDIST_BACKEND={backend_name} python "
           f"{shlex.join(args)}", flush=True)
     env = dict(os.environ, MINIDIST_BACKEND=backend_name)

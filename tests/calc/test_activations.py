@@ -7,6 +7,8 @@ from minidist.calc import (activation_memory_per_layer, activation_memory_per_la
                            minidist_layer_activation_bytes)
 from minidist.calc.units import GB
 
+pytestmark = pytest.mark.host_only  # a cost model: no backend array (tests/conftest.py)
+
 S, B, H, A, L = 2048, 1, 12288, 96, 96          # GPT-3 175B, one sequence per micro-batch
 SBH = S * B * H
 

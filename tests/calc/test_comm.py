@@ -19,6 +19,8 @@ from minidist.calc import (all_gather_bytes, all_reduce_cost, bandwidth_utilizat
                            tree_all_reduce_time, tree_reduce_time)
 from minidist.calc.units import GB, MS, TFLOPS, US
 
+pytestmark = pytest.mark.host_only  # a cost model: no backend array (tests/conftest.py)
+
 
 def test_workbook_ex_0_1_ring_volume_8_gpus():
     assert ring_all_reduce_bytes(1 * GB, 8) / GB == pytest.approx(1.75)

@@ -14,6 +14,8 @@ from minidist.calc import (achieved_flops, amdahl_speedup, arithmetic_intensity,
                            spot_cost, training_flops, training_seconds)
 from minidist.calc.units import DAY, HOUR, TB, TFLOPS
 
+pytestmark = pytest.mark.host_only  # a cost model: no backend array (tests/conftest.py)
+
 A100 = 312 * TFLOPS          # BF16 dense peak, as the sources use it
 H100 = 989 * TFLOPS
 

@@ -1,11 +1,14 @@
 """calc/diloco.py: DiLoCo sends 1/H of DDP's bytes per step, streaming's peak is 1/F of
 DiLoCo's, quantising sends (N-1) of bits/32 of a fragment (an all-gather of codes), and
 the bytes equal what the code sends."""
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minidist.calc import diloco
 from minidist.calc.comm import ring_all_reduce_bytes
+
+pytestmark = pytest.mark.host_only  # a cost model: no backend array (tests/conftest.py)
 
 
 @settings(max_examples=50, deadline=None)

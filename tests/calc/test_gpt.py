@@ -7,6 +7,8 @@ from minidist.calc import (flops_utilization, gpt_layer_params, gpt_params,
                            mfu_from_throughput, palm_model_flops_per_token,
                            training_flops_per_iteration)
 
+pytestmark = pytest.mark.host_only  # a cost model: no backend array (tests/conftest.py)
+
 GPT3 = dict(layers=96, hidden=12288, vocab=51200, seq=2048)
 
 

@@ -1,8 +1,11 @@
 """The hierarchical all-reduce's cost: its parts are the ring's formulas."""
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from minidist.calc import comm
+
+pytestmark = pytest.mark.host_only  # a cost model: no backend array (tests/conftest.py)
 
 
 @given(m=st.floats(1e3, 1e10), nodes=st.integers(1, 16), local=st.integers(1, 16),

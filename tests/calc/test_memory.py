@@ -14,6 +14,8 @@ from minidist.calc import (STATE_BYTES, activation_memory, checkpoint_bytes,
                            sqrt_checkpoint_interval, zero_memory_per_gpu)
 from minidist.calc.units import GB
 
+pytestmark = pytest.mark.host_only  # a cost model: no backend array (tests/conftest.py)
+
 
 def test_solutions_16_bytes_per_param_and_1b_needs_16_gb():
     assert sum(STATE_BYTES["mixed"]) == 16          # 2 + 2 + (4 + 4 + 4)

@@ -1,8 +1,11 @@
 """Sharded Muon's cost model: the worked number, and the ratios of the two schemes."""
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from minidist.calc import gpt_block_matrices, muon_step_costs, newton_schulz_flops
+
+pytestmark = pytest.mark.host_only  # a cost model: no backend array (tests/conftest.py)
 
 
 def test_gpt2_small_worked_number():

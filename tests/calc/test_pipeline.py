@@ -14,6 +14,8 @@ from minidist.calc import (bubble_fraction, idle_fraction, layers_per_stage,
                            pipeline_activation_memory, warmup_forwards)
 from minidist.calc.units import GB, MS
 
+pytestmark = pytest.mark.host_only  # a cost model: no backend array (tests/conftest.py)
+
 
 def test_workbook_ex_5_1_1f1b_bubble_4_stages_12_microbatches():
     assert bubble_fraction(4, 12, "1f1b") == pytest.approx(0.25)

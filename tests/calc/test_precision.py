@@ -9,6 +9,8 @@ import pytest
 
 from minidist.calc import dynamic_loss_scale, format_max, format_min_normal, format_min_subnormal
 
+pytestmark = pytest.mark.host_only  # a cost model: no backend array (tests/conftest.py)
+
 
 def test_workbook_ex_8_1_fp16_smallest_normal():
     assert format_min_normal(5) == 2.0**-14

@@ -14,6 +14,8 @@ from minidist.calc import (accumulation_step_seconds, accumulation_steps,
                            recompute_overhead, sqrt_scaled_lr, warmup_steps, young_interval)
 from minidist.calc.units import HOUR, MINUTE, MS
 
+pytestmark = pytest.mark.host_only  # a cost model: no backend array (tests/conftest.py)
+
 
 def test_workbook_ex_2_1_accumulation_steps():
     assert accumulation_steps(2048, micro_batch=4, dp=8) == 64

@@ -12,6 +12,8 @@ from minidist.calc import (all_gather_bytes, attention_params, column_parallel_s
                            tp_overhead, tp_weight_bytes_per_gpu)
 from minidist.calc.units import GB, GiB, MiB, MS
 
+pytestmark = pytest.mark.host_only  # a cost model: no backend array (tests/conftest.py)
+
 
 def test_workbook_ex_6_1_column_parallel_shard_shape():
     shard = column_parallel_shard(8192, 8192, tp=8)

@@ -55,16 +55,35 @@ def test_redistribute_matches_torch_dtensor(world, data):
     assert compared >= BATCH // 2
 
 
-def test_propagated_ops_match_torch_dtensor(world):
-    """Every op and pair of placements for which minidist has a rule (no fallback): the
-    same output placements as torch's sharding propagation and the same values."""
-    from tests.distributed.test_ops import _all_cases, every_pair_case
-    if world.world_size != 4:
-        return
+def _op_cases():
+    from tests.distributed.test_ops import _all_cases
     cases = _all_cases(11)
     for case in cases:
         case["mesh"] = (4,)
-    theirs = torch_dtensor.run(4, "op", cases)
+    return cases
+
+
+def _drawn_rule_cases():
+    rng = np.random.default_rng(30)
+    return [make_case(Drawn(rng=rng), [(4,), (2, 2)][i % 2]) for i in range(2 * BATCH)]
+
+
+@pytest.fixture(scope="module")
+def torch_on_4():
+    """torch's results for the op cases and the drawn rule cases, from one start of 4
+    processes (each imports torch: seconds)."""
+    ops, rules = torch_dtensor.run_batches(4, [("op", _op_cases()), ("rule", _drawn_rule_cases())])
+    return {"op": ops, "rule": rules}
+
+
+def test_propagated_ops_match_torch_dtensor(world, torch_on_4):
+    """Every op and pair of placements for which minidist has a rule (no fallback): the
+    same output placements as torch's sharding propagation and the same values."""
+    from tests.distributed.test_ops import every_pair_case
+    if world.world_size != 4:
+        return
+    cases = _op_cases()
+    theirs = torch_on_4["op"]
     ours = world.run(every_pair_case, 11)
     compared = 0
     for i, case in enumerate(cases):
@@ -113,14 +132,13 @@ def _comparable(case):
     return case["op"] != "rms_norm" or all(p == ("R",) for p in specs[1])
 
 
-def test_drawn_rules_match_torch_dtensor(world):
+def test_drawn_rules_match_torch_dtensor(world, torch_on_4):
     """Cases of the new rules drawn at random (a fixed seed) on meshes (4,) and (2, 2):
     the same output placements as torch's sharding propagation and the same values."""
     if world.world_size != 4:
         return
-    rng = np.random.default_rng(30)
-    cases = [make_case(Drawn(rng=rng), [(4,), (2, 2)][i % 2]) for i in range(2 * BATCH)]
-    theirs = torch_dtensor.run(4, "rule", cases)
+    cases = _drawn_rule_cases()
+    theirs = torch_on_4["rule"]
     ours = world.run(rule_case, cases)[0]
     compared = 0
     for case, their_ranks, (out, placements, _, warned) in zip(cases, theirs, ours):

@@ -3,7 +3,8 @@
 ``run(n, fn_name, cases)`` starts n processes (torch.multiprocessing, a FileStore
 in a temporary folder), each calls ``init_device_mesh("cpu", ...)`` per case and
 runs ``CASES[fn_name]`` on it; the per-rank results come back through files.
-Torch starts once per call, so a test sends all its cases in one batch.
+Torch starts once per call (seconds: each process imports torch), so a test sends
+all its cases in one batch, and ``run_batches`` serves several tests' batches at once.
 """
 import os
 import pickle
@@ -152,12 +153,12 @@ def fsdp(case):
 CASES = {"redistribute": redistribute, "op": op, "rule": rule, "fsdp": fsdp}
 
 
-def _worker(rank, n, folder, fn_name, cases):
+def _worker(rank, n, folder, batches):
     import torch.distributed as tdist
     store = tdist.FileStore(os.path.join(folder, "store"), n)
     tdist.init_process_group("gloo", rank=rank, world_size=n, store=store)
     try:
-        out = [CASES[fn_name](case) for case in cases]
+        out = [[CASES[fn_name](case) for case in cases] for fn_name, cases in batches]
         tdist.barrier()   # no rank tears its gloo pairs down while a peer still sends
     finally:
         tdist.destroy_process_group()
@@ -165,14 +166,20 @@ def _worker(rank, n, folder, fn_name, cases):
         pickle.dump(out, f)
 
 
-def run(n, fn_name, cases, attempts=2):
-    """Per case, the list of every rank's result. A gloo process that aborts (torch's
-    own transport, seen under heavy load) gets the whole batch one more try."""
+def run(n, fn_name, cases):
+    """Per case, the list of every rank's result."""
+    return run_batches(n, [(fn_name, cases)])[0]
+
+
+def run_batches(n, batches, attempts=2):
+    """For each (fn_name, cases) of ``batches``, per case the list of every rank's result,
+    from one start of n processes. A gloo process that aborts (torch's own transport,
+    seen under heavy load) gets the whole batch one more try."""
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as folder:
         for attempt in range(attempts):
             try:
-                mp.spawn(_worker, args=(n, folder, fn_name, cases), nprocs=n, join=True)
+                mp.spawn(_worker, args=(n, folder, batches), nprocs=n, join=True)
                 break
             except mp.ProcessExitedException:
                 if attempt == attempts - 1:
@@ -183,4 +190,5 @@ def run(n, fn_name, cases, attempts=2):
         for r in range(n):
             with open(os.path.join(folder, f"rank{r}.pkl"), "rb") as f:
                 per_rank.append(pickle.load(f))
-    return [[per_rank[r][i] for r in range(n)] for i in range(len(cases))]
+    return [[[per_rank[r][b][i] for r in range(n)] for i in range(len(cases))]
+            for b, (_, cases) in enumerate(batches)]

@@ -3,6 +3,8 @@ import pytest
 
 from minidist.cli import main
 
+pytestmark = pytest.mark.host_only  # the planner's arithmetic: no backend array (tests/conftest.py)
+
 
 def test_plan_prints_the_best_layouts_and_what_was_excluded(capsys):
     assert main(["plan", "--model", "llama3-8b", "--gpus", "16", "--batch-tokens",

@@ -3,11 +3,9 @@ the Llama 3 report, Table 4): each published layout fits, the planner predicts i
 reported utilization within 0.06, and its own best is at most 1.5x faster."""
 import pytest
 
-from minidist.backend import get_backend
 from minidist.calc.planner.published import PUBLISHED, compare
 
-# calc uses no arrays: one run, on NumPy, is the whole check
-pytestmark = pytest.mark.skipif(get_backend() != "numpy", reason="calc is backend-free")
+pytestmark = pytest.mark.host_only  # the planner's arithmetic: no backend array (tests/conftest.py)
 
 SPEED_FACTOR = 1.5      # the planner's best may beat the authors' layout by at most this
 UTILIZATION_GAP = 0.06  # |predicted - reported|, as a fraction of peak

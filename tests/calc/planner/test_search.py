@@ -13,6 +13,8 @@ from minidist.calc.planner.memory import memory_per_gpu, stage_params
 from minidist.calc.planner.search import plan, score
 from minidist.calc.planner.time import step_time
 
+pytestmark = pytest.mark.host_only  # the planner's arithmetic: no backend array (tests/conftest.py)
+
 H100 = presets.CLUSTERS["h100-nvlink-ib"]
 TINY_NODE = dataclasses.replace(H100, memory=40e9)
 

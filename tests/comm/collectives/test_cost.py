@@ -3,6 +3,8 @@ import pytest
 
 from minidist.comm.collectives import cost
 
+pytestmark = pytest.mark.host_only  # a cost model: no backend array (tests/conftest.py)
+
 
 def test_ring_all_reduce_of_2gb_on_8_gpus_at_50gbs_takes_70ms():
     # Workbook exercise 0.2: 2 * 2 GB * 7/8 / 50 GB/s = 70 ms (latency ignored).

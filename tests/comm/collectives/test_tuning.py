@@ -13,6 +13,8 @@ from minidist.comm.collectives import all_reduce, cost
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench"))
 import _tune  # noqa: E402
 
+pytestmark = pytest.mark.host_only  # a cost model: no backend array (tests/conftest.py)
+
 SIZES = [1 << k for k in range(10, 27)]
 MODELS = {"allgather": cost.oneshot_all_reduce, "recursive_doubling": cost.recursive_doubling_all_reduce,
           "ring": cost.ring_all_reduce, "direct": cost.direct_all_reduce}

@@ -1,0 +1,75 @@
+"""The demos under a launcher: `minidist run` and `mpiexec` start them as ranks of a world."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from minidist import backend
+from tests.demos.smoke import DEMOS, SMOKE_ARGS
+
+
+@pytest.mark.parametrize("launcher", ["minidist run", "mpiexec"])
+def test_the_readme_starts_demo_02_under_a_launcher(launcher):
+    """README: `minidist run -n 4 demos/02_collectives.py` and `mpiexec -n 4 python
+    demos/02_collectives.py` run the same demo as one rank each."""
+    if launcher == "mpiexec":
+        import shutil
+        mpiexec = shutil.which("mpiexec")
+        if mpiexec is None:
+            pytest.skip("mpiexec not on PATH (pip install -e '.[mpi]')")
+        cmd = [mpiexec, "-n", "3", sys.executable, str(DEMOS / "02_collectives.py")]
+    else:
+        cmd = [sys.executable, "-m", "minidist.cli", "run", "-n", "3",
+               str(DEMOS / "02_collectives.py")]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MINIDIST_SHM")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [re.sub(r"^\[rank \d+\] ", "", line) for line in proc.stdout.splitlines()]
+    checks = [line for line in lines if line.startswith("check:")]
+    assert len(checks) == 1 and checks[0].endswith("ok"), proc.stdout[-3000:]
+    assert "3 processes" in proc.stdout
+
+
+def run_under_minidist_run(name: str, *flags: str) -> subprocess.CompletedProcess:
+    """``minidist run -n 2 [flags] demos/NAME`` with the demo's smoke arguments."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MINIDIST_SHM")}
+    return subprocess.run([sys.executable, "-m", "minidist.cli", "run", "-n", "2", *flags,
+                           str(DEMOS / name), *SMOKE_ARGS[name]],
+                          capture_output=True, text=True, timeout=240, env=env)
+
+
+ONE_LINE_REASON = re.compile(r"^\[rank 0\] (\d\d_\w+\.py) runs as one process: .+\. "
+                             r"Run it as `python \S*\1`\.$")
+
+
+@pytest.mark.skipif(backend.get_backend() != "numpy",
+                    reason="the launcher, not the math: the demos' checks run on every "
+                           "backend in test_demo_runs_and_its_check_passes")
+@pytest.mark.parametrize("name", sorted(SMOKE_ARGS))
+def test_demo_runs_under_minidist_run_or_says_in_one_line_why_not(name):
+    """Each rank joins the launched world, or the demo runs whole on each rank, or rank 0
+    prints one line saying why the demo starts worlds of its own; never a traceback."""
+    proc = run_under_minidist_run(name)
+    out = proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, out
+    lines = proc.stdout.splitlines()
+    if len(lines) == 1:
+        assert ONE_LINE_REASON.match(lines[0]), lines[0]
+        return
+    checks = [line for line in lines if re.sub(r"^\[rank \d+\] ", "", line).startswith("check:")]
+    assert checks and all("FAILED" not in c for c in checks), out
+
+
+def test_demo_04_under_minidist_run_writes_a_trace_that_summary_reads(tmp_path):
+    """README: `minidist run -n 4 --trace run.json demos/04_ddp.py`, then
+    `minidist trace summary run.json`."""
+    trace = tmp_path / "run.json"
+    proc = run_under_minidist_run("04_ddp.py", "--trace", str(trace))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "check: max |ddp - single|" in proc.stdout and "2 ranks" in proc.stdout
+    summary = subprocess.run([sys.executable, "-m", "minidist.cli", "trace", "summary",
+                              str(trace)], capture_output=True, text=True, timeout=60)
+    assert summary.returncode == 0, summary.stderr
+    assert "rank 0" in summary.stdout and "rank 1" in summary.stdout
