@@ -57,8 +57,7 @@ class DataParallelMesh(NamedTuple):
 def data_parallel_mesh(mesh: Any) -> DataParallelMesh:
     """fully_shard's mesh: ``mesh`` (1-D: shard; 2-D: replicate x shard) or the world."""
     if mesh is None:
-        mesh = init_device_mesh("cuda" if backend.get_backend() == "cupy" else "cpu",
-                                (get_world_size(),))
+        mesh = init_device_mesh(backend.device_type(), (get_world_size(),))
     if mesh.ndim == 1:
         return DataParallelMesh(mesh, mesh.get_group(0), None, (Shard(0),))
     if mesh.ndim == 2:
