@@ -104,7 +104,7 @@ def _add_plan(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     from minidist.calc.planner.command import add_arguments
 
     def runner():       # plan --measure runs layouts with the strategies (calc cannot)
-        from minidist.parallel import measure
+        from minidist.parallel.compare import measure
         return measure
     return add_arguments(parser, runner)
 

@@ -64,7 +64,7 @@ STRATEGIES = {
     "expert": set(),
     "diloco": set(),                # a replica may be DDP / TP, but DiLoCo only sees a group
     "fault_tolerance": set(),       # a quorum over replicas; the replicas see only its group
-    "compare": {"three_d"},         # runs the layouts the 3D entry point composes
+    "compare": {"three_d", "data", "zero"},   # runs (and times) the layouts 3D, DDP and ZeRO make
 }
 # Inside minidist.comm: transport moves bytes, collectives are built on it, the launcher
 # starts worlds of it. package -> what it may import (the modules at comm/ level, group,

@@ -5,6 +5,8 @@ counting imports inside functions), these hold the shape of the code:
 
 - a function fits on a screen: at most 50 lines, its docstring included;
 - a file holds one idea: at most 350 lines;
+- ``parallel/`` and ``comm/`` are one folder per idea, with at most three modules
+  beside the folders (what composes the strategies; what a user meets first);
 - shared code asks a question of its input through one predicate owned by the
   module of the concept, never by probing for an attribute: "this block routes
   tokens" is ``nn.moe.routes_tokens``, and the planner's calibration to this
@@ -29,6 +31,8 @@ ROOT = pathlib.Path(minidist.__file__).parent
 MAX_FUNCTION_LINES = 50
 MAX_FILE_LINES = 350
 EXEMPT = {"exercises"}          # top-level folders of minidist/ left out
+MAX_TOP_MODULES = 3             # modules beside the folders of parallel/ and comm/
+FOLDERED = ("parallel", "comm")
 # text that may appear in one file only: pattern -> the file (relative to minidist/)
 OWNED = {
     r"hasattr\([^)]*[\"']aux_loss[\"']\)": None,          # ask nn.moe.routes_tokens instead
@@ -79,6 +83,18 @@ def test_no_file_holds_more_than_one_idea():
     assert not found, f"files over {MAX_FILE_LINES} lines:\n" + "\n".join(found)
 
 
+def top_modules(folder: pathlib.Path) -> list[str]:
+    """The modules of ``folder`` beside its subpackages (its ``__init__`` left out)."""
+    return sorted(p.name for p in folder.glob("*.py") if p.name != "__init__.py")
+
+
+def test_parallel_and_comm_are_one_folder_per_idea():
+    found = [f"{name}/: {top_modules(ROOT / name)}" for name in FOLDERED
+             if len(top_modules(ROOT / name)) > MAX_TOP_MODULES]
+    assert not found, f"more than {MAX_TOP_MODULES} modules beside the folders (move each " \
+        "into the folder of its idea):\n" + "\n".join(found)
+
+
 def test_each_question_is_asked_in_one_place():
     found = []
     for path in _modules():
@@ -112,5 +128,7 @@ def test_the_checks_can_fail():
     assert long_functions(fake, "def f():\n    pass\n") == []
     assert private_imports(fake, "from minidist.autograd.engine import _run, call_backward\n") \
         == ["autograd/_fake.py:1 _run"]
+    assert top_modules(ROOT / "comm" / "collectives") != [] and \
+        len(top_modules(ROOT / "comm" / "collectives")) > MAX_TOP_MODULES
     pattern = next(iter(OWNED))
     assert re.search(pattern, 'if hasattr(block.mlp, "aux_loss"):')

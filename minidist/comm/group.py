@@ -240,7 +240,7 @@ def init_process_group(backend: str | None = None, *, timeout: float = DEFAULT_T
     atexit.register(destroy_process_group)
     trace.start_from_env(transport.rank, transport.world_size)  # MINIDIST_TRACE=run.json
     if trace.active is not None and backend == "mpi":   # clocks of other machines (clock.py)
-        from minidist.comm.clock import clock_offset
+        from minidist.comm.collectives.clock import clock_offset
         trace.active.note_rank(transport.rank, transport.world_size, clock_offset(_state["world"]))
     return _state["world"]
 

@@ -13,11 +13,10 @@ tolerance); each subpackage's docstring is its map (idea, formula, files in read
 - diloco/    DiLoCo and Streaming DiLoCo: H local steps per replica, then an outer step on
              the averaged outer gradient (fragments, delay, mixing, quantised outer gradients)
 - compare/   one model, seed and batches under two layouts: per-step losses in ulps and the
-             first gradient or parameter where they part (``minidist compare``)
+             first gradient or parameter where they part (``minidist compare``); and one
+             layout's step time and peak memory per rank (``minidist plan --measure``)
 - three_d.py      data x pipeline x tensor parallelism on one device mesh (``ThreeDParallelGPT``)
 - diagnostics.py  what to ask a data-parallel run whose numbers look wrong
-- measure.py      run a layout of a small GPT, its step time and peak memory per rank
-                  (what ``minidist plan --measure`` holds the planner against)
 - clip.py         ``clip_grad_norm_`` of a tensor / pipeline / 3D-parallel model: the whole
                   model's gradient norm, each parameter counted once
 

@@ -41,7 +41,7 @@ CLUSTER = (("--gpus-per-node", "gpus_per_node", positive_int),
 
 def add_arguments(parser: argparse.ArgumentParser,
                   runner: Callable[[], Any] | None = None) -> Callable[[argparse.Namespace], int]:
-    """``runner``: returns minidist.parallel.measure (the command line passes it, so that
+    """``runner``: returns minidist.parallel.compare.measure (the command line passes it, so that
     calc imports nothing of the package); without it --measure is a usage error."""
     parser.description = __doc__.split("\n\n")[0].split(": ", 1)[1]
     parser.usage = ("minidist plan [--model NAME] [--cluster NAME] [--gpus N] "

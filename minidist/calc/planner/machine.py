@@ -31,7 +31,7 @@ and its predictions held against runs (``minidist plan --measure``).
               fullest rank's peak memory, predicted beside measured, and the order of
               the top five by measured time against the predicted order.
 
-The runs themselves are minidist/parallel/measure.py (the command line passes it in:
+The runs themselves are minidist/parallel/compare/measure.py (the command line passes it in:
 calc imports nothing of the package).
 """
 from __future__ import annotations
@@ -230,7 +230,7 @@ def measure(bench, spec: ModelSpec, setup: TrainingSetup, ranks: int, *,
             max_micro_batch: int = 4, top: int = 5, rounds: int = 3,
             memory: float = UNLIMITED,
             log=lambda line: None) -> tuple[ClusterSpec, list[Row]]:
-    """Calibrate on ``bench`` (parallel/measure.py's Bench), predict every runnable
+    """Calibrate on ``bench`` (parallel/compare/measure.py's Bench), predict every runnable
     layout, and run the ones ``pick`` chooses. Every round runs the two calibration
     steps and then every layout (forwards, then backwards the next round), so that a
     slow spell of a loaded machine falls on calibration and layouts alike; the rows

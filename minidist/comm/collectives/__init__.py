@@ -25,6 +25,8 @@ Files, in reading order:
 - alltoall_board.py  all-to-all's splits, and inputs that fit a slot, in one post on the board
 - work.py          ``Work``: async handles and the background thread that runs them
 - cost.py          the alpha-beta cost model of each algorithm
+- clock.py         one clock for a trace across machines: each rank's offset to rank 0's,
+                   from send / recv round trips (Cristian's algorithm)
 
 Docs: docs/collectives.md. Demos: demos/02_collectives.py, demos/03_ring_allreduce.py.
 Tests: tests/comm/collectives/. Bench: bench/bench_collectives.py.

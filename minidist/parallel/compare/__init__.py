@@ -17,6 +17,8 @@ Files, in reading order:
     api.py       compare(): both runs, per-step losses, the first parting tensor
     command.py   `minidist compare --a ... --b ... --steps K` (exit 1 past the tolerance
                  with --assert-equal, 2 on a usage error)
+    measure.py   one layout's run timed and its peak memory per rank: what
+                 `minidist plan --measure` holds the planner's predictions against
 """
 from minidist.parallel.compare.api import Report, StepLine, compare
 from minidist.parallel.compare.diff import BUG, REORDERED, ROUNDING, Parting, Tolerance, ulps

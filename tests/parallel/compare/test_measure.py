@@ -1,11 +1,11 @@
-"""parallel/measure.py: a layout runs, and what it reports is the rank's real memory.
+"""parallel/compare/measure.py: a layout runs, and what it reports is the rank's real memory.
 
 No timing is asserted: only that every timed step was measured."""
 import pytest
 
 from minidist.comm import World
 from minidist.nn.gpt import GPT, GPTConfig
-from minidist.parallel import measure
+from minidist.parallel.compare import measure
 
 CFG = GPTConfig(block_size=16, vocab_size=64, n_layer=2, n_head=2, n_embd=32)
 
