@@ -11,6 +11,9 @@ counting imports inside functions), these hold the shape of the code:
   module of the concept, never by probing for an attribute: "this block routes
   tokens" is ``nn.moe.routes_tokens``, and the planner's calibration to this
   machine (``implementation == "minidist"``) lives in one file of its own;
+- state has names: no module-level one-item list used as a global cell
+  (``PHASE = ["forward"]`` ... ``PHASE[0] = "backward"``); an object with named
+  fields holds it (``_collectives.OBSERVED.phase``);
 - inside ``autograd/`` no file imports another's private names: what two files
   share is a public, named piece (the engine's ``LeafGradients``, ``run_graph``).
 
@@ -71,6 +74,22 @@ def private_imports(path: pathlib.Path, text: str | None = None) -> list[str]:
     return found
 
 
+def global_cells(path: pathlib.Path, text: str | None = None) -> list[str]:
+    """``path:line NAME`` where an item of a module-level one-item list is assigned."""
+    tree = ast.parse(path.read_text() if text is None else text)
+    cells = {t.id for node in tree.body if isinstance(node, ast.Assign)
+             and isinstance(node.value, ast.List) and len(node.value.elts) == 1
+             for t in node.targets if isinstance(t, ast.Name)}
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AugAssign) else []
+        for t in targets:
+            if isinstance(t, ast.Subscript) and getattr(t.value, "id", None) in cells:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {t.value.id}")
+    return found
+
+
 def test_no_function_is_longer_than_a_screen():
     found = [f for path in _modules() for f in long_functions(path)]
     assert not found, f"functions over {MAX_FUNCTION_LINES} lines (split them into their " \
@@ -113,6 +132,11 @@ def test_the_owned_questions_have_their_owners():
         assert owner is None or (ROOT / owner).exists(), owner
 
 
+def test_state_is_named_not_a_list_cell():
+    found = [f for path in _modules() for f in global_cells(path)]
+    assert not found, "one-item lists used as globals (name the state):\n" + "\n".join(found)
+
+
 def test_autograd_files_share_only_public_names():
     found = [f for path in sorted((ROOT / "autograd").rglob("*.py"))
              for f in private_imports(path)]
@@ -130,5 +154,8 @@ def test_the_checks_can_fail():
         == ["autograd/_fake.py:1 _run"]
     assert top_modules(ROOT / "comm" / "collectives") != [] and \
         len(top_modules(ROOT / "comm" / "collectives")) > MAX_TOP_MODULES
+    assert global_cells(fake, 'PHASE = ["forward"]\ndef f():\n    PHASE[0] = "b"\n') == \
+        ["autograd/_fake.py:3 PHASE"]
+    assert global_cells(fake, 'SIZES = [1]\ndef f(x):\n    x[0] = 2\n') == []
     pattern = next(iter(OWNED))
     assert re.search(pattern, 'if hasattr(block.mlp, "aux_loss"):')

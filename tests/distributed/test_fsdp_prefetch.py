@@ -83,7 +83,7 @@ def order_case(prefetch):
     x = Tensor(backend.from_host(np.linspace(-1, 1, 2 * 3).reshape(2, 3)))
     LOG.clear()
     observer = _Observer()
-    _collectives.OBSERVERS.append(observer)
+    _collectives.OBSERVED.modes.append(observer)
     folder = tempfile.mkdtemp()
     rec = trace.start(os.path.join(folder, "step.json"))
     try:
@@ -91,7 +91,7 @@ def order_case(prefetch):
         LOG.append("backward")
         loss.backward()
     finally:
-        _collectives.OBSERVERS.remove(observer)
+        _collectives.OBSERVED.modes.remove(observer)
         trace.stop()
     events, _ = read_part(rec.part)
     shutil.rmtree(folder)
@@ -202,7 +202,7 @@ def reshard_to_node_case(seed):
     fully_shard(model)
     LOG.clear()
     observer = _Observer()
-    _collectives.OBSERVERS.append(observer)
+    _collectives.OBSERVED.modes.append(observer)
     try:
         _, loss = model(backend.from_host(np.zeros((1, 8), dtype="int64")),
                         backend.from_host(np.ones((1, 8), dtype="int64")))
@@ -213,7 +213,7 @@ def reshard_to_node_case(seed):
         LOG.append("backward")
         loss.backward()
     finally:
-        _collectives.OBSERVERS.remove(observer)
+        _collectives.OBSERVED.modes.remove(observer)
     split = LOG.index("backward")
     sizes = ([(name, size) for name, size, _ in LOG[:split]],
              [(name, size) for name, size, _ in LOG[split + 1:]])

@@ -31,26 +31,35 @@ from minidist.distributed.tensor.placement_types import (chunk_sizes, pad_to,
 
 REDUCE_OP = {"sum": ReduceOp.SUM, "avg": ReduceOp.AVG, "max": ReduceOp.MAX, "min": ReduceOp.MIN}
 
-# CommDebugMode's extension point (debug/comm_mode.py): the modes now counting, and
-# whether a collective runs for a forward or a backward (set by the backward ops)
-OBSERVERS: list = []
-PHASE = ["forward"]
+class CommObservers:
+    """CommDebugMode's extension point (debug/comm_mode.py): who counts the collectives
+    of a change of placement, and for which pass they run."""
+
+    def __init__(self) -> None:
+        self.modes: list = []        # the modes now counting: mode.record(name, phase, n, bytes)
+        self.phase = "forward"       # "backward" inside backward_phase() (the backward ops')
+
+    def note(self, name: str, group: ProcessGroup, nbytes: int) -> None:
+        for mode in self.modes:
+            mode.record(name, self.phase, group.size, nbytes)
+
+
+OBSERVED = CommObservers()
 
 
 def _note(name: str, group: ProcessGroup, nbytes: int) -> None:
-    for mode in OBSERVERS:
-        mode.record(name, PHASE[0], group.size, nbytes)
+    OBSERVED.note(name, group, nbytes)
 
 
 class backward_phase:
     """``with backward_phase():`` collectives inside count as the backward's."""
 
     def __enter__(self) -> None:
-        self.before = PHASE[0]
-        PHASE[0] = "backward"
+        self.before = OBSERVED.phase
+        OBSERVED.phase = "backward"
 
     def __exit__(self, *exc: object) -> None:
-        PHASE[0] = self.before
+        OBSERVED.phase = self.before
 
 
 def all_gather_shard(local: Any, dim: int, length: int, group: ProcessGroup) -> Any:

@@ -45,11 +45,11 @@ class CommDebugMode:
         return {phase: dict(counts) for phase, counts in self.phase_counts.items()}
 
     def __enter__(self) -> "CommDebugMode":
-        _collectives.OBSERVERS.append(self)
+        _collectives.OBSERVED.modes.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _collectives.OBSERVERS.remove(self)
+        _collectives.OBSERVED.modes.remove(self)
 
     def table(self) -> str:
         """The counts as text, a line per collective."""
