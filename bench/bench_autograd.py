@@ -63,7 +63,8 @@ for _ in range(args.steps):
 tokens = args.batch * args.block
 kind = "Llama" if args.model == "llama" else "GPT"
 extra = f" ({cfg.num_key_value_heads} kv)" if args.model == "llama" else ""
-print(f"{kind} training step: {cfg.n_layer} layers, width {cfg.n_embd}, {cfg.n_head} heads{extra}, "
+dims = cfg.dims()
+print(f"{kind} training step: {dims.layers} layers, width {dims.width}, {dims.heads} heads{extra}, "
       f"batch {args.batch} x {args.block} tokens, vocab {args.vocab}, "
       f"{model.num_parameters():,} params, float32, {args.threads} threads")
 print(f"first-step loss: minidist {first[0]:.6f}  torch {first[1]:.6f}")

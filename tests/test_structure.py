@@ -10,7 +10,10 @@ counting imports inside functions), these hold the shape of the code:
 - shared code asks a question of its input through one predicate owned by the
   module of the concept, never by probing for an attribute: "this block routes
   tokens" is ``nn.moe.routes_tokens``, and the planner's calibration to this
-  machine (``implementation == "minidist"``) lives in one file of its own;
+  machine (``implementation == "minidist"``) lives in one file of its own; an MoE
+  block's loss term is a named function (``nn.moe.layer_loss``), not a field's name;
+- a strategy reads a model's sizes through one record, ``config.dims()``
+  (nn/decoder.py): the Llama's config keeps Hugging Face's names, no alias of the GPT's;
 - state has names: no module-level one-item list used as a global cell
   (``PHASE = ["forward"]`` ... ``PHASE[0] = "backward"``); an object with named
   fields holds it (``_collectives.OBSERVED.phase``);
@@ -40,6 +43,7 @@ FOLDERED = ("parallel", "comm")
 OWNED = {
     r"hasattr\([^)]*[\"']aux_loss[\"']\)": None,          # ask nn.moe.routes_tokens instead
     r"implementation\s*==\s*[\"']minidist[\"']": "calc/planner/calibration.py",
+    r"run_block\([^)]*[\"']": None,     # a routing's term is a named function, not a field name
 }
 
 
@@ -137,6 +141,18 @@ def test_state_is_named_not_a_list_cell():
     assert not found, "one-item lists used as globals (name the state):\n" + "\n".join(found)
 
 
+def test_strategies_read_sizes_through_one_record():
+    from minidist.nn import GPTConfig, LlamaConfig
+    from minidist.nn.decoder import DecoderDims
+    gpt = GPTConfig(block_size=8, n_layer=3, n_head=2, n_embd=8, tie_weights=False)
+    llama = LlamaConfig(max_position_embeddings=8, num_hidden_layers=3, num_attention_heads=2,
+                        hidden_size=8, tie_word_embeddings=False)
+    assert gpt.dims() == llama.dims() == DecoderDims(8, 3, 2, 8, False)
+    aliases = [name for name in DecoderDims._fields + tuple(GPTConfig.__dataclass_fields__)
+               if name in dir(LlamaConfig) and name not in LlamaConfig.__dataclass_fields__]
+    assert not aliases, f"LlamaConfig aliases {aliases}: read config.dims() instead"
+
+
 def test_autograd_files_share_only_public_names():
     found = [f for path in sorted((ROOT / "autograd").rglob("*.py"))
              for f in private_imports(path)]
@@ -159,3 +175,5 @@ def test_the_checks_can_fail():
     assert global_cells(fake, 'SIZES = [1]\ndef f(x):\n    x[0] = 2\n') == []
     pattern = next(iter(OWNED))
     assert re.search(pattern, 'if hasattr(block.mlp, "aux_loss"):')
+    assert re.search(list(OWNED)[2], 'x, aux = run_block(block, moe, x, "aux_loss", False)')
+    assert not re.search(list(OWNED)[2], 'x, aux = run_block(block, moe, x, layer_loss, False)')

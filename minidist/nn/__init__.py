@@ -9,6 +9,7 @@ Files, in reading order:
 - router.py, moe.py   mixture of experts
 - generate.py   decoding, shared by the models
 - kv_cache.py   DynamicCache: the keys and values of decoded tokens (use_cache)
+- decoder.py    DecoderDims: the sizes of a model that the strategies read (config.dims())
 - gpt.py        a GPT-2-shaped model
 - llama.py      a Llama (Hugging Face's config and parameter names)
 - hf.py         Hugging Face checkpoints in and out (config.json + safetensors)

@@ -22,10 +22,11 @@ from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn import functional as F
 from minidist.nn.attention import CausalSelfAttention
+from minidist.nn.decoder import DecoderDims
 from minidist.nn.generate import generate
 from minidist.nn.layers import MLP, Dropout, Embedding, LayerNorm, Linear
 from minidist.nn.module import Module, ModuleList
-from minidist.nn.moe import MoE, routing_mlp, run_block
+from minidist.nn.moe import MoE, layer_loss, routing_mlp, run_block
 
 
 @dataclass
@@ -68,6 +69,11 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.checkpoint is not False:
             policy_of(self.checkpoint)       # refuses anything but True, "full", "selective"
+
+    def dims(self) -> DecoderDims:
+        """The sizes the strategies read (nn/decoder.py), the Llama's the same way."""
+        return DecoderDims(width=self.n_embd, layers=self.n_layer, heads=self.n_head,
+                           positions=self.block_size, tied=self.tie_weights)
 
 
 class Block(Module):
@@ -138,7 +144,7 @@ class GPT(Module):
         recompute = self.config.checkpoint if self.training else False   # or "selective"
         aux_losses = []                  # each MoE block's router loss, with its graph
         for block in self.blocks:
-            x, aux = run_block(block, routing_mlp(block), x, "aux_loss", recompute)
+            x, aux = run_block(block, routing_mlp(block), x, layer_loss, recompute)
             if aux is not None:
                 aux_losses.append(aux)
         logits, loss = self.head(x, targets)                          # (B, T, vocab)

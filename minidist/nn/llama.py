@@ -19,7 +19,7 @@ checkpoint in and out with no renaming: ``Llama.from_pretrained(directory)`` rea
 what ``transformers``' ``save_pretrained`` writes, ``save_pretrained`` the reverse.
 
 The strategies meet the model through the interface the GPT has: ``blocks``,
-``embed(idx)``, ``head(x, targets)``, ``stage_ends()``, ``config.tie_weights``.
+``embed(idx)``, ``head(x, targets)``, ``stage_ends()``, ``config.dims()`` (nn/decoder.py).
 Docs: docs/llama.md.
 """
 from __future__ import annotations
@@ -34,10 +34,11 @@ from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn import functional as F
 from minidist.nn.attention import GroupedQueryAttention
+from minidist.nn.decoder import DecoderDims
 from minidist.nn.generate import generate
 from minidist.nn.layers import Embedding, Linear, RMSNorm, SwiGLU
 from minidist.nn.module import Module, ModuleList
-from minidist.nn.moe import MoE, routing_mlp, run_block
+from minidist.nn.moe import MoE, layer_mean_probs, routing_mlp, run_block
 from minidist.nn.router import pooled_balance
 
 
@@ -100,26 +101,12 @@ class LlamaConfig:
             raise ValueError(f"sliding_window must be at least 1 or None, "
                              f"got {self.sliding_window}")
 
-    # the GPT's names, which the strategies read
-    @property
-    def tie_weights(self) -> bool:
-        return self.tie_word_embeddings
-
-    @property
-    def block_size(self) -> int:
-        return self.max_position_embeddings
-
-    @property
-    def n_layer(self) -> int:
-        return self.num_hidden_layers
-
-    @property
-    def n_head(self) -> int:
-        return self.num_attention_heads
-
-    @property
-    def n_embd(self) -> int:
-        return self.hidden_size
+    def dims(self) -> DecoderDims:
+        """The sizes the strategies read, under the names they share with the GPT's."""
+        return DecoderDims(width=self.hidden_size, layers=self.num_hidden_layers,
+                           heads=self.num_attention_heads,
+                           positions=self.max_position_embeddings,
+                           tied=self.tie_word_embeddings)
 
 
 def _moe(cfg: LlamaConfig, generator: Any) -> MoE:
@@ -259,7 +246,7 @@ class Llama(Module):
                 x = layer(x, position_ids, document_ids, past_key_value=past_key_values.layer(i))
                 continue
             run = partial(layer, position_ids=position_ids, document_ids=document_ids)
-            x, probs = run_block(run, routing_mlp(layer), x, "mean_probs", recompute)
+            x, probs = run_block(run, routing_mlp(layer), x, layer_mean_probs, recompute)
             if probs is not None:
                 mean_probs.append(probs)
         logits, loss = self.head(x, targets)

@@ -215,11 +215,23 @@ def routing_mlp(block: Module) -> MoE | None:
     return mlp if routes_tokens(mlp) else None
 
 
-def run_block(fn: Callable[[Tensor], Tensor], moe: MoE | None, x: Tensor, term: str,
+def layer_loss(routing: Routing) -> Tensor:
+    """The GPT's router term of one layer: alpha * balance + beta * z (a scalar)."""
+    return routing.aux_loss
+
+
+def layer_mean_probs(routing: Routing) -> Tensor:
+    """The Llama's router term of one layer: P_i, the mean router probability of each
+    expert (E,), which the model pools over its layers (router.py ``pooled_balance``)."""
+    return routing.mean_probs
+
+
+def run_block(fn: Callable[[Tensor], Tensor], moe: MoE | None, x: Tensor,
+              term: Callable[[Routing], Tensor],
               recompute: bool | str = False) -> tuple[Tensor, Tensor | None]:
-    """``fn(x)`` (a block whose MLP is ``moe``, or None), and for an MoE the field
-    ``term`` of its routing (``moe.last``): the tensor the loss adds (the GPT's
-    ``"aux_loss"``, the Llama's ``"mean_probs"``), with its graph.
+    """``fn(x)`` (a block whose MLP is ``moe``, or None), and for an MoE ``term`` of its
+    routing (``moe.last``): the tensor the loss adds (the GPT's ``layer_loss``, the
+    Llama's ``layer_mean_probs``), with its graph.
 
     ``recompute``: run the block under an activation checkpoint (in no_grad, and
     again in backward; "selective": keeping the matmuls' and attention's results,
@@ -229,11 +241,11 @@ def run_block(fn: Callable[[Tensor], Tensor], moe: MoE | None, x: Tensor, term: 
     forward, and the router would silently get no gradient from the loss it adds.
     """
     if not recompute:
-        return (fn(x), None) if moe is None else (fn(x), getattr(moe.last, term))
+        return (fn(x), None) if moe is None else (fn(x), term(moe.last))
     policy = policy_of(recompute)
     if moe is None:
         return checkpoint(fn, x, policy=policy), None
 
     def with_term(x: Tensor) -> tuple[Tensor, Tensor]:
-        return fn(x), getattr(moe.last, term)
+        return fn(x), term(moe.last)
     return checkpoint(with_term, x, policy=policy)

@@ -114,7 +114,7 @@ class ThreeDParallelGPT:
         inputs = [idx[mine][i * mb:(i + 1) * mb] for i in range(self.m)]
         labels = [targets[mine][i * mb:(i + 1) * mb] for i in range(self.m)]
         t = dist.get_world_size(self.tp) if self.sequence_parallel else 1
-        shape = (mb, T // t, self.cfg.n_embd)                          # between stages
+        shape = (mb, T // t, self.cfg.dims().width)                          # between stages
         stats = run_pipeline(self.ops, self.chunks, self.m, inputs, labels,
                              activation_shape=shape, dtype=self.cfg.dtype, group=self.pp,
                              placement=self.placement)

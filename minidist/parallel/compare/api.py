@@ -61,8 +61,7 @@ def _loss(ranks: list, step: int, dtype: str) -> float:
 def _longest_sum(spec: RunSpec) -> int:
     idx = spec.batches[0][0]
     cfg = model_config(spec)
-    width = getattr(cfg, "n_embd", None) or cfg.hidden_size
-    return int(max(idx.size, 4 * width, spec.vocab_size))
+    return int(max(idx.size, 4 * cfg.dims().width, spec.vocab_size))
 
 
 def _worst_piece(views_a: list, dense_b: dict, kind: str, tol: Tolerance) -> tuple | None:

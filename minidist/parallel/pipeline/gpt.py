@@ -15,7 +15,7 @@ A piece is a view on the model: it registers only the modules it uses, so
 ``piece.parameters()`` is what that rank trains. With ``config.checkpoint`` each
 block is recomputed in its backward (activation checkpointing, as the whole model
 does), so a stage keeps only its blocks' inputs for the micro-batches in flight. With tied embeddings
-(``tie_weights``) the first and the last piece share W = wte = lm_head; when they
+(``config.dims().tied``) the first and the last piece share W = wte = lm_head; when they
 live on different ranks each holds its copy and gets half of the gradient
 (the embedding's and the head's part), so ``sync_tied_gradients`` adds the two
 (Megatron's embedding group), keeping the copies equal after every step.
@@ -122,7 +122,7 @@ def counted_parameters(model: Module, chunks: Sequence[GPTPiece]) -> list:
     except the last stage's copy of the tied embedding, which the first stage counts
     (after ``sync_tied_gradients`` both copies hold the same gradient)."""
     params = pipeline_parameters(chunks)
-    if getattr(model.config, "tie_weights", False) and not any(c.first for c in chunks):
+    if model.config.dims().tied and not any(c.first for c in chunks):
         params = [q for q in params if q is not model.lm_head.weight]
     return params
 
@@ -134,7 +134,7 @@ def sync_tied_gradients(model: Module, chunks: Sequence[GPTPiece], group: Any = 
     ranks of the pipeline ``group``; the sum a + b on one side and b + a on the
     other is the same float, so the copies stay bitwise equal."""
     p = dist.get_world_size(group)
-    if not model.config.tie_weights or p == 1:
+    if not model.config.dims().tied or p == 1:
         return
     has_first = any(c.first for c in chunks)
     has_last = any(c.last for c in chunks)
