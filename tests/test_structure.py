@@ -17,6 +17,11 @@ counting imports inside functions), these hold the shape of the code:
 - state has names: no module-level one-item list used as a global cell
   (``PHASE = ["forward"]`` ... ``PHASE[0] = "backward"``); an object with named
   fields holds it (``_collectives.OBSERVED.phase``);
+- code outside ``autograd/`` joins a backward through its named hook points
+  (``Context.register_prehook`` / ``register_hook``, ``autograd.hooks.on_gradient``):
+  it builds no graph node by hand (``Context()``, ``Tensor._from_op``), swaps no
+  node's ``fn`` and makes no class with ``type(name, bases, body)``; and the trace of
+  modules keeps no module-level table (its state is the recorder's ``ModuleTrace``);
 - inside ``autograd/`` no file imports another's private names: what two files
   share is a public, named piece (the engine's ``LeafGradients``, ``run_graph``).
 
@@ -94,6 +99,41 @@ def global_cells(path: pathlib.Path, text: str | None = None) -> list[str]:
     return found
 
 
+def graph_surgery(path: pathlib.Path, text: str | None = None) -> list[str]:
+    """``path:line what`` for each graph node built or altered by hand: a ``Context()``,
+    a ``._from_op(...)``, an assignment to a ``.fn``, a three-argument ``type(...)``."""
+    tree = ast.parse(path.read_text() if text is None else text)
+    found = []
+    for node in ast.walk(tree):
+        what = None
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            if name in ("Context", "_from_op") or (name == "type" and len(node.args) == 3):
+                what = f"{name}(...)"
+        elif isinstance(node, ast.Assign):
+            targets = [e for t in node.targets
+                       for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+            if any(isinstance(e, ast.Attribute) and e.attr == "fn" for e in targets):
+                what = ".fn = ..."
+        if what:
+            found.append((node.lineno, f"{path.relative_to(ROOT)}:{node.lineno} {what}"))
+    return [f for _, f in sorted(found)]
+
+
+def module_tables(path: pathlib.Path, text: str | None = None) -> list[str]:
+    """``path:line name`` for each module-level dict, list or set (a table kept by the
+    module rather than by the object whose lifetime it shares)."""
+    tree = ast.parse(path.read_text() if text is None else text)
+    found = []
+    for node in tree.body:
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        called = getattr(value.func, "id", "") if isinstance(value, ast.Call) else ""
+        if isinstance(value, (ast.Dict, ast.List, ast.Set)) or called in ("dict", "list", "set"):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {getattr(target, 'id', '?')}")
+    return found
+
+
 def test_no_function_is_longer_than_a_screen():
     found = [f for path in _modules() for f in long_functions(path)]
     assert not found, f"functions over {MAX_FUNCTION_LINES} lines (split them into their " \
@@ -153,6 +193,14 @@ def test_strategies_read_sizes_through_one_record():
     assert not aliases, f"LlamaConfig aliases {aliases}: read config.dims() instead"
 
 
+def test_backward_is_joined_through_named_hooks():
+    found = [f for path in _modules() if path.relative_to(ROOT).parts[0] != "autograd"
+             for f in graph_surgery(path)]
+    found += module_tables(ROOT / "nn" / "module_trace.py")
+    assert not found, "graph nodes built or altered by hand, or module-level tables:\n" + \
+        "\n".join(found)
+
+
 def test_autograd_files_share_only_public_names():
     found = [f for path in sorted((ROOT / "autograd").rglob("*.py"))
              for f in private_imports(path)]
@@ -173,6 +221,13 @@ def test_the_checks_can_fail():
     assert global_cells(fake, 'PHASE = ["forward"]\ndef f():\n    PHASE[0] = "b"\n') == \
         ["autograd/_fake.py:3 PHASE"]
     assert global_cells(fake, 'SIZES = [1]\ndef f(x):\n    x[0] = 2\n') == []
+    assert [f.split(" ", 1)[1] for f in graph_surgery(fake, "ctx = Context()\n"
+            "y = Tensor._from_op(x, ctx, 0)\nout._ctx.fn, out._ctx.name = timed(f), 'n'\n"
+            "cls = type('B', (A,), {})\n")] == ["Context(...)", "_from_op(...)", ".fn = ...",
+                                                "type(...)"]
+    assert graph_surgery(fake, "node.register_prehook(start)\nkind = type(x)\n") == []
+    assert module_tables(fake, "_timed: dict[type, type] = {}\nA = dict()\nN = 3\n") == \
+        ["autograd/_fake.py:1 _timed", "autograd/_fake.py:2 A"]
     pattern = next(iter(OWNED))
     assert re.search(pattern, 'if hasattr(block.mlp, "aux_loss"):')
     assert re.search(list(OWNED)[2], 'x, aux = run_block(block, moe, x, "aux_loss", False)')

@@ -5,6 +5,8 @@
 - the backward pass (engine.py): topological order, each op's backward, gradient
   sums, leaves (into an existing ``.grad`` in place; copied into one given by
   ``set_empty_grad``); ``no_grad`` (grad_mode.py)
+- where code outside joins a backward: a node's hooks (``Context.register_prehook``,
+  ``register_hook``) and an identity whose backward calls a hook (hooks.py, ``on_gradient``)
 - the backward split into input (B) and deferred weight (W) gradients
   (weight_grad.py), through the engine's one extension point, ``split``
 - every op (ops/), ``gradcheck`` (gradcheck.py), ``checkpoint`` (activation_checkpoint.py),

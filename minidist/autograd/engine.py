@@ -20,10 +20,12 @@ Unless ``retain_graph=True``, each node drops what it saved as soon as it has
 run, so memory falls as backward proceeds; a second backward through the same
 graph is then an error, as in PyTorch.
 
-One extension point: ``run_graph(..., split=)`` hands each node's backward to a
+Two extension points: ``run_graph(..., split=)`` hands each node's backward to a
 ``split`` object, which may compute part of it now and keep the rest, and
 keeps those nodes' saved values alive: the B/W split of zero-bubble
-pipelines (weight_grad.py).
+pipelines (weight_grad.py). And a node's hooks (``Context.register_prehook`` /
+``register_hook``, and the identity of hooks.py) run around its backward: a
+trace's module spans (nn/module_trace.py).
 """
 from __future__ import annotations
 
@@ -214,7 +216,11 @@ def call_backward(node: Context, grads_out: Any, asked: tuple | None = None) -> 
             return (None,) * len(node.inputs)
         node.needs_input_grad = narrowed
     try:
+        for hook in node.pre_hooks:     # (Context.register_prehook: a trace times the op)
+            hook(node)
         grads_in = node.fn.backward(node, *grads_out)
+        for hook in node.post_hooks:
+            hook(node)
     finally:
         node.needs_input_grad = needs
     if not isinstance(grads_in, tuple):

@@ -37,10 +37,25 @@ class Context:
     ``ctx.saved`` holds what ``save_for_backward`` stored; forward may also set
     any attribute (``ctx.axis = axis``). ``ctx.needs_input_grad[i]`` tells
     whether argument ``i`` is a tensor that wants a gradient.
+
+    Code outside the autograd joins a node's backward through its hooks (torch's
+    ``grad_fn.register_prehook`` / ``register_hook``): ``hook(node)`` runs just
+    before / just after each call of the op's ``backward`` (twice under a B/W split).
     """
+
+    pre_hooks: tuple = ()     # hook(node) before the op's backward (register_prehook)
+    post_hooks: tuple = ()    # hook(node) after it (register_hook)
 
     def save_for_backward(self, *arrays: Any) -> None:
         self.saved = arrays
+
+    def register_prehook(self, hook: Any) -> None:
+        """Call ``hook(self)`` just before each call of this node's backward."""
+        self.pre_hooks = self.pre_hooks + (hook,)
+
+    def register_hook(self, hook: Any) -> None:
+        """Call ``hook(self)`` just after each call of this node's backward."""
+        self.post_hooks = self.post_hooks + (hook,)
 
 
 class Function:

@@ -3,12 +3,12 @@
 ``Module.__call__`` hands over to ``traced_call`` while a trace is recorded.
 The forward is a span around ``forward``. The backward has no call of its own
 to wrap (the engine runs the ops' backwards one by one), so identity ops mark
-its ends, as torch's full backward hooks do:
+its ends, as torch's full backward hooks do (autograd/hooks.py, ``on_gradient``):
 
-    x' = Mark(x)   for each input that wants a gradient: its backward is the *last*
-                   thing of the module's backward (dL/dx is complete)
-    y' = Mark(y)   for each output that wants a gradient: its backward is the *first*
-                   (dL/dy has arrived)
+    x' = on_gradient(x, hook)   for each input that wants a gradient: its backward is
+                                the *last* thing of the module's backward (dL/dx is complete)
+    y' = on_gradient(y, hook)   for each output that wants a gradient: its backward is
+                                the *first* (dL/dy has arrived)
 
     backward span of the module = [first output mark, last input mark]
 
@@ -29,9 +29,9 @@ then gets no backward span, its work being the pipeline's W span.)
 Most calls are of a leaf whose whole backward is one op (Linear, LayerNorm,
 Embedding: the op takes the call's inputs and the module's parameters, or what
 stands in for them in the call, as fully_shard's gathered parameters, and
-nothing else). Its backward span is that op's backward, timed where it runs:
-the op's node gets a subclass of its Function whose backward also records
-the span (``timed``), and no mark is added. A module's first call is marked,
+nothing else). Its backward span is that op's backward, timed where it runs by
+the node's hooks (``Context.register_prehook`` / ``register_hook``: ``time_op``),
+and no mark is added. A module's first call is marked,
 and shows whether its backward is one op; later calls of such a leaf are timed,
 and so is its first call when no input was marked (an embedding): its span is
 the op that makes its parameters' gradients, not the wait until they land in
@@ -45,33 +45,10 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from minidist.autograd import grad_mode, weight_grad
-from minidist.autograd.function import Context, Function
+from minidist.autograd.function import Context
+from minidist.autograd.hooks import BackwardHook, on_gradient
 from minidist.autograd.tensor import Tensor
 from minidist.trace import recorder as trace
-
-
-class Mark(Function):
-    """y = x; its backward calls ``note()`` and passes dL/dy on unchanged."""
-
-    @staticmethod
-    def forward(ctx, x, note: Callable[[], None] = None):
-        ctx.note = note
-        return x                                     # the same array: nothing is copied
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.note()
-        return grad
-
-
-def mark(x: Tensor, note: Callable[[], None]) -> Tensor:
-    """``Mark.apply(x, note=note)`` for a tensor ``x`` that wants a gradient: the
-    same graph node, built without ``apply``'s checks of every argument (a trace
-    makes four marks per module call, so this is on tracing's hot path)."""
-    ctx = Context()
-    ctx.fn, ctx.note, ctx.n_outputs = Mark, note, 1
-    ctx.needs_input_grad, ctx.inputs = (True,), (x,)
-    return Tensor._from_op(x.data, ctx, 0)
 
 
 class _Backward:
@@ -196,34 +173,34 @@ def module_trace(rec: Any) -> ModuleTrace:
     return state
 
 
-# Function -> its subclass that records a span: a cache of classes, kept across recordings
-_timed_ops: dict[type, type] = {}
+def time_op(node: Context, name: str, parent: _Backward | None) -> None:
+    """Make the backward of the op ``node`` the span ``name``, then tell ``parent`` (once
+    per node: a B/W split calls backward twice, and its first call, the input
+    gradient, is what a marked module's span covers). A node met again (a selective
+    checkpoint's recompute hands back the forward's) gets the new name, not two spans."""
+    if _op_started not in node.pre_hooks:
+        node.register_prehook(_op_started)
+        node.register_hook(_op_ended)
+    node.span_name, node.span_parent = name, parent
 
 
-def timed(fn: type) -> type:
-    """The subclass of the op ``fn`` whose backward is also the span
-    ``ctx.span_name`` (once per node: a B/W split calls backward twice, and its
-    first call, the input gradient, is what a marked module's span covers)."""
-    cls = _timed_ops.get(fn)
-    if cls is None:
-        def backward(ctx: Any, *grads: Any) -> Any:
-            start = trace.active.now() if trace.active is not None else None
-            grads_in = fn.backward(ctx, *grads)
-            if start is not None and ctx.span_name is not None and trace.active is not None:
-                trace.active.span(ctx.span_name, "module", start, trace.active.now())
-                ctx.span_name = None
-                if ctx.span_parent is not None:
-                    ctx.span_parent.part_done()
-            return grads_in
-        cls = _timed_ops[fn] = type(fn.__name__, (fn,), {"backward": staticmethod(backward)})
-    return cls
+def _op_started(node: Context) -> None:
+    node.span_start = trace.active.now() if trace.active is not None else None
+
+
+def _op_ended(node: Context) -> None:
+    if node.span_start is not None and node.span_name is not None and trace.active is not None:
+        trace.active.span(node.span_name, "module", node.span_start, trace.active.now())
+        node.span_name = None
+        if node.span_parent is not None:
+            node.span_parent.part_done()
 
 
 def _is_one_op(node: Any, args: tuple, module: Any) -> bool:
     """Is the call's whole backward the backward of ``node``: every input of the op an
     argument of the call or a parameter of the module, and every argument that wants
     a gradient an input of the op?"""
-    if node is None or node.fn is Mark:
+    if node is None or node.fn is BackwardHook:
         return False
     used = {id(t) for t in node.inputs if t is not None}
     wanted = {id(a) for a in args if isinstance(a, Tensor) and a.requires_grad}
@@ -250,7 +227,7 @@ def _mark_inputs(state: ModuleTrace, module: Any, name: str,
     for a in args:   # (a loop, not generators: this runs at every module call)
         if isinstance(a, Tensor) and a.requires_grad and not one_op:
             inputs += 1
-            a = mark(a, back.part_done)
+            a = on_gradient(a, back.part_done)
         marked.append(a)
     back.parts = inputs
     return back, tuple(marked), inputs
@@ -286,8 +263,7 @@ def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
     if not module._modules and isinstance(out, Tensor):   # a leaf: is its backward one op?
         state.one_op[module] = _is_one_op(out._ctx, args, module)
         if not inputs and state.one_op[module]:   # (no input marks in the op's way)
-            out._ctx.fn, out._ctx.span_name = timed(out._ctx.fn), f"{name} backward"
-            out._ctx.span_parent = parent
+            time_op(out._ctx, f"{name} backward", parent)
             if parent is not None:
                 parent.parts += 1
             return out
@@ -299,5 +275,5 @@ def traced_call(module: Any, args: tuple, kwargs: dict) -> Any:
         back.parent = parent
         parent.parts += 1
     if isinstance(out, tuple):
-        return tuple(mark(o, back.output_grad) if w else o for o, w in zip(out, wanted))
-    return mark(out, back.output_grad)
+        return tuple(on_gradient(o, back.output_grad) if w else o for o, w in zip(out, wanted))
+    return on_gradient(out, back.output_grad)
