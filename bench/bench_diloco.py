@@ -22,7 +22,8 @@ measured steps, after ``--warmup``; the least of ``--repeats`` rounds), the byte
 rank put on the slow link per step (``dist.get_link_bytes()``: the mean over ranks and
 steps, and the largest step), both relative to DDP's in the same run, and the step time
 that ``calc`` predicts (minidist/calc/diloco.py; HSDP from calc/comm.py): compute plus
-the exposed wire. The compute time c of each strategy is measured too, as its step time
+the exposed wire (for DDP, the wire less its all-reduce's own copies, which run while
+the bytes are on it: calc/diloco.py). The compute time c of each strategy is measured too, as its step time
 in a second world of the same four ranks without the emulated link: the arithmetic,
 the compression (Top-K's selection, 1-bit Adam's signs) and the copies that move bytes,
 all but the wire. Times on a shared machine vary from run to run; the bytes do not.
@@ -143,15 +144,19 @@ def predictions(c: dict, m: float, args) -> dict:
     from minidist.calc.diloco import diloco_costs
     fast, slow, H, F = args.fast_gbps * 1e9, args.slow_gbps * 1e9, args.sync_every, 2
 
-    def cost(run, model_bytes, ranks, compute, row, delay=1):
+    def cost(run, model_bytes, ranks, compute, row, delay=1, copies=0.0):
         return diloco_costs(model_bytes, ranks, H, F, 32, compute, slow, delay=delay,
-                            density=args.density)[row].step_seconds
+                            density=args.density, copies=copies)[row].step_seconds
     inside_fsdp = 3 * m / 2 / fast              # AG forward, AG backward, RS: (S-1)/S * M
     # DDP's all-reduce inside the island every step; the island's all-gather of the
     # outer gradient's two halves once every H steps
     c_ddp = c["DiLoCo (DDP inside)"] + ring_all_reduce_time(m, 2, fast) \
         + all_gather_time(m, 2, fast) / H
-    return {"local": c["local"], "DDP": cost("DDP", m, 4, c["DDP"], 0),
+    # DDP's one bucket (1 MB < 25 MB) is all-reduced after backward: no overlap with
+    # compute, but the all-reduce's own copies (c["DDP"] - c["local"]) run while its
+    # bytes are on the wire
+    copies = max(0.0, c["DDP"] - c["local"])
+    return {"local": c["local"], "DDP": cost("DDP", m, 4, c["DDP"], 0, copies=copies),
             "DDP + Top-K": cost("Top-K", m, 4, c["DDP + Top-K"], 4),
             "1-bit Adam": cost("1-bit", m, 4, c["1-bit Adam"], 5),
             "HSDP": c["HSDP"] + inside_fsdp + ring_all_reduce_time(m / 2, 2, slow),

@@ -32,7 +32,14 @@ communication); the target is half of it. The CPU floor, measured as bench_ddp.p
 measures it: each rank has one core here (2 ranks on 2 cores), so a step cannot take
 less than its own CPU time (every thread of the rank: the main thread, the
 communication thread); the second line states the share of the plain step above the
-overlapped step's CPU time that it saved.
+overlapped step's CPU time that it saved. For the gathers and the dispatch a third line
+weighs the extra CPU time the overlap costs a step (rounding to bfloat16 / float8, the
+second thread) against the wire time it saves or hides, and names the link speed below
+which it pays: the low-precision gathers save bytes at 1 GB/s but round on the same
+cores, so at 1 GB/s they can lose, and only on a link slower than the one that line
+names do they win (a loaded 2-core machine put it near 0.05 GB/s); bigger tensors do not
+change that ratio (both grow with the elements). The
+closing block repeats each overlap's bars on one line.
 Each rank uses one BLAS thread; a waiting rank sleeps at once (``--spin-s 0``), so that
 its CPU time is its work, not its polling.
 """
@@ -248,8 +255,9 @@ def measure_pair(world, pair: str, a, folder: str) -> dict:
     return rows
 
 
-def report(pair: str, rows: dict, gbps: float) -> None:
-    """The pair's table, ratios against its plain (first) variant, and its verdict."""
+def report(pair: str, rows: dict, gbps: float) -> list[str]:
+    """The pair's table, ratios against its plain (first) variant, and its verdicts;
+    returns each overlapped variant's line for the closing summary."""
     plain, *overlapped = PAIRS[pair]
     base = rows[plain]
     print(f"  {'(x: / ' + plain + ')':<16} {'step ms':>8} {'x':>6} {'exposed ms':>10} {'x':>6} "
@@ -264,14 +272,44 @@ def report(pair: str, rows: dict, gbps: float) -> None:
         print("  all-gathered per step and rank: " + ", ".join(
             f"{v} {row['gathered'] / 1e6:.3f} MB ({row['gathered'] / base['gathered']:.2f} x)"
             for v, row in rows.items()))
+    bars = []
     for v in overlapped:
-        verdict(v, plain, rows[v], base, gbps)
+        bars.append(verdict(v, plain, rows[v], base, gbps))
+        if pair in ("fsdp", "moe"):
+            break_even(v, rows[v], base, gbps)
+    return bars
 
 
-def verdict(v: str, plain: str, row: dict, base: dict, gbps: float) -> None:
+def break_even(v: str, row: dict, base: dict, gbps: float) -> None:
+    """Where the overlap pays on these cores: the extra CPU time a step spends on it
+    (the rounding of the low-precision gathers, the second thread's bookkeeping)
+    against the wire time it saves or hides; the link speed at which they are equal."""
+    extra_cpu = row["cpu"] - base["cpu"]
+    saved_bytes = base["sent"] - row["sent"]
+    if saved_bytes > 0:
+        wire_saved = saved_bytes / (gbps * 1e9)
+        what = f"the {1e3 * wire_saved:.1f} ms of wire its {saved_bytes / 1e6:.3f} MB fewer take"
+    else:
+        wire_saved = base["exposed"] - row["exposed"]
+        saved_bytes = wire_saved * gbps * 1e9
+        what = f"the {1e3 * wire_saved:.1f} ms of exposed communication it hid"
+    pad = " " * (len(v) + 4)
+    if wire_saved <= 0:
+        print(f"  {pad}CPU {1e3 * extra_cpu:+.1f} ms per step and nothing saved or hidden "
+              f"on the wire in this run")
+    elif extra_cpu <= 0:
+        print(f"  {pad}CPU {1e3 * extra_cpu:+.1f} ms per step against {what}: pays at any "
+              f"link speed")
+    else:
+        print(f"  {pad}CPU {1e3 * extra_cpu:+.1f} ms per step against {what}: pays on a link "
+              f"slower than {saved_bytes / extra_cpu / 1e9:.2f} GB/s (--link-gbps)")
+
+
+def verdict(v: str, plain: str, row: dict, base: dict, gbps: float) -> str:
     """Two lines: the exposed communication removed against what the wire allows hiding
     (at most the plain variant's wire time, and no more than it exposed: the copies
-    stay on the cores), and the step time saved against the CPU floor."""
+    stay on the cores), and the step time saved against the CPU floor. Returns the
+    one-line form of both for the closing summary."""
     wire = base["sent"] / (gbps * 1e9)
     hideable = min(wire, base["exposed"])
     removed = base["exposed"] - row["exposed"]
@@ -279,8 +317,9 @@ def verdict(v: str, plain: str, row: dict, base: dict, gbps: float) -> None:
             f"{1e3 * row['exposed']:.1f} ms, removed {1e3 * removed:.1f} ms of the "
             f"{1e3 * hideable:.1f} ms the wire allows hiding")
     ok = hideable > 0 and removed >= 0.5 * hideable
-    print(line + (f": target >= half {'met' if ok else 'NOT met'}" if hideable > 0
-                  else ": nothing on the wire to hide"))
+    met = (f"target >= half {'met' if ok else 'NOT met'}" if hideable > 0
+           else "nothing on the wire to hide")
+    print(line + ": " + met)
     if base["exposed"] > 3 * wire:    # then what moves is waiting, not bytes
         print(f"  {' ' * len(v)}    (the plain variant's exposed time is over 3 x its wire "
               f"time: it waits on its peer's compute and the scheduler, which the verdict "
@@ -289,10 +328,15 @@ def verdict(v: str, plain: str, row: dict, base: dict, gbps: float) -> None:
     saved = base["step"] - row["step"]
     line = (f"  {' ' * len(v)}    step saved {1e3 * saved:.1f} ms of the {1e3 * allowed:.1f} "
             f"ms above the CPU floor ({1e3 * row['cpu']:.1f} ms)")
+    summary = (f"{v + ' vs ' + plain + ':':<30} exposed {1e3 * base['exposed']:.1f} -> "
+               f"{1e3 * row['exposed']:.1f} ms, removed {1e3 * removed:.1f} of "
+               f"{1e3 * hideable:.1f} ms allowed ({met}); step {1e3 * base['step']:.1f} -> "
+               f"{1e3 * row['step']:.1f} ms, CPU floor {1e3 * row['cpu']:.1f} ms")
     if allowed <= 0:
         print(line + ": no room on these cores (the floor is at or above the plain step)")
-        return
+        return summary
     print(line + f": {saved / allowed:.2f} of it")
+    return summary
 
 
 def main() -> None:
@@ -319,10 +363,16 @@ def main() -> None:
     print(f"world 2 on an emulated {a.link_gbps:g} GB/s link; {a.layers} layers, hidden "
           f"{a.width}, {a.seq} tokens x {a.batch} sequences; median of {a.rounds} rounds x "
           f"{a.steps} steps; exposed from a trace of {a.trace_steps} steps")
+    bars = []
     with tempfile.TemporaryDirectory() as folder, World(2, link_gbps=a.link_gbps) as world:
         for pair in pairs:
             print(f"\n== {pair}: {' vs '.join(PAIRS[pair])} ==")
-            report(pair, measure_pair(world, pair, a, folder), a.link_gbps)
+            bars += report(pair, measure_pair(world, pair, a, folder), a.link_gbps)
+    print(f"\n== the bars, one line per overlap (exposed communication from the trace, the "
+          f"wire's {a.link_gbps:g} GB/s time it may hide, target: half of it; step time "
+          f"against the CPU floor, every thread's CPU time as bench_ddp.py measures it) ==")
+    for line in bars:
+        print("  " + line)
 
 
 if __name__ == "__main__":

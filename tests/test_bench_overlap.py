@@ -20,6 +20,11 @@ def test_bench_overlap_prints_every_pair_with_its_exposed_communication():
         assert f"== {pair}:" in out, out
         assert f"  {overlapped} vs " in out and "the wire allows hiding" in out, out
     assert "CPU floor" in out
+    assert "== the bars, one line per overlap" in out, out
+    for line in ("async TP vs plain SP:", "DualPipeV vs 1F1B:", "bfloat16 vs float32:",
+                 "float8 vs float32:", "overlapped vs plain dispatch:"):
+        assert line in out.split("== the bars")[1], out
+    assert out.count("CPU ") >= 3 and ("pays" in out or "nothing saved or hidden" in out), out
 
 
 def test_bench_overlap_refuses_an_unknown_pair():

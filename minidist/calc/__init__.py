@@ -56,8 +56,8 @@ from minidist.calc.memory import (STATE_BYTES, model_state_bytes_split, activati
                                   sqrt_checkpoint_interval, zero_memory_per_gpu)
 from minidist.calc.moe import (moe_all_to_all_bytes, moe_gpt_params,
                               sequence_parallel_bytes)
-from minidist.calc.pipeline import (bubble_fraction, dualpipe_v_idle, idle_fraction,
-                                    layers_per_stage,
+from minidist.calc.pipeline import (bubble_fraction, dualpipe_v_exact_idle, dualpipe_v_idle,
+                                    idle_fraction, layers_per_stage,
                                     min_microbatches, p2p_volume, peak_inflight_microbatches,
                                     pipeline_activation_memory, warmup_forwards)
 from minidist.calc.precision import (BLOCK_FORMATS, BlockFormat, block_format_bits,

@@ -16,7 +16,14 @@ tau the fragment delay and b the bits per outer-gradient number:
 
 Step time (mean over a round): c + exposed wire seconds / steps between syncs, with
 wire(X) = X / beta + 2(N-1) * alpha for an all-reduce (calc/comm.py) and
-(N-1) * X / beta + (N-1) * alpha for an all-gather. Pure functions; docs/diloco.md.
+(N-1) * X / beta + (N-1) * alpha for an all-gather. A synchronisation's own copies
+(the CPU seconds it spends writing and adding its bytes, part of c) run while its bytes
+are on the wire, as a NIC reads memory while it sends (comm/transport/link.py), so a
+sync that is not delayed exposes
+
+    exposed = max(0, wire - copies)                      (copies = 0: all of the wire)
+
+Pure functions; docs/diloco.md.
 
     >>> d = diloco_costs(1e9, 2, sync_every=10, fragments=2, bits=4, compute=0.1,
     ...                  bandwidth=1e9)
@@ -49,9 +56,10 @@ def _cost(name: str, per_sync: float, steps: float, exposed: float,
 
 def diloco_costs(model_bytes: float, ranks: int, sync_every: int, fragments: int, bits: int,
                  compute: float, bandwidth: float, latency: float = 0.0, delay: int = 1,
-                 density: float = 0.01, value_bytes: int = 4,
-                 index_bytes: int = 8) -> list[StrategyCost]:
-    """DDP, DiLoCo, Streaming, Streaming quantised, Top-K and 1-bit Adam (module docstring)."""
+                 density: float = 0.01, value_bytes: int = 4, index_bytes: int = 8,
+                 copies: float = 0.0) -> list[StrategyCost]:
+    """DDP, DiLoCo, Streaming, Streaming quantised, Top-K and 1-bit Adam (module
+    docstring). ``copies``: CPU seconds of one sync's copies, hidden under its wire."""
     if sync_every % fragments:
         raise ValueError(f"sync_every {sync_every} must be a multiple of fragments {fragments}")
     N, M, H, F = ranks, model_bytes, sync_every, fragments
@@ -62,13 +70,18 @@ def diloco_costs(model_bytes: float, ranks: int, sync_every: int, fragments: int
     k = max(1.0, density * M / value_bytes)
     topk_bytes = (N - 1) * k * (index_bytes + value_bytes)
     onebit = ring_all_reduce_bytes(M / 32, N)
+
+    def exposed(wire: float) -> float:
+        return max(0.0, wire - copies)
     return [
-        _cost("DDP", ring_all_reduce_bytes(M, N), 1, full, compute),
-        _cost("DiLoCo", ring_all_reduce_bytes(M, N), H, full, compute),
+        _cost("DDP", ring_all_reduce_bytes(M, N), 1, exposed(full), compute),
+        _cost("DiLoCo", ring_all_reduce_bytes(M, N), H, exposed(full), compute),
         _cost("Streaming", ring_all_reduce_bytes(M / F, N), H / F,
               max(0.0, part - delay * compute), compute),
         _cost(f"Streaming {bits}-bit", (N - 1) * codes, H / F,
               max(0.0, quant - delay * compute), compute),
-        _cost("Top-K", topk_bytes, 1, topk_bytes / bandwidth + (N - 1) * latency, compute),
-        _cost("1-bit Adam", onebit, 1, onebit / bandwidth + 4 * (N - 1) * latency, compute),
+        _cost("Top-K", topk_bytes, 1, exposed(topk_bytes / bandwidth + (N - 1) * latency),
+              compute),
+        _cost("1-bit Adam", onebit, 1, exposed(onebit / bandwidth + 4 * (N - 1) * latency),
+              compute),
     ]

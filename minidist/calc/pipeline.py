@@ -78,13 +78,61 @@ def dualpipe_v_idle(stages: int, forward: float, backward: float, weight: float,
 
     forward F, backward B (a full backward), weight W (its weight part) and
     overlapped F&B (a forward and a backward run as one op; F + B when None) are
-    the costs of one chunk (half a rank's layers). Exact on the ideal clock when
-    F = W = B / 2 (parallel/pipeline/dualpipe.py; for 1F1B the README's row is
-    (PP - 1)(F + B), for ZB1P (PP - 1)(F + B - 2W))."""
+    the costs of one chunk (half a rank's layers). The README's table is drawn
+    for F = W = B/2 (its figure: F one cell, B two, W one); on the ideal clock
+    the formula is exact when
+
+        2B = F + 3W                         B's input half is the mean of F and W
+        (p-1)/(p+1) <= F/W <= (p+1)/(p-1)   F and W not too far apart
+        F&B >= B + max(0, (p-1)(F - W)/2)   the overlap saves at most F - (p-1)(F-W)/2
+
+    (then it is the last rank's chain, ``dualpipe_v_exact_idle``'s
+    (p-1)(F + F&B - B)). Elsewhere ``dualpipe_v_exact_idle`` gives the idle
+    time. For 1F1B the README's row is (PP - 1)(F + B), for ZB1P (PP - 1)(F + B - 2W)."""
     if stages < 1:
         raise ValueError(f"stages must be >= 1, got {stages}")
     both = forward + backward if overlapped is None else overlapped
     return (stages - 1) * (both + backward - 3 * weight)
+
+
+def dualpipe_v_exact_idle(stages: int, forward: float, backward: float, weight: float,
+                          overlapped: float | None = None) -> float:
+    """The idle time of DualPipeV's busiest rank on the ideal clock, for any chunk
+    costs F, B (full backward), W <= B and max(F, B) <= F&B <= F + B (F + B when None).
+
+    With I = B - W (the input-gradient half), the step's span is the longest path
+    through the ops' dependencies, a maximum of linear forms in the costs; less the
+    least busy rank's work, six of them remain, and the largest is the bubble:
+
+        (p-1)(F + F&B - B)              the last rank: (p-1) F waiting for its first
+                                        forward, (p-1)(F&B - B) in its drain
+        (p-1)(F + F&B) - (2p-1) W
+        (p-1)(F&B - W) - F
+        (p-1)(F&B + B - 3W) - F - W     the README's formula less F + W
+        p I - F - (2p-3) W + (p-2) F&B
+        (p-1) F + I - (2p-3) W + (p-2) F&B
+
+    (found by differentiating the simulated span in each cost, and checked against
+    the simulator, pipeline.schedule.simulate, on hypothesis-drawn costs for
+    p = 2-5 and m >= 2p: tests/parallel/pipeline/test_dualpipe.py). At 2B = F + 3W
+    the first is the README's (p-1)(F&B + B - 3W) (``dualpipe_v_idle``).
+    Independent of m."""
+    if stages < 1:
+        raise ValueError(f"stages must be >= 1, got {stages}")
+    if stages == 1:
+        return 0.0                    # one rank: both chunks back to back, nothing to wait for
+    p, f, w = stages, forward, weight
+    i = backward - weight
+    fb = forward + backward if overlapped is None else overlapped
+    chains = (
+        (p - 1) * (f + fb - backward),
+        (p - 1) * (f + fb) - (2 * p - 1) * w,
+        (p - 1) * (fb - w) - f,
+        (p - 1) * (fb + backward - 3 * w) - f - w,
+        p * i - f - (2 * p - 3) * w + (p - 2) * fb,
+        (p - 1) * f + i - (2 * p - 3) * w + (p - 2) * fb,
+    )
+    return max(chains)
 
 
 def bubble_fraction(stages: int, microbatches: int, schedule: str = "1f1b",

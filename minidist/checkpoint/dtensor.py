@@ -6,7 +6,10 @@
     load_dtensors(path, new_model.state_dict())            # a world of another size
 
 Each rank writes its pieces to ``path/piece-<rank>-of-<N>.npz``; rank 0 writes
-``path/dtensors.json``: the world size and each tensor's global shape and layout.
+``path/dtensors.json``: the world size and each tensor's global shape, layout and, for a
+cut tensor, the rank whose file holds each piece (``owners``). On HSDP's 2-D mesh
+(``[Replicate(), Shard(0)]``) every replica holds the same S pieces: the replica at
+coordinate 0 writes them, the others write none.
 A tensor cut along dim d (``Shard(d)`` on a mesh of the whole world): old rank r
 held the slices [o_r, o_r + n_r) of its L along d (torch.chunk's pieces:
 c = ceil(L / N), o_r = min(L, r c)); a new rank reads the old files whose slices
@@ -41,20 +44,37 @@ def _piece(rank: int, world: int) -> str:
 
 
 def _layout(d: Any) -> str:
-    """"shard<d>" for a tensor cut along dim d over the whole world, "replicate" for a
+    """"shard<d>" for a tensor cut along dim d over one dimension of a mesh of the whole
+    world (the others Replicate: HSDP's (Replicate(), Shard(0))), "replicate" for a
     Replicate DTensor or a plain array (the same on every rank)."""
     if not isinstance(d, DTensor):
         return "replicate"
     if all(p.is_replicate() for p in d.placements):
         return "replicate"
-    if len(d.placements) == 1 and d.placements[0].is_shard():
+    cuts = [p for p in d.placements if p.is_shard()]
+    if len(cuts) == 1 and all(p.is_shard() or p.is_replicate() for p in d.placements):
         if d.device_mesh.size() != dist.get_world_size():
             raise CheckpointError(f"save_dtensors cuts pieces by rank of the world: a DTensor "
                                   f"on a mesh of {d.device_mesh.size()} of the "
                                   f"{dist.get_world_size()} ranks needs redistributing first")
-        return f"shard{d.placements[0].dim}"
-    raise CheckpointError(f"save_dtensors saves [Shard(d)] or Replicate DTensors, got "
+        return f"shard{cuts[0].dim}"
+    raise CheckpointError(f"save_dtensors saves DTensors cut along one mesh dimension "
+                          f"([Shard(d)], HSDP's [Replicate(), Shard(d)]) or Replicate, got "
                           f"{list(d.placements)}: redistribute first")
+
+
+def _owners(d: Any) -> list[int]:
+    """For a cut DTensor: the rank that writes piece j, for each j: the one at coordinate j
+    on the cut mesh dimension and 0 on every other (one copy of each piece is saved)."""
+    cut = next(i for i, p in enumerate(d.placements) if p.is_shard())
+    mesh = d.device_mesh
+    owners = []
+    for j in range(mesh.size(cut)):
+        ranks: Any = mesh.mesh
+        for i in range(mesh.ndim):
+            ranks = ranks[j if i == cut else 0]
+        owners.append(ranks)
+    return owners
 
 
 def _local(d: Any) -> Any:
@@ -65,14 +85,16 @@ def save_dtensors(path: str, state: dict[str, Any]) -> None:
     """Every rank writes its pieces of ``state`` under ``path`` (module docstring)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     os.makedirs(path, exist_ok=True)
-    mine = {}
-    for name, d in state.items():
-        if _layout(d) != "replicate" or rank == 0:
-            mine[name] = _local(d)
+    layouts = {name: _layout(d) for name, d in state.items()}
+    owners = {name: _owners(d) for name, d in state.items() if layouts[name] != "replicate"}
+    mine = {name: _local(d) for name, d in state.items()
+            if rank in owners.get(name, [0])}
     save_file(os.path.join(path, _piece(rank, world)), mine)
     if rank == 0:
-        info = {"world": world, "tensors": {n: {"shape": list(d.shape), "layout": _layout(d)}
-                                            for n, d in state.items()}}
+        info = {"world": world,
+                "tensors": {n: dict(shape=list(d.shape), layout=layouts[n],
+                                    **({"owners": owners[n]} if n in owners else {}))
+                            for n, d in state.items()}}
         atomic_write_bytes(os.path.join(path, MANIFEST), json.dumps(info).encode())
     dist.barrier()
 
@@ -98,9 +120,11 @@ def load_dtensors(path: str, state: dict[str, Any]) -> None:
             if mine == "replicate":
                 local[...] = xp.asarray(old(0)[name])
                 continue
-            dim, pieces = int(mine[len("shard"):]), 1   # my slice of rank 0's whole tensor
+            dim, owners = int(mine[len("shard"):]), [0]   # my slice of rank 0's whole tensor
+            pieces = 1
         else:
-            dim, pieces = int(saved["layout"][len("shard"):]), old_world
+            dim, owners = int(saved["layout"][len("shard"):]), saved["owners"]
+            pieces = len(owners)
             if mine not in ("replicate", saved["layout"]):
                 raise CheckpointError(f"{path}: {name!r} was saved cut along dim {dim}, the "
                                       f"tensor to fill is cut otherwise ({mine}): "
@@ -112,7 +136,7 @@ def load_dtensors(path: str, state: dict[str, Any]) -> None:
             size, offset = local_shard_size_and_offset(d.shape[dim], pieces, r)
             lo, hi = max(start, offset), min(stop, offset + size)
             if lo < hi:                                   # old piece r overlaps mine
-                piece = xp.moveaxis(xp.asarray(old(r)[name]), dim, 0)
+                piece = xp.moveaxis(xp.asarray(old(owners[r])[name]), dim, 0)
                 along[lo - start:hi - start] = piece[lo - offset:hi - offset]
 
 
@@ -152,4 +176,18 @@ def read_dtensors_manifest(path: str) -> tuple[dict[str, dict], int]:
         if layout != "replicate" and (cut is None or int(cut.group(1)) >= dims):
             raise CheckpointError(f"{mpath}: tensor {name!r} has layout {layout!r}, not "
                                   f"\"replicate\" or \"shard<d>\" with d < {dims}")
+        if layout != "replicate":
+            saved["owners"] = _checked_owners(saved.get("owners", list(range(world))), world,
+                                              f"{mpath}: tensor {name!r}")
     return tensors, world
+
+
+def _checked_owners(owners: Any, world: int, what: str) -> list[int]:
+    """The ranks whose files hold pieces 0, 1, ... of a cut tensor: distinct ints of
+    [0, world) (a manifest written before HSDP has none: one piece per rank)."""
+    if (not isinstance(owners, list) or not 1 <= len(owners) <= world
+            or any(not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < world
+                   for r in owners) or len(set(owners)) != len(owners)):
+        raise CheckpointError(f"{what} has owners {owners!r}: not 1 to {world} distinct "
+                              f"ranks of the world {world}")
+    return owners

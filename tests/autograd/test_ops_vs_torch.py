@@ -494,11 +494,13 @@ def test_layer_norm_matches_torch(dtype, with_weight, with_bias, lead, n, eps, o
         w, b = split_params(ps)
         return F.layer_norm(x, (n,), w, b, eps=eps)
 
-    # Rounding x costs ~|x| eps in the centred values, which the backward
-    # multiplies by 1 / std: widen the tolerance by both (rows of nearly equal
-    # values, or far from 0, are ill-conditioned in any implementation).
+    # Rounding x costs ~|x| u in the centred values, a relative error of |x| u / std
+    # in them and in std; the backward's gradient, of size ~|g| / std, carries it:
+    # ~|x| u |g| / std^2. Widen the tolerance by both (rows of nearly equal values,
+    # or far from 0, are ill-conditioned in any implementation: n = 2, seed 27195 has
+    # std 3.7e-3 and torch's float32 gradient 0.9% from float64's).
     rstd = 1.0 / np.sqrt(x.var(axis=-1) + eps)
-    condition = (1.0 + offset) * max(1.0, float(rstd.max()))
+    condition = (1.0 + offset) * max(1.0, float(rstd.max())) ** 2
     check_against_torch(ours, theirs, [x] + params, dtype, seed, condition=condition)
 
 

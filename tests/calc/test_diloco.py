@@ -40,3 +40,13 @@ def test_topk_bytes_are_what_the_hook_sends():
     # tests/parallel/data/test_topk.py measures (N-1) * k * (8 + 8) for float64 values
     t = diloco.diloco_costs(800, 3, 1, 1, 32, 0.0, 1e9, density=0.05, value_bytes=8)[4]
     assert t.bytes_per_step == 2 * 5 * 16
+
+
+def test_a_syncs_own_copies_hide_under_its_wire():
+    # DDP's wire: 2(N-1)/N * M / beta = 1 s (M = 1e9, N = 2, beta = 1e9); copies 0.25 s
+    plain = diloco.diloco_costs(1e9, 2, 10, 2, 32, compute=0.5, bandwidth=1e9)[0]
+    ddp = diloco.diloco_costs(1e9, 2, 10, 2, 32, compute=0.5, bandwidth=1e9, copies=0.25)[0]
+    assert abs(plain.exposed_seconds - 1.0) < 1e-12
+    assert abs(ddp.exposed_seconds - 0.75) < 1e-12 and abs(ddp.step_seconds - 1.25) < 1e-12
+    longer = diloco.diloco_costs(1e9, 2, 10, 2, 32, compute=2.0, bandwidth=1e9, copies=1.5)[0]
+    assert longer.exposed_seconds == 0.0 and longer.step_seconds == 2.0

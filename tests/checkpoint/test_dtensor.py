@@ -119,3 +119,66 @@ def test_tp_state_dict_is_dtensors_and_reshards_to_other_degrees(tmp_path):
                 assert loaded.keys() == saved.keys()
                 for name, value in saved.items():
                     assert loaded[name].tobytes() == value.tobytes(), (n, name)
+
+
+def _hsdp_model(seed, shape):
+    """The GPT under fully_shard on a mesh of ``shape``: (S,) FSDP, (R, S) HSDP."""
+    from minidist.distributed.device_mesh import init_device_mesh
+    from minidist.distributed.fsdp import fully_shard
+    from minidist.nn import GPT, GPTConfig
+    mesh = init_device_mesh(backend.device_type(), shape)
+    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8,
+                          dtype="float64", seed=seed))
+    fully_shard(model.blocks[0], mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def hsdp_case(path, shape, seed, save):
+    """Save (or load into) a model sharded on a mesh of ``shape``: the gathered tensors,
+    and the names of the tensors in this rank's piece file."""
+    from minidist.checkpoint.dtensor import load_dtensors, save_dtensors
+    from minidist.distributed.fsdp import sharded_state_dict
+    state = sharded_state_dict(_hsdp_model(seed, shape))
+    (save_dtensors if save else load_dtensors)(path, state)
+    return _gathered(state)
+
+
+def test_an_hsdp_checkpoint_is_saved_once_and_reshards_to_fsdp_and_back(tmp_path):
+    """HSDP's [Replicate(), Shard(0)] parameters: the replica at coordinate 0 writes the
+    S pieces, the other writes none; they load into FSDP at 3 ranks and into HSDP (2, 2)
+    from a 1-D save, bit for bit."""
+    import json
+    import os
+    path, back = str(tmp_path / "hsdp"), str(tmp_path / "back")
+    with World(4, timeout=20.0, run_timeout=90.0) as world:
+        saved = world.run(hsdp_case, path, (2, 2), 1, True)[0]
+    info = json.load(open(os.path.join(path, "dtensors.json")))
+    cut = {n: t for n, t in info["tensors"].items() if t["layout"] != "replicate"}
+    assert cut and all(t["owners"] == [0, 1] for t in cut.values())
+    replica_one = np.load(os.path.join(path, "piece-00002-of-00004.npz"))
+    assert not set(replica_one.files) & set(cut)          # the second replica wrote none
+    with World(3, timeout=20.0, run_timeout=90.0) as world:
+        for loaded in world.run(hsdp_case, path, (3,), 2, False):
+            assert all(loaded[n].tobytes() == v.tobytes() for n, v in saved.items())
+        world.run(hsdp_case, back, (3,), 1, True)
+    with World(4, timeout=20.0, run_timeout=90.0) as world:
+        for loaded in world.run(hsdp_case, back, (2, 2), 2, False):
+            assert all(loaded[n].tobytes() == v.tobytes() for n, v in saved.items())
+
+
+def test_a_manifest_whose_owners_are_not_ranks_is_refused(tmp_path):
+    import json
+    import os
+
+    import pytest
+
+    from minidist.checkpoint.dtensor import read_dtensors_manifest
+    from minidist.checkpoint.io import CheckpointError
+    for n in range(2):
+        open(os.path.join(tmp_path, f"piece-{n:05d}-of-00002.npz"), "wb").close()
+    for owners in ([0, 0], [2], [], "01", [True], [0, 1, 1]):
+        entry = {"shape": [4], "layout": "shard0", "owners": owners}
+        with open(os.path.join(tmp_path, "dtensors.json"), "w") as f:
+            json.dump({"world": 2, "tensors": {"w": entry}}, f)
+        with pytest.raises(CheckpointError, match="owners"):
+            read_dtensors_manifest(str(tmp_path))

@@ -90,3 +90,91 @@ def test_float8_all_gather_with_a_low_param_dtype_is_refused():
     from minidist.distributed.fsdp import MixedPrecisionPolicy
     with pytest.raises(ValueError, match="float8_all_gather gathers e4m3 codes"):
         MixedPrecisionPolicy(param_dtype="bfloat16", float8_all_gather=True).check()
+
+
+STEPS, ROWS = 3, 2          # steps; rows per rank
+
+
+def _scaler_data(n):
+    rng = np.random.default_rng(5)
+    return rng.standard_normal((STEPS, n * ROWS, 8)), rng.standard_normal((STEPS, n * ROWS, 8))
+
+
+def _scaler_model():
+    from minidist.nn import MLP, Sequential
+    return Sequential(MLP(8, 16, dtype="float64", generator=backend.Generator(1)),
+                      MLP(8, 16, dtype="float64", generator=backend.Generator(2)))
+
+
+def _scaled_steps(model, opt, scaler, n, rows, before_forward=None, after_backward=None):
+    """STEPS GradScaler steps of the mean squared error on ``rows`` of each step's batch;
+    step 1's loss is made inf, so every rank skips it and halves the scale."""
+    from minidist.autograd import Tensor
+    x, y = _scaler_data(n)
+    scales = []
+    for s in range(STEPS):
+        if before_forward:
+            before_forward()
+        out = model(Tensor(backend.from_host(x[s, rows])))
+        diff = out - Tensor(backend.from_host(y[s, rows]))
+        loss = (diff * diff).mean() * (float("inf") if s == 1 else 1.0)
+        scaler.scale(loss).backward()
+        if after_backward:
+            after_backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        scales.append(scaler.get_scale())
+    return scales
+
+
+def scaler_gather_case(policy):
+    """This rank's run: fully_shard units gathering in ``policy``'s format, SGD under a
+    GradScaler: (the whole parameters, the scale after each step)."""
+    import minidist.distributed as dist
+    from minidist.distributed.fsdp import MixedPrecisionPolicy, fully_shard, sharded_state_dict
+    from minidist.optim import SGD
+    from minidist.precision import GradScaler
+    model = _scaler_model()
+    for unit in list(model) + [model]:
+        fully_shard(unit, mp_policy=MixedPrecisionPolicy(**policy))
+    opt, scaler = SGD(model.parameters(), lr=0.1), GradScaler(init_scale=2.0 ** 10)
+    r, n = dist.get_rank(), dist.get_world_size()
+    scales = _scaled_steps(model, opt, scaler, n, slice(r * ROWS, (r + 1) * ROWS))
+    return ({k: backend.to_host(d.full_tensor().data) for k, d in
+             sharded_state_dict(model).items()}, scales)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")   # the inf step
+def test_grad_scaler_with_low_precision_gathers_equals_one_process(world):
+    """GradScaler x fully_shard's bfloat16 / float8 parameter gathers: the parameters equal
+    one process whose forward uses each parameter rounded as the gather rounds it (the
+    whole one to bf16; each rank's piece scaled to e4m3), its gradient reaching the
+    float64 master, over the whole batch (1e-12); an inf step skipped on every rank."""
+    from minidist.optim import SGD
+    from minidist.precision import GradScaler
+    n = world.world_size
+    for fmt in ("bfloat16", "float8"):
+        policy = {"float8_all_gather": True} if fmt == "float8" else {"param_dtype": fmt}
+        model = _scaler_model()
+        params = list(model.parameters())
+        masters = []
+
+        def rounded():                       # the gathered values, the masters kept aside
+            masters[:] = [p.data.copy() for p in params]
+            for p in params:
+                full = backend.to_host(p.data)
+                p.data = backend.from_host(_float8_oracle(full, n) if fmt == "float8" else
+                                           full.astype(LOW[fmt]).astype(full.dtype))
+
+        def restore():                        # the gradients stay, the masters come back
+            for p, m in zip(params, masters):
+                p.data = m
+        opt, scaler = SGD(params, lr=0.1), GradScaler(init_scale=2.0 ** 10)
+        scales = _scaled_steps(model, opt, scaler, n, slice(None), rounded, restore)
+        ref = {k: backend.to_host(p.data) for k, p in model.named_parameters()}
+        for whole, got_scales in world.run(scaler_gather_case, policy):
+            assert got_scales == scales == [2.0 ** 10, 2.0 ** 9, 2.0 ** 9], (fmt, got_scales)
+            for name, value in whole.items():
+                diff = float(np.abs(value - ref[name]).max())
+                assert diff <= 1e-12, (fmt, name, diff)

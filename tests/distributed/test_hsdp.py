@@ -1,4 +1,5 @@
-"""HSDP (fully_shard on a 2-D mesh) trains a GPT and a Llama as one process does.
+"""HSDP (fully_shard on a 2-D mesh) trains a GPT, a Llama and an MoE Llama (its routers'
+balancing loss included) as one process does.
 
 Mesh (R, S) = (2, 2) and (2, 3): dim 0 replicates, dim 1 shards (torch's convention).
 Every rank takes its rows of the same global batch; one process takes the whole batch.
@@ -27,10 +28,15 @@ def _model(case):
     if case["model"] == "gpt":
         return GPT(GPTConfig(block_size=LENGTH, vocab_size=11, n_layer=2, n_head=2, n_embd=8,
                              dtype="float64", seed=case["seed"]))
+    # the MoE layers balance each rank's rows (moe_balance="micro_batch"), so one process
+    # runs the ranks' rows as micro-batches (one_process)
+    moe = dict(num_local_experts=3, num_experts_per_tok=2, moe_intermediate_size=6,
+               n_shared_experts=1, router_aux_loss_coef=0.01,
+               moe_balance="micro_batch") if case["model"] == "moe_llama" else {}
     return Llama(LlamaConfig(vocab_size=11, hidden_size=16, intermediate_size=20,
                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                              max_position_embeddings=LENGTH, dtype="float64",
-                             seed=case["seed"]))
+                             seed=case["seed"], **moe))
 
 
 def _blocks(case, model):
@@ -43,8 +49,10 @@ def _batches(case, n):
     return idx, rng.integers(0, 11, (STEPS, n * PER, LENGTH))
 
 
-def train(case, model, rows):
-    """STEPS clipped AdamW steps on ``rows`` of each step's batch; CommDebugMode's counts."""
+def train(case, model, parts):
+    """STEPS clipped AdamW steps on the rows ``parts`` (a list of slices, run in turn as
+    micro-batches, each loss divided by their number) of each step's batch;
+    CommDebugMode's counts."""
     from minidist import backend
     from minidist.distributed.tensor.debug import CommDebugMode
     from minidist.optim import AdamW, clip_grad_norm_
@@ -53,8 +61,10 @@ def train(case, model, rows):
     counts = []
     for s in range(STEPS):
         with CommDebugMode() as comm:
-            _, loss = model(backend.from_host(idx[s, rows]), backend.from_host(tgt[s, rows]))
-            loss.backward()
+            for rows in parts:
+                _, loss = model(backend.from_host(idx[s, rows]),
+                                backend.from_host(tgt[s, rows]))
+                (loss * (1.0 / len(parts))).backward()
         counts.append(comm.get_phase_counts())
         clip_grad_norm_(model.parameters(), max_norm=0.05)
         opt.step()
@@ -75,7 +85,7 @@ def hsdp_case(case):
         fully_shard(block, mesh=mesh, reshard_after_forward=case["reshard"])
     fully_shard(model, mesh=mesh)
     r = dist.get_rank()
-    counts = train(case, model, slice(r * PER, (r + 1) * PER))
+    counts = train(case, model, [slice(r * PER, (r + 1) * PER)])
     state = sharded_state_dict(model)
     whole = {k: backend.to_host(d.full_tensor().data).copy() for k, d in state.items()}
     local = {k: backend.to_host(d.to_local().data).copy() for k, d in state.items()}
@@ -86,14 +96,17 @@ def hsdp_case(case):
 def one_process(case):
     from minidist import backend
     model = _model(case)
-    train(case, model, slice(None))
+    n = case["n"]
+    parts = ([slice(r * PER, (r + 1) * PER) for r in range(n)] if case["model"] == "moe_llama"
+             else [slice(None)])
+    train(case, model, parts)
     return {k: backend.to_host(p.data).copy() for k, p in model.named_parameters()}
 
 
 MESHES = {4: [(2, 2)], 6: [(2, 3)]}
 
 
-@pytest.mark.parametrize("model", ["gpt", "llama"])
+@pytest.mark.parametrize("model", ["gpt", "llama", "moe_llama"])
 @settings(max_examples=1, deadline=None)
 @given(data=st.data(), reshard=st.booleans(), seed=st.integers(0, 99))
 def test_hsdp_trains_like_one_process(world, model, data, reshard, seed):
@@ -107,8 +120,8 @@ def test_hsdp_trains_like_one_process(world, model, data, reshard, seed):
         for c in counts:
             assert c["forward"] == {"all_gather_into_tensor": units}, c
             assert c["backward"] == {"reduce_scatter_tensor": units, "all_reduce": units,
-                                     **({"all_gather_into_tensor": layers} if reshard
-                                        else {})}, c
+                                     **({"all_gather_into_tensor": layers}
+                                        if reshard and model != "moe_llama" else {})}, c
         for name, value in whole.items():
             assert placements[name] == ["Replicate()", "Shard(dim=0)"], placements[name]
             diff = float(np.abs(value - ref[name]).max())

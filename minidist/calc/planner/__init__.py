@@ -15,6 +15,7 @@ Files, in reading order:
     layouts.py    the Layout, the space of them, and the divisibility rules
     memory.py     memory per GPU of a layout: states by ZeRO stage, activations in flight
     time.py       step time of a layout: compute, bubble, exposed TP / CP / EP / PP / DP
+    overlap.py    what async TP, DualPipeV, overlapped dispatch and low-precision gathers hide
     calibration.py  minidist's own GPT as measured here, where it departs from those models
     search.py     plan(): score every layout, rank, count the exclusions, the nearest miss
     report.py     the answer as text: the table, the exclusions, one layout explained

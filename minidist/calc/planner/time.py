@@ -183,9 +183,10 @@ def pp_seconds(spec: ModelSpec, setup: TrainingSetup, layout: Layout, cluster: C
 
 
 def dp_seconds(spec: ModelSpec, layout: Layout, cluster: ClusterSpec, layers: int, m: int,
-               width: int, compute: float) -> float:
+               width: int, compute: float, zero3_factor: float = ZERO3_DP_FACTOR) -> float:
     """The gradients' all-reduce over dp x cp, a bucket per layer, what the last
-    backward does not hide; ZeRO-2/3: after every micro-batch (module docstring)."""
+    backward does not hide; ZeRO-2/3: after every micro-batch (module docstring).
+    ``zero3_factor``: ZeRO-3's bytes against the all-reduce's (overlap.py's gathers)."""
     dp_group = layout.dp * layout.cp
     if dp_group == 1 or not m:
         return 0.0
@@ -193,7 +194,7 @@ def dp_seconds(spec: ModelSpec, layout: Layout, cluster: ClusterSpec, layers: in
     grads = width * (dense + experts)
     bucket = all_reduce_seconds(grads / layers, dp_group, layout.tp, cluster)   # one layer's
     if layout.zero == 3:
-        bucket *= ZERO3_DP_FACTOR
+        bucket *= zero3_factor
     backward_per_layer = (compute / m) * BACKWARD_SHARE / layers
     once = comm.exposed_comm_seconds(layers, bucket, backward_per_layer)
     # ZeRO-2/3 keep only their shard of the gradients, so every micro-batch's

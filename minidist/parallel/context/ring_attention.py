@@ -54,11 +54,12 @@ from minidist.attention import common, flash_backward, flash_forward, merge_part
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
+from minidist.comm.collectives.p2p import post_recv, post_send
+from minidist.comm.group import resolve
 from minidist.parallel.context.ring_masks import RingMasks, chunks, document_array
 from minidist.precision.autocast import autocast_matmul
 
 LAYOUTS = ("zigzag", "contiguous")
-KV_TAG, DKV_TAG = 701, 702      # tags of the K/V blocks and of their gradient accumulators
 
 
 # -- where the sequence goes --------------------------------------------------------
@@ -98,16 +99,19 @@ def plan_work(rank: int, world_size: int, c: int, is_causal: bool = True,
 
 # -- the ring -------------------------------------------------------------------------
 
-def _ring(group: Any) -> tuple[int, int, list[int]]:
-    """(rank in group, group size, the global rank of each group rank)."""
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
-    return rank, size, list(range(size)) if group is None else group.ranks
+def _ring(group: Any, n_tags: int) -> tuple[int, int, list[int], Any, tuple[int, ...]]:
+    """(rank in group, group size, the global rank of each group rank, the group, this
+    call's ``n_tags`` tags). The tags come from the group's collective sequence (every
+    rank runs the ring in the same order), outside the users' range, so a user's own
+    messages on the group are never taken for the ring's (comm/collectives/p2p.py)."""
+    g = resolve(group)
+    return g.rank, g.size, g.ranks, g, tuple(g.next_collective_tag() for _ in range(n_tags))
 
 
 def ring_forward(q: Any, k: Any, v: Any, masks: RingMasks, scale: float, group: Any,
                  blocks: dict) -> tuple[Any, Any]:
     """Arrays of this rank -> its (O, L), attending to the K/V of every rank."""
-    rank, size, ranks = _ring(group)
+    rank, size, ranks, g, (tag,) = _ring(group, 1)
     nxt, prev = ranks[(rank + 1) % size], ranks[(rank - 1) % size]
     e = k.shape[-1]
     out = xp.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype)
@@ -119,8 +123,7 @@ def ring_forward(q: Any, k: Any, v: Any, masks: RingMasks, scale: float, group: 
         block = (rank - step) % size
         pending = []
         if step < steps - 1:                                    # next block, while we compute
-            pending = [dist.isend(kv, nxt, group, KV_TAG), dist.irecv(incoming, prev, group,
-                                                                       KV_TAG)]
+            pending = [post_send(kv, nxt, g, tag), post_recv(incoming, prev, g, tag)]
         for rows, cols, structure in masks.pieces(rank, block):
             o_b, lse_b = flash_forward(q[..., rows, :], kv[..., cols, :e], kv[..., cols, e:],
                                        structure=structure, scale=scale, **blocks)
@@ -133,8 +136,9 @@ def ring_forward(q: Any, k: Any, v: Any, masks: RingMasks, scale: float, group: 
 
 def ring_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, masks: RingMasks,
                   scale: float, group: Any, blocks: dict) -> tuple[Any, Any, Any]:
-    """This rank's (dq, dk, dv) from its O, L and dO; K/V and their gradients ring round."""
-    rank, size, ranks = _ring(group)
+    """This rank's (dq, dk, dv) from its O, L and dO; K/V and their gradients ring round
+    (the gradients on a tag of their own)."""
+    rank, size, ranks, g, (tag, dkv_tag) = _ring(group, 2)
     nxt, prev = ranks[(rank + 1) % size], ranks[(rank - 1) % size]
     e = k.shape[-1]
     dq = xp.zeros_like(q)
@@ -147,8 +151,7 @@ def ring_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, masks: 
         block = (rank - step) % size
         pending = []
         if step < steps - 1:
-            pending = [dist.isend(kv, nxt, group, KV_TAG), dist.irecv(incoming, prev, group,
-                                                                       KV_TAG)]
+            pending = [post_send(kv, nxt, g, tag), post_recv(incoming, prev, g, tag)]
         dkv = xp.zeros_like(kv)                                 # this rank's part for the block
         for rows, cols, structure in masks.pieces(rank, block):
             dq_b, dk_b, dv_b = flash_backward(
@@ -158,16 +161,16 @@ def ring_backward(q: Any, k: Any, v: Any, out: Any, lse: Any, dout: Any, masks: 
             dkv[..., cols, :e] += dk_b
             dkv[..., cols, e:] += dv_b
         if step > 0:                       # the ranks before us already added their parts
-            dist.recv(dkv_in, prev, group, DKV_TAG)
+            post_recv(dkv_in, prev, g, dkv_tag).wait()
             dkv += dkv_in
         if steps > 1:                      # on round the ring; after the last step, home
             to = nxt if step < steps - 1 else ranks[block]
-            sends.append(dist.isend(dkv, to, group, DKV_TAG))
+            sends.append(post_send(dkv, to, g, dkv_tag))
         for handle in pending:
             handle.wait()
         kv, incoming = incoming, kv
     if steps > 1:                          # our own block, with every rank's part in it
-        dist.recv(dkv_in, ranks[(rank + steps - 1) % size], group, DKV_TAG)
+        post_recv(dkv_in, ranks[(rank + steps - 1) % size], g, dkv_tag).wait()
         dkv = dkv_in
     for handle in sends:
         handle.wait()

@@ -31,8 +31,13 @@ its last, is
     DualPipeV   (PP/2 - 1)(F&B + B - 3W)      PP = 2p pieces: (p - 1)(F&B + B - 3W)
     1F1B        (PP - 1)(F + B)               ZB1P  (PP - 1)(F + B - 2W)
 
-exactly on the ideal clock (schedule.simulate) when F = W = B / 2, as the README
-assumes; with other ratios the idle time differs from it. A rank holds at most
+on the ideal clock (schedule.simulate) exactly when 2B = F + 3W (the README's
+figure has F = W = B / 2), F / W within [(p-1)/(p+1), (p+1)/(p-1)] and F&B >=
+B + max(0, (p-1)(F - W)/2): then the last rank's chain, (p-1) F of warm-up and
+(p-1)(F&B - B) in its drain, is the longest. For any costs the idle time is the
+largest of six such chains (calc.dualpipe_v_exact_idle). The gap is in the
+comparison, not in the order (torch's, tested) or the clock: the README's
+formula is a closed form for its figure's proportions. A rank holds at most
 PP + 1 = 2p + 1 chunk activations at once (each from its F to its W).
 """
 from __future__ import annotations

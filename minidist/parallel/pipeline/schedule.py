@@ -26,7 +26,7 @@ minidist.calc.pipeline), for equal-cost stages, t_f + t_b per micro-batch:
     GPipe, 1F1B  (p-1) / m          (1F1B's gain is memory: p micro-batches, not m)
     interleaved  (p-1) / (m v)
     ZB-H1        (p-1) / (3m)       ZB-H2, ZB-V: 0      (t_f = t_b = t_w)
-    DualPipeV    (p-1)(F&B + B - 3W) of idle time per rank (dualpipe.py)
+    DualPipeV    (p-1)(F&B + B - 3W) of idle time per rank where 2B = F + 3W (dualpipe.py)
 
 ``simulate`` runs a schedule on an idealised machine (every op takes its cost,
 messages take no time) and returns each op's start and end; it raises, naming

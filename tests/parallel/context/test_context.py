@@ -53,6 +53,41 @@ def single_process(arrays, causal, masks=None):
     return [backend.to_host(a) for a in (out.data, q.grad, k.grad, v.grad)]
 
 
+def ring_beside_a_users_messages(arrays, tags):
+    """Every rank sends its right neighbour a message on each user tag, runs ring
+    attention, then receives its left neighbour's: (ring results, messages received)."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    sends = [dist.isend(backend.from_host(np.full(arrays[0].shape[-1], 1000.0 * rank + t)),
+                        (rank + 1) % size, tag=t) for t in tags]
+    results = ring_on_rank(arrays, True, "zigzag", {})
+    got = []
+    for t in tags:
+        buf = backend.from_host(np.zeros(arrays[0].shape[-1]))
+        dist.recv(buf, (rank - 1) % size, tag=t)
+        got.append(float(backend.to_host(buf)[0]))
+    for h in sends:
+        h.wait()
+    return results, got
+
+
+def test_a_users_messages_on_any_tag_do_not_meet_the_rings(world):
+    """The ring takes its tags from the group's collective sequence, outside the users'
+    range: a user's pending message on any tag (701 and 702 were once the ring's own) is
+    neither taken by the ring nor lost."""
+    n = world.world_size
+    if n == 1:
+        pytest.skip("a ring needs two ranks")
+    rng = np.random.default_rng(7)
+    arrays = [rng.standard_normal((2, 2 * n * 2, 3)) for _ in range(4)]
+    tags = [0, 701, 702]
+    expected = single_process(arrays, True)
+    for rank, (results, got) in enumerate(world.run(ring_beside_a_users_messages, arrays, tags)):
+        assert got == [1000.0 * ((rank - 1) % n) + t for t in tags]
+        for ours, ref, part in zip(results, expected, ("out", "dq", "dk", "dv")):
+            full = backend.to_host(shard_sequence(backend.from_host(ref), rank, n, "zigzag"))
+            np.testing.assert_allclose(ours, full, rtol=1e-10, atol=1e-12, err_msg=part)
+
+
 @settings(max_examples=8, deadline=None)
 @given(data=st.data())
 def test_ring_attention_matches_single_process(world, data):
@@ -160,18 +195,26 @@ def ring_messages_on_rank(arrays, layout, window):
     the dK/dV messages it sends: (outputs and gradients, kv sends, dkv sends)."""
     import importlib
     module = importlib.import_module("minidist.parallel.context.ring_attention")
-    sent = {module.KV_TAG: 0, module.DKV_TAG: 0}
-    plain = module.dist.isend
+    calls, sent = [], {}                  # each ring's tags: (K/V,) forward, (K/V, dK/dV)
+    plain_ring, plain_send = module._ring, module.post_send
 
-    def counting(tensor, dst, group=None, tag=0):
-        sent[tag] += 1
-        return plain(tensor, dst, group, tag)
-    module.dist.isend = counting
+    def recording(group, n_tags):
+        ring = plain_ring(group, n_tags)
+        calls.append(ring[4])
+        return ring
+
+    def counting(tensor, dst, g, tag):
+        sent[tag] = sent.get(tag, 0) + 1
+        return plain_send(tensor, dst, g, tag)
+    module._ring, module.post_send = recording, counting
     try:
         results = ring_on_rank(arrays, True, layout, {}, dict(window=window))
     finally:
-        module.dist.isend = plain
-    return results, sent[module.KV_TAG], sent[module.DKV_TAG]
+        module._ring, module.post_send = plain_ring, plain_send
+    assert set(sent) <= {t for tags in calls for t in tags}           # the rings' tags only
+    kv = sum(sent.get(tags[0], 0) for tags in calls)
+    dkv = sum(sent.get(tags[1], 0) for tags in calls if len(tags) == 2)
+    return results, kv, dkv
 
 
 @pytest.mark.parametrize("window", [1, 3, 4, 5, 9])
