@@ -42,7 +42,7 @@ of the module around it. Nothing here runs unless a trace is being recorded.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from minidist.autograd import grad_mode, weight_grad
 from minidist.autograd.function import Context
