@@ -16,6 +16,27 @@ biased exponent e + B, and all ones (0xFF) is NaN.
 
     >>> encode(from_host(np.array([1.0, -448.0, 2.0**-9], "float32")), "e4m3fn")
     array([ 56, 254,   1], dtype=uint8)
+
+Two implementations, one oracle
+-------------------------------
+``encode_reference`` / ``decode_reference`` are the formulas above, through
+frexp / ldexp on int64 fields (a dozen passes, and float64 on a backend that
+flushes subnormals). ``encode`` / ``decode`` take faster paths, which the tests
+check bit for bit against them (subnormals, NaN, inf, ties included):
+
+- decode: a table of the 2^bits values, built once per format by
+  ``decode_reference``, indexed by the codes (a gather keeps a subnormal's bits
+  on every backend, so the table is exact where float32 arithmetic flushes);
+- encode, bfloat16 from float32: round the bit pattern (rounding.py) and keep
+  its top 16 bits; integer operations only;
+- encode, a format whose values are all normal in x's dtype, or zero (fp16 and
+  the 8-bit formats from float32; everything but E8M0 from float64): y =
+  ``quantize`` (its fast path), then the code from y's bits: for |y| >= 2^emin
+
+      code = (bits(|y|) >> (p - M)) - ((B_x - B) << M)     (p, B_x: x's mantissa bits, bias)
+
+  (the exponent field rebiased, the top M mantissa bits kept), below it
+  ``|y| * 2^(M - emin)`` (the subnormal's mantissa, an exact product).
 """
 from __future__ import annotations
 
@@ -24,20 +45,40 @@ from typing import Any
 from minidist import backend
 from minidist.backend import xp
 from minidist.precision.formats import FloatFormat, get_format
-from minidist.precision.rounding import quantize, quiet
+from minidist.precision.rounding import LAYOUT, quantize, quiet
 from minidist.precision.subnormals import narrow, widen
 
 
 def encode(x: Any, fmt: FloatFormat | str, saturate: bool = False) -> Any:
-    """Codes of ``quantize(x, fmt, saturate=saturate)``, as ``fmt.code_dtype``."""
+    """Codes of ``quantize(x, fmt, saturate=saturate)``, as ``fmt.code_dtype``
+    (bit for bit ``encode_reference``, faster: module docstring)."""
+    fmt = get_format(fmt)
+    dtype = str(x.dtype)
+    if dtype == "float32" and _is_bf16(fmt):
+        return _encode_bf16_bits(x, saturate)
+    if dtype in LAYOUT and _all_normal_in(fmt, dtype):
+        return _codes_of(quantize(x, fmt, saturate=saturate), fmt)
+    return encode_reference(x, fmt, saturate)
+
+
+def decode(codes: Any, fmt: FloatFormat | str, dtype: str = "float32") -> Any:
+    """Values of the codes, as ``dtype`` (float32 or float64; exact either way): a
+    lookup in the table of every code's value (bit for bit ``decode_reference``)."""
+    fmt = get_format(fmt)
+    _check_codes(codes, fmt, dtype)
+    if fmt.bits > 16:                            # no table of 2^bits values
+        return decode_reference(codes, fmt, dtype)
+    return xp.take(_table(fmt, dtype), codes.astype(xp.intp, copy=False))
+
+
+def encode_reference(x: Any, fmt: FloatFormat | str, saturate: bool = False) -> Any:
+    """``encode`` by the plain formula (frexp / ldexp on int64 fields): the oracle."""
     fmt = get_format(fmt)
     M, E = fmt.man_bits, fmt.exp_bits
     if str(x.dtype) == "float32" and backend.flushes_subnormals():
         x = widen(x)                             # frexp / ldexp below would lose subnormals
     y = quantize(x, fmt, saturate=saturate)
-    if not fmt.has_nan and bool(xp.isnan(y).any()):
-        raise ValueError(f"{fmt.name} has no NaN and x holds one; replace NaN before encoding "
-                         "(MX block scaling marks a block holding NaN with a NaN scale)")
+    _refuse_nan(fmt, xp.isnan(y))
     mag = xp.abs(y)                              # a new array: zeroing specials is safe
     finite = xp.isfinite(mag)
     mag[~finite] = 0                            # specials get their codes below
@@ -61,19 +102,14 @@ def encode(x: Any, fmt: FloatFormat | str, saturate: bool = False) -> Any:
     return code.astype(fmt.code_dtype)
 
 
-def decode(codes: Any, fmt: FloatFormat | str, dtype: str = "float32") -> Any:
-    """Values of the codes, as ``dtype`` (float32 or float64; exact either way)."""
+def decode_reference(codes: Any, fmt: FloatFormat | str, dtype: str = "float32") -> Any:
+    """``decode`` by the plain formula (ldexp of the fields): the oracle."""
     fmt = get_format(fmt)
     M, E = fmt.man_bits, fmt.exp_bits
-    if codes.dtype.kind not in "ui":
-        raise TypeError(f"decode takes integer codes, got {codes.dtype}")
-    if dtype not in ("float32", "float64") or not fmt.fits_in(dtype):
-        raise ValueError(f"decode to {dtype!r}: use float32 or float64 wide enough for {fmt}")
+    _check_codes(codes, fmt, dtype)
     if dtype == "float32" and backend.flushes_subnormals():
-        return narrow(decode(codes, fmt, "float64"))   # ldexp in float32 would flush
+        return narrow(decode_reference(codes, fmt, "float64"))   # ldexp in float32 would flush
     c = codes.astype(xp.int64)
-    if c.size and (int(c.min()) < 0 or int(c.max()) >= 2 ** fmt.bits):
-        raise ValueError(f"codes must lie in [0, 2^{fmt.bits}) for {fmt}")
     if fmt.special == "fnu":                    # exponent only, no sign
         with quiet():                            # 0xFF's 2^128 overflows: it is NaN below
             val = xp.ldexp(xp.ones(c.shape, dtype), (c - fmt.bias).astype(xp.int32))
@@ -95,3 +131,94 @@ def decode(codes: Any, fmt: FloatFormat | str, dtype: str = "float32") -> Any:
     elif fmt.special == "fnuz":
         val[c == 2 ** (E + M)] = xp.nan
     return xp.where(sign == 1, -val, val)
+
+
+def _refuse_nan(fmt: FloatFormat, nan: Any) -> None:
+    if not fmt.has_nan and bool(nan.any()):
+        raise ValueError(f"{fmt.name} has no NaN and x holds one; replace NaN before encoding "
+                         "(MX block scaling marks a block holding NaN with a NaN scale)")
+
+
+def _check_codes(codes: Any, fmt: FloatFormat, dtype: str) -> None:
+    if codes.dtype.kind not in "ui":
+        raise TypeError(f"decode takes integer codes, got {codes.dtype}")
+    if dtype not in ("float32", "float64") or not fmt.fits_in(dtype):
+        raise ValueError(f"decode to {dtype!r}: use float32 or float64 wide enough for {fmt}")
+    holds_only_codes = codes.dtype.kind == "u" and 8 * codes.dtype.itemsize <= fmt.bits
+    if codes.size and not holds_only_codes:      # uint8 codes of an 8-bit format need no look
+        c = codes.astype(xp.int64)
+        if int(c.min()) < 0 or int(c.max()) >= 2 ** fmt.bits:
+            raise ValueError(f"codes must lie in [0, 2^{fmt.bits}) for {fmt}")
+
+
+_TABLES: dict = {}   # (format, dtype, backend, device) -> every code's value, in code order
+
+
+def _table(fmt: FloatFormat, dtype: str) -> Any:
+    """``decode_reference`` of 0 .. 2^bits - 1 (at most 65536 values), made once."""
+    key = (fmt, dtype, backend.get_backend(), backend.current_device())
+    if key not in _TABLES:
+        every = xp.arange(2 ** fmt.bits, dtype=xp.int64).astype(fmt.code_dtype)
+        _TABLES[key] = decode_reference(every, fmt, dtype)
+    return _TABLES[key]
+
+
+def _is_bf16(fmt: FloatFormat) -> bool:
+    """float32's sign, exponent and top 7 mantissa bits: a code is a float32's top half."""
+    return (fmt.special == "ieee" and fmt.exp_bits == 8 and fmt.man_bits == 7
+            and fmt.bias == 127)
+
+
+def _encode_bf16_bits(x: Any, saturate: bool) -> Any:
+    """bfloat16 codes of float32 x: the bit pattern rounded to nearest even (rounding.py's
+    ``_round_bf16_like``), its top 16 bits; a NaN is the quiet 0x7FC0 with x's sign;
+    ``saturate``: a code at or above inf's (0x7F80), NaN aside, is the largest finite."""
+    U = xp.uint32
+    u = backend.bits(x)
+    t = u >> U(16)
+    t &= U(1)
+    t += U(0x7FFF)
+    t += u                                       # carries into bit 16 when rounding up
+    t >>= U(16)
+    sign = (u >> U(16)) & U(0x8000)
+    mag = u & U(0x7FFFFFFF)
+    t = xp.where(mag > U(0x7F800000), sign | U(0x7FC0), t)       # NaN
+    if saturate:
+        over = (t & U(0x7FFF)) == U(0x7F80)      # overflowed, or x was inf
+        t = xp.where(over, sign | U(0x7F7F), t)
+    return t.astype(xp.uint16)
+
+
+def _all_normal_in(fmt: FloatFormat, dtype: str) -> bool:
+    """Every value of fmt but 0 is a normal float of ``dtype``, so y's bits give its code
+    (E8M0, exponent only, is left to the reference)."""
+    p, ebias, _ = LAYOUT[dtype]
+    return (fmt.special != "fnu" and fmt.bits <= 16 and fmt.fits_in(dtype)
+            and fmt.smallest_subnormal >= 2.0 ** (1 - ebias))
+
+
+def _codes_of(y: Any, fmt: FloatFormat) -> Any:
+    """The codes of y, whose values fmt holds (``quantize``'s output): module docstring."""
+    M, E = fmt.man_bits, fmt.exp_bits
+    p, ebias, uint = LAYOUT[str(y.dtype)]
+    U = getattr(xp, uint)
+    u = backend.bits(y)
+    a = u & U(2 ** (8 * y.itemsize - 1) - 1)                         # |y|'s bits
+    smallest_normal = U((fmt.emin + ebias) << p)                     # 2^emin's bits
+    inf = U((2 * ebias + 1) << p)                                    # inf's bits in y's dtype
+    code = (a >> U(p - M)) - U((ebias - fmt.bias) << M)              # |y| >= 2^emin
+    tiny = backend.from_bits(xp.minimum(a, smallest_normal), str(y.dtype))
+    sub = (tiny * 2.0 ** (M - fmt.emin)).astype(uint)                # |y| < 2^emin: exact
+    code = xp.where(a < smallest_normal, sub, code)
+    nan = a > inf
+    _refuse_nan(fmt, nan)
+    top = (2 ** E - 1) << M                      # the all-ones exponent field
+    code = xp.where(a == inf, U(top), code)      # inf (only "ieee" formats keep one)
+    if fmt.special == "ieee":
+        code = xp.where(nan, U(top | 2 ** (M - 1)), code)               # the quiet NaN
+    elif fmt.special == "fn":
+        code = xp.where(nan, U(top | (2 ** M - 1)), code)
+    code |= (u >> U(8 * y.itemsize - 1)) << U(E + M)                 # the sign bit
+    if fmt.special == "fnuz":
+        code = xp.where(nan, U(2 ** (E + M)), code)                  # no sign: -0's pattern
+    return code.astype(fmt.code_dtype)

@@ -65,7 +65,7 @@ from minidist.precision.formats import FloatFormat, get_format
 from minidist.precision.subnormals import narrow, widen
 
 # per input dtype: (mantissa bits p, exponent bias, uint view)
-_LAYOUT = {"float32": (23, 127, "uint32"), "float64": (52, 1023, "uint64")}
+LAYOUT = {"float32": (23, 127, "uint32"), "float64": (52, 1023, "uint64")}
 
 
 def quantize(x: Any, fmt: FloatFormat | str, rounding: str = "nearest",
@@ -149,7 +149,7 @@ def _check_input(x: Any, fmt: FloatFormat) -> str:
                         f"({backend.get_backend()}), got {type(x).__name__}; "
                         "use backend.from_host(...)")
     dtype = str(x.dtype)
-    if dtype not in _LAYOUT:
+    if dtype not in LAYOUT:
         raise TypeError(f"quantize takes float32 or float64 input, got {dtype}")
     if not fmt.fits_in(dtype):
         raise ValueError(f"{fmt.name} (E{fmt.exp_bits}M{fmt.man_bits}, bias {fmt.bias}) has "
@@ -175,7 +175,7 @@ def _round_magnitude_reference(x: Any, fmt: FloatFormat, u: Any = None) -> Any:
 
 
 def _magic_applies(fmt: FloatFormat, dtype: str) -> bool:
-    p, ebias, _ = _LAYOUT[dtype]
+    p, ebias, _ = LAYOUT[dtype]
     return (fmt.man_bits < p                            # C = 2^(E + p) has q as its spacing
             and fmt.emin + ebias >= 1                   # subnormal x sits in emin's binade
             and fmt.emax + ebias + p - fmt.man_bits <= 2 * ebias)  # C stays finite
@@ -183,7 +183,7 @@ def _magic_applies(fmt: FloatFormat, dtype: str) -> bool:
 
 def _round_magnitude_magic(x: Any, fmt: FloatFormat, dtype: str) -> Any:
     """|x| rounded by the hardware: (|x| + C) - C with C = 2^(E + p - M)."""
-    p, ebias, uint = _LAYOUT[dtype]
+    p, ebias, uint = LAYOUT[dtype]
     U = getattr(xp, uint)
     a = backend.bits(x) & U(2 ** (8 * x.itemsize - 1) - 1)   # |x| as bits (a new array)
     c = a >> U(p)                                   # biased exponent field of x

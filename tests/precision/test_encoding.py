@@ -1,15 +1,20 @@
 """encode / decode: every bit pattern decodes to the reference value and
-re-encodes to itself (NaN as a class); encode matches the reference casts' bits."""
+re-encodes to itself (NaN as a class); encode matches the reference casts' bits;
+the fast encode / decode equal the plain-formula ones bit for bit (hypothesis-drawn
+bit patterns: subnormals, NaN payloads, inf; exact ties between neighbours)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from minidist import backend
-from minidist.precision import FloatFormat, decode, encode
+from minidist.precision import PRESETS, FloatFormat, decode, encode, get_format
+from minidist.precision.encoding import decode_reference, encode_reference
 
 from precision.helpers import REFERENCE, same
-from precision.test_rounding_vs_reference import SWEEP
+from precision.test_rounding_vs_reference import SPECIALS, SWEEP
 
 
 @pytest.mark.parametrize("fmt", list(REFERENCE), ids=str)
@@ -59,3 +64,86 @@ def test_decode_refuses_bad_codes():
         decode(backend.from_host(np.array([256], np.int32)), "e5m2")
     with pytest.raises(TypeError, match="integer codes"):
         decode(backend.from_host(np.array([1.0])), "e5m2")
+
+
+# every preset of at most 16 bits, and ExMy formats no preset has
+SMALL = [f for f in map(get_format, PRESETS) if f.bits <= 16] + [
+    FloatFormat("e2m1", 2, 1, special="fnuz"), FloatFormat("e3m2", 3, 2),
+    FloatFormat("e5m6fn", 5, 6, special="fn"), FloatFormat("e4m3b11fnuz", 4, 3, bias=11,
+                                                           special="fnuz")]
+
+
+def ties(fmt, codes: np.ndarray, dtype: str) -> np.ndarray:
+    """Midpoints of consecutive finite values of fmt in ``dtype`` (exact: M <= 22), and
+    the neighbours of each midpoint there."""
+    codes = codes[codes + 1 < 2 ** fmt.bits]
+    c = backend.from_host(codes.astype(fmt.code_dtype))
+    lo = backend.to_host(decode_reference(c, fmt, "float64"))
+    hi = backend.to_host(decode_reference(backend.from_host((codes + 1).astype(fmt.code_dtype)),
+                                          fmt, "float64"))
+    ok = np.isfinite(lo) & np.isfinite(hi) & (np.sign(lo) == np.sign(hi))
+    mid = ((lo[ok] + hi[ok]) / 2).astype(dtype)
+    return np.concatenate([mid, np.nextafter(mid, np.inf), np.nextafter(mid, -np.inf)])
+
+
+def encoded_or_error(encoder, x, fmt, saturate):
+    try:
+        return backend.to_host(encoder(backend.from_host(x), fmt, saturate))
+    except ValueError as e:                      # a NaN for a format that has none
+        return str(e)
+
+
+def assert_fast_encode_is_reference(x: np.ndarray, fmt, saturate: bool) -> None:
+    fast = encoded_or_error(encode, x, fmt, saturate)
+    slow = encoded_or_error(encode_reference, x, fmt, saturate)
+    if isinstance(slow, str) or isinstance(fast, str):
+        assert fast == slow
+        return
+    assert fast.dtype == slow.dtype
+    bad = np.flatnonzero(fast != slow)
+    assert bad.size == 0, (f"x={x[bad[0]]!r} (bits {x.view(f'u{x.itemsize}')[bad[0]]:#x}): "
+                           f"code {fast[bad[0]]:#x}, reference {slow[bad[0]]:#x}")
+
+
+@pytest.mark.parametrize("fmt", SMALL, ids=str)
+@settings(max_examples=40, deadline=None)
+@given(patterns=st.lists(st.integers(0, 2 ** 32 - 1), min_size=1, max_size=200),
+       codes=st.lists(st.integers(0, 2 ** 16 - 1), min_size=1, max_size=50),
+       saturate=st.booleans())
+def test_fast_encode_float32_equals_reference_bit_for_bit(fmt, patterns, codes, saturate):
+    if not fmt.fits_in("float32"):
+        return
+    codes = np.array(codes) % 2 ** fmt.bits
+    x = np.concatenate([np.array(patterns, dtype=np.uint32).view(np.float32),
+                        ties(fmt, codes, "float32"), SPECIALS, -SPECIALS])
+    assert_fast_encode_is_reference(x, fmt, saturate)
+
+
+@pytest.mark.parametrize("fmt", SMALL, ids=str)
+@settings(max_examples=40, deadline=None)
+@given(patterns=st.lists(st.integers(0, 2 ** 64 - 1), min_size=1, max_size=100),
+       narrow=st.lists(st.integers(0, 2 ** 32 - 1), min_size=1, max_size=100),
+       codes=st.lists(st.integers(0, 2 ** 16 - 1), min_size=1, max_size=50),
+       saturate=st.booleans())
+def test_fast_encode_float64_equals_reference_bit_for_bit(fmt, patterns, narrow, codes, saturate):
+    codes = np.array(codes) % 2 ** fmt.bits
+    with np.errstate(invalid="ignore"):          # NaN payloads widen quietly
+        wide = np.array(narrow, dtype=np.uint32).view(np.float32).astype(np.float64)
+    x = np.concatenate([np.array(patterns, dtype=np.uint64).view(np.float64), wide,
+                        ties(fmt, codes, "float64"), SPECIALS.astype(np.float64),
+                        -SPECIALS.astype(np.float64)])
+    assert_fast_encode_is_reference(x, fmt, saturate)
+
+
+@pytest.mark.parametrize("fmt", SMALL, ids=str)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_decode_table_equals_reference_for_every_code(fmt, dtype):
+    if not fmt.fits_in(dtype):
+        return
+    codes = backend.from_host(np.arange(2 ** fmt.bits).astype(fmt.code_dtype))
+    fast = backend.to_host(decode(codes, fmt, dtype))
+    slow = backend.to_host(decode_reference(codes, fmt, dtype))
+    assert np.array_equal(fast.view(f"u{fast.itemsize}"), slow.view(f"u{slow.itemsize}"))
+    wide = backend.from_host(np.arange(2 ** fmt.bits).astype(np.int32))    # other int codes
+    assert np.array_equal(backend.to_host(decode(wide, fmt, dtype)).view(f"u{fast.itemsize}"),
+                          fast.view(f"u{fast.itemsize}"))

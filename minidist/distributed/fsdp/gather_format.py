@@ -53,16 +53,14 @@ class EncodedGather:
     def wait(self) -> list:
         fulls = self.inner.wait() if isinstance(self.inner, coll.GatheredDim0) else self.inner
         if not self.scaled:
-            return [decode(f, self.fmt).astype(d) for f, d in zip(fulls, self.dtypes)]
+            return decode_as_one(fulls, self.fmt, self.dtypes)
         codes, raw = fulls[:-1], fulls[-1]
         scales = xp.ascontiguousarray(raw).view(xp.float32).reshape(self.n, self.scaled)
-        out = []
-        for i, (f, d) in enumerate(zip(codes, self.dtypes)):
-            w = decode(f, self.fmt).astype(d)                          # (rows, ...)
-            c = chunk_sizes(f.shape[0], self.n)[0]
+        out = decode_as_one(codes, self.fmt, self.dtypes)
+        for i, (w, d) in enumerate(zip(out, self.dtypes)):
+            c = chunk_sizes(w.shape[0], self.n)[0]
             for r in range(self.n):               # rank r's rows, unscaled by its s_r
                 w[r * c:(r + 1) * c] /= scales[r, i].astype(d)
-            out.append(w)
         return out
 
 
@@ -78,13 +76,41 @@ def gather_pieces(pieces: list, lengths: list[int], group: ProcessGroup, policy:
     dtypes = [p.dtype for p in pieces]
     if policy.float8_all_gather:
         scales = [float8_scale(p) for p in pieces]
-        codes = [encode(p * s, fmt, saturate=True) for p, s in zip(pieces, scales)]
+        codes = encode_as_one([p * s for p, s in zip(pieces, scales)], fmt, saturate=True)
         raw = xp.asarray(scales, dtype=xp.float32).view(xp.uint8)     # (4 P,) bytes
         codes.append(raw)
         lengths = list(lengths) + [group.size * raw.size]              # every rank 4 P
     else:
-        codes = [encode(p, fmt) for p in pieces]
+        codes = encode_as_one(pieces, fmt)
     inner = coll.all_gather_dim0(codes, lengths, group, async_op)
     gathered = EncodedGather(inner, fmt, dtypes, len(pieces) if policy.float8_all_gather
                              else 0, group.size)
     return gathered if async_op else gathered.wait()
+
+
+def encode_as_one(pieces: list, fmt: Any, saturate: bool = False) -> list:
+    """``[encode(p, fmt, saturate) for p in pieces]``, by one ``encode`` of the pieces
+    side by side (a unit holds a dozen parameters, some of a few hundred elements: one
+    call instead of a dozen); each piece's codes a view of the one result."""
+    if len({str(p.dtype) for p in pieces}) != 1:         # mixed dtypes: one call each
+        return [encode(p, fmt, saturate=saturate) for p in pieces]
+    flat = encode(xp.concatenate([p.reshape(-1) for p in pieces]), fmt, saturate=saturate)
+    return split_like(flat, pieces)
+
+
+def decode_as_one(fulls: list, fmt: Any, dtypes: list) -> list:
+    """``[decode(f, fmt, d) for f, d in zip(fulls, dtypes)]`` by one ``decode`` of the
+    codes side by side; each result a view of the one decoded array."""
+    if len({str(d) for d in dtypes}) != 1:
+        return [decode(f, fmt, str(d)) for f, d in zip(fulls, dtypes)]
+    flat = decode(xp.concatenate([f.reshape(-1) for f in fulls]), fmt, str(dtypes[0]))
+    return split_like(flat, fulls)
+
+
+def split_like(flat: Any, arrays: list) -> list:
+    """Views of ``flat`` cut into the sizes and shapes of ``arrays``, in order."""
+    out, start = [], 0
+    for a in arrays:
+        out.append(flat[start:start + a.size].reshape(a.shape))
+        start += a.size
+    return out

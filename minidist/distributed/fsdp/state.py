@@ -52,7 +52,6 @@ from minidist.distributed.tensor import _collectives as coll
 from minidist.distributed.tensor._redistribute import DTensorSpec
 from minidist.distributed.tensor.placement_types import shard_slice
 from minidist.nn.module import Module, Parameter
-from minidist.precision import quantize
 from minidist.trace import recorder as trace
 
 
@@ -187,9 +186,8 @@ class FSDPState:
             self.schedule.order.append(self)
         if not (phase == "forward" and is_recomputing()):   # (the next unit is done with)
             self.prefetch(phase)
-        fmt = emulated_format(self.mp_policy.param_dtype)
-        if fmt is not None:
-            return [quantize(f, fmt) for f in fulls]
+        if emulated_format(self.mp_policy.param_dtype) is not None:
+            return fulls        # already the format's values: rounded before the gather
         dtype = self.mp_policy.param_dtype
         return fulls if dtype is None else [f.astype(dtype) for f in fulls]
 

@@ -27,12 +27,13 @@ raises if they can get stuck; the schedules here pass it for every (p, m, v),
 and the real run waits on exactly those dependencies. Messages are told apart
 by tag (kind, chunk, micro-batch), so arrival order does not matter.
 
-Measurement (clock.py): each op's start and end are recorded;
-``measured_bubble`` turns them into the bubble fraction of calc.pipeline, and
-the largest number of micro-batches whose activations a rank held at once is
-counted (GPipe: m; 1F1B: p - r), a micro-batch being held from its F to its W
-(to its B when the backward is not split). ``op_seconds`` pads every op to a
-fixed length, ``op_costs`` records a logical clock instead (clock.py).
+Two consecutive pieces on one rank (the V placement of zb_v and dualpipe_v: the last
+rank holds pieces p - 1 and p) hand their activation and gradient over in memory, as
+torch's stages on one rank do (``set_local_fwd_input``): a copy, no message. Per
+micro-batch a rank sends one message per link to a neighbouring piece on another rank:
+1F1B one (rank 0 an activation, the last rank a gradient) or two (the others); the V
+schedules twice that (two pieces a rank, 2p - 1 cuts instead of p - 1), every message
+an activation's size: at p = 2, 2m messages a rank against 1F1B's m.
 """
 from __future__ import annotations
 
@@ -90,6 +91,8 @@ class Neighbours:
         self.p = dist.get_world_size(group)
         self.shape, self.dtype, self.clock = shape, dtype, clock
         self.sends: list = []    # pending isends; their arrays must live until waited on
+        self.me = dist.get_rank()    # global rank: pieces held here hand over in memory
+        self.local: dict = {}    # (kind, sender, mb) -> (array, clock stamp) for a piece here
 
     def _tag(self, kind: str, sender: int, mb: int) -> int:
         return _TAG_BASE + (_KINDS.index(kind) * self.pieces + sender) * self.m + mb
@@ -101,6 +104,11 @@ class Neighbours:
 
     def receive(self, kind: str, sender: int, mb: int) -> Any:
         """Micro-batch ``mb``'s activation ("F") or gradient ("B") from piece ``sender``."""
+        if self._rank_of(sender) == self.me:           # a piece of this rank: in memory
+            buf, sent_at = self.local.pop((kind, sender, mb))
+            if self.clock.logical:
+                self.clock.arrived(sent_at)
+            return buf
         buf = xp.empty(self.shape, dtype=self.dtype)
         dist.recv(buf, self._rank_of(sender), self.group, self._tag(kind, sender, mb))
         if self.clock.logical:
@@ -114,6 +122,13 @@ class Neighbours:
         """Start sending ``arr`` from piece ``sender`` to piece ``receiver``."""
         arr = xp.ascontiguousarray(arr)
         dst = self._rank_of(receiver)
+        if dst == self.me:                 # a copy, as the receive buffer would have been
+            if tuple(arr.shape) != tuple(self.shape):
+                raise ValueError(f"piece {sender} passes piece {receiver} an array of shape "
+                                 f"{tuple(arr.shape)}; activation_shape is {tuple(self.shape)}")
+            stamp = self.clock.stamp() if self.clock.logical else 0.0
+            self.local[(kind, sender, mb)] = (arr.astype(self.dtype, copy=True), stamp)
+            return
         self.sends.append((dist.isend(arr, dst, self.group, self._tag(kind, sender, mb)), arr))
         if self.clock.logical:
             stamp = backend.from_host([self.clock.stamp()], "float64")

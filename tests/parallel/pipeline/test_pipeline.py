@@ -323,3 +323,42 @@ def test_bubble_measured_in_processes_on_the_logical_clock_is_the_formula(world4
     if schedule in ("gpipe", "1f1b"):
         peaks = [peak for _, peak in results]
         assert peaks == [peak_inflight_microbatches(p, m, schedule, r) for r in range(p)]
+
+
+# -- what travels ------------------------------------------------------------------
+
+def bytes_sent_in_a_step(schedule, m, v, width):
+    """(bytes this rank sent during one step, one message's bytes)."""
+    from minidist.comm.group import world_group
+    p, r = dist.get_world_size(), dist.get_rank()
+    chunks = _dense_chunks(schedule, v, width)
+    inputs = [backend.from_host(np.ones((4, width))) for _ in range(m)]
+    ops = make_schedule(schedule, p, m, v)[r]
+    before = world_group().stats.bytes_sent
+    run_pipeline(ops, chunks, m, inputs, [None] * m, activation_shape=(4, width),
+                 dtype="float64", placement=placement(schedule))
+    return world_group().stats.bytes_sent - before
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_each_rank_sends_an_activation_and_a_gradient_only_across_ranks(world, schedule):
+    """Per micro-batch, piece s's activation goes to s + 1 and s + 1's gradient back:
+    a message only where the two pieces sit on different ranks (the V placements'
+    consecutive pieces on one rank hand over in memory, as torch's stages do)."""
+    p, width = world.world_size, 16
+    v, where = chunks_per_rank(schedule, 2), placement(schedule)
+    m = 2 * p
+    sent = [0] * p
+    for s in range(p * v - 1):
+        here = virtual_stage_rank(s, p, v, where)
+        there = virtual_stage_rank(s + 1, p, v, where)
+        if here != there:
+            sent[here] += m        # activations forward
+            sent[there] += m       # gradients back
+    got = world.run(bytes_sent_in_a_step, schedule, m, v, width)
+    assert got == [k * 4 * width * 8 for k in sent]
+
+
+def virtual_stage_rank(s, p, v, where):
+    """The rank holding piece s."""
+    return next(r for r in range(p) for c in range(v) if virtual_stage(r, c, p, where) == s)
