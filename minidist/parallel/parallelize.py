@@ -106,7 +106,7 @@ class ParallelLlama:
         self.sequence_parallel, self.cp_kind = sequence_parallel, cp_kind
         self.tp, self.pp, self.dp = groups.tp, groups.pp, groups.dp_replicate
         self.model = _tensor_parallel(model, groups.tp, sequence_parallel)       # 1
-        _context_parallel(self.model, groups.cp, cp_kind)                        # 2
+        _context_parallel(self.model, groups.cp, groups.tp, cp_kind)             # 2
         self.experts = _expert_parallel(self.model, groups)                      # 3
         p, pp_rank = _size(groups.pp), _rank(groups.pp)                          # 4
         virtual, self.placement = chunks_per_rank(schedule, virtual), placement(schedule)
@@ -227,11 +227,22 @@ def _tensor_parallel(model: Module, tp: Any, sequence_parallel: bool) -> Module:
     return twin
 
 
-def _context_parallel(model: Module, cp: Any, kind: str) -> None:
-    """Every attention of ``model`` over ``cp`` (context/llama.py)."""
-    if _size(cp) > 1:
-        from minidist.parallel.context.llama import context_parallel
-        context_parallel(model, cp, kind)
+def _context_parallel(model: Module, cp: Any, tp: Any, kind: str) -> None:
+    """Every attention of ``model`` over ``cp`` (context/llama.py). Ulysses regroups the
+    heads a rank holds after tensor parallelism (nh / tp and nkv / tp) over cp, so cp
+    must divide those."""
+    n, t = _size(cp), _size(tp)
+    if n == 1:
+        return
+    from minidist.parallel.context.llama import context_parallel
+    cfg = model.config
+    for name in ("num_attention_heads", "num_key_value_heads"):
+        if kind == "ulysses" and (getattr(cfg, name) // t) % n:
+            raise ValueError(f"Ulysses splits each rank's heads over cp: {name}="
+                             f"{getattr(cfg, name)} / tp={t} is not divisible by cp={n}; use "
+                             "ring attention (cp_kind='ring'), or degrees whose tp x cp "
+                             "divides the heads")
+    context_parallel(model, cp, kind)
 
 
 def _expert_parallel(model: Module, groups: MeshGroups) -> list:
