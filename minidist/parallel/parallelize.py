@@ -213,7 +213,8 @@ class ParallelLlama:
         stats = self.run_step(idx, targets)
         optimizer.step()
         optimizer.zero_grad()
-        self.model.update_moe_bias()
+        for moe in routers(self.model):          # DeepSeek-V3's bias (no-op when off)
+            moe.update_bias()
         return self.whole_loss(stats)
 
 
