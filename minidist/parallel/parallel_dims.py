@@ -26,7 +26,7 @@ all of cp and part of dp_shard, so dp_shard splits into
 The gradient norm adds each parameter's pieces over the dimensions that cut it
 (tp, dp_shard_cp, ep) and the stages over pp (parallel/clip.py). Every check raises a
 ``ParallelDimsError`` naming the fix (``minidist compare`` exits 2 on it).
-Docs: docs/compose.md.
+Docs: docs/3d_parallel.md, "Every dimension on one mesh".
 """
 from __future__ import annotations
 

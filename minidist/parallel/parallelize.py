@@ -37,7 +37,7 @@ The routers' statistics are summed over the ranks holding other tokens of the sa
 micro-batch: ``cp`` (parts of each sequence) and ``dp`` (other rows), never ``tp``
 (the same tokens). So every layout trains what one process trains on the same
 micro-batches: tests/parallel/test_parallelize.py, to 1e-12 in float64.
-Docs: docs/compose.md.
+Docs: docs/3d_parallel.md, "Every dimension on one mesh".
 """
 from __future__ import annotations
 
