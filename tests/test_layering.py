@@ -54,7 +54,8 @@ NUMPY_OK_MODULES = {"checkpoint/tree.py", "checkpoint/records.py",
 
 # Inside minidist.parallel, one strategy (a subpackage) may import another only where it
 # builds on it. strategy -> the strategies it may import (besides itself); the modules at
-# parallel/ level (three_d.py, diagnostics.py, clip.py) compose strategies and may import any.
+# parallel/ level (three_d.py, diagnostics.py, clip.py)
+# compose strategies and may import any.
 STRATEGIES = {
     "data": set(),
     "zero": {"data"},               # ZeRO is data parallelism with shards: its buckets, broadcast
@@ -64,7 +65,11 @@ STRATEGIES = {
     "expert": set(),
     "diloco": set(),                # a replica may be DDP / TP, but DiLoCo only sees a group
     "fault_tolerance": set(),       # a quorum over replicas; the replicas see only its group
-    "compare": {"three_d", "data", "zero"},   # runs (and times) the layouts 3D, DDP and ZeRO make
+    "compose": {"clip", "data", "tensor", "context", "expert", "pipeline"},   # every dimension
+                                    # on one mesh: each strategy applied in torchtitan's order
+    "compare": {"three_d", "compose", "data", "zero"},   # runs (and
+                                    # times) the layouts 3D, DDP, ZeRO or the composition of
+                                    # every dimension make
 }
 # Inside minidist.comm: transport moves bytes, collectives are built on it, the launcher
 # starts worlds of it. package -> what it may import (the modules at comm/ level, group,

@@ -16,6 +16,12 @@ there, where the bandwidth is). The group of dimension i holds the ranks that
 share every coordinate except i; every rank builds every group of every
 dimension, in the same order, as ``new_group`` requires.
 
+Flattening (torch's ``_flatten``): ``mesh["dp_shard", "cp"]._flatten("dp_shard_cp")``
+makes one dimension of several: its group holds the ranks that share every other
+coordinate (dp_shard x cp of them), and the root mesh answers the new name as
+it answers its own, alone or beside them (``mesh["dp_replicate", "dp_shard_cp"]``).
+torchtitan names its loss and gradient-norm groups so (parallel/compose/parallel_dims.py).
+
 The device type is "cpu" on the NumPy and guard backends and "cuda" on CuPy.
 ``comm.mesh.DeviceMesh(dp=, pp=, tp=)`` (the fixed pp x dp x cp x tp grid that
 ``minidist.distributed.DeviceMesh`` names) stays beside this one.
@@ -47,8 +53,13 @@ class DeviceMesh:
     """
 
     def __init__(self, device_type: str, ranks: list[int], shape: tuple[int, ...],
-                 groups: list[ProcessGroup], mesh_dim_names: tuple[str, ...] | None = None):
+                 groups: list[ProcessGroup], mesh_dim_names: tuple[str, ...] | None = None,
+                 root: "DeviceMesh | None" = None, root_dims: list | None = None):
         self.device_type = device_type
+        self._root = root if root is not None else self   # the mesh init_device_mesh made
+        # per dimension, the root's dimensions it spans (one, or several once flattened)
+        self._root_dims = [[d] for d in range(len(shape))] if root_dims is None else root_dims
+        self._flat: dict[str, tuple[list[int], ProcessGroup]] = {}   # root only: _flatten
         self._ranks = list(ranks)                 # flat, row-major over ``shape``
         self._shape = tuple(shape)
         self._groups = list(groups)               # one per mesh dimension, mine
@@ -113,20 +124,60 @@ class DeviceMesh:
         return world_group().rank
 
     def __getitem__(self, names: str | tuple[str, ...]) -> "DeviceMesh":
-        """The sub-mesh of the named dimensions through this rank (``mesh["tp"]``)."""
+        """The sub-mesh of the named dimensions through this rank (``mesh["tp"]``); a name
+        may be one that ``_flatten`` made."""
         names = (names,) if isinstance(names, str) else tuple(names)
-        dims = [self._dim_index(n) for n in names]
-        if len(set(dims)) != len(dims) or dims != sorted(dims):
+        spans = [self._span(n) for n in names]                  # (root dims, group) each
+        flat = [d for dims, _ in spans for d in dims]
+        if len(set(flat)) != len(flat) or flat != sorted(flat):
             raise ValueError(f"mesh[{names}]: name each dimension once, in the mesh's order "
                              f"{self.mesh_dim_names}")
+        return self._root._sub(names, spans)
+
+    def _span(self, name: str) -> tuple[list[int], ProcessGroup]:
+        """The root's dimensions that ``name`` covers, and this rank's group along them."""
+        if name in self._root._flat:
+            return self._root._flat[name]
+        d = self._dim_index(name)
+        return self._root_dims[d], self._groups[d]
+
+    def _sub(self, names: tuple, spans: list) -> "DeviceMesh":
+        """(root only) the mesh over ``spans``' root dimensions through this rank."""
+        dims = [d for span, _ in spans for d in span]
         ranks = []
         for sub in itertools.product(*(range(self._shape[d]) for d in dims)):
             coord = list(self._coord)
             for d, c in zip(dims, sub):
                 coord[d] = c
             ranks.append(self._ranks[_row_major(tuple(coord), self._shape)])
-        return DeviceMesh(self.device_type, ranks, tuple(self._shape[d] for d in dims),
-                          [self._groups[d] for d in dims], names)
+        shape = tuple(math.prod(self._shape[d] for d in span) for span, _ in spans)
+        return DeviceMesh(self.device_type, ranks, shape, [g for _, g in spans], names,
+                          root=self, root_dims=[list(span) for span, _ in spans])
+
+    def _flatten(self, mesh_dim_name: str) -> "DeviceMesh":
+        """This (sub-)mesh's dimensions as one, named ``mesh_dim_name`` on the root mesh
+        (torch's ``DeviceMesh._flatten``); every rank must call it, in the same order."""
+        root = self._root
+        if mesh_dim_name in (root.mesh_dim_names or ()) or mesh_dim_name in root._flat:
+            dims, _ = root._span(mesh_dim_name)
+            if dims == [d for span in self._root_dims for d in span]:
+                return root[mesh_dim_name]
+            raise ValueError(f"_flatten: the mesh already has a dimension {mesh_dim_name!r}")
+        dims = [d for span in self._root_dims for d in span]
+        others = [range(n) if d not in dims else range(1) for d, n in enumerate(root._shape)]
+        me, mine = world_group().rank, None
+        for base in itertools.product(*others):           # every rank builds every group
+            ranks = []
+            for sub in itertools.product(*(range(root._shape[d]) for d in dims)):
+                coord = list(base)
+                for d, c in zip(dims, sub):
+                    coord[d] = c
+                ranks.append(root._ranks[_row_major(tuple(coord), root._shape)])
+            group = world_group() if len(ranks) == get_world_size() else new_group(ranks)
+            if me in ranks:
+                mine = group
+        root._flat[mesh_dim_name] = (dims, mine)
+        return root[mesh_dim_name]
 
     def _dim_index(self, mesh_dim: int | str) -> int:
         if isinstance(mesh_dim, str):

@@ -15,13 +15,19 @@ tolerance); each subpackage's docstring is its map (idea, formula, files in read
 - compare/   one model, seed and batches under two layouts: per-step losses in ulps and the
              first gradient or parameter where they part (``minidist compare``); and one
              layout's step time and peak memory per rank (``minidist plan --measure``)
-- three_d.py      data x pipeline x tensor parallelism on one device mesh (``ThreeDParallelGPT``)
+- compose/   every dimension on one mesh: ``ParallelDims`` (the degrees, checked, and the
+             named world mesh: ep borrows dp_shard x cp; dp_cp, dp_shard_cp) and
+             ``parallelize_llama`` (tp, cp, ep, the pipeline and FSDP / HSDP composed on
+             it, in torchtitan's order)
+- three_d.py      data x pipeline x tensor parallelism on one device mesh (``ThreeDParallelGPT``):
+                  the composition with cp = ep = 1 and no dp_shard
 - diagnostics.py  what to ask a data-parallel run whose numbers look wrong
 - clip.py         ``clip_grad_norm_`` of a tensor / pipeline / 3D-parallel model: the whole
                   model's gradient norm, each parameter counted once
 
-One strategy imports another only where it builds on it: ZeRO on data; 3D on tensor,
-pipeline and data (tests/test_layering.py).
+One strategy imports another only where it builds on it: ZeRO on data; the composition
+(compose/, and 3D on it) on tensor, context, expert, pipeline, data and fully_shard
+(tests/test_layering.py).
 """
 from minidist.parallel.clip import clip_grad_norm_, parameters_to_count
 from minidist.parallel.context import (RingAttention, plan_work, ring_attention,
@@ -50,6 +56,8 @@ from minidist.parallel.tensor import (ColumnParallelLinear, ParallelBlock, Paral
 from minidist.parallel.diloco import DiLoCo
 from minidist.parallel.expert import (ExpertMesh, ExpertParallelMoE, expert_parallel,
                                       sync_expert_parallel_gradients)
+from minidist.parallel.compose import (ParallelDims, ParallelDimsError, ParallelLlama,
+                                       parallelize_gpt, parallelize_llama)
 from minidist.parallel.three_d import ThreeDParallelGPT
 from minidist.parallel.zero import Zero1, Zero2, Zero3
 
@@ -69,6 +77,9 @@ __all__ = ["DataParallelNaive", "DistributedDataParallel", "verify_parameter_syn
            "GPTPiece", "split_gpt", "pieces_of_rank", "pipeline_parameters",
            "sync_tied_gradients", "counted_parameters", "zb_h1", "zb_h2", "zb_v", "dualpipe_v",
            "chunks_per_rank", "placement", "ThreeDParallelGPT",
+           # every dimension on one mesh
+           "ParallelDims", "ParallelDimsError", "parallelize_llama", "parallelize_gpt",
+           "ParallelLlama",
            # DiLoCo (local SGD with an outer optimizer)
            "DiLoCo",
            # expert parallelism

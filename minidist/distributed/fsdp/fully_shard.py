@@ -88,13 +88,15 @@ from minidist.nn.module import Module, Parameter
 from minidist.nn.moe import routes_tokens
 
 
-def _managed_parameters(module: Module) -> dict[int, tuple[Parameter, list]]:
-    """Parameters of ``module``'s subtree that no inner fully_shard unit holds."""
+def _managed_parameters(module: Module, ignored: set[int] = frozenset()
+                        ) -> dict[int, tuple[Parameter, list]]:
+    """Parameters of ``module``'s subtree that no inner fully_shard unit holds and that
+    are not ``ignored`` (ids)."""
     found: dict[int, tuple[Parameter, list]] = {}
 
     def walk(m: Module) -> None:
         for name, p in m._parameters.items():
-            if p is not None:
+            if p is not None and id(p) not in ignored:
                 found.setdefault(id(p), (p, []))[1].append((m, name))
         for child in m._modules.values():
             if "_fsdp_state" not in child.__dict__:
@@ -175,19 +177,22 @@ class _GatheredParameters(Function):
 
 
 def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool | int = True,
-                mp_policy: MixedPrecisionPolicy | None = None) -> Module:
+                mp_policy: MixedPrecisionPolicy | None = None,
+                ignored_params: set | None = None) -> Module:
     """Shard ``module``'s parameters (those no inner unit holds) over ``mesh`` (default:
     the world), gathered around its forward and backward: a 1-D mesh places them
     Shard(0); a 2-D mesh (HSDP, hsdp.py) places them (Replicate(), Shard(0)), dim 0 the
     replicas, dim 1 the ranks that shard. ``reshard_after_forward``: True, False, or the
     size of a smaller group (a node) to keep them sharded over from forward to backward
-    (an int dividing the number of ranks that shard)."""
+    (an int dividing the number of ranks that shard). ``ignored_params``: parameters left
+    whole and alone (torch's name; their gradients are the caller's to reduce: experts
+    spread over an expert-parallel group inside the ranks that shard)."""
     dp = data_parallel_mesh(mesh)
     reshard_after_forward = _reshard_setting(reshard_after_forward, dp.shard_group.size)
     mp_policy = mp_policy or MixedPrecisionPolicy()
     mp_policy.check()
     state = FSDPState(dp, reshard_after_forward, mp_policy)
-    shard_parameters(module, state)
+    shard_parameters(module, state, {id(p) for p in ignored_params or ()})
     _join_schedules(module, state)
     object.__setattr__(module, "_fsdp_state", state)
     _add_methods(module)
@@ -210,11 +215,12 @@ def _reshard_setting(reshard_after_forward: bool | int, shard_size: int) -> bool
     return reshard_after_forward
 
 
-def shard_parameters(module: Module, state: FSDPState) -> None:
-    """Replace each parameter no inner unit holds by this rank's Shard(0) piece, and
-    record it in ``state.params`` (FSDP2's lifecycle, step 1: shard parameters)."""
+def shard_parameters(module: Module, state: FSDPState, ignored: set[int] = frozenset()) -> None:
+    """Replace each parameter no inner unit holds (and not ``ignored``) by this rank's
+    Shard(0) piece, and record it in ``state.params`` (FSDP2's lifecycle, step 1: shard
+    parameters)."""
     mesh = state.mesh
-    managed = _managed_parameters(module)
+    managed = _managed_parameters(module, ignored)
     names = {id(p): n for n, p in module.named_parameters()}
     for dim in range(mesh.ndim):                # every rank of the mesh holds a batch
         refuse_pieces_as_replicas([(names.get(key, "?"), p) for key, (p, _) in managed.items()],

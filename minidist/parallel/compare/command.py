@@ -5,9 +5,10 @@ both losses and their ulps, then the first tensor where they part and why.
     minidist compare --a "tp=2 amp=bf16" --b "tp=2" --dtype float32 --assert-equal
 
 Exit 0, or 1 with --assert-equal when a tensor is past the tolerance; 2 on a usage
-error (an unknown dimension, degrees that do not multiply to --world-size, a
-dimension not composed yet, a layout the model refuses: heads that a tp degree does
-not divide, micro-batches an interleaved schedule cannot spread), with a message
+error (an unknown dimension, degrees that do not multiply to --world-size, ep that
+cannot borrow from dp_shard x cp, a layout the model refuses: cp on the GPT, ep not
+dividing the experts, a --block the zigzag layout cannot split, heads that a tp degree
+does not divide, micro-batches an interleaved schedule cannot spread), with a message
 naming the fix.
 """
 from __future__ import annotations
@@ -22,8 +23,9 @@ import numpy as np
 from minidist.comm.errors import RankFailedError
 from minidist.parallel.compare.api import Report, compare
 from minidist.parallel.compare.diff import Tolerance
-from minidist.parallel.compare.layout import LayoutError, check_layout, parse_layout
-from minidist.parallel.compare.run import RunSpec
+from minidist.parallel.compare.layout import (DEGREES, Layout, LayoutError, check_layout,
+                                              parse_layout)
+from minidist.parallel.compare.run import RunSpec, model_config
 
 CORPUS = pathlib.Path(__file__).resolve().parents[3] / "demos" / "data" / "corpus.txt"
 
@@ -32,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
     parser.add_argument("--a", required=True, help='a layout, e.g. "dp_replicate=2 tp=2"')
     parser.add_argument("--b", default="single", help="the reference layout (default: single)")
     parser.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
-    parser.add_argument("--model", choices=("gpt", "llama"), default="gpt")
+    parser.add_argument("--model", choices=("gpt", "llama", "moe_llama"), default="gpt",
+                        help="moe_llama: 4 experts a layer, top 2, with the balancing loss")
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     parser.add_argument("--batch", type=int, default=4, help="global batch rows (default 4)")
     parser.add_argument("--block", type=int, default=8, help="characters per row (default 8)")
@@ -77,6 +80,46 @@ def print_report(report: Report) -> None:
     print(f"cause: {part.cause}: {part.why}")
 
 
+def check_model_layout(spec: RunSpec, layout: Layout, text: str) -> None:
+    """Refuse a layout the model cannot take: cp on the GPT (no positions to give a shard),
+    ep without experts or not dividing them, a --block the zigzag layout cannot split."""
+    from minidist.parallel.compose.parallel_dims import ParallelDims, ParallelDimsError
+    if layout.cp > 1 and spec.model == "gpt":
+        raise LayoutError(f"layout {text!r}: cp needs a model with rotary positions (each "
+                          "rank's shard at its global positions): use --model llama or "
+                          "moe_llama")
+    dims = ParallelDims(**{d: getattr(layout, d) for d in DEGREES})
+    try:
+        dims.check_model(model_config(spec), spec.batches[0][0].shape[1])
+    except ParallelDimsError as e:
+        raise LayoutError(f"layout {text!r}: {e}") from None
+
+
+def microbatch_rows(layout: Layout, rows: int) -> list:
+    """The batch's rows each micro-batch routes together: micro-batch j holds every data
+    shard's j-th rows (one group of all rows for ``single``)."""
+    if layout.single:
+        return [list(range(rows))]
+    dp, m = layout.dp_replicate * layout.dp_shard, layout.microbatches
+    mine, mb = rows // dp, rows // dp // m
+    return [sorted(d * mine + j * mb + i for d in range(dp) for i in range(mb))
+            for j in range(m)]
+
+
+def refuse_other_microbatches(spec: RunSpec, a: Layout, b: Layout) -> None:
+    """An MoE balancing loss counts each micro-batch's tokens (f_i), so two layouts that
+    group the rows into other micro-batches train other objectives: refused."""
+    if spec.model != "moe_llama":
+        return
+    rows = spec.batches[0][0].shape[0]
+    if microbatch_rows(a, rows) != microbatch_rows(b, rows):
+        raise LayoutError(
+            f"layouts {str(a)!r} and {str(b)!r} route other micro-batches together "
+            f"({microbatch_rows(a, rows)} against {microbatch_rows(b, rows)}), and the MoE "
+            "balancing loss counts each micro-batch's tokens: they train other objectives. "
+            "Give both mb=1 (pipelines: the same mb and dp_replicate x dp_shard)")
+
+
 def _last_line(e: Exception) -> str:
     """A rank's ValueError message (the last line of its traceback), or the error's own."""
     text = e.remote_traceback if isinstance(e, RankFailedError) else str(e)
@@ -95,11 +138,14 @@ def run(ns: argparse.Namespace) -> int:
                                   f"dp_replicate x dp_shard x mb = {rows} equal pieces; pick a multiple")
         if ns.steps < 1:
             raise LayoutError("--steps must be at least 1")
+        vocab, batches = corpus_batches(ns.corpus, ns.steps, ns.batch, ns.block, ns.seed)
+        spec = RunSpec(batches, vocab, ns.model, ns.dtype, ns.seed)
+        for layout, text in ((a, ns.a), (b, ns.b)):
+            check_model_layout(spec, layout, text)
+        refuse_other_microbatches(spec, a, b)
     except LayoutError as e:
         print(f"minidist compare: error: {e}", file=sys.stderr)
         return 2
-    vocab, batches = corpus_batches(ns.corpus, ns.steps, ns.batch, ns.block, ns.seed)
-    spec = RunSpec(batches, vocab, ns.model, ns.dtype, ns.seed)
     try:
         report = compare(spec, a, b, Tolerance(ns.atol, ns.rtol, ns.bitwise))
     except (ValueError, RankFailedError) as e:

@@ -5,15 +5,14 @@
     parse_layout("single")                   # one process, the plain model: the oracle
     parse_layout("tp=2 amp=bf16")            # matmuls rounded to bf16 (precision/autocast)
 
-The degrees are torchtitan's ``ParallelDims``: ``dp_replicate`` (DDP replicas),
-``dp_shard`` (FSDP), ``cp`` (context), ``tp`` (Megatron tensor), ``pp`` (pipeline),
-``ep`` (experts); ``dp`` is read as ``dp_replicate``. World size = the product
-of dp_replicate, dp_shard, cp, tp and pp (ep borrows from dp_shard x cp). Today a
-layout runs on the 3D entry point (parallel/three_d.py: dp_replicate x pp x tp),
-or dp_shard alone on fully_shard (FSDP2, a block per unit); cp, ep, and dp_shard
-beside another dimension, are refused with a message until one parallelize
-composes every dimension. Every refusal is a ``LayoutError`` (the command's exit 2)
-that names the fix.
+The degrees are torchtitan's ``ParallelDims`` (parallel/compose/parallel_dims.py): ``dp_replicate``
+(DDP replicas), ``dp_shard`` (FSDP), ``cp`` (context), ``tp`` (Megatron tensor), ``pp``
+(pipeline), ``ep`` (experts); ``dp`` is read as ``dp_replicate``. World size = the
+product of dp_replicate, dp_shard, cp, tp and pp (ep borrows from dp_shard x cp). A
+layout of dp_replicate, tp and pp alone runs on the 3D entry point
+(parallel/three_d.py); any other on ``parallelize_llama`` / ``parallelize_gpt``
+(parallel/compose/parallelize.py), of which the 3D entry point is the case cp = ep = 1 without
+dp_shard. Every refusal is a ``LayoutError`` (the command's exit 2) that names the fix.
 """
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep")   # torchtitan's 
 ALIASES = {"dp": "dp_replicate"}
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_v")
 AMP = ("bf16", "fp16")
-COMPOSED = ("dp_replicate", "tp", "pp")       # what parallel/three_d.py composes today
-ALONE = ("dp_shard",)                         # fully_shard, with no other dimension above 1
+THREE_D = ("dp_replicate", "tp", "pp")        # what parallel/three_d.py composes
 
 
 class LayoutError(ValueError):
@@ -99,18 +97,20 @@ def parse_layout(text: str) -> Layout:
 
 
 def check_layout(layout: Layout, text: str, world_size: int | None = None) -> None:
-    """Refuse what cannot run today, naming the fix."""
+    """Refuse what cannot run, naming the fix (ParallelDims' rules)."""
+    from minidist.parallel.compose.parallel_dims import ParallelDims, ParallelDimsError
     if layout.single and any(getattr(layout, d) > 1 for d in DEGREES):
         raise LayoutError(f"layout {text!r}: 'single' is one process; drop the degrees")
-    above_one = [d for d in DEGREES if getattr(layout, d) > 1]
-    if any(d in ALONE for d in above_one) and len(above_one) > 1:
-        raise LayoutError(f"layout {text!r}: dp_shard (fully_shard) runs alone here; compare "
-                          f"dp_shard=N by itself, or {', '.join(COMPOSED)} together")
-    for d in DEGREES:
-        if getattr(layout, d) > 1 and d not in COMPOSED + ALONE:
-            raise LayoutError(f"layout {text!r}: {d}={getattr(layout, d)} is not composed with "
-                              f"the other dimensions yet; use {', '.join(COMPOSED)}, or dp_shard alone")
+    try:
+        ParallelDims(**{d: getattr(layout, d) for d in DEGREES})
+    except ParallelDimsError as e:
+        raise LayoutError(f"layout {text!r}: {e}") from None
     if world_size is not None and not layout.single and layout.world_size != world_size:
         product = " x ".join(f"{d}={getattr(layout, d)}" for d in DEGREES if d != "ep")
         raise LayoutError(f"layout {text!r}: {product} is {layout.world_size} ranks, not the "
                           f"world size {world_size}; make the degrees multiply to {world_size}")
+
+
+def runs_on_three_d(layout: Layout) -> bool:
+    """Whether the layout is one of the 3D entry point's (dp_replicate, tp, pp only)."""
+    return all(getattr(layout, d) == 1 for d in DEGREES if d not in THREE_D)

@@ -9,7 +9,9 @@ travels with the dense positions of its elements:
 
     piece = (index (k,), values (k,))     dense.flat[index] == values
 
-``single`` is the plain model in one process: every tensor whole (index None).
+``single`` is the plain model in one process: every tensor whole (index None). A layout
+of dp_replicate, tp and pp runs on the 3D entry point, any other on parallelize_llama (or
+parallelize_gpt): FSDP pieces travel with their dense indices the same way.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from minidist import backend
 from minidist.nn import GPT, GPTConfig
 from minidist.nn.llama import Llama, LlamaConfig
 from minidist.optim import SGD
-from minidist.parallel.compare.layout import Layout
+from minidist.parallel.compare.layout import DEGREES, Layout, runs_on_three_d
 from minidist.precision import autocast
 
 
@@ -29,7 +31,8 @@ class RunSpec:
     """What both runs share."""
     batches: list                 # [(idx (B, T), targets (B, T))] as host int arrays, one a step
     vocab_size: int               # the corpus's characters
-    model: str = "gpt"            # "gpt" | "llama"
+    model: str = "gpt"            # "gpt" | "llama" | "moe_llama" (4 experts, top 2, its
+                                  # balancing loss)
     dtype: str = "float64"        # parameters and activations
     seed: int = 0                 # weight init
     lr: float = 0.1               # SGD's
@@ -53,10 +56,13 @@ def model_config(spec: RunSpec) -> GPTConfig | LlamaConfig:
     """A small GPT or Llama for the corpus (4 layers: every pipeline schedule splits it;
     untied embeddings, whose two gradient halves a pipeline would add in another order)."""
     block = spec.batches[0][0].shape[1]
-    if spec.model == "llama":
+    if spec.model in ("llama", "moe_llama"):
+        moe = dict(num_local_experts=4, num_experts_per_tok=2,
+                   router_aux_loss_coef=0.02) if spec.model == "moe_llama" else {}
         return LlamaConfig(vocab_size=spec.vocab_size, hidden_size=16, intermediate_size=32,
                            num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=2,
-                           max_position_embeddings=block, dtype=spec.dtype, seed=spec.seed)
+                           max_position_embeddings=block, dtype=spec.dtype, seed=spec.seed,
+                           **moe)
     return GPTConfig(block_size=block, vocab_size=spec.vocab_size, n_layer=4, n_head=2,
                      n_embd=16, tie_weights=False, dtype=spec.dtype, seed=spec.seed)
 
@@ -86,44 +92,36 @@ def _pieces(arrays: dict, index: dict) -> dict:
             for name, a in arrays.items() if a is not None}
 
 
+def _dense(spec: RunSpec) -> Any:
+    cfg = model_config(spec)
+    return Llama(cfg) if isinstance(cfg, LlamaConfig) else GPT(cfg)
+
+
 def _build(spec: RunSpec, layout: Layout) -> tuple[Any, dict, dict]:
     """(model, {name: parameter}, {name: flat dense indices of this rank's piece})."""
-    cfg = model_config(spec)
     if layout.single:
-        model = Llama(cfg) if spec.model == "llama" else GPT(cfg)
+        model = _dense(spec)
         return model, dict(model.named_parameters()), {}
-    if layout.dp_shard > 1:
-        return _build_fsdp(spec, layout)
-    from minidist.comm import DeviceMesh
-    from minidist.parallel.three_d import ThreeDParallelGPT
-    mesh = DeviceMesh(dp=layout.dp_replicate, pp=layout.pp, tp=layout.tp)
     virtual = 2 if layout.schedule == "interleaved" else 1
-    model = ThreeDParallelGPT(cfg, mesh, layout.microbatches, layout.schedule, virtual)
-    dense = Llama(cfg) if spec.model == "llama" else GPT(cfg)
+    if runs_on_three_d(layout):
+        from minidist.comm import DeviceMesh
+        from minidist.parallel.three_d import ThreeDParallelGPT
+        mesh = DeviceMesh(dp=layout.dp_replicate, pp=layout.pp, tp=layout.tp)
+        model = ThreeDParallelGPT(model_config(spec), mesh, layout.microbatches,
+                                  layout.schedule, virtual)
+    else:
+        from minidist.parallel.compose.parallel_dims import ParallelDims
+        from minidist.parallel.compose.parallelize import parallelize_gpt, parallelize_llama
+        dims = ParallelDims(**{d: getattr(layout, d) for d in DEGREES})
+        dense = _dense(spec)
+        make = parallelize_llama if isinstance(dense.config, LlamaConfig) else parallelize_gpt
+        model = make(dense, dims.build_mesh(), dims, layout.microbatches, layout.schedule,
+                     virtual)
     xp = backend.xp
     flat = {n: xp.arange(q.data.size, dtype="int64").reshape(q.data.shape)
-            for n, q in dense.named_parameters()}
+            for n, q in _dense(spec).named_parameters()}
     index = {n: backend.to_host(a).reshape(-1).copy() for n, a in model.shard_of(flat).items()}
     return model, model.named_parameters(), index
-
-
-def _build_fsdp(spec: RunSpec, layout: Layout) -> tuple[Any, dict, dict]:
-    """fully_shard per block and the root: each parameter a Shard(0) piece (FSDP2)."""
-    from minidist.distributed.device_mesh import init_device_mesh
-    from minidist.distributed.fsdp import fully_shard
-    from minidist.distributed.tensor import Shard, distribute_tensor
-    cfg = model_config(spec)
-    model = Llama(cfg) if spec.model == "llama" else GPT(cfg)
-    mesh = init_device_mesh(backend.device_type(), (layout.dp_shard,))
-    index = {}
-    for name, q in model.named_parameters():
-        flat = backend.xp.arange(q.data.size, dtype="int64").reshape(q.data.shape)
-        piece = distribute_tensor(flat, mesh, [Shard(0)]).to_local().data
-        index[name] = backend.to_host(piece).reshape(-1).copy()
-    for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model, dict(model.named_parameters()), index
 
 
 def run_layout(spec: RunSpec, layout: Layout, plant: Plant | None = None) -> list[StepRecord]:
@@ -145,17 +143,17 @@ def run_layout(spec: RunSpec, layout: Layout, plant: Plant | None = None) -> lis
 
 
 def _step(model: Any, layout: Layout, idx: Any, tgt: Any, opt: _Recording) -> float | None:
-    """One step: the 3D entry point's, or forward and backward on this rank's rows (FSDP:
-    its data shard; single: the whole batch) and the optimizer's."""
-    if not layout.single and layout.dp_shard == 1:
-        return model.train_step(idx, tgt, opt)
-    if layout.dp_shard > 1:
-        import minidist.distributed as dist
-        rows = idx.shape[0] // layout.dp_shard
-        mine = slice(dist.get_rank() * rows, (dist.get_rank() + 1) * rows)
-        idx, tgt = idx[mine], tgt[mine]
-    _, loss = model(idx, tgt)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    return float(loss.item())
+    """One step: the 3D entry point's (its data shard's loss on the last stage), the
+    composed one's (the batch's loss, kept on rank 0 only: every rank holds the same), or
+    forward and backward of the whole batch and the optimizer's (single)."""
+    if layout.single:
+        _, loss = model(idx, tgt)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return float(loss.item())
+    loss = model.train_step(idx, tgt, opt)
+    if runs_on_three_d(layout):
+        return loss
+    import minidist.distributed as dist
+    return loss if dist.get_rank() == 0 else None

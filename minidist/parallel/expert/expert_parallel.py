@@ -74,6 +74,17 @@ class ExpertMesh:
                 self.dp_group = g
         self.world_group = dist.new_group(list(range(world)))
 
+    @classmethod
+    def of_groups(cls, ep_group: Any, dp_group: Any, world_group: Any) -> "ExpertMesh":
+        """The same roles from groups a larger mesh already made (parallel/compose/parallelize.py:
+        ``ep`` borrowed from dp_shard x cp, the expert replicas, the ranks of the batch)."""
+        mesh = cls.__new__(cls)
+        mesh.ep, mesh.dp = dist.get_world_size(ep_group), dist.get_world_size(dp_group)
+        mesh.world = dist.get_world_size(world_group)
+        mesh.ep_rank, mesh.dp_rank = dist.get_rank(ep_group), dist.get_rank(dp_group)
+        mesh.ep_group, mesh.dp_group, mesh.world_group = ep_group, dp_group, world_group
+        return mesh
+
 
 class ExpertParallelMoE(MoE):
     """An ``MoE`` whose experts live on the ranks of ``mesh.ep_group`` (module docstring).

@@ -25,14 +25,14 @@ A global gradient norm counts that matrix once, on the first stage
 from __future__ import annotations
 
 import weakref
+from functools import partial
 from typing import Any, Sequence
 
 import minidist.distributed as dist
-from minidist.autograd.activation_checkpoint import checkpoint
-from minidist.autograd.selective_checkpoint import policy_of
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn.module import Module, ModuleList
+from minidist.nn.moe import layer_mean_probs, routing_mlp, run_block
 from minidist.parallel.pipeline.executor import split_layers
 
 _TIED_TAG = (1 << 20) - 1
@@ -42,11 +42,15 @@ _stages: "weakref.WeakKeyDictionary[Module, int]" = weakref.WeakKeyDictionary()
 class GPTPiece(Module):
     """Blocks ``layers`` of ``model``; with the embeddings if first, the head if last."""
 
-    def __init__(self, model: Module, layers: range, first: bool, last: bool):
+    def __init__(self, model: Module, layers: range, first: bool, last: bool, index: int = 0,
+                 carry_balance: bool = False):
         super().__init__()
-        refuse_balancing_losses(model)
+        if not (carry_balance and pooled_balance_only(model)):
+            refuse_balancing_losses(model)
         object.__setattr__(self, "model", model)      # not registered: only the parts below
-        self.first, self.last, self.layers = first, last, layers
+        self.first, self.last, self.layers, self.index = first, last, layers, index
+        self.relay = None          # a BalanceRelay (balance.py) when the model balances by loss
+        self.position_ids = None   # this rank's tokens' global positions (context parallel)
         embedding, head = model.stage_ends()               # {name: module} each
         for name, module in (embedding.items() if first else ()):
             setattr(self, name, module)
@@ -57,14 +61,36 @@ class GPTPiece(Module):
     def forward(self, x: Any, targets: Any = None) -> Tensor:
         if self.first:
             x = self.model.embed(x)                                    # (B, T, C)
+        if self.relay is None and pooled_balance_only(self.model):
+            raise ValueError("this piece was cut with carry_balance=True but has no relay: "
+                             "set piece.relay = balance_relay(...) (pipeline/balance.py)")
         # config.checkpoint: each block recomputed in its backward, as in the whole model
         recompute = getattr(self.model.config, "checkpoint", False)    # True or "selective"
         recompute = recompute if self.model.training else False
+        routings, probs = [], []        # this piece's routers' decisions and P (with graph)
         for block in self.blocks:
-            x = checkpoint(block, x, policy=policy_of(recompute)) if recompute else block(x)
+            run = block
+            if self.position_ids is not None:       # a Llama layer: RoPE at these positions
+                run = partial(block, position_ids=self.position_ids)
+            moe = routing_mlp(block)
+            x, p = run_block(run, moe, x, layer_mean_probs, recompute)
+            if p is not None:
+                routings.append(moe.last)
+                probs.append(p)
         if self.last:
-            return self.model.head(x, targets)[1]                      # scalar loss
-        return x
+            loss = self.model.head(x, targets)[1]                      # scalar loss
+            if self.relay is None:
+                return loss
+            return self.relay.loss(self.index, loss, routings, probs)
+        return x if self.relay is None else self.relay.carry(self.index, x, routings, probs)
+
+
+def pooled_balance_only(model: Module) -> bool:
+    """Whether the model's one balancing term is a Llama's pooled loss (what a
+    BalanceRelay carries across pieces), with no per-layer loss (the GPT's)."""
+    moes = model.moe_layers() if hasattr(model, "moe_layers") else []
+    pooled = getattr(model.config, "router_aux_loss_coef", 0.0)
+    return bool(moes and pooled) and not any(moe.aux_coef or moe.z_coef for moe in moes)
 
 
 def refuse_balancing_losses(model: Module) -> None:
@@ -79,15 +105,22 @@ def refuse_balancing_losses(model: Module) -> None:
             "a pipeline trains on the cross-entropy alone, so the MoE balancing loss of "
             f"{len(moes)} layer(s) would be lost: turn it off (GPTConfig(moe_aux_coef=0, "
             "moe_z_coef=0), LlamaConfig(router_aux_loss_coef=0)) and balance with "
-            "GPTConfig(moe_bias_rate=...) instead, or train without a pipeline")
+            "GPTConfig(moe_bias_rate=...) instead, or train without a pipeline; a Llama's "
+            "pooled loss each stage can add its share of: split_gpt(..., carry_balance=True) "
+            "with a BalanceRelay (pipeline/balance.py), as parallelize_llama does")
 
 
-def split_gpt(model: Module, stages: int, virtual: int = 1) -> list[GPTPiece]:
-    """All p v pieces of ``model``, in model order (piece k = chunk k // p of rank k % p)."""
+def split_gpt(model: Module, stages: int, virtual: int = 1,
+              carry_balance: bool = False) -> list[GPTPiece]:
+    """All p v pieces of ``model``, in model order (piece k = chunk k // p of rank k % p).
+    ``carry_balance``: a Llama's pooled balancing loss is carried across the pieces
+    (each then needs its ``relay``, pipeline/balance.py); otherwise a balancing loss
+    is refused."""
     n = stages * virtual
     ranges = split_layers(len(model.blocks), n)
     _stages[model] = stages
-    return [GPTPiece(model, ranges[k], k == 0, k == n - 1) for k in range(n)]
+    return [GPTPiece(model, ranges[k], k == 0, k == n - 1, k, carry_balance)
+            for k in range(n)]
 
 
 def pipeline_stages(model: Module) -> int:

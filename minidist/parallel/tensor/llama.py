@@ -22,7 +22,11 @@ logit columns so that every rank picks from the whole vocabulary (an argmax over
 own V/t columns would return a local index of the wrong token). With ``sequence_parallel``
 the residual stream and the RMSNorms hold T/t positions per rank; attention still
 sees all T positions (the column layers all-gather them), so RoPE's positions are
-the global ones without further care. ``async_tp`` (with ``sequence_parallel``) fuses
+the global ones without further care. An MoE layer (``num_local_experts``) is not
+cut: every rank of the group routes the same (whole) tokens through the whole MoE and
+gets the same gradients, so its experts can go over an expert-parallel group of other
+ranks instead (parallel/compose/parallelize.py); this needs every position on every rank, so
+not with ``sequence_parallel``. ``async_tp`` (with ``sequence_parallel``) fuses
 each column layer's gather and each row layer's reduce-scatter with its matmul
 (async_tp.py); q, k and v then each gather the positions on their own ring.
 """
@@ -37,6 +41,7 @@ from minidist.nn import functional as F
 from minidist.nn.layers import RMSNorm
 from minidist.nn.generate import generate
 from minidist.nn.llama import Llama, LlamaConfig
+from minidist.nn.moe import routes_tokens
 from minidist.parallel.tensor.layers import (ColumnParallelLinear, RowParallelLinear,
                                              check_async_tp, shard_state_dict)
 from minidist.parallel.tensor.mappings import copy_to_tp, gather_from_tp
@@ -68,6 +73,19 @@ def check_tensor_parallel(cfg: LlamaConfig, t: int) -> None:
                              f"{t}{extra}")
 
 
+def check_sequence_parallel(cfg: LlamaConfig, t: int) -> None:
+    """Refuse what sequence parallelism cannot cut: positions, an MoE layer."""
+    if cfg.num_local_experts:
+        raise ValueError("a Llama with MoE layers keeps each MoE whole on every rank of the "
+                         "tensor-parallel group (its experts go over an expert-parallel "
+                         "group, minidist.parallel.expert), which needs every position "
+                         "there: train it without sequence_parallel")
+    if cfg.max_position_embeddings % t:
+        raise ValueError(f"sequence parallelism splits positions: max_position_embeddings="
+                         f"{cfg.max_position_embeddings} is not divisible by the "
+                         f"tensor-parallel size {t}")
+
+
 class TensorParallelLlama(Llama):
     """Llama(cfg) split over the tensor-parallel ``group`` (see the module docstring).
 
@@ -78,14 +96,8 @@ class TensorParallelLlama(Llama):
         t = dist.get_world_size(group)
         check_tensor_parallel(cfg, t)
         check_async_tp(async_tp, sequence_parallel)
-        if cfg.num_local_experts:
-            raise ValueError("tensor parallelism here splits dense SwiGLU MLPs; a Llama with "
-                             "MoE layers (num_local_experts > 0) is split by expert "
-                             "parallelism instead (minidist.parallel.expert_parallel)")
-        if sequence_parallel and cfg.max_position_embeddings % t:
-            raise ValueError(f"sequence parallelism splits positions: max_position_embeddings="
-                             f"{cfg.max_position_embeddings} is not divisible by the "
-                             f"tensor-parallel size {t}")
+        if sequence_parallel:
+            check_sequence_parallel(cfg, t)
         super().__init__(cfg)                         # the dense model: its weights, its seed
         dense = {name: p.data for name, p in self.named_parameters()}
         self.group, self.sequence_parallel = group, sequence_parallel
@@ -114,9 +126,10 @@ class TensorParallelLlama(Llama):
             attn.v_proj = column(C, nkv * hd, qkv_bias)
             attn.o_proj = row(nh * hd, C, qkv_bias)
             attn.n_head, attn.n_kv_head = nh // t, nkv // t
-            mlp.gate_proj = column(C, H, cfg.mlp_bias)
-            mlp.up_proj = column(C, H, cfg.mlp_bias)
-            mlp.down_proj = row(H, C, cfg.mlp_bias)
+            if not routes_tokens(mlp):        # an MoE stays whole (module docstring)
+                mlp.gate_proj = column(C, H, cfg.mlp_bias)
+                mlp.up_proj = column(C, H, cfg.mlp_bias)
+                mlp.down_proj = row(H, C, cfg.mlp_bias)
             layer.input_layernorm, layer.post_attention_layernorm = norm(), norm()
         self.model.norm = norm()
         self.lm_head = column(C, cfg.vocab_size, False)

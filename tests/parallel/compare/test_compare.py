@@ -40,6 +40,25 @@ def test_a_layout_equals_one_process_to_0_ulps_in_float64(world2, layout):
     assert (exact.parting.step, exact.parting.cause) == (0, REORDERED)
 
 
+@pytest.mark.parametrize("model, layout", [("llama", "cp=2"), ("moe_llama", "dp_shard=2 ep=2"),
+                                           ("moe_llama", "pp=2 schedule=gpipe"),
+                                           ("moe_llama", "cp=2 ep=2")])
+def test_a_composed_layout_equals_one_process_within_the_tolerance(world2, model, layout):
+    """Context and expert parallelism, and a pipeline carrying the balancing loss, which
+    the 3D entry point did not compose: no tensor parts from one process."""
+    vocab, batches = corpus_batches(str(CORPUS), 2, 4, 8, seed=0)
+    report = compare(RunSpec(batches, vocab, model), parse_layout(layout),
+                     parse_layout("single"), worlds={2: world2})
+    assert report.parting is None and max(line.ulps for line in report.steps) <= 4
+
+
+def test_two_four_rank_layouts_of_the_moe_llama_part_nowhere():
+    vocab, batches = corpus_batches(str(CORPUS), 2, 4, 8, seed=1)
+    report = compare(RunSpec(batches, vocab, "moe_llama"), parse_layout("pp=2 cp=2"),
+                     parse_layout("dp_shard=2 tp=2 ep=2"))
+    assert report.parting is None and max(line.ulps for line in report.steps) <= 4
+
+
 def double_one_gradient(step, rank, named):
     """The planted bug: on rank 1, from step 1, one gradient scaled by 2."""
     if rank == 1 and step >= 1 and SCALED in named:
@@ -82,18 +101,21 @@ def test_assert_equal_exits_1_past_the_tolerance(capsys):
     assert "cause: rounding" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("layout, world, words", [
-    ("dq=2", None, ["unknown 'dq=2'", "dp_replicate", "tp", "pp"]),
-    ("tp=2", 8, ["2 ranks", "world size 8", "multiply to 8"]),
-    ("cp=2", None, ["cp=2 is not composed", "use dp_replicate, tp, pp"]),
-    ("dp_shard=2 tp=2", None, ["dp_shard (fully_shard) runs alone"]),
-    ("tp=two", None, ["whole number"]),
-    ("tp=3", None, ["n_head=2 is not divisible by the tensor-parallel size 3"]),
+@pytest.mark.parametrize("layout, extra, words", [
+    ("dq=2", [], ["unknown 'dq=2'", "dp_replicate", "tp", "pp"]),
+    ("tp=2", ["--world-size", "8"], ["2 ranks", "world size 8", "multiply to 8"]),
+    ("cp=2", [], ["cp needs a model with rotary positions", "--model llama"]),
+    ("cp=2", ["--model", "llama", "--block", "6"], ["2 x cp = 4 chunks, and 6 tokens"]),
+    ("dp_shard=2 ep=2", [], ["ep=2: the model has no MoE layers"]),
+    ("dp_shard=2 ep=4", ["--model", "moe_llama"], ["ep=4 borrows", "divide 2"]),
+    ("pp=2 mb=2", ["--model", "moe_llama"], ["route other micro-batches together",
+                                             "balancing loss"]),
+    ("tp=two", [], ["whole number"]),
+    ("tp=3", [], ["n_head=2 is not divisible by the tensor-parallel size 3"]),
 ])
-def test_usage_errors_exit_2_naming_the_fix(capsys, layout, world, words):
+def test_usage_errors_exit_2_naming_the_fix(capsys, layout, extra, words):
     from minidist.cli import main
-    args = ["compare", "--a", layout] + (["--world-size", str(world)] if world else [])
-    assert main(args) == 2
+    assert main(["compare", "--a", layout] + extra) == 2
     err = capsys.readouterr().err
     for word in words:
         assert word in err, (word, err)
