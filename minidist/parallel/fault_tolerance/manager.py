@@ -112,7 +112,8 @@ class Manager:
             raise ValueError(f"num_replicas={self.num_replicas} must be between "
                              f"min_replica_size={min_replica_size} and the {total} replicas")
         self.min_replica_size = min_replica_size
-        self._load_state_dict, self._state_dict = load_state_dict, state_dict
+        # the parts of the healed state: "user" is the caller's, the others registered
+        self._parts: dict[str, tuple] = {"user": (load_state_dict, state_dict)}
         self._transport = world.transport
         self.timeout = world.timeout if timeout is None else timeout
         self.log = log
@@ -144,6 +145,21 @@ class Manager:
         """Fail this step (a failure seen outside ``allreduce``: a collective of the
         replica's own, in forward or backward)."""
         self._errored = error
+
+    def register_state_dict_fn(self, key: str, load_state_dict: Callable[[Any], None],
+                               state_dict: Callable[[], Any]) -> None:
+        """Add a part to the state a healing replica receives, under ``key`` (a wrapper's
+        own state: DiLoCo's theta_global and outer momentum, say)."""
+        if key in self._parts:
+            raise ValueError(f"a state part named {key!r} is already registered")
+        self._parts[key] = (load_state_dict, state_dict)
+
+    def _state(self) -> dict:
+        return {key: save() for key, (_, save) in self._parts.items()}
+
+    def _load_state(self, state: dict) -> None:
+        for key, (load, _) in self._parts.items():
+            load(state[key])
 
     # -- the step ---------------------------------------------------------------
     def start_quorum(self) -> bool:
@@ -262,9 +278,9 @@ class Manager:
         column, mine = self.replicas.column, self.replicas.mine
         sent = 0
         if mine == source:
-            state = self._state_dict()
+            state = self._state()
             for m in healed:
                 sent += heal.send_state(state, column[m], group)
         elif mine in healed:
-            self._load_state_dict(heal.recv_state(column[source], group))
+            self._load_state(heal.recv_state(column[source], group))
         return sent
