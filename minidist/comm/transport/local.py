@@ -57,11 +57,12 @@ from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.comm.transport.pending import SMALL_COPY, TAG_BITS, Channel, Recv, Send, Unexpected
 from minidist.comm.transport.local_wait import LocalWaits
 from minidist.comm.transport.short_way import ShortWays
+from minidist.comm.transport.replace import Replacements
 from minidist.comm.transport.base import Handle, Transport, dtype_code, host_bytes, host_view
 from minidist.comm.transport.wait import REPLY_POLLS, SPIN_S, free_polls
 
 
-class LocalTransport(LocalWaits, ShortWays, BoardWays, Transport):
+class LocalTransport(LocalWaits, ShortWays, BoardWays, Replacements, Transport):
     """Point-to-point between the processes of one machine, through shared memory."""
 
     name = "shm"
@@ -116,6 +117,9 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Transport):
         self._watched: dict[int, list] = {}   # ctx -> ranks whose death ends its calls
         self._posts = 0  # receives posted so far (see exchange)
         self._next_ctx = 1
+        self._dropped: set = set()   # dead ranks whose state this rank dropped (replace.py)
+        if self._ranks[rank * shm.RANK_WORDS + shm.R_DIED]:
+            self._take_over()        # a replacement of a dead rank (replace.py)
 
     def _refuse_a_stranger(self, segment_name: str, rank: int) -> None:
         """Only the process the launcher started as ``rank`` may join as it."""
