@@ -304,12 +304,15 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Replacements, Transport):
 
     def record_begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
         self._flight.begin(ctx, number, ranks, text)
-        # whose death ends this call's waits (local_wait.py): its ranks, or those watched
-        self._in_call.ranks = self._watched.get(ctx, ranks)
+        # whose death ends this call's waits (local_wait.py): a collective's ranks, or
+        # those its context watches; a send or receive: its peer only (_check_peers)
+        self._in_call.ranks = self._watched.get(ctx, ranks) if number >= 0 else []
+        self._in_call.call = (ctx, number)
 
     def record_end(self) -> None:
         self._flight.end()
         self._in_call.ranks = None
+        self._in_call.call = (None, -1)
 
     # -- groups and shutdown -------------------------------------------------
     def new_context(self, ranks: list[int]) -> int:

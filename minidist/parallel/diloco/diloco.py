@@ -112,6 +112,8 @@ class DiLoCo:
             self.fragments = [Fragment(ps, [p.data.copy() for p in ps]) for ps in groups]
             manager.register_state_dict_fn("diloco", self._load_ft_state, self._ft_state)
             manager.start_quorum()
+            if self.local_step:    # healed from a member already in a sync: join it
+                over_quorum.sync_over_quorum(self, 0)
             return
         self.slices = replica_slices(_process_group(shard_group), self.group,
                                      list(model.named_parameters()))   # None: whole
