@@ -13,8 +13,9 @@ The same run three ways:
                     does): a new world starts, loads the checkpoint written every
                     --ckpt-every steps, and recomputes the steps since
 
-It prints each run's wall time and the time one failure costs each way by the goodput
-formula (docs/fault_tolerance.md), its terms measured in the runs, and checks that the FT run's
+It prints each run's wall time, the time one failure costs each way by the goodput
+formula (docs/fault_tolerance.md), its terms measured in the runs, and the time lost
+measured from the kill (time stamps), and checks that the FT run's
 replicas end bitwise equal, that the spare was healed, and that every run trains.
 
     python demos/27_fault_tolerance.py                       # ~30 s on 2 cores
@@ -34,8 +35,22 @@ from _teacher import tanh_mlp
 from _teacher import teacher as teacher_matrix
 
 
-def train_rank(args, kill_at, start_step, ckpt):
-    """One rank: quorum, forward, backward, the quorum's all-reduce, commit."""
+def mark(path, what, step):
+    """Append "what step time" to ``path`` (time.monotonic(): one clock for every process
+    of the machine), so the time lost can be read off from the kill on."""
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{what} {step} {time.monotonic()!r}\n")
+
+
+def die(path, step):
+    mark(path, "kill", step)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def train_rank(args, kill_at, start_step, ckpt, marks=None):
+    """One rank: quorum, forward, backward, the quorum's all-reduce, commit. ``marks``:
+    the file where rank 0 notes each step's start and commit, and the victim its kill."""
     import minidist.distributed as dist
     from minidist.autograd import Tensor, no_grad
     from minidist.backend import Generator, xp
@@ -72,14 +87,17 @@ def train_rank(args, kill_at, start_step, ckpt):
             break                                    # a spare never needed
         step = cursor["next"]
         cursor["next"] += 1
+        if me == 0:
+            mark(marks, "start", step)
         x = Generator(1000 * step + manager.replica_id()).normal((args.batch, args.width))
         if me == kill_at[0] and step == kill_at[1]:
             model[0].weight.register_post_accumulate_grad_hook(
-                lambda p: os.kill(os.getpid(), signal.SIGKILL))   # mid-backward
+                lambda p: die(marks, step))                    # mid-backward
         diff = ddp(Tensor(x)) - Tensor(xp.tanh(x @ teacher))
         (diff * diff).mean().backward()
         ddp.sync_gradients()
-        optimizer.step()
+        if optimizer.step() and me == 0:
+            mark(marks, "commit", step)
         with no_grad():
             d = model(Tensor(held_x)) - Tensor(held_y)
             losses.append((step, float((d * d).mean().item())))
@@ -91,7 +109,35 @@ def train_rank(args, kill_at, start_step, ckpt):
                 load_s=load_s)
 
 
-def restart_run(args, ckpt, uninterrupted):
+def read_marks(path):
+    """[(what, step, time)] from the marks file, in time order."""
+    with open(path) as f:
+        rows = [line.split() for line in f]
+    return sorted(((w, int(s), float(t)) for w, s, t in rows), key=lambda r: r[2])
+
+
+def step_seconds(marks):
+    """The median time from a step's start to its commit, on rank 0."""
+    starts = {s: t for w, s, t in marks if w == "start"}
+    spans = sorted(t - starts[s] for w, s, t in marks if w == "commit" and s in starts)
+    return spans[len(spans) // 2]
+
+
+def time_lost(marks, step_s):
+    """Measured from the marks, from the kill on: (kill -> the first commit that takes
+    the run past where it was, lost). ``lost`` = that commit's time - the failed step's
+    start - one step (the step that commit did): the failed step's work, the detection,
+    the new quorum or world, the reload and any recomputed steps."""
+    kill_t, killed = next((t, s) for w, s, t in marks if w == "kill")
+    began = max(t for w, s, t in marks if w == "start" and t < kill_t)
+    # per-step FT: the first commit after the kill, of the next step (the failed one is
+    # dropped); restart: the commit of the failed step, redone by the new world after the
+    # steps since the checkpoint
+    again = next(t for w, s, t in marks if w == "commit" and t > kill_t and s >= killed)
+    return again - kill_t, again - began - step_s
+
+
+def restart_run(args, ckpt, uninterrupted, marks=None):
     """The kill in a world that stops; then a new world from the last checkpoint. Its
     curve: the uninterrupted run's up to the kill (the same data, the same math), then
     the new world's from the checkpoint on, after its start and the reload."""
@@ -99,14 +145,14 @@ def restart_run(args, ckpt, uninterrupted):
     try:
         with World(3, timeout=30.0) as world:
             first = time.perf_counter()              # training from here: the first start out
-            world.run(train_rank, args, (1, args.kill_step), 0, ckpt)
+            world.run(train_rank, args, (1, args.kill_step), 0, ckpt, marks)
     except RankFailedError as e:
         print(f"restart run: rank {e.rank} failed ({e.exc_type}); starting a new world")
     resume = (args.kill_step // args.ckpt_every) * args.ckpt_every
     again = time.perf_counter()
     with World(3, timeout=30.0) as world:
         start_s = time.perf_counter() - again
-        result = world.run(train_rank, args, (-1, -1), resume, ckpt)[0]
+        result = world.run(train_rank, args, (-1, -1), resume, ckpt, marks)[0]
     killed_at = uninterrupted["times"][args.kill_step]        # the failed step's end, about
     shift = killed_at + start_s + result["load_s"]
     result["times"] = uninterrupted["times"][:args.kill_step] + [shift + t for t in
@@ -117,10 +163,10 @@ def restart_run(args, ckpt, uninterrupted):
     return result
 
 
-def ft_run(args, kill_at):
+def ft_run(args, kill_at, marks=None):
     begin = time.perf_counter()
     with World(4, fault_tolerant=True, timeout=30.0) as world:
-        results = world.run(train_rank, args, kill_at, 0, None)
+        results = world.run(train_rank, args, kill_at, 0, None, marks)
     survivors = [r for r in results if isinstance(r, dict) and r["losses"]]
     survivors[0]["wall"] = time.perf_counter() - begin
     return survivors
@@ -157,13 +203,21 @@ if __name__ == "__main__":
     parser.add_argument("--figure", metavar="PATH", help="save loss vs wall time as a PNG")
     args = parser.parse_args()
     one_process_only("it starts its own worlds of 4 and 3 ranks")
-    runs = {"uninterrupted": ft_run(args, (-1, -1))[0]}
-    ft = ft_run(args, (1, args.kill_step))
-    runs["per-step FT"] = ft[0]
     with tempfile.TemporaryDirectory() as tmp:
+        paths = {k: os.path.join(tmp, f"{k}.marks") for k in ("base", "ft", "restart")}
+        runs = {"uninterrupted": ft_run(args, (-1, -1), paths["base"])[0]}
+        ft = ft_run(args, (1, args.kill_step), paths["ft"])
+        runs["per-step FT"] = ft[0]
         runs["restart"] = restart_run(args, os.path.join(tmp, "ckpt.minidist"),
-                                      runs["uninterrupted"])
+                                      runs["uninterrupted"], paths["restart"])
+        marks = {k: read_marks(p) for k, p in paths.items()}
     report(args, runs, ft)
+    step_s = step_seconds(marks["base"])
+    print("measured from the kill (time stamps on one clock; lost = the first commit past "
+          "where the run was - the failed step's start - one step):")
+    for label, key in (("per-step FT", "ft"), ("restart", "restart")):
+        interval, lost = time_lost(marks[key], step_s)
+        print(f"  {label + ':':<13}kill -> commit {interval:.3f} s, lost {lost:.3f} s")
     if args.figure:
         from _figures import fault_tolerance_runs
         fault_tolerance_runs(args.figure, runs, args.kill_step)

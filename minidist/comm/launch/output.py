@@ -51,6 +51,7 @@ class RankOutput:
                     if (redirects | tee) & stream:
                         self._files[rank, stream] = open(os.path.join(folder, name), "wb")
         self._thread: threading.Thread | None = None
+        self._threads: list = []     # one more per replacement process (start_more)
 
     def child_ends(self, rank: int) -> tuple[Connection, Connection]:
         """The write ends a rank puts on its fds 1 and 2 (``redirect_this_process``)."""
@@ -69,6 +70,22 @@ class RankOutput:
         self._thread = threading.Thread(target=self._pump, args=(readers,),
                                         name="minidist-output", daemon=True)
         self._thread.start()
+
+    def more_ends(self, rank: int) -> tuple[Connection, Connection]:
+        """New pipes for a process that replaces ``rank`` (world.py); its write ends."""
+        self._more = (rank, tuple(_pipe() for _ in (STDOUT, STDERR)))
+        (_, out_w), (_, err_w) = self._more[1]
+        return out_w, err_w
+
+    def start_more(self, rank: int) -> None:
+        """The replacement holds its ends: read its pipes too, on a thread of their own."""
+        readers = {}
+        for stream, (read, write) in zip((STDOUT, STDERR), self._more[1]):
+            write.close()
+            readers[read] = (rank, stream)
+        self._threads.append(threading.Thread(target=self._pump, args=(readers,),
+                                              name="minidist-output", daemon=True))
+        self._threads[-1].start()
 
     def _pump(self, readers: dict) -> None:
         pending = {key: b"" for key in readers.values()}
@@ -106,8 +123,9 @@ class RankOutput:
 
     def close(self, timeout: float = 2.0) -> None:
         """Wait for the pipes to end (the ranks have exited), then close the files."""
-        if self._thread is not None:
-            self._thread.join(timeout)
+        for thread in [self._thread] + self._threads:
+            if thread is not None:
+                thread.join(timeout)
         for f in self._files.values():
             f.close()
 

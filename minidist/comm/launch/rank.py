@@ -50,7 +50,8 @@ def rank_main(rank: int, world_size: int, segment_name: str, conn, options: dict
     try:
         if options["init_group"]:
             group.init_process_group("shm", timeout=options["timeout"], check=options["check"])
-        conn.send(("ok", rank))
+        if options.get("announce", True):   # a replacement starts on the run at once
+            conn.send(("ok", rank))
         while True:
             try:
                 payload = conn.recv_bytes()

@@ -17,6 +17,13 @@ script wrote, so a script that saves checkpoints resumes from its last one::
     if os.path.exists(CKPT):                       # a restart: pick up where we were
         start = load_checkpoint(CKPT, model, opt)["step"] + 1
 
+With ``--fault-tolerant`` a rank that dies lets the others go on (parallel/
+fault_tolerance/), and while restarts are left each dead rank is started again on its
+own, as the same rank, in the world that goes on (world.py, ``replacements``): its
+script runs from the start with ``MINIDIST_REPLACEMENT`` set and heals from a live
+peer at the next quorum, not from a checkpoint. The whole world is restarted only
+when the quorum is lost.
+
 Exit status, as torchrun's: 0 when an attempt finishes; 1 when a rank failed
 and no restart is left (the first line names the first failing rank and the
 ranks that failed too or were stopped; then its traceback, once, ending with
@@ -158,7 +165,10 @@ def _run_attempts(script: str, args: list[str], nproc: int, max_restarts: int,
     from minidist.comm.launch.output import RankOutput
     from minidist.comm.launch.world import World
     name = os.path.basename(script)
+    replaced = 0          # restarts spent on replacement processes (--fault-tolerant)
     for attempt in range(max_restarts + 1):
+        if attempt + replaced > max_restarts:
+            break
         env = dict(MINIDIST_RESTART_COUNT=str(attempt), MINIDIST_MAX_RESTARTS=str(max_restarts))
         if verbose:
             env["MINIDIST_VERBOSE"] = "1"    # read where the traceback is written (report.py)
@@ -166,17 +176,23 @@ def _run_attempts(script: str, args: list[str], nproc: int, max_restarts: int,
             env.update(MINIDIST_TRACE=trace, MINIDIST_TRACE_MERGE="parent")
         output = RankOutput(nproc, log_dir, attempt, redirects, tee)
         try:
+            world = None
             with World(nproc, init_group=False, run_timeout=timeout, env=env,
-                       output=output, fault_tolerant=fault_tolerant) as world:
+                       output=output, fault_tolerant=fault_tolerant,
+                       replacements=max_restarts - attempt - replaced) as world:
                 world.run(run_script, script, args)
+            _say_replaced(world)
             for lost in world.lost.values():
                 _say(f"{lost}; the others went on without it (--fault-tolerant)")
             return 0
         except RankFailedError as e:
+            if world is not None:
+                replaced += len(world.replaced)
+                _say_replaced(world)
             failures.append(dict(rank=e.rank, at=time.perf_counter(), attempt=attempt,
                                  message=f"{e.exc_type}\n{e.remote_traceback}"))
             _say(f"{_who_failed(e)}:\n{e.remote_traceback}", end="")  # ends with the message
-            if attempt == max_restarts:
+            if attempt + replaced >= max_restarts:
                 if max_restarts:
                     _say(f"{name} failed in each of its {max_restarts + 1} attempts")
                 return EXIT_FAILED
@@ -192,6 +208,12 @@ def _run_attempts(script: str, args: list[str], nproc: int, max_restarts: int,
             _say("interrupted, every rank stopped")
             return EXIT_INTERRUPTED
     return EXIT_FAILED
+
+
+def _say_replaced(world) -> None:
+    for lost in world.replaced:
+        _say(f"{lost}; a new process took it over and healed from a peer "
+             "(--fault-tolerant --max-restarts)")
 
 
 def _merge_trace(path: str, failures: list) -> None:

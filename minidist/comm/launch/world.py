@@ -28,6 +28,10 @@ How a world lives and dies:
   waiting in a collective of it fails at once with ``PeerDiedError`` and may go on
   without it (parallel/fault_tolerance/); ``run`` returns ``RankLost`` in its place.
   A rank that raises still stops the world: an error is a bug, not a lost machine.
+  With ``replacements=K`` the world starts a new process for each of the first K
+  ranks that die, once every other running rank has let go of the dead one
+  (comm/transport/replace.py); it runs the same function from the start, as the
+  same rank, and fault tolerance heals it from a live peer. ``replaced`` lists them.
 - A ``run`` that outlives ``run_timeout`` blames no rank: it raises
   ``WorldTimeoutError`` with the ranks still running and each one's last
   communication call, read from the flight recorder in shared memory
@@ -69,6 +73,7 @@ from minidist.comm.transport.wait import cores_available
 from minidist.trace.session import world_env
 
 GRACE_S = 1.0  # after a failure, how long the other ranks get to report before being killed
+REPLACE_POLL_S = 0.02  # how often the launcher looks whether a dead rank may be replaced
 
 
 class RankLost(NamedTuple):
@@ -100,7 +105,8 @@ class World:
                  run_timeout: float | None = None, start_timeout: float = 120.0,
                  link_gbps: float | None = None, node_size: int | None = None,
                  inter_node_gbps: float | None = None, env: dict | None = None,
-                 output: RankOutput | None = None, fault_tolerant: bool = False):
+                 output: RankOutput | None = None, fault_tolerant: bool = False,
+                 replacements: int = 0):
         """``timeout``: seconds a send or receive may wait without progress;
         ``nslots`` x ``slot_bytes``: the ring of each pair's channel (1 MiB slots
         up to 8 ranks, 256 KiB beyond, as there are N^2 channels); ``check``:
@@ -115,7 +121,9 @@ class World:
         ``env``: variables added to each rank's environment; ``output``: collect
         the ranks' output, prefixed, into the console and log files (output.py;
         None: the ranks write to this process's stdout and stderr directly);
-        ``fault_tolerant``: a rank that dies lets the others go on (module docstring)."""
+        ``fault_tolerant``: a rank that dies lets the others go on; ``replacements``:
+        how many dead ranks it may start again, in a fault-tolerant world (module
+        docstring)."""
         _check_can_start(world_size)
         if slot_bytes is None:
             slot_bytes = 1 << 20 if world_size <= 8 else 1 << 18
@@ -126,6 +134,12 @@ class World:
         self.run_timeout = run_timeout  # limit on one run() (None: rely on comm timeouts)
         self.closed, self.fault_tolerant = False, fault_tolerant
         self.lost: dict[int, RankLost] = {}   # rank -> how it died (fault_tolerant)
+        self.replacements_left = replacements if fault_tolerant else 0
+        self.replaced: list[RankLost] = []    # the deaths a new process took over
+        self._replacing: dict[int, tuple] = {}  # rank -> (RankLost, deaths to be seen)
+        self._gone: list = []                 # the processes that died and were replaced
+        self._options = None                  # what each rank was started with
+        self._message = b""                   # the run in progress, for a replacement
         self._output = output
         node, inter = topology(world_size, node_size, inter_node_gbps)
         self._segment = shm.create(world_size, nslots, slot_bytes,
@@ -136,29 +150,66 @@ class World:
         # set_backend() rather than MINIDIST_BACKEND (which they would inherit).
         options = dict(timeout=timeout, check=check, init_group=init_group,
                        backend=backend.get_backend(), env=env)
-        ctx = multiprocess.get_context("spawn")
+        self._options = options
         self._conns, self._procs = [], []
         try:
             with _threads_per_rank(world_size):
-                self._start(ctx, world_size, options)
+                self._start(world_size, options)
             self._collect(start_timeout, "starting")
         except BaseException:
             self.close(force=True)
             raise
 
-    def _start(self, ctx, world_size: int, options: dict) -> None:
+    def _start(self, world_size: int, options: dict) -> None:
         for rank in range(world_size):
-            parent_end, child_end = ctx.Pipe()
             streams = self._output.child_ends(rank) if self._output is not None else None
-            p = ctx.Process(target=rank_main, name=f"minidist-rank{rank}", daemon=True,
-                            args=(rank, world_size, self.segment_name, child_end, options,
-                                  streams))
-            p.start()
-            child_end.close()
-            self._conns.append(parent_end)
+            conn, p = self._spawn(rank, options, streams)
+            self._conns.append(conn)
             self._procs.append(p)
         if self._output is not None:
             self._output.start()
+
+    def _spawn(self, rank: int, options: dict, streams) -> tuple:
+        ctx = multiprocess.get_context("spawn")
+        parent_end, child_end = ctx.Pipe()
+        p = ctx.Process(target=rank_main, name=f"minidist-rank{rank}", daemon=True,
+                        args=(rank, self.world_size, self.segment_name, child_end, options,
+                              streams))
+        p.start()
+        child_end.close()
+        return parent_end, p
+
+    def _replace(self, r: int, lost: RankLost) -> None:
+        """Start a new process as dead rank r, running the run in progress."""
+        shm.revive(self._segment, r)
+        incarnation = len([x for x in self.replaced if x.rank == r]) + 1
+        env = dict(self._options["env"], MINIDIST_REPLACEMENT=str(incarnation))
+        options = dict(self._options, env=env, announce=False)
+        streams = self._output.more_ends(r) if self._output is not None else None
+        with _threads_per_rank(self.world_size):
+            conn, p = self._spawn(r, options, streams)
+        if self._output is not None:
+            self._output.start_more(r)
+        self._gone.append(self._procs[r])
+        self._conns[r].close()
+        self._conns[r], self._procs[r] = conn, p
+        conn.send_bytes(self._message)
+        self.replaced.append(lost)
+        self.replacements_left -= 1
+
+    def _start_replacements(self, pending: set, results: list) -> None:
+        """Replace each dead rank once every other running rank has let go of it; give
+        it up when none is running (nobody to heal it from)."""
+        for r, (lost, deaths) in list(self._replacing.items()):
+            others = [q for q in pending if q not in self._replacing]
+            if not others:
+                results[r] = self.lost[r] = lost
+                pending.discard(r)
+            elif all(shm.seen_deaths(self._segment, q) >= deaths for q in others):
+                self._replace(r, lost)
+            else:
+                continue
+            del self._replacing[r]
 
     def __enter__(self) -> "World":
         return self
@@ -173,7 +224,7 @@ class World:
         if self.lost:
             raise RuntimeError(f"this world lost ranks {sorted(self.lost)} in an earlier run; "
                                "start a new one")
-        message = payload.dumps((fn, args, kwargs))
+        message = self._message = payload.dumps((fn, args, kwargs))
         try:
             for conn in self._conns:
                 conn.send_bytes(message)
@@ -198,14 +249,19 @@ class World:
                 limit = grace if limit is None else min(limit, grace)
             if limit is not None and limit <= 0:
                 break
-            ready = wait_any([self._conns[r] for r in pending] +
-                             [self._procs[r].sentinel for r in pending], limit)
-            for r in list(pending):
+            if self._replacing:
+                self._start_replacements(pending, results)
+                limit = REPLACE_POLL_S if limit is None else min(limit, REPLACE_POLL_S)
+            running = [r for r in pending if r not in self._replacing]
+            ready = wait_any([self._conns[r] for r in running] +
+                             [self._procs[r].sentinel for r in running], limit)
+            for r in running:
                 conn, proc = self._conns[r], self._procs[r]
                 if conn not in ready and proc.sentinel not in ready:
                     continue
                 self._take_reply(r, results, failures, during)
-                pending.discard(r)
+                if r not in self._replacing:
+                    pending.discard(r)
             if failures and failed_at is None:
                 failed_at = time.monotonic()
                 shm.set_abort(self._segment, -1, f"rank {min(failures)} failed")
@@ -233,8 +289,12 @@ class World:
             results[r] = reply[1]
         elif reply[1] == "ProcessExited" and self.fault_tolerant and not during:
             code = self._procs[r].exitcode
-            results[r] = self.lost[r] = RankLost(r, -1 if code is None else code)
-            shm.mark_died(self._segment, r, results[r].exit_code)
+            lost = RankLost(r, -1 if code is None else code)
+            shm.mark_died(self._segment, r, lost.exit_code)
+            if self.replacements_left > len(self._replacing):
+                self._replacing[r] = (lost, shm.deaths(self._segment))
+            else:
+                results[r] = self.lost[r] = lost
         else:
             failures[r] = reply[1:]
 
@@ -278,7 +338,7 @@ class World:
             conn.close()
         if self._output is not None:
             self._output.close()
-        for p in self._procs:
+        for p in self._procs + self._gone:
             _end_process_group(p.pid)       # what the rank started, still running
         name = self.segment_name
         shm.close(self._segment)

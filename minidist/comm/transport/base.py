@@ -118,6 +118,21 @@ class Transport:
         transport's launcher lets one go on: World(fault_tolerant=True)); here: none."""
         return []
 
+    def drop_dead_peers(self) -> list[int]:
+        """``failed_ranks()``, after dropping what this rank still holds for each (sends
+        to it, receives from it, what it left in the channels), so that a replacement
+        process may take a dead rank over (comm/transport/replace.py); here: nothing
+        to drop."""
+        return self.failed_ranks()
+
+    def incarnation(self, rank: int) -> int:
+        """How many times a replacement process took ``rank`` over (0: the first)."""
+        return 0
+
+    def exit_code(self, rank: int) -> int | None:
+        """The exit code of dead ``rank`` (-9: SIGKILL), None while it lives."""
+        return None
+
     def watch_deaths(self, ctx: int, ranks: list[int]) -> None:
         """Let the death of any of ``ranks`` (not only the group's own) end the waits
         of the calls of context ``ctx``: fault tolerance watches every rank of every

@@ -57,11 +57,12 @@ from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.comm.transport.pending import SMALL_COPY, TAG_BITS, Channel, Recv, Send, Unexpected
 from minidist.comm.transport.local_wait import LocalWaits
 from minidist.comm.transport.short_way import ShortWays
+from minidist.comm.transport.replace import Replacements
 from minidist.comm.transport.base import Handle, Transport, dtype_code, host_bytes, host_view
 from minidist.comm.transport.wait import REPLY_POLLS, SPIN_S, free_polls
 
 
-class LocalTransport(LocalWaits, ShortWays, BoardWays, Transport):
+class LocalTransport(LocalWaits, ShortWays, BoardWays, Replacements, Transport):
     """Point-to-point between the processes of one machine, through shared memory."""
 
     name = "shm"
@@ -116,6 +117,9 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Transport):
         self._watched: dict[int, list] = {}   # ctx -> ranks whose death ends its calls
         self._posts = 0  # receives posted so far (see exchange)
         self._next_ctx = 1
+        self._dropped: set = set()   # dead ranks whose state this rank dropped (replace.py)
+        if self._ranks[rank * shm.RANK_WORDS + shm.R_DIED]:
+            self._take_over()        # a replacement of a dead rank (replace.py)
 
     def _refuse_a_stranger(self, segment_name: str, rank: int) -> None:
         """Only the process the launcher started as ``rank`` may join as it."""
@@ -300,12 +304,15 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Transport):
 
     def record_begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
         self._flight.begin(ctx, number, ranks, text)
-        # whose death ends this call's waits (local_wait.py): its ranks, or those watched
-        self._in_call.ranks = self._watched.get(ctx, ranks)
+        # whose death ends this call's waits (local_wait.py): a collective's ranks, or
+        # those its context watches; a send or receive: its peer only (_check_peers)
+        self._in_call.ranks = self._watched.get(ctx, ranks) if number >= 0 else []
+        self._in_call.call = (ctx, number)
 
     def record_end(self) -> None:
         self._flight.end()
         self._in_call.ranks = None
+        self._in_call.call = (None, -1)
 
     # -- groups and shutdown -------------------------------------------------
     def new_context(self, ranks: list[int]) -> int:

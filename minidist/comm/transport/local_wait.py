@@ -117,10 +117,21 @@ class LocalWaits:
         stride = shm.RANK_WORDS
         for r in ranks:
             died = self._ranks[r * stride + shm.R_DIED]
-            if died:
+            if died and not self._had_finished(r):
                 self._in_call.ranks = None   # the call is given up: watch nothing after it
                 raise PeerDiedError(f"rank {self.rank}: rank {r} of {what} has died (exit "
                                     f"code {died - shm.DIED_BASE}): nothing more will come from it", r)
+
+    def _had_finished(self, r: int) -> bool:
+        """Had dead rank r finished the collective this rank is in? Then it sent all it
+        was to send (a call ends when its sends are in the channels), and its death
+        must not fail a survivor that is slower through the same call."""
+        ctx, number = getattr(self._in_call, "call", (None, -1))
+        if number < 0:
+            return False
+        record = self._flight_records()[r]
+        return record.ctx == ctx and (record.number > number or (
+            record.number == number and record.state == flight.FINISHED))
 
     def _check_peers(self, handles: list) -> None:
         """A long wait on a peer that has finished the run this rank is in (it counts

@@ -52,6 +52,7 @@ MAGIC = 0x6D696E6964697374  # "minidist"
 # Word indices (int64) in the world header.
 W_MAGIC, W_WORLD, W_NSLOTS, W_SLOT_BYTES, W_ABORT, W_ABORT_LEN, W_LINK = range(7)
 W_NODE_SIZE, W_INTER_LINK = 7, 8   # two-level topology (link.py); 0: one node
+W_DEATHS = 10                      # ranks marked dead so far (mark_died), for acknowledge
 W_BOARD = 9                        # data bytes of a rank's slot on the board (board.py)
 # Word indices (int64) in a slot's header, from the slot's first word h: what the
 # sender writes beside each piece (local.py, short_way.py).
@@ -63,6 +64,9 @@ ABORT_MSG_OFFSET = 128
 # the runs it finished (World.run calls that returned on it), whether it died (DIED_BASE + its
 # exit code, -9 for SIGKILL; 0: alive) in a world that keeps going without it (World(fault_tolerant))
 RANK_BYTES, R_PID, R_RUNS, R_DIED = 64, 0, 1, 2
+# ... how many times a replacement process took the rank over (revive), and how many of
+# the world's deaths (W_DEATHS) the rank has dropped its state for (LocalTransport)
+R_INCARNATION, R_SEEN = 3, 4
 RANK_WORDS = RANK_BYTES // 8
 DIED_BASE = 257   # so that any exit code, -256 .. 255, is stored as a positive word
 ABORT_MSG_MAX = HEADER_BYTES - ABORT_MSG_OFFSET
@@ -240,7 +244,36 @@ def mark_died(seg: shared_memory.SharedMemory, rank: int, exit_code: int) -> Non
     words = rank_records(seg)
     words[rank * RANK_WORDS + R_DIED] = DIED_BASE + exit_code
     words.release()
+    header = seg.buf[:HEADER_BYTES].cast("q")
+    header[W_DEATHS] += 1          # after the mark: a rank that reads the count sees it
+    header.release()
     _wake_all(seg)
+
+
+def deaths(seg: shared_memory.SharedMemory) -> int:
+    """How many ranks the launcher has marked dead so far."""
+    header = seg.buf[:HEADER_BYTES].cast("q")
+    count = header[W_DEATHS]
+    header.release()
+    return count
+
+
+def seen_deaths(seg: shared_memory.SharedMemory, rank: int) -> int:
+    """How many of the world's deaths rank ``rank`` has dropped its state for."""
+    words = rank_records(seg)
+    count = words[rank * RANK_WORDS + R_SEEN]
+    words.release()
+    return count
+
+
+def revive(seg: shared_memory.SharedMemory, rank: int) -> None:
+    """A replacement process is about to take dead rank ``rank`` over: count the
+    incarnation and free the pid. The rank stays marked dead until the replacement's
+    transport has set its channels right (LocalTransport) and clears the mark."""
+    words = rank_records(seg)
+    words[rank * RANK_WORDS + R_INCARNATION] += 1
+    words[rank * RANK_WORDS + R_PID] = 0
+    words.release()
 
 
 def _wake_all(seg: shared_memory.SharedMemory) -> None:

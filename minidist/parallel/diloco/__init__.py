@@ -19,6 +19,8 @@ Files, in reading order:
 - shard.py       ``shard_group``: each rank of a DDP replica sends its slice of the outer
                  gradient across the replicas, the replica all-gathers the slices
 - diloco.py      ``DiLoCo``: the step post-hook on the inner optimizer (torchft's API)
+- over_quorum.py ``DiLoCo(..., manager=...)``: a fault-tolerance quorum per outer step; a
+                 replica lost between syncs costs only its outer gradient
 
 Docs: docs/diloco.md. Demo: demos/25_diloco.py. Tests: tests/parallel/diloco/.
 Bench: bench/bench_diloco.py. Cost: ``minidist calc diloco``.

@@ -38,6 +38,10 @@ the process group (or 1-D DeviceMesh) of this rank's replica. Rank j of the L ra
 all-reduces only slice j of each outer gradient across the replicas and the replica
 all-gathers the slices (shard.py): 1/L of the bytes on the slow link.
 
+``manager``: a fault-tolerance Manager (parallel/fault_tolerance/) whose replicas are
+DiLoCo's; each outer step is then one step of its quorum, and a replica that dies
+between two syncs only drops its outer gradient (over_quorum.py).
+
 Invariant: right after a fragment's synchronisation with alpha = 0 its parameters
 are bitwise equal on every replica (the all-reduce leaves the same bits everywhere,
 and the outer step is the same arithmetic on the same inputs). Demo:
@@ -52,7 +56,7 @@ import minidist.distributed as dist
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.distributed.device_mesh import DeviceMesh
 from minidist.nn import Module
-from minidist.parallel.diloco import outer_grad
+from minidist.parallel.diloco import outer_grad, over_quorum
 from minidist.parallel.diloco.schedule import check_schedule, fragment_starting_at
 from minidist.parallel.diloco.shard import replica_slices
 from minidist.backend import xp
@@ -85,7 +89,10 @@ class DiLoCo:
                  sync_every: int, group: Any = None,
                  fragments: Sequence[Any] | None = None, fragment_sync_delay: int = 0,
                  fragment_update_alpha: float = 0.0, outer_grad_format: Any = None,
-                 shard_group: Any = None):
+                 shard_group: Any = None, manager: Any = None):
+        if manager is not None:
+            over_quorum.check_manager(manager, group, shard_group, outer_grad_format,
+                                      fragment_sync_delay)
         groups = [list(model.parameters())] if fragments is None \
             else _fragment_params(model, fragments)
         check_schedule(sync_every, len(groups), fragment_sync_delay, fragment_update_alpha)
@@ -99,6 +106,15 @@ class DiLoCo:
         self.group = _process_group(group)
         self.local_step = 0                      # inner steps taken (t, from 1 after the first)
         self._handle = None
+        self.manager = manager                   # None: no fault tolerance (over_quorum.py)
+        if manager is not None:                  # the manager's first quorum syncs instead
+            self.slices = None
+            self.fragments = [Fragment(ps, [p.data.copy() for p in ps]) for ps in groups]
+            manager.register_state_dict_fn("diloco", self._load_ft_state, self._ft_state)
+            manager.start_quorum()
+            if self.local_step:    # healed from a member already in a sync: join it
+                over_quorum.sync_over_quorum(self, 0)
+            return
         self.slices = replica_slices(_process_group(shard_group), self.group,
                                      list(model.named_parameters()))   # None: whole
         # Every replica starts from the same theta_global: the group's first rank's
@@ -130,7 +146,9 @@ class DiLoCo:
         self.local_step += 1
         t = self.local_step
         f = fragment_starting_at(t, self.sync_every, len(self.fragments))
-        if f is not None:
+        if f is not None and self.manager is not None:
+            over_quorum.sync_over_quorum(self, f)
+        elif f is not None:
             self.start_sync(f)
         for frag in self.fragments:
             if frag.pending is not None and frag.merge_at == t:
@@ -162,7 +180,11 @@ class DiLoCo:
         """Wait for the mean, run the outer step from theta_global, merge with alpha."""
         frag.pending.wait()
         frag.pending = None
-        mean = self._mean(frag)                      # (sum numel,)
+        self.outer_step(frag, self._mean(frag))
+
+    def outer_step(self, frag: Fragment, mean: Any) -> None:
+        """theta_global <- OuterOpt(theta_global, mean), then the merge with alpha.
+        ``mean``: (sum numel,), the mean outer gradient of the fragment's parameters."""
         local = [p.data.copy() for p in frag.params]
         inner_grads = {id(p): p.grad for p in self.model.parameters()}
         for p in self.model.parameters():          # the outer step touches this fragment only
@@ -187,6 +209,12 @@ class DiLoCo:
                               frag.started, trace.active.now(),
                               {"bytes": int(frag.wire.nbytes), "merge_step": frag.merge_at})
 
+
+    def _ft_state(self) -> dict:
+        return over_quorum.state_dict(self)
+
+    def _load_ft_state(self, state: dict) -> None:
+        over_quorum.load_state_dict(self, state)
 
     def _bounds(self, frag: Fragment) -> tuple[int, int | None]:
         """[lo, hi) of the fragment's values this rank sends (all without a shard_group)."""

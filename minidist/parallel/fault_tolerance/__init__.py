@@ -15,13 +15,17 @@ Files, in reading order:
                 quorum's group in a context of its membership
 - heal.py       the state (skeleton + arrays) sent from a live peer to a healing one
 - manager.py    ``Manager``: start_quorum, allreduce, should_commit, current_step
+- change.py     ``QuorumChange``: the line printed for each change of the quorum
 - wrappers.py   ``DistributedDataParallel`` over the quorum, ``OptimizerWrapper``
 
 The world must go on when a rank dies: ``World(fault_tolerant=True)`` (comm/launch),
-whose waits then fail with ``PeerDiedError`` naming the dead rank (comm/transport).
+whose waits then fail with ``PeerDiedError`` naming the dead rank (comm/transport);
+``minidist run --fault-tolerant --max-restarts K`` starts a replacement process for a
+dead rank, which joins the next quorum and heals (comm/transport/replace.py).
 Docs: docs/fault_tolerance.md. Tests: tests/parallel/fault_tolerance/.
 """
-from minidist.parallel.fault_tolerance.manager import Manager, QuorumChange
+from minidist.parallel.fault_tolerance.change import QuorumChange
+from minidist.parallel.fault_tolerance.manager import Manager
 from minidist.parallel.fault_tolerance.quorum import QuorumLostError, ReplicaLostError
 from minidist.parallel.fault_tolerance.wrappers import DistributedDataParallel, OptimizerWrapper
 

@@ -13,8 +13,10 @@ only when every member finished it (torchft's ``Manager``, on minidist's collect
 The rules, per step:
 
 - **Quorum.** ``start_quorum`` reads which replicas are live (quorum.py), at the
-  first step and after a step that failed only: a death fails the step on every rank
-  of the quorum (the vote is over all of them), so they all read it at the same step;
+  first step, after a step that failed, and after a vote in which some member saw a
+  replica come (a replacement process) or go; never otherwise: a death fails the step
+  on every rank of the quorum (the vote is over all of them), so they all read it at
+  the same step;
   a rank that read it earlier than a partner in its replica would wait for the new
   quorum while the partner waits for it in their own group. When the members
   changed, it forms their group in a context of its own, then agrees on the step: every member gives its step, s* = max. A member behind s* (a spare
@@ -40,47 +42,22 @@ back to a restart of the whole world from its checkpoint (``minidist run
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from minidist import backend
 from minidist.backend import xp
 from minidist.comm.collectives.api import all_reduce
-from minidist.comm.errors import CommTimeoutError, PeerDiedError
+from minidist.comm.errors import CommTimeoutError, PeerDiedError, PeerFinishedError
 from minidist.comm.group import world_group
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.parallel.fault_tolerance import heal
+from minidist.parallel.fault_tolerance.change import QuorumChange
 from minidist.parallel.fault_tolerance.quorum import (MAX_WORLD, QuorumLostError,
                                                       ReplicaLostError, live_replicas,
                                                       quorum_groups, quorum_members, replicas_of)
 
 FAILURES = (PeerDiedError, CommTimeoutError)   # what fails a step instead of the run
 SPARE_POLL_S = 0.005                           # how often a waiting spare looks again
-
-
-class QuorumChange(NamedTuple):
-    """One change of the quorum, as ``Manager(log=True)`` prints it (one line)."""
-    step: int             # the step the new quorum starts at
-    members: tuple        # the replicas in it
-    total: int            # replicas in the world, spares included
-    left: tuple           # (replica, its dead ranks) for each that left since the last
-    healed: tuple         # replicas that received the state
-    source: int           # the replica they received it from
-    bytes: int            # healing bytes sent by this rank (0 unless it is the source)
-    seconds: float        # how long forming it (and healing) took here
-
-    def __str__(self) -> str:
-        text = f"step {self.step}: "
-        for replica, ranks in self.left:
-            text += f"replica {replica} left (rank{'s' * (len(ranks) > 1)} "
-            text += f"{', '.join(map(str, ranks))} died); "
-        text += f"quorum {list(self.members)}, {len(self.members)} of {self.total}"
-        if self.healed:
-            text += (f"; replica{'s' * (len(self.healed) > 1)} "
-                     f"{', '.join(map(str, self.healed))} healed from replica {self.source} "
-                     f"in {self.seconds * 1e3:.0f} ms")
-            if self.bytes:
-                text += f" ({self.bytes} bytes sent by this rank)"
-        return text
 
 
 class Manager:
@@ -112,7 +89,8 @@ class Manager:
             raise ValueError(f"num_replicas={self.num_replicas} must be between "
                              f"min_replica_size={min_replica_size} and the {total} replicas")
         self.min_replica_size = min_replica_size
-        self._load_state_dict, self._state_dict = load_state_dict, state_dict
+        # the parts of the healed state: "user" is the caller's, the others registered
+        self._parts: dict[str, tuple] = {"user": (load_state_dict, state_dict)}
         self._transport = world.transport
         self.timeout = world.timeout if timeout is None else timeout
         self.log = log
@@ -121,7 +99,7 @@ class Manager:
         self._members: list[int] | None = None
         self._group = self._everyone = None    # the column's group, every rank's group
         self._errored: Exception | None = None
-        self._step_failed = False      # read the deaths again at the next start_quorum
+        self._read_again = False       # read the deaths again at the next start_quorum
         self.changes: list[QuorumChange] = []   # every quorum this rank formed
 
     # -- what torchft's Manager answers ---------------------------------------
@@ -145,13 +123,28 @@ class Manager:
         replica's own, in forward or backward)."""
         self._errored = error
 
+    def register_state_dict_fn(self, key: str, load_state_dict: Callable[[Any], None],
+                               state_dict: Callable[[], Any]) -> None:
+        """Add a part to the state a healing replica receives, under ``key`` (a wrapper's
+        own state: DiLoCo's theta_global and outer momentum, say)."""
+        if key in self._parts:
+            raise ValueError(f"a state part named {key!r} is already registered")
+        self._parts[key] = (load_state_dict, state_dict)
+
+    def _state(self) -> dict:
+        return {key: save() for key, (_, save) in self._parts.items()}
+
+    def _load_state(self, state: dict) -> None:
+        for key, (load, _) in self._parts.items():
+            load(state[key])
+
     # -- the step ---------------------------------------------------------------
     def start_quorum(self) -> bool:
         """Form this step's quorum (see the module docstring); heal if behind. False
         only for a spare that was never needed: the members have finished."""
         self._errored = None
-        if self._members is not None and not self._step_failed:
-            return True                # nobody left or joined, or the step would have failed
+        if self._members is not None and not self._read_again:
+            return True                # nobody left or joined, or the vote would have said
         while True:
             members = self._membership()
             if members is None:
@@ -163,6 +156,8 @@ class Manager:
                 return True
             except FAILURES:
                 continue   # a member died while the quorum formed: form it again
+            except PeerFinishedError:
+                return False   # a replacement too late: the others have finished the run
 
     def allreduce(self, tensor: Any) -> None:
         """``tensor`` <- (1/Q) sum over the quorum's Q members, in place. After a
@@ -180,24 +175,32 @@ class Manager:
     def should_commit(self) -> bool:
         """True if every member of the quorum finished this step; then the step counts.
         On every member the same answer, unless a member dies inside this vote."""
-        vote = xp.asarray([0 if self._errored is not None else 1], dtype="int64")
+        # (finished?, -(sees another membership?)): MIN is "every member finished" and
+        # "some member sees a replica come or go", so that all read the deaths again
+        vote = xp.asarray([0 if self._errored is not None else 1,
+                           -int(self._sees_a_change())], dtype="int64")
         try:
             all_reduce(vote, op=ReduceOp.MIN, group=self._everyone, algorithm="ring")
-            commit = bool(backend.to_host(vote)[0])
+            commit, change = (int(v) for v in backend.to_host(vote))
         except FAILURES as e:
-            self._errored, commit = e, False
+            self._errored, commit, change = e, False, -1
             self._transport.forget(self._everyone.ctx)
         if commit:
             self._step += 1
-        self._step_failed = not commit
-        return commit
+        self._read_again = not commit or change < 0
+        return bool(commit)
+
+    def _sees_a_change(self) -> bool:
+        """Would the quorum read now differ (a replacement came back, a member died)?"""
+        live = live_replicas(self.replicas, self._transport.failed_ranks())
+        return quorum_members(live, self.num_replicas) != self._members
 
     # -- forming the quorum ---------------------------------------------------------
     def _membership(self) -> list[int] | None:
         """The members, once this replica is one; None if it is a spare whose members
         have all finished. Raises if this replica, or the quorum, is lost."""
         while True:
-            failed = self._transport.failed_ranks()
+            failed = self._transport.drop_dead_peers()   # a replacement may come later
             live = live_replicas(self.replicas, failed)
             if self.replicas.mine not in live:
                 dead = sorted(set(failed) & set(self.replicas.ranks[self.replicas.mine]))
@@ -225,8 +228,10 @@ class Manager:
             self._transport.forget(group.ctx)        # what a dead member will never take
             self._transport.forget(everyone.ctx)
             raise
-        failed = set(self._transport.failed_ranks())
-        left = tuple((m, tuple(sorted(failed.intersection(self.replicas.ranks[m]))))
+        codes = {r: self._transport.exit_code(r) for m in self._members or ()
+                 for r in self.replicas.ranks[m]}
+        left = tuple((m, tuple((r, codes[r]) for r in self.replicas.ranks[m]
+                               if codes[r] is not None))
                      for m in self._members or () if m not in members)
         change = QuorumChange(top, tuple(members), len(self.replicas.ranks), left, healed,
                               source, sent, time.perf_counter() - start)
@@ -262,9 +267,9 @@ class Manager:
         column, mine = self.replicas.column, self.replicas.mine
         sent = 0
         if mine == source:
-            state = self._state_dict()
+            state = self._state()
             for m in healed:
                 sent += heal.send_state(state, column[m], group)
         elif mine in healed:
-            self._load_state_dict(heal.recv_state(column[source], group))
+            self._load_state(heal.recv_state(column[source], group))
         return sent

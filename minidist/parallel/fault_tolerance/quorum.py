@@ -17,7 +17,11 @@ Every rank talks to the ranks at its own place in the other replicas (its
 dimension). The quorum's group over that column gets a transport context of its
 own, a function of its members only:
 
-    ctx = FT_CONTEXT + sum_{r in members} 2^r      (+ VOTE_CONTEXT for the vote's group)
+    ctx = FT_CONTEXT + E * 2^N + sum_{r in members} 2^r   (+ VOTE_CONTEXT for the vote's)
+
+with E the sum of the incarnations of the members' ranks (how many times a replacement
+process took each over, comm/transport/replace.py; 0 without replacements) and N the
+world's size: the same replicas back after a replacement are a new context.
 
 A failed collective leaves messages behind in the old group's context (a survivor
 that sent its piece of the ring before it saw the death); in the new context they
@@ -112,7 +116,11 @@ def _group(ranks: list[int], offset: int, watched: list[int], timeout: float) ->
     that failed its step goes on to the vote while the others may still be in the
     all-reduce, and its vote's messages must be set aside, not taken for a mismatch."""
     world = world_group()
-    ctx = FT_CONTEXT + offset + sum(1 << r for r in ranks)
+    epoch = sum(world.transport.incarnation(r) for r in watched)
+    if (epoch + 1) << world.size > VOTE_CONTEXT:
+        raise ValueError(f"{epoch} replacements are more than a quorum's context can "
+                         f"count in a world of {world.size} ranks")
+    ctx = FT_CONTEXT + offset + (epoch << world.size) + sum(1 << r for r in ranks)
     world.transport.watch_deaths(ctx, watched)
     return ProcessGroup(world.transport, ranks, ctx, timeout, check=False)
 

@@ -13,6 +13,8 @@ that DiLoCo starts every replica from the group's first rank's parameters.
 from __future__ import annotations
 
 import math
+import os
+import signal
 
 import numpy as np
 
@@ -152,8 +154,10 @@ def nesterov_sgd(theta, delta, buf, lr, momentum=0.0, nesterov=False):
     return theta - lr * delta, buf
 
 
-def simulate(case):
-    """Every replica's parameters after every inner step: {step: [params of replica i]}."""
+def simulate(case, alive=None):
+    """Every replica's parameters after every inner step: {step: [params of replica i]}.
+    ``alive(i, t)``: whether replica i's outer gradient is in the mean of the
+    synchronisation after inner step t (default: every replica's)."""
     N, H, F, tau, alpha = case["world"], case["H"], case["F"], case["tau"], case["alpha"]
     models = [make_model(case) for _ in range(N)]
     inners = [make_inner(case, m.parameters()) for m in models]
@@ -173,8 +177,9 @@ def simulate(case):
         params = [dict(m.named_parameters()) for m in models]
         for f in range(F):
             if t % H == ((f + 1) * H // F) % H:      # fragment f starts
+                members = [i for i in range(N) if alive is None or alive(i, t)]
                 mean = {n: sum(round_outer(theta_global[n] - backend.to_host(params[i][n].data),
-                                           case["fmt"]) for i in range(N)) / N
+                                           case["fmt"]) for i in members) / len(members)
                         for n in frag_names[f]}
                 in_flight[f] = (t + tau, mean)
         for f, (merge_at, mean) in list(in_flight.items()):
@@ -197,3 +202,61 @@ def sync_steps(case):
     H, F, tau = case["H"], case["F"], case["tau"]
     return [t for t in range(1, case["steps"] + 1)
             if any((t - tau) % H == ((f + 1) * H // F) % H and t - tau >= 1 for f in range(F))]
+
+
+# -- over a fault-tolerance Manager: a replica killed at a step -------------------
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _die_in_the_second_ring_step() -> None:
+    """From now on this process dies (SIGKILL) in the second send/receive of a ring:
+    inside the next all-reduce, after its first step."""
+    from minidist.comm.group import ProcessGroup
+    sendrecv, calls = ProcessGroup.sendrecv, []
+
+    def dying(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            _die()
+        return sendrecv(self, *args, **kwargs)
+    ProcessGroup.sendrecv = dying
+
+
+def train_over_quorum(case):
+    """DiLoCo over a Manager on this rank (a replica of one rank), killed where
+    ``case["kill"]`` = (replica, step, phase) says: phase "inner" before the forward of
+    that step, "outer" inside the outer all-reduce after it. Returns the parameters after
+    every step and the quorum's changes as this rank logged them."""
+    import minidist.distributed as dist
+    from minidist.parallel.diloco import DiLoCo
+    from minidist.parallel.fault_tolerance import Manager
+    rank = dist.get_rank()
+    model = make_model(case, seed_offset=rank)
+    inner = make_inner(case, model.parameters())
+    outer = SGD(model.parameters(), **case["outer"])
+
+    def state_dict():
+        return {"model": model.state_dict(), "inner": inner.state_dict()}
+
+    def load_state_dict(state):
+        model.load_state_dict(state["model"])
+        inner.load_state_dict(state["inner"])
+
+    manager = Manager(load_state_dict, state_dict, timeout=20.0)
+    victim, kill_step, phase = case["kill"]
+    out = []
+    with DiLoCo(model, inner, outer, sync_every=case["H"], manager=manager,
+                fragments=fragments_of(model, case["F"]) if case["F"] > 1 else None):
+        for step in range(case["steps"]):
+            if (rank, step, phase) == (victim, kill_step, "inner"):
+                _die()
+            if (rank, step, phase) == (victim, kill_step, "outer"):
+                _die_in_the_second_ring_step()
+            loss_backward(model, *batch(case, step, rank))
+            inner.step()
+            inner.zero_grad()
+            out.append(snapshot(model))
+    return {"history": out, "changes": [str(c) for c in manager.changes],
+            "steps": manager.current_step()}
