@@ -169,11 +169,7 @@ def _run_attempts(script: str, args: list[str], nproc: int, max_restarts: int,
     for attempt in range(max_restarts + 1):
         if attempt + replaced > max_restarts:
             break
-        env = dict(MINIDIST_RESTART_COUNT=str(attempt), MINIDIST_MAX_RESTARTS=str(max_restarts))
-        if verbose:
-            env["MINIDIST_VERBOSE"] = "1"    # read where the traceback is written (report.py)
-        if trace is not None:   # every rank records; this process merges (trace/session.py)
-            env.update(MINIDIST_TRACE=trace, MINIDIST_TRACE_MERGE="parent")
+        env = _attempt_env(attempt, max_restarts, verbose, trace)
         output = RankOutput(nproc, log_dir, attempt, redirects, tee)
         try:
             world = None
@@ -208,6 +204,16 @@ def _run_attempts(script: str, args: list[str], nproc: int, max_restarts: int,
             _say("interrupted, every rank stopped")
             return EXIT_INTERRUPTED
     return EXIT_FAILED
+
+
+def _attempt_env(attempt: int, max_restarts: int, verbose: bool, trace: str | None) -> dict:
+    """The variables every rank of this attempt starts with."""
+    env = dict(MINIDIST_RESTART_COUNT=str(attempt), MINIDIST_MAX_RESTARTS=str(max_restarts))
+    if verbose:
+        env["MINIDIST_VERBOSE"] = "1"    # read where the traceback is written (report.py)
+    if trace is not None:   # every rank records; this process merges (trace/session.py)
+        env.update(MINIDIST_TRACE=trace, MINIDIST_TRACE_MERGE="parent")
+    return env
 
 
 def _say_replaced(world) -> None:

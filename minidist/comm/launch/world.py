@@ -53,9 +53,6 @@ How a world lives and dies:
 from __future__ import annotations
 
 import atexit
-import contextlib
-import os
-import signal
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -64,12 +61,14 @@ from multiprocess.connection import wait as wait_any
 
 from minidist import backend
 from minidist.comm.transport import flight, shm
-from minidist.comm.errors import NestedWorldError, RankFailedError, WorldTimeoutError
+from minidist.comm.errors import RankFailedError, WorldTimeoutError
 from minidist.comm.launch import payload
 from minidist.comm.launch.output import RankOutput
+from minidist.comm.launch.processes import (check_can_start, end_process_group,
+                                            exit_code_text, threads_per_rank)
 from minidist.comm.launch.rank import rank_main
+from minidist.comm.launch.replacement import Respawner
 from minidist.comm.transport.link import link_bytes_per_s, topology
-from minidist.comm.transport.wait import cores_available
 from minidist.trace.session import world_env
 
 GRACE_S = 1.0  # after a failure, how long the other ranks get to report before being killed
@@ -82,19 +81,18 @@ class RankLost(NamedTuple):
     exit_code: int      # -9: killed by SIGKILL
 
     def __str__(self) -> str:
-        return f"rank {self.rank} lost (exit code {_exit_code(self.exit_code)})"
+        return f"rank {self.rank} lost (exit code {exit_code_text(self.exit_code)})"
 
 
-def _check_can_start(world_size: int) -> None:
-    """A world of at least one rank, started by a process that may have children."""
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
-    if multiprocess.current_process().daemon:
-        raise NestedWorldError(
-            f"{multiprocess.current_process().name} cannot start a world of its own (a "
-            "rank's processes cannot have children): under `minidist run` join the world "
-            "this process is in (dist.launched(), then dist.init_process_group()), or run "
-            "the script with python")
+def _create_segment(world_size: int, nslots: int, slot_bytes: int | None,
+                    link_gbps: float | None, node_size: int | None,
+                    inter_node_gbps: float | None) -> Any:
+    """The world's shared-memory segment: N^2 channels of ``nslots`` slots (1 MiB up to 8
+    ranks, 256 KiB beyond), with the emulated link and topology in its header."""
+    if slot_bytes is None:
+        slot_bytes = 1 << 20 if world_size <= 8 else 1 << 18
+    node, inter = topology(world_size, node_size, inter_node_gbps)
+    return shm.create(world_size, nslots, slot_bytes, link_bytes_per_s(link_gbps), node, inter)
 
 
 class World:
@@ -124,9 +122,7 @@ class World:
         ``fault_tolerant``: a rank that dies lets the others go on; ``replacements``:
         how many dead ranks it may start again, in a fault-tolerant world (module
         docstring)."""
-        _check_can_start(world_size)
-        if slot_bytes is None:
-            slot_bytes = 1 << 20 if world_size <= 8 else 1 << 18
+        check_can_start(world_size)
         self.world_size = world_size
         # Under MINIDIST_TRACE, which world of the run this is (trace/session.py);
         # first, so that the trace is merged after this world has closed at exit
@@ -134,26 +130,19 @@ class World:
         self.run_timeout = run_timeout  # limit on one run() (None: rely on comm timeouts)
         self.closed, self.fault_tolerant = False, fault_tolerant
         self.lost: dict[int, RankLost] = {}   # rank -> how it died (fault_tolerant)
-        self.replacements_left = replacements if fault_tolerant else 0
-        self.replaced: list[RankLost] = []    # the deaths a new process took over
-        self._replacing: dict[int, tuple] = {}  # rank -> (RankLost, deaths to be seen)
-        self._gone: list = []                 # the processes that died and were replaced
-        self._options = None                  # what each rank was started with
-        self._message = b""                   # the run in progress, for a replacement
-        self._output = output
-        node, inter = topology(world_size, node_size, inter_node_gbps)
-        self._segment = shm.create(world_size, nslots, slot_bytes,
-                                   link_bytes_per_s(link_gbps), node, inter)
+        self.replacements = Respawner(replacements if fault_tolerant else 0)
+        self._message, self._output = b"", output   # the run in progress (for a replacement)
+        self._segment = _create_segment(world_size, nslots, slot_bytes, link_gbps, node_size,
+                                        inter_node_gbps)
         self.segment_name = self._segment.name
         atexit.register(self.close)
         # The ranks use this process's backend, also when it was chosen with
         # set_backend() rather than MINIDIST_BACKEND (which they would inherit).
-        options = dict(timeout=timeout, check=check, init_group=init_group,
-                       backend=backend.get_backend(), env=env)
-        self._options = options
+        self._options = options = dict(timeout=timeout, check=check, init_group=init_group,
+                                       backend=backend.get_backend(), env=env)
         self._conns, self._procs = [], []
         try:
-            with _threads_per_rank(world_size):
+            with threads_per_rank(world_size):
                 self._start(world_size, options)
             self._collect(start_timeout, "starting")
         except BaseException:
@@ -179,37 +168,23 @@ class World:
         child_end.close()
         return parent_end, p
 
-    def _replace(self, r: int, lost: RankLost) -> None:
-        """Start a new process as dead rank r, running the run in progress."""
-        shm.revive(self._segment, r)
-        incarnation = len([x for x in self.replaced if x.rank == r]) + 1
-        env = dict(self._options["env"], MINIDIST_REPLACEMENT=str(incarnation))
-        options = dict(self._options, env=env, announce=False)
+    @property
+    def replaced(self) -> list[RankLost]:
+        """The deaths a new process took over (replacement.py)."""
+        return self.replacements.done
+
+    def _respawn(self, r: int, options: dict) -> None:
+        """A new process for rank r, sent the run in progress; the old one's group is
+        ended at close."""
         streams = self._output.more_ends(r) if self._output is not None else None
-        with _threads_per_rank(self.world_size):
+        with threads_per_rank(self.world_size):
             conn, p = self._spawn(r, options, streams)
         if self._output is not None:
             self._output.start_more(r)
-        self._gone.append(self._procs[r])
+        self.replacements.gone.append(self._procs[r])
         self._conns[r].close()
         self._conns[r], self._procs[r] = conn, p
         conn.send_bytes(self._message)
-        self.replaced.append(lost)
-        self.replacements_left -= 1
-
-    def _start_replacements(self, pending: set, results: list) -> None:
-        """Replace each dead rank once every other running rank has let go of it; give
-        it up when none is running (nobody to heal it from)."""
-        for r, (lost, deaths) in list(self._replacing.items()):
-            others = [q for q in pending if q not in self._replacing]
-            if not others:
-                results[r] = self.lost[r] = lost
-                pending.discard(r)
-            elif all(shm.seen_deaths(self._segment, q) >= deaths for q in others):
-                self._replace(r, lost)
-            else:
-                continue
-            del self._replacing[r]
 
     def __enter__(self) -> "World":
         return self
@@ -249,10 +224,11 @@ class World:
                 limit = grace if limit is None else min(limit, grace)
             if limit is not None and limit <= 0:
                 break
-            if self._replacing:
-                self._start_replacements(pending, results)
+            waiting = self.replacements.waiting
+            if waiting:
+                self.replacements.start_due(self, pending, results)
                 limit = REPLACE_POLL_S if limit is None else min(limit, REPLACE_POLL_S)
-            running = [r for r in pending if r not in self._replacing]
+            running = [r for r in pending if r not in waiting]
             ready = wait_any([self._conns[r] for r in running] +
                              [self._procs[r].sentinel for r in running], limit)
             for r in running:
@@ -260,7 +236,7 @@ class World:
                 if conn not in ready and proc.sentinel not in ready:
                     continue
                 self._take_reply(r, results, failures, during)
-                if r not in self._replacing:
+                if r not in waiting:
                     pending.discard(r)
             if failures and failed_at is None:
                 failed_at = time.monotonic()
@@ -291,9 +267,7 @@ class World:
             code = self._procs[r].exitcode
             lost = RankLost(r, -1 if code is None else code)
             shm.mark_died(self._segment, r, lost.exit_code)
-            if self.replacements_left > len(self._replacing):
-                self._replacing[r] = (lost, shm.deaths(self._segment))
-            else:
+            if not self.replacements.wait_for(lost, shm.deaths(self._segment)):
                 results[r] = self.lost[r] = lost
         else:
             failures[r] = reply[1:]
@@ -307,7 +281,7 @@ class World:
         if reply is None:
             self._procs[r].join(0.5)
             return ("failed", "ProcessExited", f"rank {r} exited with code "
-                    f"{_exit_code(self._procs[r].exitcode)}{during}\n", False)
+                    f"{exit_code_text(self._procs[r].exitcode)}{during}\n", False)
         return reply if reply[0] == "ok" else ("failed", *reply[1:4])
 
     def close(self, force: bool = False) -> None:
@@ -338,40 +312,11 @@ class World:
             conn.close()
         if self._output is not None:
             self._output.close()
-        for p in self._procs + self._gone:
-            _end_process_group(p.pid)       # what the rank started, still running
+        for p in self._procs + self.replacements.gone:
+            end_process_group(p.pid)       # what the rank started, still running
         name = self.segment_name
         shm.close(self._segment)
         shm.unlink(name)
-
-
-def _end_process_group(pgid: int | None) -> None:
-    """Kill every process of the group a rank leads (the rank made it: rank.py)."""
-    if pgid is None or pgid == os.getpgrp():
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-@contextlib.contextmanager
-def _threads_per_rank(world_size: int):
-    """Start the ranks with cores // N BLAS threads each (at least 1), as
-    torchrun does, unless the user set the variable. Otherwise each of N ranks
-    starts a BLAS thread per core, N threads share every core, and since
-    OpenBLAS's threads spin while they wait, a 512 x 512 matmul that takes 0.1
-    ms alone takes tens of milliseconds."""
-    threads = str(max(1, cores_available() // world_size))
-    added = [var for var in BLAS_THREAD_VARS if var not in os.environ]
-    for var in added:
-        os.environ[var] = threads   # read by the spawned interpreters' BLAS at start
-    try:
-        yield
-    finally:
-        for var in added:
-            os.environ.pop(var, None)
 
 
 def launch(fn: Callable, world_size: int, *args: Any, **kwargs: Any) -> list:
@@ -384,11 +329,3 @@ def launch(fn: Callable, world_size: int, *args: Any, **kwargs: Any) -> list:
     """
     with World(world_size) as world:
         return world.run(fn, *args, **kwargs)
-
-
-def _exit_code(code: int | None) -> str:
-    """``1``, or ``-9 (SIGKILL)`` for a process killed by a signal."""
-    if code is not None and code < 0:
-        with contextlib.suppress(ValueError):
-            return f"{code} ({signal.Signals(-code).name})"
-    return str(code)

@@ -42,7 +42,6 @@ that waits only for pieces on the wire sleeps until the first one lands.
 """
 from __future__ import annotations
 
-import os
 import threading
 from collections import deque
 from typing import Any
@@ -51,7 +50,6 @@ from minidist.comm.transport import cma, flight, shm, topology
 from minidist.comm.transport.board import Board, BoardWays, board_wanted
 from minidist.comm.transport.doorbell import Doorbells
 from minidist.comm.transport.shm import S_ARRIVAL, S_BYTES, S_CODE, S_OFFSET, S_TAG, S_TOTAL
-from minidist.comm.errors import NotThisRankError
 from minidist.comm.transport.link import EmulatedLink
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.comm.transport.pending import SMALL_COPY, TAG_BITS, Channel, Recv, Send, Unexpected
@@ -98,20 +96,7 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Replacements, Transport):
         self._posted: dict[int, list] = {}       # src -> receives not yet matched
         self._current: dict[int, Any] = {}       # src -> receive that is taking pieces now
         self._unexpected: dict[int, list] = {}   # src -> messages stashed early
-        # An emulated link (link.py): pieces take time on the wire, the CPU is free.
-        self.node_size, inter_bps = shm.read_topology(self._seg)  # 0: one level (link.py)
-        self.topology = topology.declared(self.world_size, self.node_size)  # None: one level
-        self._link = (EmulatedLink(link_bps, self.world_size, rank, self.node_size, inter_bps)
-                      if link_bps or inter_bps else None)
-        # Peers may read our arrays in one copy (cma.py). All-to-all does so only
-        # without an emulated link; the direct all-reduce also over one (read_peer).
-        self.peer_reads = cma.available()
-        self.single_copy = self.peer_reads and self._link is None
-        # The board (board.py): not over an emulated link, whose time it would skip,
-        # nor with MINIDIST_BOARD=0 (to compare with the channels' way).
-        capacity = shm.read_board_capacity(self._seg)
-        self.board = (Board(buf, shm.board_offset(n), n, rank, capacity)
-                      if capacity and self._link is None and board_wanted() else None)
+        self._open_link_and_board(link_bps)
         self._lock = threading.RLock()
         self._in_call = threading.local()   # .ranks: the ranks of the call in progress
         self._watched: dict[int, list] = {}   # ctx -> ranks whose death ends its calls
@@ -121,17 +106,23 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Replacements, Transport):
         if self._ranks[rank * shm.RANK_WORDS + shm.R_DIED]:
             self._take_over()        # a replacement of a dead rank (replace.py)
 
-    def _refuse_a_stranger(self, segment_name: str, rank: int) -> None:
-        """Only the process the launcher started as ``rank`` may join as it."""
-        holder = self._ranks[rank * shm.RANK_WORDS + shm.R_PID]
-        if holder and holder != os.getpid():
-            self._ranks.release()
-            shm.untrack(self._seg)   # else its exit would take the segment from the world
-            shm.close(self._seg)
-            raise NotThisRankError(
-                f"process {os.getpid()} cannot join the world in {segment_name} as rank "
-                f"{rank}: rank {rank} is process {holder}. A process a rank starts inherits "
-                f"MINIDIST_SHM and RANK; unset them in it (or start a world of its own)")
+    def _open_link_and_board(self, link_bps: int) -> None:
+        """The emulated link (link.py: pieces take time on the wire, the CPU is free), the
+        peer reads (cma.py) and the board (board.py), which skip the link's time."""
+        n, rank = self.world_size, self.rank
+        self.node_size, inter_bps = shm.read_topology(self._seg)  # 0: one level (link.py)
+        self.topology = topology.declared(n, self.node_size)       # None: one level
+        self._link = (EmulatedLink(link_bps, n, rank, self.node_size, inter_bps)
+                      if link_bps or inter_bps else None)
+        # Peers may read our arrays in one copy (cma.py). All-to-all does so only
+        # without an emulated link; the direct all-reduce also over one (read_peer).
+        self.peer_reads = cma.available()
+        self.single_copy = self.peer_reads and self._link is None
+        # The board: not over an emulated link, nor with MINIDIST_BOARD=0 (to compare
+        # with the channels' way).
+        capacity = shm.read_board_capacity(self._seg)
+        self.board = (Board(self._seg.buf, shm.board_offset(n), n, rank, capacity)
+                      if capacity and self._link is None and board_wanted() else None)
 
     # -- posting -------------------------------------------------------------
     def isend(self, arr: Any, dst: int, tag: int, ctx: int = 0) -> Handle:

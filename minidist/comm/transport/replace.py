@@ -24,11 +24,26 @@ replicas formed again after a replacement never matches a message of the old one
 """
 from __future__ import annotations
 
+import os
+
+from minidist.comm.errors import NotThisRankError
 from minidist.comm.transport import shm
 
 
 class Replacements:
-    """Mixed into LocalTransport (local.py)."""
+    """Mixed into LocalTransport (local.py): which process may be rank r."""
+
+    def _refuse_a_stranger(self, segment_name: str, rank: int) -> None:
+        """Only the process the launcher started as ``rank`` may join as it."""
+        holder = self._ranks[rank * shm.RANK_WORDS + shm.R_PID]
+        if holder and holder != os.getpid():
+            self._ranks.release()
+            shm.untrack(self._seg)   # else its exit would take the segment from the world
+            shm.close(self._seg)
+            raise NotThisRankError(
+                f"process {os.getpid()} cannot join the world in {segment_name} as rank "
+                f"{rank}: rank {rank} is process {holder}. A process a rank starts inherits "
+                f"MINIDIST_SHM and RANK; unset them in it (or start a world of its own)")
 
     def drop_dead_peers(self) -> list[int]:
         seen = shm.deaths(self._seg)        # first: every death it counts is marked
