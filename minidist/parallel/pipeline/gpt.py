@@ -7,9 +7,9 @@
 P = p v pieces (stages x virtual stages), the blocks balanced by ``split_layers``.
 Works on any model with the GPT's interface: ``blocks``, ``embed(idx)``,
 ``head(x, targets)`` and ``stage_ends()`` (the modules the first and the last piece
-hold): the dense ``nn.GPT`` and ``nn.Llama``, and their tensor-parallel versions
-(whose ``embed`` and ``head`` communicate inside the tensor-parallel group: 3D
-parallelism).
+hold), and ``pooled_balance_coef`` if it holds MoE layers (nn/moe.py): the dense
+``nn.GPT`` and ``nn.Llama``, and their tensor-parallel versions (whose ``embed``
+and ``head`` communicate inside the tensor-parallel group: 3D parallelism).
 
 A piece is a view on the model: it registers only the modules it uses, so
 ``piece.parameters()`` is what that rank trains. With ``config.checkpoint`` each
@@ -33,6 +33,7 @@ from minidist.autograd.selective_checkpoint import policy_of
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn.module import Module, ModuleList
+from minidist.nn.moe import adds_balancing_loss, routers
 from minidist.parallel.pipeline.executor import split_layers
 
 _TIED_TAG = (1 << 20) - 1
@@ -72,13 +73,11 @@ def refuse_balancing_losses(model: Module) -> None:
     an MoE router's balancing loss (nn/router.py) would be left out of the objective
     without a word: such a model is refused. Loss-free balancing (DeepSeek-V3's bias)
     needs no loss and is kept."""
-    moes = model.moe_layers() if hasattr(model, "moe_layers") else []
-    pooled = getattr(model.config, "router_aux_loss_coef", 0.0)       # the Llama's
-    if any(moe.aux_coef or moe.z_coef for moe in moes) or (moes and pooled):
+    if adds_balancing_loss(model):
         raise ValueError(
             "a pipeline trains on the cross-entropy alone, so the MoE balancing loss of "
-            f"{len(moes)} layer(s) would be lost: turn it off (GPTConfig(moe_aux_coef=0, "
-            "moe_z_coef=0), LlamaConfig(router_aux_loss_coef=0)) and balance with "
+            f"{len(routers(model))} layer(s) would be lost: turn it off "
+            "(GPTConfig(moe_aux_coef=0, moe_z_coef=0), LlamaConfig(router_aux_loss_coef=0)) and balance with "
             "GPTConfig(moe_bias_rate=...) instead, or train without a pipeline")
 
 
