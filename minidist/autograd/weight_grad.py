@@ -33,7 +33,14 @@ from minidist.autograd.function import Context
 from minidist.backend import is_array
 
 
-splitting = False   # True during a B pass, whose weights' gradients come later (a trace asks)
+_in_b_pass = False   # True while backward_split's B pass runs (read through in_b_pass)
+
+
+def in_b_pass() -> bool:
+    """Whether a split backward's B pass is running: the ops running now leave their
+    weights' gradients to a later W pass. (A trace of modules asks: a module's
+    parameters then get their gradients after its backward, not at its end.)"""
+    return _in_b_pass
 
 
 class Deferred(NamedTuple):
@@ -145,7 +152,7 @@ def backward_split(root: Any, grad: Any = None, weights: Iterable = (),
 
     ``weights``: leaf tensors (a module's ``parameters()``). Other leaves (a
     pipeline stage's input x) get their gradient now, as from ``backward``."""
-    global splitting
+    global _in_b_pass
     by_id = {id(w): w for w in weights}
     for w in by_id.values():
         if w._ctx is not None:
@@ -156,10 +163,10 @@ def backward_split(root: Any, grad: Any = None, weights: Iterable = (),
     if root._ctx is None:               # a leaf: d(leaf)/d(leaf) = 1, nothing to split
         deliver(root, grad)
     else:
-        splitting = True
+        _in_b_pass = True
         try:
             with grad_mode.no_grad():
                 run_graph(root, grad, retain_graph, split)
         finally:
-            splitting = False
+            _in_b_pass = False
     return WeightGradients(split.records, by_id, retain_graph)

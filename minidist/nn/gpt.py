@@ -102,6 +102,8 @@ class Block(Module):
 
 
 class GPT(Module):
+    pooled_balance_coef = 0.0   # no loss pooled over the layers: each MoE block adds its own
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.config = cfg

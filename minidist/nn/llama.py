@@ -198,6 +198,12 @@ class Llama(Module):
         """The decoder layers (the GPT's name, which the strategies use)."""
         return self.model.layers
 
+    @property
+    def pooled_balance_coef(self) -> float:
+        """alpha of Mixtral's balancing loss, pooled over the MoE layers (nn/moe.py
+        ``adds_balancing_loss``): the config's ``router_aux_loss_coef``."""
+        return self.config.router_aux_loss_coef
+
     def embed(self, idx: Any) -> Tensor:
         return self.model.embed_tokens(idx)                            # (B, T, C)
 

@@ -87,6 +87,19 @@ class Module:
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    # -- a value in place of a parameter, for one call ------------------------
+    def put_in_place(self, name: str, value: Any) -> None:
+        """Make ``forward`` compute with ``value`` where it reads the parameter ``name``
+        (``self.<name>``); the parameter stays registered (``parameters()``, the optimizer).
+        fully_shard puts a unit's gathered weights for its call and the pieces back after
+        (torch's FSDP2 swaps the same way); sequence parallelism, its replicated weights."""
+        object.__setattr__(self, name, value)
+
+    def values_in_use(self) -> list:
+        """What ``forward`` computes with for each of this module's own parameters: the
+        parameter, or the value ``put_in_place`` put there (a trace of modules asks)."""
+        return [self.__dict__.get(name, p) for name, p in self._parameters.items()]
+
     # -- modes and gradients ------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
         for m in self.modules():

@@ -23,14 +23,15 @@ complete (their post-accumulate hooks):
 It does not wait for the gradients of inner modules' parameters to land in
 ``.grad``: under fully_shard they all land after the unit's one reduce-scatter,
 and two sibling modules fed token ids would end together, overlapping. (Under a
-B/W split those gradients come in a later W pass, among other ops: such a module
-then gets no backward span, its work being the pipeline's W span.)
+B/W split, ``weight_grad.in_b_pass()``, those gradients come in a later W pass,
+among other ops: such a module then gets no backward span, its work being the
+pipeline's W span.)
 
 Most calls are of a leaf whose whole backward is one op (Linear, LayerNorm,
-Embedding: the op takes the call's inputs and the module's parameters, or what
-stands in for them in the call, as fully_shard's gathered parameters, and
-nothing else). Its backward span is that op's backward, timed where it runs by
-the node's hooks (``Context.register_prehook`` / ``register_hook``: ``time_op``),
+Embedding: the op takes the call's inputs and the module's parameters, or the
+values put in their place for the call, ``Module.values_in_use``, and nothing
+else). Its backward span is that op's backward, timed where it runs by the
+node's hooks (``Context.register_prehook`` / ``register_hook``: ``time_op``),
 and no mark is added. A module's first call is marked,
 and shows whether its backward is one op; later calls of such a leaf are timed,
 and so is its first call when no input was marked (an embedding): its span is
@@ -65,7 +66,7 @@ class _Backward:
 
     def output_grad(self) -> None:
         if self.start is None and trace.active is not None:
-            if self.params and weight_grad.splitting:
+            if self.params and weight_grad.in_b_pass():
                 self.parts = -1          # its parameters' gradients come in a W pass
             self.start = trace.active.now()
 
@@ -208,9 +209,7 @@ def _is_one_op(node: Any, args: tuple, module: Any) -> bool:
         return False
     own = {id(a) for a in args if isinstance(a, Tensor)}
     own.update(id(p) for p in module._parameters.values() if p is not None)
-    # the values the module computes with: its parameters, or what stands in for them
-    # in the call (fully_shard's gathered parameters, put on the module as attributes)
-    own.update(id(getattr(module, n, None)) for n in module._parameters)
+    own.update(id(v) for v in module.values_in_use())   # (a gathered weight put in place)
     return used <= own
 
 

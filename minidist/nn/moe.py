@@ -209,6 +209,26 @@ def routes_tokens(module: Any) -> bool:
     return isinstance(module, MoE)
 
 
+def adds_balancing_loss(model: Module) -> bool:
+    """Whether ``model``'s loss adds a router's balancing term: an MoE layer's own
+    (alpha * balance + beta * z, ``aux_coef`` and ``z_coef``: the GPT's), or one the model
+    pools over its MoE layers when ``model.pooled_balance_coef`` is not 0 (the Llama's
+    Mixtral loss, router.py ``pooled_balance``). DeepSeek-V3's bias adds no loss."""
+    moes = routers(model)
+    if any(moe.aux_coef or moe.z_coef for moe in moes):
+        return True
+    return bool(moes) and bool(model.pooled_balance_coef)
+
+
+def pooled_balance_only(model: Module) -> bool:
+    """Whether ``model``'s one balancing term is pooled over its MoE layers (the Llama's),
+    with no layer's own term (the GPT's): what a pipeline carries across its stages
+    (parallel/pipeline/balance.py)."""
+    moes = routers(model)
+    return (bool(moes) and bool(model.pooled_balance_coef)
+            and not any(moe.aux_coef or moe.z_coef for moe in moes))
+
+
 def routing_mlp(block: Module) -> MoE | None:
     """The block's MLP if it routes tokens (an MoE, expert-parallel or not), else None."""
     mlp = getattr(block, "mlp", None)

@@ -34,7 +34,7 @@ from typing import Any
 from minidist.backend import xp
 from minidist.comm.collectives.api import all_gather_into_tensor, all_to_all
 from minidist.comm.group import ProcessGroup
-from minidist.distributed.tensor._collectives import _note, stack_dim0, unstack_dim0
+from minidist.distributed.tensor._collectives import OBSERVED, stack_dim0, unstack_dim0
 from minidist.precision import quantize
 from minidist.precision.formats import FloatFormat, get_format
 
@@ -76,7 +76,7 @@ def reduce_scatter_dim0_in_format(fulls: list, reduce_op: str, group: ProcessGro
     stacked, shapes = stack_dim0(rounded, n)                         # (n, W)
     received = [stacked[r].copy()]
     if n > 1 and stacked.size:
-        _note("reduce_scatter_tensor", group, stacked.nbytes)
+        OBSERVED.note("reduce_scatter_tensor", group, stacked.nbytes)
         inputs = [xp.ascontiguousarray(stacked[j]) for j in range(n)]        # (W,) each
         received = [xp.empty(stacked.shape[1], dtype=stacked.dtype) for _ in range(n)]
         all_to_all(received, inputs, group=group)          # received[s]: rank s's piece r
@@ -92,7 +92,7 @@ def all_reduce_in_format(flat: Any, reduce_op: str, group: ProcessGroup,
     rounded = xp.ascontiguousarray(quantize(flat, fmt))                    # (W,)
     if group.size == 1 or not rounded.size:
         return round_sum([rounded], fmt, reduce_op)
-    _note("all_reduce", group, rounded.nbytes)
+    OBSERVED.note("all_reduce", group, rounded.nbytes)
     everyone = xp.empty((group.size,) + rounded.shape, dtype=rounded.dtype)   # (n, W)
     all_gather_into_tensor(everyone, rounded, group=group)
     return round_sum([everyone[s] for s in range(group.size)], fmt, reduce_op)

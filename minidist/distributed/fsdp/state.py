@@ -146,7 +146,7 @@ class FSDPState:
         """Make the modules use ``values`` (gathered tensors, or the shards back)."""
         for value, param in zip(values, self.params):
             for module, name in param.uses:
-                object.__setattr__(module, name, value)
+                module.put_in_place(name, value)
 
     def reshard(self) -> None:
         """Make the modules use the pieces again (the gathered parameters are dropped)."""

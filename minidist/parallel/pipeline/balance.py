@@ -37,6 +37,7 @@ from minidist import backend
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
+from minidist.nn.moe import pooled_balance_only, routers
 from minidist.parallel.pipeline.op import rank_and_chunk
 
 _BALANCE_TAG = 1 << 19   # + 2 (piece m + micro-batch) + {0: counts to the last, 1: F back}
@@ -163,9 +164,8 @@ class CarryTerm(Function):
 def balance_relay(model: Any, stages: int, virtual: int, microbatches: int, group: Any,
                   placement: str) -> BalanceRelay | None:
     """The relay for ``model`` (a Llama with a pooled balancing loss), else None."""
-    coef = getattr(model.config, "router_aux_loss_coef", 0.0)
-    moes = model.moe_layers() if hasattr(model, "moe_layers") else []
-    if not coef or not moes:
+    if not pooled_balance_only(model):
         return None
-    return BalanceRelay(len(model.blocks), moes[0].n_expert, coef, stages * virtual,
-                        microbatches, group, placement)
+    return BalanceRelay(len(model.blocks), routers(model)[0].n_expert,
+                        model.pooled_balance_coef, stages * virtual, microbatches, group,
+                        placement)

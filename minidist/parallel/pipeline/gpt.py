@@ -7,9 +7,9 @@
 P = p v pieces (stages x virtual stages), the blocks balanced by ``split_layers``.
 Works on any model with the GPT's interface: ``blocks``, ``embed(idx)``,
 ``head(x, targets)`` and ``stage_ends()`` (the modules the first and the last piece
-hold): the dense ``nn.GPT`` and ``nn.Llama``, and their tensor-parallel versions
-(whose ``embed`` and ``head`` communicate inside the tensor-parallel group: 3D
-parallelism).
+hold), and ``pooled_balance_coef`` if it holds MoE layers (nn/moe.py): the dense
+``nn.GPT`` and ``nn.Llama``, and their tensor-parallel versions (whose ``embed``
+and ``head`` communicate inside the tensor-parallel group: 3D parallelism).
 
 A piece is a view on the model: it registers only the modules it uses, so
 ``piece.parameters()`` is what that rank trains. With ``config.checkpoint`` each
@@ -32,7 +32,8 @@ import minidist.distributed as dist
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.nn.module import Module, ModuleList
-from minidist.nn.moe import layer_mean_probs, routing_mlp, run_block
+from minidist.nn.moe import (adds_balancing_loss, layer_mean_probs, pooled_balance_only,
+                             routers, routing_mlp, run_block)
 from minidist.parallel.pipeline.executor import split_layers
 
 _TIED_TAG = (1 << 20) - 1
@@ -85,25 +86,15 @@ class GPTPiece(Module):
         return x if self.relay is None else self.relay.carry(self.index, x, routings, probs)
 
 
-def pooled_balance_only(model: Module) -> bool:
-    """Whether the model's one balancing term is a Llama's pooled loss (what a
-    BalanceRelay carries across pieces), with no per-layer loss (the GPT's)."""
-    moes = model.moe_layers() if hasattr(model, "moe_layers") else []
-    pooled = getattr(model.config, "router_aux_loss_coef", 0.0)
-    return bool(moes and pooled) and not any(moe.aux_coef or moe.z_coef for moe in moes)
-
-
 def refuse_balancing_losses(model: Module) -> None:
     """A piece passes on activations and the last returns the cross-entropy alone, so
     an MoE router's balancing loss (nn/router.py) would be left out of the objective
     without a word: such a model is refused. Loss-free balancing (DeepSeek-V3's bias)
     needs no loss and is kept."""
-    moes = model.moe_layers() if hasattr(model, "moe_layers") else []
-    pooled = getattr(model.config, "router_aux_loss_coef", 0.0)       # the Llama's
-    if any(moe.aux_coef or moe.z_coef for moe in moes) or (moes and pooled):
+    if adds_balancing_loss(model):
         raise ValueError(
             "a pipeline trains on the cross-entropy alone, so the MoE balancing loss of "
-            f"{len(moes)} layer(s) would be lost: turn it off (GPTConfig(moe_aux_coef=0, "
+            f"{len(routers(model))} layer(s) would be lost: turn it off (GPTConfig(moe_aux_coef=0, "
             "moe_z_coef=0), LlamaConfig(router_aux_loss_coef=0)) and balance with "
             "GPTConfig(moe_bias_rate=...) instead, or train without a pipeline; a Llama's "
             "pooled loss each stage can add its share of: split_gpt(..., carry_balance=True) "

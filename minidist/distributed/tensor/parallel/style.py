@@ -254,13 +254,12 @@ class SequenceParallel(ParallelStyle):
             x = _to_layout(x, device_mesh, seq, seq)
             names = [n for n, p in module._parameters.items() if p is not None]
             for name in names:        # whole weights whose gradients are summands
-                object.__setattr__(module, name,
-                                   replicated_parameter(module, name, Partial()))
+                module.put_in_place(name, replicated_parameter(module, name, Partial()))
             try:
                 y = inner(x)                                            # (B, T/t, C)
             finally:
                 for name in names:
-                    object.__setattr__(module, name, module._parameters[name])
+                    module.put_in_place(name, module._parameters[name])
             if self.use_local_output:
                 return y
             return DTensor.from_local(y, device_mesh, [seq])
