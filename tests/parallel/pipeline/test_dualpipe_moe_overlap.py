@@ -7,7 +7,7 @@ one process's parameters (float64, 1e-12); the interleaved F&B equals the plain 
 flight during the other half's compute."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minidist import backend
@@ -20,11 +20,16 @@ PP2_EP2 = dict(dp_shard=2, pp=2, ep=2)     # 4 ranks: ep borrows dp_shard
 WORLD = 4
 
 
-@settings(max_examples=3, deadline=None)
-@given(extra=st.sampled_from([0, 1]), seed=st.integers(0, 100))
+@settings(max_examples=4, deadline=None)
+@given(extra=st.sampled_from([0, 1]), checkpoint=st.sampled_from([False, True, "selective"]),
+       seed=st.integers(0, 100))
+@example(extra=0, checkpoint="selective", seed=1)
 def test_dualpipe_v_moe_llama_with_expert_parallelism_trains_as_one_process(
-        worlds, extra, seed):
-    _check(worlds, _case(PP2_EP2, True, "dualpipe_v", m=4 + extra, clip=True, seed=seed))
+        worlds, extra, checkpoint, seed):
+    """Checkpointed too: a backward half's recompute runs all-to-alls, and hands over
+    in the middle of it (so "recomputing" is per thread: autograd/recompute.py)."""
+    case = _case(PP2_EP2, True, "dualpipe_v", m=4 + extra, clip=True, seed=seed)
+    _check(worlds, dict(case, checkpoint=checkpoint))
 
 
 def _train(case, interleave, path=None):
