@@ -6,7 +6,6 @@ one process's parameters (float64, 1e-12); the interleaved F&B equals the plain 
 (forward, then backward) bit for bit; and the trace shows an all-to-all of one half in
 flight during the other half's compute."""
 import numpy as np
-import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -100,32 +99,3 @@ def test_interleaved_fb_equals_the_plain_fb_bit_for_bit_and_hides_all_to_alls(
     halves = {(t["args"]["microbatch"], t["args"]["half"]) for t in turns}
     assert {h for _, h in halves} == {0, 1}, "no F&B ran as two halves taking turns"
     assert found, "no all-to-all of one half was in flight while the other half computed"
-
-
-def test_turns_run_one_half_at_a_time_handing_over_at_each_collective():
-    """Without a world: two halves that hand over at stand-in collectives run in the
-    order the hand-overs fix; the first half's error is raised after both ended."""
-    from minidist.comm.collectives.interleave import Turns, hand_over, paired
-
-    class Landed:
-        def wait(self):
-            return True
-
-    order = []
-
-    def half(name, n):
-        def run():
-            for k in range(n):
-                order.append((name, k, paired()))
-                hand_over(Landed())
-        return run
-
-    Turns(("a", "b")).run(half("a", 3), half("b", 2))
-    assert order == [("a", 0, True), ("b", 0, True), ("a", 1, True), ("b", 1, True),
-                     ("a", 2, True)]
-    assert not paired()
-
-    def fails():
-        raise ValueError("in the first half")
-    with pytest.raises(ValueError, match="in the first half"):
-        Turns(("a", "b")).run(fails, half("b", 2))
