@@ -19,18 +19,21 @@ what is captured: it only keeps the list.
 """
 from __future__ import annotations
 
+import threading
 from contextlib import ExitStack
 from typing import Any, Callable, ContextManager
 
 _captures: list[Callable[[], ContextManager]] = []
-_depth = 0   # how many recomputes are running (nested: a checkpoint inside a checkpoint)
+_local = threading.local()   # .depth: how many recomputes this thread runs (nested: a
+                             # checkpoint in a checkpoint); per thread, as DualPipeV's F&B
+                             # runs a forward beside another micro-batch's recompute
 
 
 def is_recomputing() -> bool:
     """Whether a forward is running again inside backward (torch's FSDP2 asks the same
     of its checkpoint state): fully_shard then neither prefetches the next unit, which
     was already backpropagated, nor gathers its weights a third time."""
-    return _depth > 0
+    return getattr(_local, "depth", 0) > 0
 
 
 def register_recompute_context(capture: Callable[[], ContextManager]) -> Callable[[], ContextManager]:
@@ -48,7 +51,6 @@ class ForwardContext:
         self._stack: ExitStack | None = None
 
     def __enter__(self) -> "ForwardContext":
-        global _depth
         stack = ExitStack()
         try:
             for context in self.contexts:
@@ -57,12 +59,11 @@ class ForwardContext:
             stack.close()
             raise
         self._stack = stack
-        _depth += 1
+        _local.depth = getattr(_local, "depth", 0) + 1
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        global _depth
-        _depth -= 1
+        _local.depth -= 1
         stack, self._stack = self._stack, None
         stack.__exit__(*exc)
 

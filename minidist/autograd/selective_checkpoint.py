@@ -25,6 +25,7 @@ The one hook: ``Function.apply`` asks ``replay`` before it runs an op and tells
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,19 +74,25 @@ class _Session:
         return True
 
 
-_active: _Session | None = None
+_local = threading.local()   # .active: this thread's _Session (DualPipeV runs a forward
+                             # and another micro-batch's recompute on two threads, in turns)
+
+
+def _active() -> _Session | None:
+    return getattr(_local, "active", None)
 
 
 def replay(name: str) -> tuple[Any, Any] | None:
     """In a recompute: the (Context, output) the forward kept for this op, or None
     (not recomputing selectively, or an op to run again)."""
-    if _active is None or not _active.replaying or not _active.keeps(name):
+    active = _active()
+    if active is None or not active.replaying or not active.keeps(name):
         return None
-    kept_name, ctx, out, random_state = _active.kept[_active.position]
+    kept_name, ctx, out, random_state = active.kept[active.position]
     if kept_name != name:
         raise RuntimeError(f"selective checkpoint: the recompute ran {name} where the "
                            f"forward ran {kept_name}: the block must run the same ops")
-    _active.position += 1
+    active.position += 1
     # a kept op that drew random numbers (a Dropout) is not run again: move the
     # generator on as it did, so the draws after it repeat the forward's
     backend.default_generator().set_state(random_state)
@@ -95,8 +102,9 @@ def replay(name: str) -> tuple[Any, Any] | None:
 def record(name: str, ctx: Any, out: Any) -> None:
     """In a selective checkpoint's forward: keep this op's context and output if the
     policy saves it."""
-    if _active is not None and not _active.replaying and _active.keeps(name):
-        _active.kept.append((name, ctx, out, backend.default_generator().get_state()))
+    active = _active()
+    if active is not None and not active.replaying and active.keeps(name):
+        active.kept.append((name, ctx, out, backend.default_generator().get_state()))
 
 
 class selective:
@@ -107,13 +115,11 @@ class selective:
         self.session = _Session(policy, kept)
 
     def __enter__(self) -> list:
-        global _active
-        self.outer, _active = _active, self.session
+        self.outer, _local.active = _active(), self.session
         return self.session.kept
 
     def __exit__(self, *exc: Any) -> None:
-        global _active
-        _active = self.outer
+        _local.active = self.outer
 
 
 def kept_arrays(kept: list) -> list:

@@ -30,10 +30,11 @@ DIMS = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 def _config(case):
     moe = dict(num_local_experts=4, num_experts_per_tok=2,
                router_aux_loss_coef=0.02) if case["moe"] else {}
-    layers = 4 if case["schedule"] in ("interleaved", "zb_v") else 2   # two chunks a rank
+    layers = 4 if case["schedule"] in ("interleaved", "zb_v", "dualpipe_v") else 2  # 2 chunks a rank
     return LlamaConfig(vocab_size=VOCAB, hidden_size=8, intermediate_size=8,
                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                       max_position_embeddings=T, dtype="float64", seed=case["seed"], **moe)
+                       max_position_embeddings=T, dtype="float64", seed=case["seed"],
+                       checkpoint=case.get("checkpoint", False), **moe)
 
 
 def _rows(case):

@@ -24,6 +24,9 @@ Files, in reading order:
 - alltoall.py      all-to-all with uneven splits (pairwise exchange, single-copy reads)
 - alltoall_board.py  all-to-all's splits, and inputs that fit a slot, in one post on the board
 - work.py          ``Work``: async handles and the background thread that runs them
+- interleave.py    two computations taking turns, each handing over while its collective
+                   is in flight (DualPipeV's F&B: one micro-batch's all-to-all hidden
+                   behind another's compute)
 - cost.py          the alpha-beta cost model of each algorithm
 - clock.py         one clock for a trace across machines: each rank's offset to rank 0's,
                    from send / recv round trips (Cristian's algorithm)

@@ -120,6 +120,7 @@ class ParallelLlama:
         self.replica = _data_parallel(self.model, self.chunks, groups, self.experts)   # 5
         _share_tokens(self.model, groups)
         self.last_stats: PipelineStats | None = None
+        self.interleave = True     # dualpipe_v's F&B: the halves take turns at each all-to-all
 
     # -- what this rank holds ---------------------------------------------------------
     def parameters(self) -> list:
@@ -185,7 +186,7 @@ class ParallelLlama:
         shape = (inputs[0].shape[0], T // t, self.cfg.dims().width)    # between stages
         stats = run_pipeline(self.ops, self.chunks, self.m, inputs, labels,
                              activation_shape=shape, dtype=self.cfg.dtype, group=self.pp,
-                             placement=self.placement)
+                             placement=self.placement, interleave=self.interleave)
         if self.relay is not None:
             self.relay.finish()
         sync_tied_gradients(self.model, self.chunks, self.pp)

@@ -11,7 +11,8 @@ Files, in reading order:
 
 - dispatch.py         all-to-all with uneven splits as an autograd op (backward: the
                       split matrix transposed), started in the background and waited
-                      for (overlap), and the exchange of counts before it
+                      for (overlap; in DualPipeV's F&B, the other micro-batch's turn
+                      meanwhile), and the exchange of counts before it
 - expert_parallel.py  ``ExpertMesh`` (dp x ep), ``ExpertParallelMoE``,
                       ``expert_parallel(model, mesh)``, ``sync_expert_parallel_gradients``
 

@@ -13,6 +13,12 @@ background (``all_to_all_single(..., async_op=True)``, a ``Work``) while the cal
 computes what does not need its rows (the shared expert); the wait hands on the rows.
 The same bytes land in the same places, so the result is the plain one bit for bit.
 
+Inside DualPipeV's F&B op (the forward of one micro-batch and the backward of another
+taking turns, comm/collectives/interleave.py) every all-to-all of rows, forward and
+backward, starts in the background and hands the turn to the other micro-batch's half,
+whose attention and MLP compute while the rows travel (DeepSeek-V3, section 3.2.1):
+``_exchange``. Outside such a pair it is the plain blocking call.
+
 The receiver does not know S[:][r] in advance (it depends on the router's choices
 on every rank), so ``exchange_counts`` sends it first: an all-to-all of E/ep counts
 per destination, one per expert of that rank.
@@ -25,6 +31,7 @@ import minidist.distributed as dist
 from minidist.autograd.function import Function
 from minidist.autograd.tensor import Tensor
 from minidist.backend import to_host, xp
+from minidist.comm.collectives import interleave
 
 
 def exchange_counts(counts: Any, group: Any) -> Any:
@@ -36,24 +43,32 @@ def exchange_counts(counts: Any, group: Any) -> Any:
     return out.reshape(ep, -1)
 
 
+def _exchange(x: Any, send_splits: list[int], recv_splits: list[int], group: Any) -> Any:
+    """all_to_all_single of the rows of ``x``: blocking, or, in one half of an F&B pair
+    (``interleave.paired()``), in the background while the other half has its turn."""
+    out = xp.empty((sum(recv_splits),) + tuple(x.shape[1:]), dtype=x.dtype)
+    x = xp.ascontiguousarray(x)
+    if not interleave.paired():
+        dist.all_to_all_single(out, x, recv_splits, send_splits, group=group)
+        return out
+    work = dist.all_to_all_single(out, x, recv_splits, send_splits, group=group,
+                                  async_op=True)
+    interleave.hand_over(work)
+    return out
+
+
 class AllToAll(Function):
     """all_to_all_single along axis 0; backward with the splits swapped."""
 
     @staticmethod
     def forward(ctx, x, send_splits, recv_splits, group):
         ctx.splits, ctx.group = (send_splits, recv_splits), group
-        out = xp.empty((sum(recv_splits),) + tuple(x.shape[1:]), dtype=x.dtype)
-        dist.all_to_all_single(out, xp.ascontiguousarray(x), recv_splits, send_splits,
-                               group=group)
-        return out
+        return _exchange(x, send_splits, recv_splits, group)
 
     @staticmethod
     def backward(ctx, grad):
         send_splits, recv_splits = ctx.splits
-        dx = xp.empty((sum(send_splits),) + tuple(grad.shape[1:]), dtype=grad.dtype)
-        dist.all_to_all_single(dx, xp.ascontiguousarray(grad), send_splits, recv_splits,
-                               group=ctx.group)
-        return dx, None, None, None
+        return _exchange(grad, recv_splits, send_splits, ctx.group), None, None, None
 
 
 class InFlight:
@@ -85,7 +100,7 @@ class AllToAllWait(Function):
 
     @staticmethod
     def forward(ctx, out, flight):
-        flight.work.wait()
+        interleave.hand_over(flight.work)     # in an F&B pair, the other half's turn first
         flight.work = None
         return out
 

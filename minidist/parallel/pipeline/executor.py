@@ -13,7 +13,8 @@ in order, a rank does:
               closures (autograd.backward_split): B computed only dL/dx, the
               one thing the previous piece waits for
     F&B       (dualpipe_v) receive both inputs, F of one chunk and send its
-              output, then B and W of the other and send its gradient: one op
+              output, B and W of the other and send its gradient: one op, whose
+              two halves take turns at each MoE all-to-all (below)
 
 The step's loss is the mean of the m micro-batch losses, so the last piece starts
 each backward from dL/dloss_i = 1/m, and parameter gradients add up over the
@@ -26,6 +27,11 @@ own order. ``simulate`` plays the same orders with the same dependencies and
 raises if they can get stuck; the schedules here pass it for every (p, m, v),
 and the real run waits on exactly those dependencies. Messages are told apart
 by tag (kind, chunk, micro-batch), so arrival order does not matter.
+
+In an F&B the forward half hands the turn to the backward half at each expert all-to-all
+it starts, and back (comm/collectives/interleave.py): one micro-batch's dispatch and
+combine travel while the other's attention and MLP compute (DeepSeek-V3's overlap), one
+half running at a time, so the result is forward-then-backward's bit for bit.
 
 Two consecutive pieces on one rank (the V placement of zb_v and dualpipe_v: the last
 rank holds pieces p - 1 and p) hand their activation and gradient over in memory, as
@@ -45,9 +51,11 @@ from minidist import backend
 from minidist.autograd.tensor import Tensor
 from minidist.autograd.weight_grad import backward_split
 from minidist.backend import xp
+from minidist.comm.collectives.interleave import Turns
 from minidist.nn.module import Module
 from minidist.parallel.pipeline.clock import OpClock
-from minidist.parallel.pipeline.op import Op, Overlap, plain_ops, rank_and_chunk, virtual_stage
+from minidist.parallel.pipeline.op import (Op, Overlap, op_label, plain_ops, rank_and_chunk,
+                                           virtual_stage)
 from minidist.trace import recorder as trace
 
 _TAG_BASE = 1 << 20   # pipeline tags: base + ((kind P + sending piece) m + micro-batch)
@@ -145,7 +153,7 @@ def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
                  inputs: Sequence | None, targets: Sequence | None, *,
                  activation_shape: tuple, dtype: Any, group: Any = None,
                  op_seconds: tuple | None = None, op_costs: tuple | None = None,
-                 placement: str = "loop") -> PipelineStats:
+                 placement: str = "loop", interleave: bool = True) -> PipelineStats:
     """Run this rank's ``ops`` over its ``chunks`` (v modules) for one step.
 
     inputs / targets: the m micro-batches, arrays of the backend (needed by the ranks
@@ -158,6 +166,8 @@ def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
     ``weight`` of the backward (default half) and B the rest (op.op_cost).
     ``op_costs``, the same shape: record a logical clock instead of seconds
     (clock.py). ``placement``: "loop", or "v" for zb_v (schedule.placement).
+    ``interleave``: an F&B's halves take turns at each all-to-all (module docstring);
+    False: its forward, then its backward.
     Gradients accumulate into the chunks' parameters.
     """
     p, r = dist.get_world_size(group), dist.get_rank(group)
@@ -165,7 +175,7 @@ def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
     clock = OpClock(op_seconds, op_costs, split, len(chunks))
     link = Neighbours(group, p * len(chunks), microbatches, placement, activation_shape,
                       dtype, clock)
-    run = _StepRun(chunks, microbatches, inputs, targets, link, split)
+    run = _StepRun(chunks, microbatches, inputs, targets, link, split, interleave)
     traced = trace.active is not None and op_costs is None   # op spans in a trace (trace/)
     step = trace.active.next_step("pipeline") if traced else 0
     for op in ops:
@@ -196,9 +206,10 @@ class _StepRun:
     B to W)."""
 
     def __init__(self, chunks: Sequence[Module], microbatches: int, inputs: Sequence | None,
-                 targets: Sequence | None, link: Neighbours, split: bool):
+                 targets: Sequence | None, link: Neighbours, split: bool, interleave: bool):
         self.chunks, self.m, self.inputs, self.targets = chunks, microbatches, inputs, targets
         self.link, self.clock, self.split = link, link.clock, split
+        self.interleave = interleave      # F&B's halves take turns (interleave.py)
         self.last_piece = link.pieces - 1
         self.stats = PipelineStats(timeline=link.clock.timeline)
         self.saved: dict[tuple[int, int], tuple[Tensor | None, Tensor]] = {}  # (mb, chunk) -> (x, y)
@@ -229,17 +240,27 @@ class _StepRun:
         self.clock.end(op)
 
     def overlapped(self, op: Overlap, s_f: int, s_b: int) -> None:
-        """F&B: both inputs received, then the forward computed and its output sent
-        (``isend``: it travels while the backward computes), then the backward and
-        its W, and its gradient sent."""
+        """F&B: both inputs received; the forward computed and its output sent
+        (``isend``: it travels while the backward computes), the backward and its W
+        (the two halves taking turns at each all-to-all), and its gradient sent."""
         x = self.forward_input(op.forward, s_f)
         grad = self.backward_input(op.backward, s_b)
+        done: dict = {}                          # the backward half's x, whose .grad is dL/dx
+
+        def forward_half() -> None:
+            self.forward_output(op.forward, s_f, self.forward_compute(op.forward, s_f, x))
+
+        def backward_half() -> None:
+            done["x"] = self.backward_compute(op.backward, grad)
+            self.w_todo.pop((op.backward.microbatch, op.backward.chunk)).run()
         self.clock.begin(op)
-        self.forward_output(op.forward, s_f, self.forward_compute(op.forward, s_f, x))
-        x_b = self.backward_compute(op.backward, grad)
-        self.w_todo.pop((op.backward.microbatch, op.backward.chunk)).run()
+        if self.interleave:        # names and args of the halves' spans in a trace
+            Turns(*op.trace_labels()).run(forward_half, backward_half)
+        else:
+            forward_half()
+            backward_half()
         self.clock.end(op)
-        self.backward_output(op.backward, s_b, x_b)
+        self.backward_output(op.backward, s_b, done["x"])
 
     def forward_input(self, op: Op, s: int) -> Tensor | None:
         """The activation from the previous piece (None on the first piece)."""
@@ -300,10 +321,9 @@ def trace_op(op: Op | Overlap, start: float, end: float, step: int, group: Any,
     one span, named and numbered after its forward half."""
     ranks = list(range(p)) if group is None else list(group.ranks)
     first = op.forward if isinstance(op, Overlap) else op
-    name = f"{first.kind}{first.microbatch}" + (f" c{first.chunk}" if first.chunk else "")
+    name = op_label(first)
     if isinstance(op, Overlap):
-        b = op.backward
-        name += f" & B{b.microbatch}" + (f" c{b.chunk}" if b.chunk else "")
+        name += " & " + op_label(op.backward)
     trace.active.span(name, "pipeline", start, end, dict(
         kind=op.kind, microbatch=first.microbatch, chunk=first.chunk, step=step, group=ranks))
 

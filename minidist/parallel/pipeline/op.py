@@ -49,8 +49,19 @@ class Overlap:
         b = self.backward
         return self.forward, b, Op("W", b.microbatch, b.chunk)
 
+    def trace_labels(self) -> tuple[tuple[str, str], tuple[dict, dict]]:
+        """The names and args of its two halves' spans in a trace ("F3", "B1 c1")."""
+        halves = (self.forward, self.backward)
+        return (tuple(op_label(h) for h in halves),
+                tuple(dict(microbatch=h.microbatch, chunk=h.chunk) for h in halves))
+
     def __str__(self) -> str:
         return f"{self.forward}&{self.backward}"
+
+
+def op_label(op: Op) -> str:
+    """An op's name in a trace: "F3", "B1 c1" (micro-batch 1, chunk 1)."""
+    return f"{op.kind}{op.microbatch}" + (f" c{op.chunk}" if op.chunk else "")
 
 
 Schedule = list[list["Op | Overlap"]]   # schedule[stage] = that stage's ops, in order
