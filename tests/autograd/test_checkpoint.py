@@ -126,7 +126,11 @@ def test_a_checkpoint_returning_several_outputs_gives_the_gradient_of_each(n_blo
         return [backend.to_host(t.grad).copy() for params in blocks for t in params.values()]
 
     for plain, ckpt in zip(grads(False), grads(True)):
-        np.testing.assert_allclose(ckpt, plain, rtol=1e-13, atol=1e-15)
+        # a gradient that cancels to near 0 keeps the rounding of its larger terms:
+        # absolute error to the scale of the array (n_blocks=2, width=5, batch=2,
+        # p_drop=0.5, seed=29: 6e-15 off at an entry near 0)
+        scale = max(1.0, float(np.abs(plain).max()))
+        np.testing.assert_allclose(ckpt, plain, rtol=1e-13, atol=1e-14 * scale)
 
 
 def test_checkpoint_replays_the_dropout_mask_and_leaves_the_generator_as_it_was():
