@@ -100,13 +100,17 @@ class DeviceMesh:
         return self._shape[self._dim_index(mesh_dim)]
 
     def get_group(self, mesh_dim: int | str | None = None) -> ProcessGroup:
-        """The process group of this rank along ``mesh_dim`` (may be omitted on a 1-D mesh)."""
+        """The process group of this rank along ``mesh_dim`` (may be omitted on a 1-D mesh).
+        On the root mesh a name ``_flatten`` made answers as well (``mesh.get_group("dp_cp")``
+        is ``mesh["dp_cp"].get_group()``, as torch's)."""
         if mesh_dim is None:
             if self.ndim != 1:
                 raise ValueError(f"this mesh has {self.ndim} dimensions "
                                  f"{self.mesh_dim_names or ''}: name the one you want, "
                                  "get_group(mesh_dim)")
             return self._groups[0]
+        if self is self._root and mesh_dim in self._flat:
+            return self._flat[mesh_dim][1]
         return self._groups[self._dim_index(mesh_dim)]
 
     def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
