@@ -37,6 +37,14 @@ from minidist.comm.group import ProcessGroup, get_world_size, new_group, world_g
 _DEVICE_OF_BACKEND = {"numpy": "cpu", "guard": "cuda", "cupy": "cuda"}  # the guard imitates CuPy
 
 
+def _describe(group: ProcessGroup, name: str) -> None:
+    """Name a mesh dimension's group "mesh_<name>", as torch's DeviceMesh does (the trace
+    labels its calls with the name); the world's own group, when a dimension spans it,
+    keeps its description."""
+    if group is not world_group():
+        group.group_desc = f"mesh_{name}"
+
+
 def _row_major(coord: tuple[int, ...], shape: tuple[int, ...]) -> int:
     index = 0
     for c, n in zip(coord, shape):
@@ -180,6 +188,7 @@ class DeviceMesh:
             group = world_group() if len(ranks) == get_world_size() else new_group(ranks)
             if me in ranks:
                 mine = group
+                _describe(mine, mesh_dim_name)
         root._flat[mesh_dim_name] = (dims, mine)
         return root[mesh_dim_name]
 
@@ -240,5 +249,6 @@ def init_device_mesh(device_type: str, mesh_shape: tuple[int, ...], *,
             group = world_group() if len(ranks) == world else new_group(ranks)
             if me in ranks:
                 mine = group
+        _describe(mine, mesh_dim_names[dim] if mesh_dim_names else f"dim_{dim}")
         groups.append(mine)
     return DeviceMesh(device_type, list(range(world)), mesh_shape, groups, mesh_dim_names)
