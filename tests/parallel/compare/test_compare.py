@@ -135,3 +135,19 @@ def test_usage_errors_exit_2_naming_the_fix(capsys, layout, extra, words):
     err = capsys.readouterr().err
     for word in words:
         assert word in err, (word, err)
+
+
+def test_show_sharding_prints_which_ranks_hold_which_block_before_the_report(capsys):
+    """tp=2 cuts c_attn by heads (each rank its rows of q, k and v), pp=2 keeps block 0 on
+    the first stage; an unknown name exits 2 naming some that exist."""
+    from minidist.cli import main
+    args = ["compare", "--a", "pp=2 tp=2", "--steps", "1", "--show-sharding"]
+    assert main(args + ["blocks.0.attn.c_attn.weight"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:5] == ["blocks.0.attn.c_attn.weight (48, 16)",
+                       "block                     ranks",
+                       "[0:8+16:24+32:40, 0:16]   0",
+                       "[8:16+24:32+40:48, 0:16]  1",
+                       "not held by               2, 3"]
+    assert main(args + ["blocks.0.nope"]) == 2
+    assert "no parameter 'blocks.0.nope'" in capsys.readouterr().err
