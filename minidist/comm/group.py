@@ -32,7 +32,6 @@ COLLECTIVE_TAG = 1 << 24     # collectives use COLLECTIVE_TAG + (call number mod
 
 _MPI_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 
-
 _COUNTERS = ("bytes_sent", "bytes_recv", "msgs_sent", "msgs_recv")
 
 
@@ -94,6 +93,7 @@ class ProcessGroup:
     def __init__(self, transport: Transport, ranks: list[int], ctx: int,
                  timeout: float = DEFAULT_TIMEOUT, check: bool = True):
         self.transport = transport
+        self.group_desc = ""                  # torch's; a DeviceMesh's group: "mesh_<dim name>"
         self.ranks = list(ranks)              # group rank i is global rank ranks[i]
         self.ctx = ctx
         self.timeout = timeout

@@ -61,6 +61,7 @@ class DeviceMesh:
                 g = new_group(ranks)
                 if self.rank in ranks:
                     self._groups[dim] = g
+                    g.group_desc = f"mesh_{dim}"    # torch's name; the trace labels its calls
 
     def rank_of(self, coord: dict[str, int]) -> int:
         """The global rank at ``coord``."""

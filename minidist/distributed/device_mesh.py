@@ -37,6 +37,14 @@ from minidist.comm.group import ProcessGroup, get_world_size, new_group, world_g
 _DEVICE_OF_BACKEND = {"numpy": "cpu", "guard": "cuda", "cupy": "cuda"}  # the guard imitates CuPy
 
 
+def _describe(group: ProcessGroup, name: str) -> None:
+    """Name a mesh dimension's group "mesh_<name>", as torch's DeviceMesh does (the trace
+    labels its calls with the name); the world's own group, when a dimension spans it,
+    keeps its description."""
+    if group is not world_group():
+        group.group_desc = f"mesh_{name}"
+
+
 def _row_major(coord: tuple[int, ...], shape: tuple[int, ...]) -> int:
     index = 0
     for c, n in zip(coord, shape):
@@ -100,13 +108,17 @@ class DeviceMesh:
         return self._shape[self._dim_index(mesh_dim)]
 
     def get_group(self, mesh_dim: int | str | None = None) -> ProcessGroup:
-        """The process group of this rank along ``mesh_dim`` (may be omitted on a 1-D mesh)."""
+        """The process group of this rank along ``mesh_dim`` (may be omitted on a 1-D mesh).
+        On the root mesh a name ``_flatten`` made answers as well (``mesh.get_group("dp_cp")``
+        is ``mesh["dp_cp"].get_group()``, as torch's)."""
         if mesh_dim is None:
             if self.ndim != 1:
                 raise ValueError(f"this mesh has {self.ndim} dimensions "
                                  f"{self.mesh_dim_names or ''}: name the one you want, "
                                  "get_group(mesh_dim)")
             return self._groups[0]
+        if self is self._root and mesh_dim in self._flat:
+            return self._flat[mesh_dim][1]
         return self._groups[self._dim_index(mesh_dim)]
 
     def get_local_rank(self, mesh_dim: int | str | None = None) -> int:
@@ -176,6 +188,7 @@ class DeviceMesh:
             group = world_group() if len(ranks) == get_world_size() else new_group(ranks)
             if me in ranks:
                 mine = group
+                _describe(mine, mesh_dim_name)
         root._flat[mesh_dim_name] = (dims, mine)
         return root[mesh_dim_name]
 
@@ -236,5 +249,6 @@ def init_device_mesh(device_type: str, mesh_shape: tuple[int, ...], *,
             group = world_group() if len(ranks) == world else new_group(ranks)
             if me in ranks:
                 mine = group
+        _describe(mine, mesh_dim_names[dim] if mesh_dim_names else f"dim_{dim}")
         groups.append(mine)
     return DeviceMesh(device_type, list(range(world)), mesh_shape, groups, mesh_dim_names)

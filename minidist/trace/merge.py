@@ -37,6 +37,15 @@ from minidist import untrusted
 WORLD_PID = 10000       # pid = rank + 1000 * attempt + WORLD_PID * world
 NO_RANK_PID = 1000000   # pids of processes that are not ranks start here
 FLOW_MASK = (1 << 52) - 1    # flow ids stay exact in JavaScript's doubles
+MESH_PREFIX = "mesh_"        # a DeviceMesh describes its groups "mesh_<dim>" (torch's group_desc)
+
+
+def mesh_dim_of(group_desc: str) -> dict:
+    """{"mesh_dim": "tp"} for a group a device mesh made (described "mesh_tp"), else {}: the
+    label a call's span carries, so the trace says which dimension each collective is."""
+    if group_desc.startswith(MESH_PREFIX):
+        return {"mesh_dim": group_desc[len(MESH_PREFIX):]}
+    return {}
 
 
 def parts_of(path: str) -> list[str]:

@@ -55,7 +55,7 @@ import time
 from typing import Any
 
 from minidist import backend
-from minidist.trace.merge import FLOW_MASK, merge, read_part, wait_for_ranks
+from minidist.trace.merge import FLOW_MASK, merge, mesh_dim_of, read_part, wait_for_ranks
 
 SELF = "self"             # the last field of a flow row of a message to this rank itself
 FLUSH_S = 0.2             # seconds between writes of the buffered events
@@ -147,11 +147,11 @@ class Recorder:
     def counter(self, name: str, values: dict, at: float | None = None) -> None:
         self._add(("C", name, _ns(self.now() if at is None else at), values))
 
-    def call(self, name: str, ranks: list, start: float, fields: dict) -> None:
-        """The span of a collective or point-to-point call that began at ``start``:
-        ``fields`` (algorithm, dtype, shape, peer, bytes sent and received...) are its args;
+    def call(self, name: str, ranks: list, start: float, fields: dict, desc: str = "") -> None:
+        """The span of a call that began at ``start``: its args ``fields`` (algorithm, dtype, peer,
+        bytes...), ``group`` (its ranks) and a mesh's ``mesh_dim`` (merge.py ``mesh_dim_of``);
         then the counters of bytes sent and of live array memory."""
-        args = dict(fields, group=list(ranks))   # a value JSON lacks is written as str()
+        args = dict(fields, group=list(ranks), **mesh_dim_of(desc))  # a value JSON lacks: str()
         end = self.now()
         self.span(name, "comm", start, end, args)
         self.counter("bytes sent", {"bytes": self.bytes_sent}, at=end)

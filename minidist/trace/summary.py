@@ -16,6 +16,9 @@ so a forward that waits for its all-gather counts the wait as communication, not
 its own compute: the overlap that async TP, expert dispatch or FSDP's prefetch
 promise is what is left of C outside the waits and blocking calls.
 
+Per mesh dimension (a span's ``mesh_dim``: the group came from a device mesh), the
+bytes each rank sent on it: how much of a composed step each dimension moves.
+
 Two figures that strategies already measure their own way, recomputed from the
 trace alone (the tests hold them equal on the same run):
 
@@ -92,7 +95,18 @@ def summarize(trace: dict) -> dict:
                           exposed_comm=length(minus(comm, union(compute))))
     largest = sorted((e for e in spans if e["cat"] == COMM), key=lambda e: -e["dur"])[:5]
     return dict(ranks=ranks, largest=largest, bubbles=pipeline_bubbles(spans),
-                ddp_hidden=ddp_hidden_fractions(events))
+                ddp_hidden=ddp_hidden_fractions(events), bytes_by_mesh_dim=bytes_by_mesh_dim(spans))
+
+
+def bytes_by_mesh_dim(spans: list[dict]) -> dict:
+    """mesh dimension -> {pid: bytes that rank sent on it}, over the calls on groups of
+    more than one rank that a device mesh made."""
+    sent: dict = defaultdict(lambda: defaultdict(int))
+    for e in spans:
+        args = e.get("args", {})
+        if e["cat"] == COMM and "mesh_dim" in args and len(args.get("group", [])) > 1:
+            sent[args["mesh_dim"]][e["pid"]] += args.get("bytes_sent", 0)
+    return {dim: dict(per_rank) for dim, per_rank in sent.items()}
 
 
 def pipeline_bubbles(spans: list[dict]) -> dict:
@@ -138,6 +152,10 @@ def ddp_hidden_fractions(events: list[dict]) -> dict:
     return fractions
 
 
+def _dim(args: dict) -> str:
+    return f" ({args['mesh_dim']})" if "mesh_dim" in args else ""
+
+
 def render(summary: dict) -> str:
     """The summary as text."""
     ms = 1e-3
@@ -155,7 +173,13 @@ def render(summary: dict) -> str:
             what = " ".join(str(args[k]) for k in ("algorithm", "dtype") if k in args)
             lines.append(f"  {names.get(e['pid'], e['pid']):<8} {e['name']:<18} "
                          f"{e['dur'] * ms:8.2f} ms  {moved / 1e6:8.3f} MB moved  "
-                         f"group {args.get('group')}  {what}")
+                         f"group {args.get('group')}{_dim(args)}  {what}")
+    if summary.get("bytes_by_mesh_dim"):
+        lines.append("bytes sent per rank, by mesh dimension (mean and max over its ranks):")
+        for dim, per_rank in sorted(summary["bytes_by_mesh_dim"].items()):
+            values = list(per_rank.values())
+            lines.append(f"  {dim:<14} {sum(values) / len(values):>14,.0f} {max(values):>14,}"
+                         f"   ({len(values)} ranks)")
     by_world = sorted(summary["bubbles"].items(), key=lambda kv: (kv[0][2:], kv[0][:2]))
     for (group, step, *world), bubble in by_world:
         where = f"world {world[0]}, " if world else ""

@@ -40,4 +40,5 @@ SMOKE_ARGS = {
     "27_fault_tolerance.py": ["--steps", "8", "--kill-step", "5", "--ckpt-every", "4",
                               "--width", "16"],
     "28_overlap.py": ["--pair", "moe", "--width", "16", "--seq", "8", "--batch", "2"],
+    "29_compose.py": ["--steps", "2"],
 }

@@ -31,6 +31,8 @@ BAD_ARGS = [
     ("19_topology.py", ["-n", "3"], "must divide"),
     ("21_llama.py", ["--tp", "4"], "must divide the 2 key/value heads"),
     ("22_placements.py", ["-n", "3"], "must divide --width"),
+    ("29_compose.py", ["--layout", "dq=2"], "unknown 'dq=2'"),
+    ("29_compose.py", ["--layout", "dp_shard=2 ep=3"], "ep=3"),
 ]
 
 

@@ -29,3 +29,17 @@ def test_mesh_is_row_major_with_a_group_per_dimension(world):
         assert tp_ranks == grid[coord[0]].tolist() and tp_rank == coord[1]
         assert dp_ranks == grid[:, coord[1]].tolist()
         assert tp_sum == sum(tp_ranks)
+
+
+def flattened_case():
+    from minidist import backend
+    from minidist.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh(backend.device_type(), (2, 3), mesh_dim_names=("dp", "tp"))
+    mesh["dp", "tp"]._flatten("dp_tp")
+    return mesh.get_group("dp_tp") is mesh["dp_tp"].get_group(), mesh.get_group("dp_tp").ranks
+
+
+def test_the_root_mesh_answers_a_flattened_name_in_get_group(world):
+    """torch's root mesh gives a ``_flatten`` name's group as its sub-mesh does."""
+    for same, ranks in world.run(flattened_case):
+        assert same and list(ranks) == list(range(6))

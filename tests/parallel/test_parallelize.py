@@ -157,9 +157,11 @@ def test_composed_moe_llama_trains_as_one_process_balancing_loss_included(
 def _mesh_groups(dims):
     """Every rank: the ranks of each named (and flattened) dimension's group."""
     mesh = ParallelDims(**dims).build_mesh()
-    return {name: list(mesh[name].get_group().ranks)
-            for name in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp",
-                         "dp_cp", "ep", "dp_mod_ep")}
+    names = ("pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp", "ep",
+             "dp_mod_ep")
+    for name in names:       # the root mesh answers a flattened name as its sub-mesh does
+        assert mesh.get_group(name) is mesh[name].get_group(), name
+    return {name: list(mesh[name].get_group().ranks) for name in names}
 
 
 def test_build_mesh_flattens_dp_cp_and_borrows_ep_from_dp_shard_times_cp(worlds):

@@ -87,7 +87,7 @@ def call(group, flat_out: Any, flat_in: Any, send: list[int], recv: list[int], r
     write_back()
     stats.record("all_to_all_single", before, plan.fields, time.perf_counter() - start)
     if trace.active is not None:
-        trace.active.call("all_to_all_single", group.ranks, start, stats.last)
+        trace.active.call("all_to_all_single", group.ranks, start, stats.last, group.group_desc)
 
 
 def board_all_to_all(group, flat_out: Any, flat_in: Any, send: list[int], recv: list[int],

@@ -41,7 +41,7 @@ def _run(group: ProcessGroup | None, name: str, fields: dict,
         g.stats.record(name, before, fields, time.perf_counter() - start)
         g.transport.record_end()
         if trace.active is not None:   # its span, with g.stats.last's bytes (trace/)
-            trace.active.call(name, g.ranks, start, g.stats.last)
+            trace.active.call(name, g.ranks, start, g.stats.last, g.group_desc)
 
     return work.submit(job, async_op)
 

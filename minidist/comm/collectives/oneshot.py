@@ -103,7 +103,7 @@ def call(group, tensor: Any, plan: OneShotPlan) -> None:
     stats.msgs_recv += plan.messages
     stats.record("all_reduce", before, plan.fields, time.perf_counter() - start)
     if trace.active is not None:   # its span, with the bytes it moved (trace/)
-        trace.active.call("all_reduce", group.ranks, start, stats.last)
+        trace.active.call("all_reduce", group.ranks, start, stats.last, group.group_desc)
 
 
 def board_all_reduce(group, tensor: Any, plan: OneShotPlan, number: int, tag: int) -> None:

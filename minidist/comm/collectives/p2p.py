@@ -45,7 +45,8 @@ def post_send(tensor: Any, dst: int, g: ProcessGroup, tag: int) -> Handle:
     start = trace.active.now() if trace.active is not None else 0.0
     handle = g.isend(tensor, g.group_rank(dst), tag)
     if trace.active is not None:
-        trace.active.call("isend", g.ranks, start, dict(peer=dst, tag=tag, bytes_sent=tensor.nbytes))
+        trace.active.call("isend", g.ranks, start,
+                          dict(peer=dst, tag=tag, bytes_sent=tensor.nbytes), g.group_desc)
         return _TracedHandle(handle, f"isend to {dst} tag={tag}", landing=False)
     return handle
 
@@ -56,7 +57,8 @@ def post_recv(tensor: Any, src: int, g: ProcessGroup, tag: int,
     start = trace.active.now() if trace.active is not None else 0.0
     handle = g.irecv(tensor, g.group_rank(src), tag, op)
     if trace.active is not None:
-        trace.active.call("irecv", g.ranks, start, dict(peer=src, tag=tag, bytes_recv=tensor.nbytes))
+        trace.active.call("irecv", g.ranks, start,
+                          dict(peer=src, tag=tag, bytes_recv=tensor.nbytes), g.group_desc)
         return _TracedHandle(handle, f"irecv from {src} tag={tag}", landing=True)
     return handle
 
@@ -100,7 +102,7 @@ def _waited(g: ProcessGroup, handles: list, what: str, name: str = "", fields: d
     g.wait(handles, what)
     g.transport.record_end()
     if trace.active is not None:
-        trace.active.call(name, g.ranks, start, fields)
+        trace.active.call(name, g.ranks, start, fields, g.group_desc)
 
 
 def send(tensor: Any, dst: int, group: ProcessGroup | None = None, tag: int = 0) -> None:

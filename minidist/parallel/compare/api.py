@@ -13,12 +13,14 @@ largest difference, with the cause diff.py tells. Layout b is the reference
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 import numpy as np
 
 from minidist.parallel.compare.diff import (Parting, Tolerance, classify, past,
                                             pieces_against_dense, scatter, ulps)
 from minidist.parallel.compare.layout import Layout
-from minidist.parallel.compare.run import Plant, RunSpec, model_config, run_layout
+from minidist.parallel.compare.run import (Plant, RunSpec, model_config, run_layout,
+                                           sharding_on_rank)
 
 
 @dataclass
@@ -41,15 +43,28 @@ def _run(spec: RunSpec, layout: Layout, plant: Plant | None, worlds: dict) -> li
     """Per rank, the list of StepRecords (the one process of ``single`` runs here)."""
     if layout.single:
         return [run_layout(spec, layout, plant)]
+    return _on_ranks(layout, worlds, run_layout, spec, layout, plant)
+
+
+def _on_ranks(layout: Layout, worlds: dict, fn: Any, *args: Any) -> list:
+    """``fn(*args)`` on every rank of the layout's world (one of ``worlds``, or started)."""
     from minidist.comm import World
     n = layout.world_size
     own = n not in worlds
     world = World(n, timeout=30.0, run_timeout=300.0) if own else worlds[n]
     try:
-        return world.run(run_layout, spec, layout, plant)
+        return world.run(fn, *args)
     finally:
         if own:
             world.close()
+
+
+def show_sharding(spec: RunSpec, layout: Layout, name: str, worlds: dict | None = None) -> str:
+    """visualize_sharding's table of parameter ``name`` under ``layout``: which ranks hold
+    which block of it (parallel/compose/visualize.py)."""
+    if layout.single:
+        return f"{name}: one process holds it whole ('single')"
+    return _on_ranks(layout, worlds or {}, sharding_on_rank, spec, layout, name)[0]
 
 
 def _loss(ranks: list, step: int, dtype: str) -> float:

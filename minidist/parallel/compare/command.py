@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from minidist.comm.errors import RankFailedError
-from minidist.parallel.compare.api import Report, compare
+from minidist.parallel.compare.api import Report, compare, show_sharding
 from minidist.parallel.compare.diff import Tolerance
 from minidist.parallel.compare.layout import (DEGREES, Layout, LayoutError, check_layout,
                                               parse_layout)
@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
     parser.add_argument("--assert-equal", action="store_true",
                         help="exit 1 if a tensor is past the tolerance")
     parser.add_argument("--corpus", default=str(CORPUS), help="a text file (the shipped corpus)")
+    parser.add_argument("--show-sharding", metavar="NAME", default=None,
+                        help="first print which ranks of layout a hold which block of the "
+                             "parameter NAME (e.g. blocks.0.mlp.c_fc.weight)")
     return run
 
 
@@ -147,8 +150,14 @@ def run(ns: argparse.Namespace) -> int:
         print(f"minidist compare: error: {e}", file=sys.stderr)
         return 2
     try:
+        if ns.show_sharding is not None:
+            print(show_sharding(spec, a, ns.show_sharding) + "\n")
         report = compare(spec, a, b, Tolerance(ns.atol, ns.rtol, ns.bitwise))
     except (ValueError, RankFailedError) as e:
+        if isinstance(e, RankFailedError) and e.exc_type == "KeyError":    # --show-sharding
+            print(f"minidist compare: error: {_last_line(e).removeprefix('KeyError: ')}",
+                  file=sys.stderr)
+            return 2
         if isinstance(e, RankFailedError) and e.exc_type != "ValueError":
             raise                                    # a crash, not a layout the model refuses
         print(f"minidist compare: error: the model refuses the layout: {_last_line(e)}",

@@ -124,6 +124,13 @@ def _build(spec: RunSpec, layout: Layout) -> tuple[Any, dict, dict]:
     return model, model.named_parameters(), index
 
 
+def sharding_on_rank(spec: RunSpec, layout: Layout, name: str) -> str:
+    """On every rank of the layout: the table of which ranks hold which block of ``name``."""
+    from minidist.parallel.compose.visualize import sharding_text
+    model, _, _ = _build(spec, layout)
+    return sharding_text(model, name)
+
+
 def run_layout(spec: RunSpec, layout: Layout, plant: Plant | None = None) -> list[StepRecord]:
     """On every rank of the layout (or the one process of ``single``): train and record."""
     import minidist.distributed as dist

@@ -15,8 +15,11 @@ logits on one rank:
                                                      all-reduce SUM   (N,)
                                                      (one call with S: (2, N))
                     loss_i = log S + M - z_t ;  L = mean over rows (ignore_index excluded)
-                    dL/dz_j = (e^(z_j - M) / S - [j == t]) / n_valid,  on the rank's own
-                    columns: the backward needs no communication at all.
+                    dL/dz_j = (e^(z_j - M - log S) - [j == t]) / n_valid,  on the rank's
+                    own columns: the backward needs no communication at all. (The
+                    softmax as e^(log-softmax), the dense cross-entropy's formula: with
+                    t = 1 every bit is the dense loss's; with t > 1 only S, a sum over
+                    the ranks, is added in another order.)
 
 Two all-reduces (N and 2N numbers) replace an all-gather of N x V logits
 (Megatron-LM's vocab-parallel cross-entropy).
@@ -104,14 +107,14 @@ class VocabParallelCrossEntropy(Function):
         valid = t != ignore_index
         losses = xp.where(valid, xp.log(s) - z_t, xp.zeros((), z.dtype))   # (N,)
         n_valid = valid.sum().astype(z.dtype)   # 0 if all ignored: nan, as the dense loss
-        ctx.save_for_backward(e, s, local_t, mine & valid, valid)
+        ctx.save_for_backward(z - m[:, None], xp.log(s), local_t, mine & valid, valid)
         ctx.shape, ctx.n_valid = logits.shape, xp.maximum(n_valid, 1)
         return losses.sum() / n_valid
 
     @staticmethod
     def backward(ctx, grad):
-        e, s, local_t, hit, valid = ctx.saved
-        g = e / s[:, None]                                             # softmax, my columns
+        shifted, log_s, local_t, hit, valid = ctx.saved
+        g = xp.exp(shifted - log_s[:, None])                           # softmax, my columns
         rows = xp.arange(g.shape[0])
         g[rows, local_t] -= hit.astype(g.dtype)                        # - onehot(t), if t is mine
         g *= valid[:, None].astype(g.dtype) * (grad / ctx.n_valid)

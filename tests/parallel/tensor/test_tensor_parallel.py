@@ -251,6 +251,17 @@ def test_vocab_parallel_cross_entropy_matches_dense_without_gathering_logits(wor
         assert sent <= 2 * 3 * 3 * 4 * 8 * 2   # 3 rows of N = 12 float64s, twice, at most
 
 
+def test_vocab_parallel_cross_entropy_on_one_rank_is_the_dense_one_bit_for_bit(world):
+    """With t = 1 no sum is split: the loss and its gradient (softmax as e^(log-softmax),
+    as the dense loss computes it) are the dense ones to the last bit, so a composed model
+    of degree 1 trains exactly as one process (tests/parallel/compare)."""
+    if world.world_size != 1:
+        pytest.skip("t > 1 adds the softmax's denominator over ranks: another order")
+    for seed in range(4):
+        for loss_err, grad_err, _ in world.run(vocab_ce_case, seed):
+            assert loss_err == 0.0 and grad_err == 0.0
+
+
 def heads_error():
     try:
         ParallelSelfAttention(8, 2)
