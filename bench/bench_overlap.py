@@ -25,10 +25,11 @@ while the CPU is free), each variant's ratio taken against the plain one of the 
 The first four run in one world of 2 ranks, ``pipeline_ep`` in one of 4 (two ranks a
 core here). A step is forward, backward, the gradient sync the strategy needs and SGD.
 Per variant: the median step time over ``--rounds`` rounds (variants alternate within a
-round, so a burst of load hits all of them), the slowest rank's; then ``--trace-steps``
-steps recorded (trace/) and ``exposed`` read off the trace by ``minidist trace summary``:
-communication that no compute on the main thread hid, a blocking ``wait()`` included
-(trace/summary.py), per step, the largest over the ranks. ``MB sent`` is one rank's
+round, so a burst of load hits all of them), the slowest rank's; in each round, after the
+timed steps, ``--trace-steps`` steps recorded (trace/) and ``exposed`` read off that
+trace by ``minidist trace summary``: communication that no compute on the main thread
+hid, a blocking ``wait()`` included (trace/summary.py), per step, the largest over the
+ranks; its median over the rounds. ``MB sent`` is one rank's
 bytes per step (every call's ``bytes_sent``), ``wire`` their time on the link.
 
 What each overlap can hide: the wire time of the traffic it acts on, no more (the
@@ -332,21 +333,22 @@ def measure_pair(world, pair: str, a, folder: str) -> dict:
     """variant -> dict(step, cpu, floor, exposed, sent, gathered, traffic): step and CPU
     the medians over rounds of the slowest rank's; floor the CPU floor, the larger of
     that rank's CPU time and every rank's together over the cores (4 ranks share 2);
-    the rest from the first round's trace."""
+    exposed the median over the rounds' traces; the bytes from the first round's."""
     per_round: dict = {v: [] for v in PAIRS[pair]}
     rows: dict = {}
     for r in range(a.rounds):
         for v in PAIRS[pair]:
-            path = os.path.join(folder, f"{pair}-{v.replace(' ', '_')}.json") if r == 0 else None
+            path = os.path.join(folder, f"{pair}-{v.replace(' ', '_')}-{r}.json")
             ranks = world.run(time_variant, pair, v, a, path)
+            traced = from_trace(path, a.trace_steps)
             per_round[v].append((max(t for t, _ in ranks), max(c for _, c in ranks),
-                                 sum(c for _, c in ranks) / CORES))
-            if path is not None:
-                rows[v] = from_trace(path, a.trace_steps)
+                                 sum(c for _, c in ranks) / CORES, traced["exposed"]))
+            rows.setdefault(v, traced)          # the bytes: the same in every round
     for v, times in per_round.items():
-        rows[v].update(step=statistics.median(t for t, _, _ in times),
-                       cpu=statistics.median(c for _, c, _ in times),
-                       floor=statistics.median(max(c, shared) for _, c, shared in times))
+        rows[v].update(step=statistics.median(t for t, _, _, _ in times),
+                       cpu=statistics.median(c for _, c, _, _ in times),
+                       floor=statistics.median(max(c, shared) for _, c, shared, _ in times),
+                       exposed=statistics.median(e for _, _, _, e in times))
     return rows
 
 
@@ -500,7 +502,8 @@ def main() -> None:
     from minidist.comm import World
     print(f"world 2 (pipeline_ep: 4) on an emulated {a.link_gbps:g} GB/s link; {a.layers} "
           f"layers, hidden {a.width}, {a.seq} tokens x {a.batch} sequences; median of "
-          f"{a.rounds} rounds x {a.steps} steps; exposed from a trace of {a.trace_steps} steps")
+          f"{a.rounds} rounds x {a.steps} steps; exposed: median over the rounds of a trace "
+          f"of {a.trace_steps} steps")
     bars, worlds = [], {}
     with tempfile.TemporaryDirectory() as folder, ExitStack() as open_worlds:
         for pair in pairs:
