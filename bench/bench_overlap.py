@@ -54,7 +54,12 @@ plain variant's exposed)), which counted traffic the overlap never touches. Wher
 plain variant's exposed time is over 3 x its wire time, most of it is waiting on a
 peer's compute or on the scheduler (on 2 loaded cores, 4 ranks certainly), and an
 overlap that reorders work can remove more than the wire time: a bar met there says
-that the waits went, not that the wire was hidden; the line says so.
+that the waits went, not that the wire was hidden; the line says so. Under DualPipeV
+with expert parallelism an F&B op's second half runs on a thread of its own while the
+main thread is parked; the summary takes compute from the main thread, whose F&B span
+covers the second half's blocking calls (FSDP's reduce-scatters, its waits), so it
+counts them as hidden. The line below the bar counts them as exposed (the rank computed
+nothing then) and says whether the target holds so counted.
 
 The CPU floor, measured as bench_ddp.py measures it: a step cannot take less than its
 slowest rank's CPU time (every thread of the rank: the main thread, the communication
@@ -277,9 +282,24 @@ def from_trace(path: str, steps: int) -> dict:
     from minidist.trace.summary import summarize
     trace = load(path)
     exposed = max(row["exposed_comm"] for row in summarize(trace)["ranks"].values())
+    parked = max(row["exposed_comm"] for row in summarize(second_half_on_main(trace))["ranks"].values())
     traffic = {k: {pid: n / steps for pid, n in v.items()} for k, v in traffic_of(trace).items()}
-    return dict(exposed=exposed * 1e-6 / steps, sent=max(traffic["all"].values(), default=0),
+    return dict(exposed=exposed * 1e-6 / steps, parked=parked * 1e-6 / steps,
+                sent=max(traffic["all"].values(), default=0),
                 gathered=max(traffic["gathered"].values(), default=0), traffic=traffic)
+
+
+def second_half_on_main(trace: dict) -> dict:
+    """The trace with the blocking calls of an F&B's second half (its thread "second
+    half": comm/collectives/interleave.py) moved onto the main thread. The summary takes
+    compute from the main thread alone, so inside an F&B op (one span there) it counts
+    such a call as hidden; but the halves run one at a time, and while the second half
+    blocks the main thread is parked: the rank computes nothing, and the call is exposed."""
+    halves = {(e["pid"], e["tid"]) for e in trace["traceEvents"] if e.get("ph") == "M"
+              and e.get("name") == "thread_name" and e["args"]["name"] == "second half"}
+    return {"traceEvents": [dict(e, tid=0) if e.get("ph") == "X" and e.get("cat") == "comm"
+                            and (e["pid"], e["tid"]) in halves else e
+                            for e in trace["traceEvents"]]}
 
 
 KINDS = ("all", "gathered", "all_gather", "reduce_scatter", "all_to_all", "sends",
@@ -342,13 +362,15 @@ def measure_pair(world, pair: str, a, folder: str) -> dict:
             ranks = world.run(time_variant, pair, v, a, path)
             traced = from_trace(path, a.trace_steps)
             per_round[v].append((max(t for t, _ in ranks), max(c for _, c in ranks),
-                                 sum(c for _, c in ranks) / CORES, traced["exposed"]))
+                                 sum(c for _, c in ranks) / CORES, traced["exposed"],
+                                 traced["parked"]))
             rows.setdefault(v, traced)          # the bytes: the same in every round
     for v, times in per_round.items():
-        rows[v].update(step=statistics.median(t for t, _, _, _ in times),
-                       cpu=statistics.median(c for _, c, _, _ in times),
-                       floor=statistics.median(max(c, shared) for _, c, shared, _ in times),
-                       exposed=statistics.median(e for _, _, _, e in times))
+        rows[v].update(step=statistics.median(t[0] for t in times),
+                       cpu=statistics.median(t[1] for t in times),
+                       floor=statistics.median(max(t[1], t[2]) for t in times),
+                       exposed=statistics.median(t[3] for t in times),
+                       parked=statistics.median(t[4] for t in times))
     return rows
 
 
@@ -454,8 +476,17 @@ def verdict(v: str, plain: str, row: dict, base: dict, gbps: float,
     print(f"{pad}(it acts on {what}: {acted / 1e6:.3f} MB, "
           f"{1e3 * acted / (gbps * 1e9):.1f} ms on the wire;")
     print(f"{pad} the old figure, every call's wire time up to the plain exposed: "
-          f"{1e3 * whole:.1f} ms" + (f", {removed / whole:.2f} of it removed)" if whole > 0
+          f"{1e3 * whole:.1f} ms" + (f", removed {removed / whole:.2f} x it)" if whole > 0
                                      else ")"))
+    strict = ""
+    if row["parked"] > row["exposed"]:       # F&B's second half blocked: nothing computed
+        gone = base["exposed"] - row["parked"]
+        word = "met" if allowed > 0 and gone >= 0.5 * allowed else "NOT met"
+        strict = f"; {word} with the second half's blocking counted"
+        print(f"{pad}(the summary counts {1e3 * (row['parked'] - row['exposed']):.1f} ms of "
+              f"blocking calls of F&B's second half as hidden, while the main thread was "
+              f"parked; counted exposed: {1e3 * row['parked']:.1f} ms, removed "
+              f"{1e3 * gone:.1f} ms: target >= half {word})")
     if base["exposed"] > 3 * base["sent"] / (gbps * 1e9):    # then what moves is waiting
         print(f"{pad}(the plain variant's exposed time is over 3 x its wire time: it waits on "
               f"its peer's compute and the scheduler, which the verdict cannot tell from the "
@@ -467,7 +498,7 @@ def verdict(v: str, plain: str, row: dict, base: dict, gbps: float,
             f"floor ({1e3 * row['floor']:.1f} ms{shared})")
     summary = (f"{v + ' vs ' + plain + ':':<30} exposed {1e3 * base['exposed']:.1f} -> "
                f"{1e3 * row['exposed']:.1f} ms, removed {1e3 * removed:.1f} of "
-               f"{1e3 * allowed:.1f} ms allowed ({met}; whole wire {1e3 * whole:.1f} ms); "
+               f"{1e3 * allowed:.1f} ms allowed ({met}{strict}; whole wire {1e3 * whole:.1f} ms); "
                f"step {1e3 * base['step']:.1f} -> {1e3 * row['step']:.1f} ms, CPU floor "
                f"{1e3 * row['floor']:.1f} ms")
     if room <= 0:
