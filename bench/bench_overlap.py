@@ -29,13 +29,13 @@ round, so a burst of load hits all of them), the slowest rank's; in each round, 
 timed steps, ``--trace-steps`` steps recorded (trace/) and ``exposed`` read off that
 trace by ``minidist trace summary``: communication that no compute on the main thread
 hid, a blocking ``wait()`` included (trace/summary.py), per step, the largest over the
-ranks; its median over the rounds. ``MB sent`` is one rank's
-bytes per step (every call's ``bytes_sent``), ``wire`` their time on the link.
+ranks; its median over the rounds. ``MB sent`` is one rank's bytes per step (every
+call's ``bytes_sent``), ``wire`` their time on the link.
 
-What each overlap can hide: the wire time of the traffic it acts on, no more (the
-copies in and out of the link run on the cores, which compute too), and no more than
-the plain variant exposed. Read off the traces, per rank, from each call's bytes and
-kind (and ``mesh_dim`` on a device mesh), over the link's bandwidth:
+What each overlap can hide: the wire time of the traffic it acts on, no more (the copies
+in and out of the link run on the cores, which compute too), and no more than the plain
+variant exposed. Read off the traces, per rank, from each call's bytes and kind (and
+``mesh_dim`` on a device mesh), over the link's bandwidth (_overlap_traffic.py):
 
     async TP      the plain variant's all-gathers and reduce-scatters (the same bytes
                   travel as the ring's sends)
@@ -64,17 +64,16 @@ nothing then) and says whether the target holds so counted.
 The CPU floor, measured as bench_ddp.py measures it: a step cannot take less than its
 slowest rank's CPU time (every thread of the rank: the main thread, the communication
 thread), nor less than all ranks' CPU time over the cores (it binds where 4 ranks share
-2 cores); the next line states the share of the plain step above the overlapped
-step's floor that it saved. For the gathers and the dispatch a last line
-weighs the extra CPU time the overlap costs a step (rounding to bfloat16 / float8, the
-second thread) against the wire time it saves or hides, and names the link speed below
-which it pays: the low-precision gathers save bytes at 1 GB/s but round on the same
-cores, so at 1 GB/s they can lose, and only on a link slower than the one that line
-names do they win (a loaded 2-core machine put it near 0.2-0.4 GB/s with encode /
-decode's fast paths, +2 to +7 ms a step; near 0.05 GB/s, +21 ms, before them); bigger
-tensors do not change that ratio (both grow with the elements). The closing block
-repeats each overlap's bars on one line.
-Each rank uses one BLAS thread; a waiting rank sleeps at once (``--spin-s 0``), so that
+2 cores); the next line states the share of the plain step above the overlapped step's
+floor that it saved. For the gathers and the dispatch a last line weighs the extra CPU
+time the overlap costs a step (rounding to bfloat16 / float8, the second thread) against
+the wire time it saves or hides, and names the link speed below which it pays: the
+low-precision gathers save bytes at 1 GB/s but round on the same cores, so at 1 GB/s
+they can lose, and only on a link slower than the one that line names do they win (a
+loaded 2-core machine put it near 0.2-0.4 GB/s with encode / decode's fast paths, +2 to
++7 ms a step; near 0.05 GB/s, +21 ms, before them); bigger tensors do not change that
+ratio (both grow with the elements). The closing block repeats each overlap's bars on
+one line. Each rank uses one BLAS thread; a waiting rank sleeps at once (``--spin-s 0``), so that
 its CPU time is its work, not its polling.
 """
 from __future__ import annotations
@@ -85,6 +84,8 @@ import statistics
 import tempfile
 
 from _args import non_negative, positive, positive_int
+from _overlap_report import report
+from _overlap_traffic import from_trace
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")   # before NumPy loads, here and in the spawned ranks
@@ -272,83 +273,6 @@ def time_variant(pair: str, variant: str, a, path: str | None) -> tuple[float, f
             synchronize()
     return statistics.median(wall), statistics.median(cpu)
 
-
-def from_trace(path: str, steps: int) -> dict:
-    """Per step, read off the trace as ``minidist trace summary`` reads it: ``exposed``
-    (seconds) and ``sent`` / ``gathered`` (bytes), each the largest over the ranks, and
-    ``traffic``: kind -> {rank: bytes it sent per step} for the kinds an overlap acts on
-    (``traffic_of``)."""
-    from minidist.trace import load
-    from minidist.trace.summary import summarize
-    trace = load(path)
-    exposed = max(row["exposed_comm"] for row in summarize(trace)["ranks"].values())
-    parked = max(row["exposed_comm"] for row in summarize(second_half_on_main(trace))["ranks"].values())
-    traffic = {k: {pid: n / steps for pid, n in v.items()} for k, v in traffic_of(trace).items()}
-    return dict(exposed=exposed * 1e-6 / steps, parked=parked * 1e-6 / steps,
-                sent=max(traffic["all"].values(), default=0),
-                gathered=max(traffic["gathered"].values(), default=0), traffic=traffic)
-
-
-def second_half_on_main(trace: dict) -> dict:
-    """The trace with the blocking calls of an F&B's second half (its thread "second
-    half": comm/collectives/interleave.py) moved onto the main thread. The summary takes
-    compute from the main thread alone, so inside an F&B op (one span there) it counts
-    such a call as hidden; but the halves run one at a time, and while the second half
-    blocks the main thread is parked: the rank computes nothing, and the call is exposed."""
-    halves = {(e["pid"], e["tid"]) for e in trace["traceEvents"] if e.get("ph") == "M"
-              and e.get("name") == "thread_name" and e["args"]["name"] == "second half"}
-    return {"traceEvents": [dict(e, tid=0) if e.get("ph") == "X" and e.get("cat") == "comm"
-                            and (e["pid"], e["tid"]) in halves else e
-                            for e in trace["traceEvents"]]}
-
-
-KINDS = ("all", "gathered", "all_gather", "reduce_scatter", "all_to_all", "sends",
-         "a2a_async", "a2a_in_fb", "pp", "ep")
-
-
-def traffic_of(trace: dict) -> dict:
-    """kind -> {rank (pid): bytes sent} over the trace's communication spans (each
-    call's ``bytes_sent``; ``gathered``: the all-gathers' ``bytes_recv``):
-
-        all             every call
-        all_gather, reduce_scatter, all_to_all   the calls of that collective
-        sends           point-to-point isend / send (the pipeline's stage messages)
-        a2a_async       all-to-alls that ran on a thread other than the main one:
-                        started with ``async_op=True`` (overlapped dispatch, F&B's turns)
-        a2a_in_fb       all-to-alls that began inside one of the rank's F&B ops (a
-                        pipeline span of kind "F&B")
-        pp, ep          the calls on that device-mesh dimension (the span's mesh_dim)"""
-    from minidist.trace.summary import COMM
-    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
-    fb = [e for e in spans if e["cat"] == "pipeline" and e["args"].get("kind") == "F&B"]
-    out: dict = {k: {} for k in KINDS}
-
-    def add(kind, pid, n):
-        out[kind][pid] = out[kind].get(pid, 0) + n
-    for e in spans:
-        if e["cat"] != COMM:
-            continue
-        args, pid, name = e.get("args", {}), e["pid"], e["name"]
-        n = args.get("bytes_sent", 0)
-        add("all", pid, n)
-        if name.startswith("all_gather"):
-            add("all_gather", pid, n)
-            add("gathered", pid, args.get("bytes_recv", 0))
-        elif name.startswith("reduce_scatter"):
-            add("reduce_scatter", pid, n)
-        elif name.startswith("all_to_all"):
-            add("all_to_all", pid, n)
-            if e["tid"] != 0:
-                add("a2a_async", pid, n)
-            if any(f["pid"] == pid and f["ts"] <= e["ts"] < f["ts"] + f["dur"] for f in fb):
-                add("a2a_in_fb", pid, n)
-        elif name in ("isend", "send"):
-            add("sends", pid, n)
-        if args.get("mesh_dim") in ("pp", "ep"):
-            add(args["mesh_dim"], pid, n)
-    return out
-
-
 def measure_pair(world, pair: str, a, folder: str) -> dict:
     """variant -> dict(step, cpu, floor, exposed, sent, gathered, traffic): step and CPU
     the medians over rounds of the slowest rank's; floor the CPU floor, the larger of
@@ -375,137 +299,6 @@ def measure_pair(world, pair: str, a, folder: str) -> dict:
 
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
-def _most(*terms: tuple[int, dict]) -> float:
-    """max over ranks of sum(sign * bytes[rank]) for (sign, {rank: bytes}) terms."""
-    ranks = {pid for _, per_rank in terms for pid in per_rank}
-    return max((sum(sign * per_rank.get(pid, 0) for sign, per_rank in terms) for pid in ranks),
-               default=0.0)
-
-
-def targeted(pair: str, row: dict, base: dict) -> tuple[float, str]:
-    """(bytes per step, what they are): the traffic the pair's overlap acts on, the
-    largest over the ranks (module docstring, "What each overlap can hide")."""
-    t, b = row["traffic"], base["traffic"]
-    if pair == "tp":
-        return (_most((1, b["all_gather"]), (1, b["reduce_scatter"])),
-                "the plain variant's TP all-gathers and reduce-scatters")
-    if pair == "fsdp":
-        return _most((1, b["all_gather"]), (-1, t["all_gather"])), "the all-gather bytes saved"
-    if pair == "moe":
-        return _most((1, t["a2a_async"])), "the all-to-alls it starts async"
-    if pair == "pipeline_ep":
-        return (_most((1, t["sends"]), (1, t["a2a_in_fb"])),
-                "its stage sends (pp) and the all-to-alls inside its F&B ops (ep)")
-    return _most((1, t["sends"])), "its stage sends"
-
-
-def report(pair: str, rows: dict, gbps: float) -> list[str]:
-    """The pair's table, ratios against its plain (first) variant, and its verdicts;
-    returns each overlapped variant's line for the closing summary."""
-    plain, *overlapped = PAIRS[pair]
-    base = rows[plain]
-    print(f"  {'(x: / ' + plain + ')':<16} {'step ms':>8} {'x':>6} {'exposed ms':>10} {'x':>6} "
-          f"{'CPU ms':>7} {'MB sent':>8} {'wire ms':>8}")
-    for v, row in rows.items():
-        wire = row["sent"] / (gbps * 1e9)
-        exposed_ratio = row["exposed"] / base["exposed"] if base["exposed"] > 0 else float("nan")
-        print(f"  {v:<16} {1e3 * row['step']:8.1f} {row['step'] / base['step']:6.3f} "
-              f"{1e3 * row['exposed']:10.1f} {exposed_ratio:6.3f} {1e3 * row['cpu']:7.1f} "
-              f"{row['sent'] / 1e6:8.3f} {1e3 * wire:8.1f}")
-    if pair == "fsdp":       # the gathers' bytes: what the low-precision formats change
-        print("  all-gathered per step and rank: " + ", ".join(
-            f"{v} {row['gathered'] / 1e6:.3f} MB ({row['gathered'] / base['gathered']:.2f} x)"
-            for v, row in rows.items()))
-    if pair == "pipeline_ep":   # which mesh dimension carries what
-        print("  MB sent per step (largest rank) on pp / ep: " + ", ".join(
-            f"{v} {_most((1, row['traffic']['pp'])) / 1e6:.3f} / "
-            f"{_most((1, row['traffic']['ep'])) / 1e6:.3f}" for v, row in rows.items()))
-    bars = []
-    for v in overlapped:
-        bars.append(f"{pair + ':':<13}"
-                    + verdict(v, plain, rows[v], base, gbps, targeted(pair, rows[v], base)))
-        if pair in ("fsdp", "moe"):
-            break_even(v, rows[v], base, gbps)
-    return bars
-
-
-def break_even(v: str, row: dict, base: dict, gbps: float) -> None:
-    """Where the overlap pays on these cores: the extra CPU time a step spends on it
-    (the rounding of the low-precision gathers, the second thread's bookkeeping)
-    against the wire time it saves or hides; the link speed at which they are equal."""
-    extra_cpu = row["cpu"] - base["cpu"]
-    saved_bytes = base["sent"] - row["sent"]
-    if saved_bytes > 0:
-        wire_saved = saved_bytes / (gbps * 1e9)
-        what = f"the {1e3 * wire_saved:.1f} ms of wire its {saved_bytes / 1e6:.3f} MB fewer take"
-    else:
-        wire_saved = base["exposed"] - row["exposed"]
-        saved_bytes = wire_saved * gbps * 1e9
-        what = f"the {1e3 * wire_saved:.1f} ms of exposed communication it hid"
-    pad = " " * (len(v) + 4)
-    if wire_saved <= 0:
-        print(f"  {pad}CPU {1e3 * extra_cpu:+.1f} ms per step and nothing saved or hidden "
-              f"on the wire in this run")
-    elif extra_cpu <= 0:
-        print(f"  {pad}CPU {1e3 * extra_cpu:+.1f} ms per step against {what}: pays at any "
-              f"link speed")
-    else:
-        print(f"  {pad}CPU {1e3 * extra_cpu:+.1f} ms per step against {what}: pays on a link "
-              f"slower than {saved_bytes / extra_cpu / 1e9:.2f} GB/s (--link-gbps)")
-
-
-def verdict(v: str, plain: str, row: dict, base: dict, gbps: float,
-            target: tuple[float, str]) -> str:
-    """Three lines: the exposed communication removed against what the wire allows this
-    overlap to hide (the wire time of the traffic it acts on, ``target``, no more than
-    the plain variant exposed), the old whole-wire figure beside it, and the step time
-    saved against the CPU floor. Returns the one-line form for the closing summary."""
-    removed = base["exposed"] - row["exposed"]
-    acted, what = target
-    allowed = min(acted / (gbps * 1e9), base["exposed"])
-    whole = min(base["sent"] / (gbps * 1e9), base["exposed"])
-    pad = " " * (len(v) + 6)
-    ok = allowed > 0 and removed >= 0.5 * allowed
-    met = (f"target >= half {'met' if ok else 'NOT met'}" if allowed > 0
-           else "nothing it acts on to hide")
-    print(f"  {v} vs {plain}: exposed {1e3 * base['exposed']:.1f} -> {1e3 * row['exposed']:.1f} "
-          f"ms, removed {1e3 * removed:.1f} ms of the {1e3 * allowed:.1f} ms the wire allows "
-          f"hiding: {met}")
-    print(f"{pad}(it acts on {what}: {acted / 1e6:.3f} MB, "
-          f"{1e3 * acted / (gbps * 1e9):.1f} ms on the wire;")
-    print(f"{pad} the old figure, every call's wire time up to the plain exposed: "
-          f"{1e3 * whole:.1f} ms" + (f", removed {removed / whole:.2f} x it)" if whole > 0
-                                     else ")"))
-    strict = ""
-    if row["parked"] > row["exposed"]:       # F&B's second half blocked: nothing computed
-        gone = base["exposed"] - row["parked"]
-        word = "met" if allowed > 0 and gone >= 0.5 * allowed else "NOT met"
-        strict = f"; {word} with the second half's blocking counted"
-        print(f"{pad}(the summary counts {1e3 * (row['parked'] - row['exposed']):.1f} ms of "
-              f"blocking calls of F&B's second half as hidden, while the main thread was "
-              f"parked; counted exposed: {1e3 * row['parked']:.1f} ms, removed "
-              f"{1e3 * gone:.1f} ms: target >= half {word})")
-    if base["exposed"] > 3 * base["sent"] / (gbps * 1e9):    # then what moves is waiting
-        print(f"{pad}(the plain variant's exposed time is over 3 x its wire time: it waits on "
-              f"its peer's compute and the scheduler, which the verdict cannot tell from the "
-              f"wire)")
-    room = base["step"] - row["floor"]         # the plain step down to the CPU floor
-    saved = base["step"] - row["step"]
-    shared = ": all ranks' CPU over the cores" if row["floor"] > row["cpu"] else ""
-    line = (f"{pad}step saved {1e3 * saved:.1f} ms of the {1e3 * room:.1f} ms above the CPU "
-            f"floor ({1e3 * row['floor']:.1f} ms{shared})")
-    summary = (f"{v + ' vs ' + plain + ':':<30} exposed {1e3 * base['exposed']:.1f} -> "
-               f"{1e3 * row['exposed']:.1f} ms, removed {1e3 * removed:.1f} of "
-               f"{1e3 * allowed:.1f} ms allowed ({met}{strict}; whole wire {1e3 * whole:.1f} ms); "
-               f"step {1e3 * base['step']:.1f} -> {1e3 * row['step']:.1f} ms, CPU floor "
-               f"{1e3 * row['floor']:.1f} ms")
-    if room <= 0:
-        print(line + ": no room on these cores (the floor is at or above the plain step)")
-        return summary
-    print(line + f": {saved / room:.2f} of it")
-    return summary
 
 
 def main() -> None:
@@ -543,7 +336,8 @@ def main() -> None:
                 worlds[n] = open_worlds.enter_context(World(n, link_gbps=a.link_gbps))
             print(f"\n== {pair}: {' vs '.join(PAIRS[pair])} "
                   + (f"(pp=2 x ep=2, {n} ranks) ==" if pair == "pipeline_ep" else "=="))
-            bars += report(pair, measure_pair(worlds[n], pair, a, folder), a.link_gbps)
+            bars += report(pair, PAIRS[pair], measure_pair(worlds[n], pair, a, folder),
+                           a.link_gbps)
     print(f"\n== the bars, one line per overlap (exposed communication from the trace, "
           f"removed against the {a.link_gbps:g} GB/s wire time of the traffic the overlap acts "
           f"on, target: half of it, the old whole-wire figure beside it; step time against "

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-import bench_overlap  # noqa: E402
+import _overlap_traffic  # noqa: E402
 
 TINY = ["--rounds", "1", "--steps", "1", "--trace-steps", "1", "--layers", "1", "--width", "16",
         "--seq", "8", "--batch", "1", "--microbatches", "4"]
@@ -78,7 +78,7 @@ HAND_MADE = {"traceEvents": [
 
 
 def test_the_traffic_an_overlap_acts_on_is_read_per_kind_thread_and_f_and_b():
-    t = bench_overlap.traffic_of(HAND_MADE)
+    t = _overlap_traffic.traffic_of(HAND_MADE)
     assert t["all"] == {0: 1000 + 300 + 40 + 4096 + 64, 1: 7 + 32}
     assert t["all_to_all"] == {0: 1340, 1: 7}
     assert t["a2a_async"] == {0: 300}
@@ -91,15 +91,15 @@ def test_the_traffic_an_overlap_acts_on_is_read_per_kind_thread_and_f_and_b():
 @pytest.mark.parametrize("pair, expected", [
     ("tp", 64 + 0), ("moe", 300), ("pipeline", 4096), ("pipeline_ep", 4096 + 340)])
 def test_each_pair_counts_the_traffic_its_overlap_acts_on_on_the_busiest_rank(pair, expected):
-    row = dict(traffic=bench_overlap.traffic_of(HAND_MADE))
-    acted, what = bench_overlap.targeted(pair, row, row)
+    row = dict(traffic=_overlap_traffic.traffic_of(HAND_MADE))
+    acted, what = _overlap_traffic.targeted(pair, row, row)
     assert acted == expected and what
 
 
 def test_the_low_precision_gathers_are_credited_with_the_bytes_they_save():
     plain = dict(traffic=dict(all_gather={0: 1000, 1: 900}))
     half = dict(traffic=dict(all_gather={0: 500, 1: 450}))
-    assert bench_overlap.targeted("fsdp", half, plain)[0] == 500
+    assert _overlap_traffic.targeted("fsdp", half, plain)[0] == 500
 
 
 def test_a_blocking_call_of_the_second_half_counts_as_exposed_once_moved_to_main():
@@ -116,4 +116,4 @@ def test_a_blocking_call_of_the_second_half_counts_as_exposed_once_moved_to_main
     def exposed(t):
         return summarize(t)["ranks"][0]["exposed_comm"]
     assert exposed(trace) == 0
-    assert exposed(bench_overlap.second_half_on_main(trace)) == 25
+    assert exposed(_overlap_traffic.second_half_on_main(trace)) == 25
