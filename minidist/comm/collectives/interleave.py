@@ -22,9 +22,11 @@ MoE layer's forward (F) beside another micro-batch's backward (B)::
                           ^ F hands over            ^ B hands over
 
 Outside ``Turns.run`` (``paired()`` is False) ``hand_over`` only waits: a plain call.
-While tracing, each stretch a half runs is a span of cat "turn" on its thread (named
-by the label given), the first half on the calling thread, the second on the thread
-"second half" (one per process, kept for the next pair).
+While tracing, each stretch a half runs is a span of cat "turn" (named by the label
+given) on a row of its own per half, "F&B turns: first half" and "... second half": on
+the halves' threads they would cross the module spans a stretch starts or ends inside
+(the first half runs on the calling thread, the second on the thread "second half", one
+per process, kept for the next pair).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from minidist import backend
 from minidist.trace import recorder as trace
 
 TURN = "turn"            # the trace category of a half's stretch of running
+TURN_ROWS = ("F&B turns: first half", "F&B turns: second half")   # their trace rows
 
 
 class Turns:
@@ -102,7 +105,7 @@ class Turns:
     def _end(self, me: int) -> None:
         if trace.active is not None:
             trace.active.span(self.labels[me], TURN, self._since[me], trace.active.now(),
-                              dict(self.args[me], half=me))
+                              dict(self.args[me], half=me), tid=trace.active.tid(TURN_ROWS[me]))
 
 
 def paired() -> bool:

@@ -95,6 +95,8 @@ def test_interleaved_fb_equals_the_plain_fb_bit_for_bit_and_hides_all_to_alls(
         for name in plain:
             np.testing.assert_array_equal(turns[name], plain[name], err_msg=name)
     events = results[0][2]
+    from minidist.trace.check import check
+    assert check({"traceEvents": events}) == []     # the turns on rows of their own
     found, turns = _hidden(events)
     halves = {(t["args"]["microbatch"], t["args"]["half"]) for t in turns}
     assert {h for _, h in halves} == {0, 1}, "no F&B ran as two halves taking turns"
