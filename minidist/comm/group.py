@@ -58,6 +58,18 @@ class CommStats:
         built on demand."""
         delta = (self.bytes_sent - before[0], self.bytes_recv - before[1],
                  self.msgs_sent - before[2], self.msgs_recv - before[3])
+        self._note(name, info, delta, seconds)
+
+    def add(self, name: str, info: dict, delta: tuple, seconds: float = 0.0) -> None:
+        """``record`` for a call that knows what it moves beforehand (a plan of the
+        latency path): ``delta`` = (bytes_sent, bytes_recv, msgs_sent, msgs_recv)."""
+        self.bytes_sent += delta[0]
+        self.bytes_recv += delta[1]
+        self.msgs_sent += delta[2]
+        self.msgs_recv += delta[3]
+        self._note(name, info, delta, seconds)
+
+    def _note(self, name: str, info: dict, delta: tuple, seconds: float) -> None:
         self._last = (name, info, delta)
         totals = self._totals.get(name)
         if totals is None:
