@@ -86,16 +86,21 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | N
     Runs now, or in the background with ``async_op=True`` (a ``Work`` to wait on)."""
     g = resolve(group)
     key = ("call", tensor.shape, tensor.dtype, op, algorithm)
-    plan = g.small_plans.get(key)          # a small call made before: the latency path
+    plan = g.small_plans.get(key)          # kept only for the board: the latency path
     if plan is None:
         name = runnable(algorithm, tensor.nbytes, g)
         plan = make_plan(g, name, tensor, op)  # allgather, direct: their check's table
-        if oneshot.through_board(plan):
-            keep_plan(g, key, plan)        # next time, straight here (oneshot.py)
-    if oneshot.through_board(plan):
-        if async_op or not work.idle():
-            return work.submit(partial(oneshot.call, g, tensor, plan), async_op)
-        return oneshot.call(g, tensor, plan)
+        if not oneshot.through_board(plan):
+            return _planned_all_reduce(g, tensor, op, name, plan, async_op)
+        keep_plan(g, key, plan)            # next time, straight here (oneshot.py)
+    if async_op or not work.idle():
+        return work.submit(partial(oneshot.call, g, tensor, plan), async_op)
+    return oneshot.call(g, tensor, plan)
+
+
+def _planned_all_reduce(g: ProcessGroup, tensor: Any, op: ReduceOp, name: str, plan: Any,
+                        async_op: bool):
+    """An all-reduce off the board: through the generic runner (call.py)."""
     if plan is None:
         return _run(g, "all_reduce", dict(op=op.name, algorithm=name, **_sig(tensor)),
                     _all_reduce, async_op, args=(tensor, op, name, None))
