@@ -91,6 +91,8 @@ class SplitPlan:
         self.in_edges, self.out_edges = offsets(send), offsets(recv)
         self.nbytes = self.in_edges[-1] * row * plan.dtype.itemsize       # my input
         self.fits = self.nbytes <= plan.room
+        self.my_input = plan.inputs[group.rank][:self.nbytes].view(plan.dtype) if self.fits \
+            else None                                      # my input, in my slot
         self.posted = plan.counts[group.rank].copy()       # the words I post (host int64)
         self.posted[:] = send + recv + [int(self.fits), 0, 0]
         self.seen: list[bytes] | None = None   # every rank's S row, column, fits, last agreed
@@ -182,7 +184,7 @@ def board_all_to_all(group, flat_out: Any, flat_in: Any, sp: SplitPlan, source_o
     if not (sp.seen is not None and sp.everyone_fits):   # an address is worth offering
         mine[2 * n + PID:2 * n + ADDRESS + 1] = source_of(group, flat_in, flat_out)
     if sp.fits:
-        plan.inputs[r][:sp.nbytes] = backend.to_host(flat_in).view("uint8")
+        sp.my_input[...] = backend.to_host(flat_in)
     if board.posted_record is not plan.record:
         board.records[plan.me][:] = host_view(plan.record)
         board.posted_record = plan.record
