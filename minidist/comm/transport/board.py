@@ -42,7 +42,9 @@ from minidist.comm.transport import flight
 from minidist.comm.transport.base import host_view
 from minidist.comm.transport.wait import Backoff
 
-BOARD_BYTES = 64 * 1024  # data bytes per rank (at most a channel's slot_bytes: shm.create)
+BOARD_BYTES = 256 * 1024  # data bytes per rank (at most a channel's slot_bytes: shm.create);
+# 256 KiB: an all-to-all input of 64 KiB fits (one of 256 KiB, which single-copy
+# reads serve, does not: its counts take the first cache line)
 RECORD_BYTES = 128       # the same-call check's record (collectives/check.py)
 HEAD_BYTES = 64          # ticket, nbytes, dtype code: one cache line
 T_TICKET, T_NBYTES, T_CODE = range(3)
