@@ -1,6 +1,7 @@
 """Communication between processes: what a user meets first, and two layers below it.
 
     group.py        ProcessGroup, init_process_group, new_group, get_rank, get_world_size
+    stats.py        CommStats: the bytes and messages a rank moved, per collective and last
     mesh.py         DeviceMesh: ranks on a grid (dp x pp x tp ...), a group per axis
     errors.py       what fails, loudly: timeouts, mismatched calls, a failed rank
     launch/         World / launch: spawn ranks, collect results, fail loudly

@@ -22,7 +22,8 @@ Files, in reading order:
                    probe that learns whether the ranks may read each other
 - hierarchical.py  two-level all-reduce: ring in the node, ring between nodes on 1/L
 - alltoall.py      all-to-all with uneven splits (pairwise exchange, single-copy reads)
-- alltoall_board.py  all-to-all's splits, and inputs that fit a slot, in one post on the board
+- alltoall_board.py  all-to-all's splits, and inputs that fit a slot, in one post on the board;
+                   a split plan per call shape, compared byte for byte with the posts
 - work.py          ``Work``: async handles and the background thread that runs them
 - cost.py          the alpha-beta cost model of each algorithm
 
