@@ -42,7 +42,8 @@ from typing import Any
 from minidist import backend
 from minidist.comm.collectives import oneshot
 from minidist.comm.collectives.alltoall import offsets, parse_counts, split_sizes
-from minidist.comm.collectives.check import cached_plan, describe, encode, mismatch_error
+from minidist.comm.collectives.check import (cached_plan, describe, encode, keep_plan,
+                                             mismatch_error)
 from minidist.comm.transport.base import host_view
 from minidist.comm.transport.board import ticket_of
 from minidist.trace import recorder as trace
@@ -53,7 +54,7 @@ MAX_SPLIT_PLANS = 16            # split plans kept per (dtype, row shape); a loo
 
 def usable(group) -> bool:
     """Does ``group`` have a board to post on (one machine, the check on)?"""
-    return oneshot.fits(group, 0) and group.check
+    return group.transport.board is not None and group.size > 1 and group.check
 
 
 class BoardAllToAllPlan:
@@ -72,6 +73,7 @@ class BoardAllToAllPlan:
         # Group rank q's slot: its counts (int64) and its input (bytes).
         self.counts = [board.data[q][:self.words * 8].view("int64") for q in group.ranks]
         self.agreed_words = [c[:2 * n + 1] for c in self.counts]   # S row, S column, fits
+        self.peer_words = [w for q, w in enumerate(self.agreed_words) if q != group.rank]
         self.inputs = [board.data[q][head:] for q in group.ranks]
         self.records = [board.records[q] for q in group.ranks]
         self.peer_records = [board.records[q] for q in self.peers]
@@ -95,7 +97,7 @@ class SplitPlan:
             else None                                      # my input, in my slot
         self.posted = plan.counts[group.rank].copy()       # the words I post (host int64)
         self.posted[:] = send + recv + [int(self.fits), 0, 0]
-        self.seen: list[bytes] | None = None   # every rank's S row, column, fits, last agreed
+        self.seen: list[bytes] | None = None   # each peer's S row, column, fits, last agreed
         self.parts: list = []                  # (out lo, out hi, slot part) in rank order
         self.everyone_fits = False
         self.sends: list = []
@@ -105,7 +107,7 @@ class SplitPlan:
     def agree(self, group, sends: list[list[int]]) -> None:
         """Keep S, as agreed by this call's posts, and the parts it puts in the slots."""
         plan, r, n = self.plan, group.rank, group.size
-        self.seen = [w.tobytes() for w in plan.agreed_words]
+        self.seen = [w.tobytes() for w in plan.peer_words]   # mine: what I posted
         self.sends = sends
         self.everyone_fits = all(plan.counts[q][2 * n + FITS] for q in range(n))
         if not self.everyone_fits:
@@ -130,21 +132,26 @@ def board_plan(group, dtype: Any, row_shape: tuple) -> BoardAllToAllPlan:
 
 def split_plan(group, input: Any, output: Any, input_split_sizes, output_split_sizes
                ) -> SplitPlan:
-    """The SplitPlan of a call (made, and the splits checked, on first use)."""
-    plan = board_plan(group, input.dtype, tuple(input.shape[1:]))
-    key = (input.shape, output.shape,
+    """The SplitPlan of a call (made, and the splits checked, on first use),
+    kept in its BoardAllToAllPlan and, for the next call, in ``group.small_plans``
+    under the call's key (at most MAX_SPLIT_PLANS there per group)."""
+    key = ("all_to_all_single call", input.shape, output.shape, input.dtype,
            None if input_split_sizes is None else tuple(input_split_sizes),
            None if output_split_sizes is None else tuple(output_split_sizes))
-    found = plan.split_plans.get(key)
+    found = group.small_plans.get(key)
     if found is None:
+        plan = board_plan(group, input.dtype, tuple(input.shape[1:]))
         send = split_sizes(input_split_sizes, input.shape[0], group.size, "input")
         recv = split_sizes(output_split_sizes, output.shape[0], group.size, "output")
         row = 1
         for s in input.shape[1:]:
             row *= s
         if len(plan.split_plans) >= MAX_SPLIT_PLANS:   # splits that change every call
+            for old in plan.split_plans:
+                group.small_plans.pop(old, None)
             plan.split_plans.clear()
         found = plan.split_plans[key] = SplitPlan(group, plan, send, recv, row)
+        keep_plan(group, key, found)
     return found
 
 
@@ -229,7 +236,7 @@ def _as_agreed(sp: SplitPlan) -> bool:
     seen = sp.seen
     if seen is None or not sp.everyone_fits:
         return False
-    for words, before in zip(sp.plan.agreed_words, seen):
+    for words, before in zip(sp.plan.peer_words, seen):
         if words.tobytes() != before:
             return False
     return True

@@ -141,3 +141,15 @@ def test_another_call_after_a_kept_plan_is_refused_on_every_rank(worlds):
         for rank, (error, later) in enumerate(worlds.get(3).run(_another_call, kind)):
             assert error is not None and "differ in" in error, f"{kind}, rank {rank}: {error}"
             assert later == [0.0, 1.0, 2.0]
+
+
+def test_more_split_plans_than_are_kept_still_match_the_reference(worlds):
+    """Splits that change every call (an MoE router's) outgrow the kept split
+    plans (MAX_SPLIT_PLANS); the calls after that, and a repeat of the first
+    splits, still move the right rows."""
+    from minidist.comm.collectives.alltoall_board import MAX_SPLIT_PLANS
+    ks = list(range(MAX_SPLIT_PLANS + 4)) + [0, 1]
+    cases = [dict(S=[[k, 3], [2, k + 1]], row_shape=(3,), dtype="float32", seed=k) for k in ks]
+    for rank, got in enumerate(worlds.get(2).run(_sequence, cases)):
+        for i, case in enumerate(cases):
+            assert np.array_equal(got[i], _expected(case, rank)), f"rank {rank}, call {i}"
