@@ -95,12 +95,19 @@ def best_of(sweeps: list, repeats: int, best: dict | None = None) -> dict:
 
 # -- torch.distributed's gloo: the CPU backend a learner would otherwise use ------------
 
+def gloo_available() -> bool:
+    """Is torch installed (its workers can import it)? Without it gloo is skipped."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def run_gloo(n: int, sizes: list[int], collective: str) -> dict:
     """``collective`` (all_reduce or all_to_all) of float32 under torch.distributed's
     gloo backend, N processes on this machine: {"gloo:<size>": seconds}; {} without torch."""
-    try:
-        import torch  # noqa: F401  (only to know that the workers can import it)
-    except ImportError:
+    if not gloo_available():
         return {}
     with socket.socket() as s:      # a free port for the rendezvous
         s.bind(("127.0.0.1", 0))

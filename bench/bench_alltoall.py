@@ -107,8 +107,10 @@ def mpi_worker(sizes: list[int]) -> None:
 
 def table(n: int, sizes: list[int], best: dict) -> str:
     factor = (n - 1) / n
-    sides = (("minidist", "minidist all_to_all_single"), ("pairwise", "pairwise (2 copies)"),
-             ("mpi", "MPICH Alltoallv"))
+    sides = (("minidist", "minidist all_to_all_single"),)
+    if any(k.startswith("pairwise:") for k in best):
+        sides += (("pairwise", "pairwise (2 copies)"),)
+    sides += (("mpi", "MPICH Alltoallv"),)
     if any(k.startswith("gloo:") for k in best):
         sides += (("gloo", "gloo all_to_all_single"),)
     head = f"{'size':>8} | " + " | ".join(f"{title:^26}" for _, title in sides) + \
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-mpi", action="store_true", help="skip the MPICH reference")
     p.add_argument("--no-pairwise", action="store_true",
                    help="skip the pairwise (two-copy) column")
-    p.add_argument("--peer", choices=("gloo",), help="also run torch.distributed's gloo")
+    p.add_argument("--peer", choices=("gloo", "none"), help="also run torch.distributed's gloo")
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--sizes", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

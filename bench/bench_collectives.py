@@ -1,8 +1,9 @@
-"""All-reduce bandwidth: minidist's algorithms vs MPICH (and torch's gloo), in one run.
+"""All-reduce and all-to-all: minidist vs MPICH and torch's gloo, in one run, and the bars.
 
-    python bench/bench_collectives.py                 # worlds 2 and 4, 1 KiB .. 256 MiB
-    python bench/bench_collectives.py --max-size 16M --worlds 2 --peer gloo
-    python bench/bench_collectives.py --collective all_to_all   # bench_alltoall.py
+    python bench/bench_collectives.py                 # world 2, 1 KiB .. 64 MiB, gloo too
+    python bench/bench_collectives.py --worlds 4      # the same table at 4 ranks
+    python bench/bench_collectives.py --max-size 16M --worlds 2 4 --peer none
+    python bench/bench_collectives.py --collective all_to_all   # bench_alltoall.py alone
     python bench/bench_collectives.py --tune          # fit auto's thresholds (_tune.py)
 
 For every message size and world size it prints the time of one all-reduce of
@@ -19,8 +20,9 @@ convention: what each link carries, comparable across N), for
   (``minidist.launch`` world, default options: the same-call check included);
 - mpi4py's native ``Allreduce`` (in place) under MPICH's ``mpiexec``: the
   reference, run as a subprocess of this script;
-- with ``--peer gloo``, torch.distributed's ``all_reduce`` on the gloo backend
-  (the CPU backend a learner would otherwise use), N processes of its own;
+- torch.distributed's ``all_reduce`` on the gloo backend (the CPU backend a
+  learner would otherwise use), N processes of its own: where torch is
+  installed, unless ``--peer none``;
 - a single-process ``memcpy`` of M bytes: a ceiling for any transfer on this
   machine (a ring step copies M/N bytes and adds M/N bytes per rank).
 
@@ -32,6 +34,13 @@ alike. auto's time is the better of its own column and that of the algorithm it
 takes (the same calls, timed twice). ``auto/MPICH`` is auto's busbw over
 MPICH's, ``auto/best`` auto's time over the fastest algorithm's at that size
 (1.00 when auto took it), ``gloo/auto`` how many times faster auto is than gloo.
+
+Then, at the same world size, bench_alltoall.py's table (all_to_all_single of
+float32 in N equal parts against MPICH's Alltoallv and gloo's
+all_to_all_single), and last the bars of _bars.py, each saying whether it
+holds in this run: the 1 KiB all-reduce against MPICH's, auto's bus bandwidth
+against MPICH's per size, auto against the fastest algorithm per size,
+all-to-all against MPICH's per size, and minidist against gloo.
 
 ``--tune`` sweeps allgather, recursive doubling, ring and direct over 1 KiB ..
 64 MiB (powers of 2), fits the thresholds that keep auto nearest the fastest at every size
@@ -50,8 +59,9 @@ import numpy as np
 from minidist.calc.comm import BUS_FACTORS
 from minidist.comm.collectives.all_reduce import TUNING_ENV, choose
 from _args import byte_size, positive_int
-from _collective_bench import (SIZES, best_of, human, iterations, row_cells, run_gloo,
-                               run_mpi, slowest_rank, usable_cores, windows)
+import _bars
+from _collective_bench import (SIZES, best_of, gloo_available, human, iterations, row_cells,
+                               run_gloo, run_mpi, slowest_rank, usable_cores, windows)
 
 LATENCY_SIZE = 1 << 10
 ALGORITHMS = ("auto", "allgather", "recursive_doubling", "ring", "direct")
@@ -246,14 +256,19 @@ def main() -> None:
         bench_alltoall.main(rest)
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--worlds", type=positive_int, nargs="+", default=[2, 4])
+    p.add_argument("--worlds", type=positive_int, nargs="+", default=[2],
+                   help="world sizes (the 4-rank table: --worlds 4, or --worlds 2 4)")
     p.add_argument("--min-size", type=byte_size, default=1 << 10)
-    p.add_argument("--max-size", type=byte_size, default=256 << 20)
+    p.add_argument("--max-size", type=byte_size, default=64 << 20)
     p.add_argument("--repeats", type=positive_int, default=2)
     p.add_argument("--algorithms", nargs="+", choices=ALGORITHMS + ("naive", "tree"),
                    default=list(ALGORITHMS), help="minidist's columns (auto first)")
     p.add_argument("--no-mpi", action="store_true", help="skip the MPICH reference")
-    p.add_argument("--peer", choices=("gloo",), help="also run torch.distributed's gloo")
+    p.add_argument("--no-all-to-all", action="store_true",
+                   help="the all-reduce table only (no all-to-all table and bar)")
+    p.add_argument("--peer", choices=("gloo", "none"), default="gloo",
+                   help="torch.distributed's gloo beside minidist and MPICH (skipped "
+                        "without torch); none: leave it out")
     p.add_argument("--tune", action="store_true",
                    help="fit auto's thresholds to this machine and write them to --tune-file")
     p.add_argument("--tune-file", default="all_reduce_tuning.json")
@@ -274,18 +289,38 @@ def main() -> None:
                 "the sizes are 1K, 4K, 16K, ... 256M (powers of 4)")
     algorithms = ["auto"] + [a for a in args.algorithms if a != "auto"]
     cores = usable_cores()
-    print(f"all-reduce of float32, {cores} CPU core{'s' * (cores > 1)}, "
-          f"best of {args.repeats} repeats")
+    gloo = args.peer == "gloo"
+    print(f"all-reduce and all-to-all of float32, {cores} CPU core{'s' * (cores > 1)}, "
+          f"best of {args.repeats} repeats" + ("" if gloo_available() or not gloo else
+                                               "; gloo skipped: torch is not installed"))
     ceiling = memcpy_ceiling(sizes)
     for n in args.worlds:
         sweeps = [lambda: run_minidist(n, sizes, algorithms)]
         if not args.no_mpi:
             sweeps.append(lambda: run_mpi(n, sizes, __file__))
-        if args.peer == "gloo":
+        if gloo:
             sweeps.append(lambda: run_gloo(n, sizes, "all_reduce"))
         best = best_of(sweeps, args.repeats, dict(ceiling))
         print()
         print(table(n, sizes, best, algorithms), flush=True)
+        a2a = {} if args.no_all_to_all else all_to_all(n, sizes, args, gloo)
+        print()
+        print(_bars.verdicts(n, sizes, best, algorithms, a2a), flush=True)
+
+
+def all_to_all(n: int, sizes: list[int], args, gloo: bool) -> dict:
+    """bench_alltoall.py's table at world ``n`` (minidist, MPICH, gloo; no
+    pairwise column), printed; its times."""
+    import bench_alltoall
+    sweeps = [lambda: bench_alltoall.run_minidist(n, sizes)]
+    if not args.no_mpi:
+        sweeps.append(lambda: run_mpi(n, sizes, bench_alltoall.__file__))
+    if gloo:
+        sweeps.append(lambda: run_gloo(n, sizes, "all_to_all"))
+    best = best_of(sweeps, args.repeats)
+    print()
+    print(bench_alltoall.table(n, sizes, best), flush=True)
+    return best
 
 
 if __name__ == "__main__":

@@ -17,6 +17,15 @@ and prints the parts: the flag round is the wait (alpha); copy and fold are
 the bytes; what remains of the one-shot call is its Python (the flight
 recorder, the record check, the stats), and all_reduce's dispatch on top.
 
+On a machine shared with other work every part that waits for a peer moves
+with the load. So at world 2 it also times rank 0 alone ("one rank alone"):
+before each call rank 0 writes, for rank 1, the two words a peer would (its
+ticket for that call, its acknowledgement of rank 0's last post) with rank 1's
+record and counts as rank 0's own, so ``dist.all_reduce`` and
+``dist.all_to_all_single`` run their whole path without waiting: what is left
+is one rank's own work (Python, copy, fold), which a burst of load elsewhere
+lengthens far less than a wait for a peer.
+
 Then the alpha of each algorithm (``--alpha-size``, 64 bytes: the time of a call
 that moves next to nothing), ``allgather`` both through the board and, in a
 world started with MINIDIST_BOARD=0, through the channels (the Bruck rounds).
@@ -78,6 +87,52 @@ def parts(size: int, iters: int) -> dict:
     return out
 
 
+def alone(size: int, iters: int) -> dict:
+    """Rank 0's whole all_reduce and all_to_all_single of ``size`` bytes, rank 1's
+    part played by rank 0 (the module docstring); rank 1 waits meanwhile."""
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    from minidist.comm.collectives.alltoall_board import board_plan
+    from minidist.comm.group import resolve
+    from minidist.comm.transport.base import host_view
+    from minidist.comm.transport.board import T_TICKET, ticket_of
+    g = resolve(None)
+    board, words = g.transport.board, g.transport.board._words
+    x, y = xp.zeros(size // 4, dtype="float32"), xp.zeros(size // 4, dtype="float32")
+    half = [size // 8, size // 8]
+    calls = {"all_reduce": lambda: dist.all_reduce(x),
+             "all_to_all_single": lambda: dist.all_to_all_single(y, x, half, half)}
+    for call in calls.values():
+        call()                                # plans made, rank 1's record and counts seen
+    dist.barrier()
+    out = {}
+    if g.rank == 0:
+        number = g.calls                      # restored after, for the last barrier
+
+        def as_rank_1():                      # its ticket for my next call, its ack of my post
+            words[board.head[1] + T_TICKET] = ticket_of(g.ctx, g.calls + 1)
+            words[board.acks[1]] = board.owed[1]
+        a2a = board_plan(g, x.dtype, ())
+        records = {"all_reduce": g.small_plans[("call", x.shape, x.dtype, dist.ReduceOp.SUM,
+                                                 "auto")].record,
+                   "all_to_all_single": a2a.record}
+        for name, call in calls.items():
+            board.records[1][:] = host_view(records[name])   # rank 1 makes my call
+            if name == "all_to_all_single":
+                posted = next(iter(a2a.split_plans.values())).posted
+                a2a.counts[1][:] = posted          # equal splits: rank 1 posts what I post
+
+            def both(call=call):
+                as_rank_1()
+                call()
+            no_barrier = lambda: None      # noqa: E731  (rank 1 is not in these calls)
+            whole = min(_windows(both, iters, no_barrier))
+            out[name] = whole - min(_windows(as_rank_1, iters, no_barrier))
+        g._calls = number
+    dist.barrier()
+    return out
+
+
 ALPHA_ALGORITHMS = ("allgather", "recursive_doubling", "tree", "ring", "naive", "direct")
 
 
@@ -112,6 +167,13 @@ def main() -> None:
         print(f"  {'Python of the one-shot call (the rest)':<40} {rest * 1e6:7.2f}")
         print(f"  {'api.py dispatch (all_reduce - one-shot)':<40} "
               f"{(best['all_reduce'] - best['one-shot']) * 1e6:7.2f}")
+        if n == 2:
+            with World(n) as world:
+                solo = world.run(alone, args.size, args.iters)[0]
+            print(f"world 2, one rank alone (its peer's part played by itself; the whole "
+                  f"call path, no wait), {human(args.size)}, microseconds per call")
+            for key, t in solo.items():
+                print(f"  {key:<40} {t * 1e6:7.2f}")
         iters = max(1, args.iters // 4)
         with World(n) as world:
             alphas = slowest_rank(world.run(alpha_sweep, args.alpha_size, iters))

@@ -199,3 +199,33 @@ def random_case(rng, world, collective=None):
     if name == "all_reduce" and np.dtype(dtype).kind == "f" and rng.random() < 0.3:
         case.update(real=True, op="SUM")
     return case
+
+
+# -- a peer that never comes -------------------------------------------------
+
+def rank_2_never_comes(collective):
+    """Rank 2 sleeps past the world's timeout; the others call ``collective``
+    (all_reduce, all_to_all_single, send) on 3 elements, and must time out."""
+    import time
+    from minidist.backend import xp
+    if dist.get_rank() == 2:
+        time.sleep(30)
+    elif collective == "all_reduce":
+        dist.all_reduce(xp.ones(3))
+    elif collective == "all_to_all_single":
+        dist.all_to_all_single(xp.zeros(3), xp.ones(3))
+    elif dist.get_rank() == 0:      # "send": rank 0's message waits for a receive
+        dist.recv(xp.ones(3), src=2)
+
+
+def named_within_the_timeout(collective):
+    """Run ``rank_2_never_comes`` in a world of 3 with a 2 s timeout: the
+    RankFailedError of a rank that waited (its traceback names rank 2)."""
+    import pytest
+    from minidist.comm import RankFailedError, World
+    with World(3, timeout=2.0, run_timeout=60.0) as world:
+        with pytest.raises(RankFailedError) as info:
+            world.run(rank_2_never_comes, collective)
+    err = info.value
+    assert err.exc_type == "CommTimeoutError", err.remote_traceback
+    return err

@@ -9,6 +9,7 @@ Files, in reading order:
                    all_reduce, all_gather, reduce_scatter, gather, scatter, all_to_all,
                    all_to_all_single, barrier; each checks, runs and counts its call
 - call.py          one call from issue to bytes: tag, same-call check, stats, async or not
+- stats.py         CommStats: the bytes and messages a rank moved, per collective and last
 - check.py         the same-call check: every rank made the same call, or all raise
 - ring.py          ring reduce-scatter and all-gather, the two halves of ring all-reduce
 - tree.py          binomial trees and recursive doubling, the log(N)-step algorithms
@@ -22,7 +23,8 @@ Files, in reading order:
                    probe that learns whether the ranks may read each other
 - hierarchical.py  two-level all-reduce: ring in the node, ring between nodes on 1/L
 - alltoall.py      all-to-all with uneven splits (pairwise exchange, single-copy reads)
-- alltoall_board.py  all-to-all's splits, and inputs that fit a slot, in one post on the board
+- alltoall_board.py  all-to-all's splits, and inputs that fit a slot, in one post on the board;
+                   a split plan per call shape, compared byte for byte with the posts
 - work.py          ``Work``: async handles and the background thread that runs them
 - interleave.py    two computations taking turns, each handing over while its collective
                    is in flight (DualPipeV's F&B: one micro-batch's all-to-all hidden

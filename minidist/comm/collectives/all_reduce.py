@@ -35,6 +35,11 @@ ranks per core; docs/collectives.md, "The latency path"), in microseconds:
     world   allgather:board   allgather:channels   rec.doubling   tree   ring   naive   direct
       2           5.7               10.7               20.5        28.5   29.2   27.1    38.6
       4          26.8               49.4              124.1       145.2  218.3  142.8   250.2
+      2 *         5.0               10.1               19.5        27.8   27.8   26.4    36.7
+
+    * after the latency path's cuts (oneshot.py: the fold written out, the
+      stats counted from the plan; api.py: a kept plan goes straight to it),
+      load average 6-9 from other work on the VM.
 
 ``naive`` is the oracle the others are tested against. ``choose`` names the
 algorithm: the one asked for, or for ``auto`` one by size, as NCCL and MPI

@@ -6,7 +6,7 @@ rounds; then the parts move, pairwise (N-1 more steps) or by single-copy reads.
 For small parts those rounds are the whole cost. On one machine every rank
 posts instead, once, into its slot on the board (transport/board.py):
 
-    slot of rank q = [record | S[q][:] (N) | S[:][q] (N) | pid, address, fits | input of q]
+    slot of rank q = [record | S[q][:] (N) | S[:][q] (N) | fits, pid, address | input of q]
 
     post      the counts, and the input when it fits the slot (``fits``)
     wait      until every peer posted this call's ticket
@@ -24,6 +24,15 @@ move the parts, the same ``CollectiveMismatchError`` when the splits disagree
 (the pair is named, as alltoall.py names it). A peer that made another call
 never posts; as with oneshot.py, the flight recorder shows it in this call
 without a post, and the ranks join the records-only check, so all raise.
+
+A call with the split sizes of an earlier call (a Ulysses layer, a loop of the
+same shapes) repeats its work: its ``SplitPlan``, kept per (shapes, dtype,
+splits), holds the counts to post, the offsets, and the S agreed last time
+with the slices of the slots to copy out. The posted counts are compared with
+that S byte for byte (the same-call check of the splits, still on every call)
+and parsed only when they differ. A rank that expects every input on the board
+offers no address (pid 0): if a peer's splits then say otherwise, the parts
+move pairwise.
 """
 from __future__ import annotations
 
@@ -32,18 +41,20 @@ from typing import Any
 
 from minidist import backend
 from minidist.comm.collectives import oneshot
-from minidist.comm.collectives.alltoall import offsets, parse_counts
-from minidist.comm.collectives.check import cached_plan, describe, encode, mismatch_error
+from minidist.comm.collectives.alltoall import offsets, parse_counts, split_sizes
+from minidist.comm.collectives.check import (cached_plan, describe, encode, keep_plan,
+                                             mismatch_error)
 from minidist.comm.transport.base import host_view
 from minidist.comm.transport.board import ticket_of
 from minidist.trace import recorder as trace
 
-FITS = 2   # index, after the 2N counts, of the pid (0), address (1), fits (2) words
+FITS, PID, ADDRESS = range(3)   # the words after the 2N counts
+MAX_SPLIT_PLANS = 16            # split plans kept per (dtype, row shape); a loop has a few
 
 
 def usable(group) -> bool:
     """Does ``group`` have a board to post on (one machine, the check on)?"""
-    return oneshot.fits(group, 0) and group.check
+    return group.transport.board is not None and group.size > 1 and group.check
 
 
 class BoardAllToAllPlan:
@@ -57,15 +68,61 @@ class BoardAllToAllPlan:
         self.record = encode(self.line)
         self.me = group.transport.rank
         self.peers = [q for q in group.ranks if q != self.me]
-        words = 2 * n + 3                                  # S row, S column, pid, address, fits
-        head = -(-words * 8 // 64) * 64                    # the input starts on a cache line
+        self.words = 2 * n + 3                             # S row, S column, fits, pid, address
+        head = -(-self.words * 8 // 64) * 64               # the input starts on a cache line
         # Group rank q's slot: its counts (int64) and its input (bytes).
-        self.counts = [board.data[q][:words * 8].view("int64") for q in group.ranks]
+        self.counts = [board.data[q][:self.words * 8].view("int64") for q in group.ranks]
+        self.agreed_words = [c[:2 * n + 1] for c in self.counts]   # S row, S column, fits
+        self.peer_words = [w for q, w in enumerate(self.agreed_words) if q != group.rank]
         self.inputs = [board.data[q][head:] for q in group.ranks]
         self.records = [board.records[q] for q in group.ranks]
         self.peer_records = [board.records[q] for q in self.peers]
         self.dtype = dtype
         self.room = board.capacity - head                  # input bytes a slot holds
+        self.split_plans: dict = {}                        # (send, recv) -> SplitPlan
+
+
+class SplitPlan:
+    """One call's split sizes on a BoardAllToAllPlan: what to post, and what
+    the peers posted the last time a call with these splits agreed."""
+
+    def __init__(self, group, plan: BoardAllToAllPlan, send: list[int], recv: list[int],
+                 row: int):
+        self.plan = plan
+        self.send, self.recv, self.row = send, recv, row   # rows; elements per row
+        self.in_edges, self.out_edges = offsets(send), offsets(recv)
+        self.nbytes = self.in_edges[-1] * row * plan.dtype.itemsize       # my input
+        self.fits = self.nbytes <= plan.room
+        self.my_input = plan.inputs[group.rank][:self.nbytes].view(plan.dtype) if self.fits \
+            else None                                      # my input, in my slot
+        self.posted = plan.counts[group.rank].copy()       # the words I post (host int64)
+        self.posted[:] = send + recv + [int(self.fits), 0, 0]
+        self.seen: list[bytes] | None = None   # each peer's S row, column, fits, last agreed
+        self.parts: list = []                  # (out lo, out hi, slot part) in rank order
+        self.everyone_fits = False
+        self.sends: list = []
+        self.on_host = backend.get_backend() != "cupy"    # from_host: a view, or a copy
+        self.delta = (0, 0, 0, 0)                          # the stats of a call off the slots
+
+    def agree(self, group, sends: list[list[int]]) -> None:
+        """Keep S, as agreed by this call's posts, and the parts it puts in the slots."""
+        plan, r, n = self.plan, group.rank, group.size
+        self.seen = [w.tobytes() for w in plan.peer_words]   # mine: what I posted
+        self.sends = sends
+        self.everyone_fits = all(plan.counts[q][2 * n + FITS] for q in range(n))
+        if not self.everyone_fits:
+            self.parts = []
+            return
+        step = self.row * plan.dtype.itemsize              # bytes per row
+        self.parts = []
+        for q in range(n):
+            lo = sum(sends[q][:r]) * step
+            part = plan.inputs[q][lo:lo + sends[q][r] * step].view(plan.dtype)
+            self.parts.append((self.out_edges[q] * self.row, self.out_edges[q + 1] * self.row,
+                               backend.from_host(part) if self.on_host else part))
+        delta_sent = (self.in_edges[n] - (self.in_edges[r + 1] - self.in_edges[r])) * step
+        delta_recv = (self.out_edges[n] - (self.out_edges[r + 1] - self.out_edges[r])) * step
+        self.delta = (delta_sent, delta_recv, n - 1, n - 1)   # the stats of a call
 
 
 def board_plan(group, dtype: Any, row_shape: tuple) -> BoardAllToAllPlan:
@@ -73,93 +130,129 @@ def board_plan(group, dtype: Any, row_shape: tuple) -> BoardAllToAllPlan:
                        group, dtype, row_shape)
 
 
-def call(group, flat_out: Any, flat_in: Any, send: list[int], recv: list[int], row: int,
-         source: tuple[int, int], plan: BoardAllToAllPlan, write_back, move) -> None:
+def split_plan(group, input: Any, output: Any, input_split_sizes, output_split_sizes
+               ) -> SplitPlan:
+    """The SplitPlan of a call (made, and the splits checked, on first use),
+    kept in its BoardAllToAllPlan and, for the next call, in ``group.small_plans``
+    under the call's key (at most MAX_SPLIT_PLANS there per group)."""
+    key = ("all_to_all_single call", input.shape, output.shape, input.dtype,
+           None if input_split_sizes is None else tuple(input_split_sizes),
+           None if output_split_sizes is None else tuple(output_split_sizes))
+    found = group.small_plans.get(key)
+    if found is None:
+        plan = board_plan(group, input.dtype, tuple(input.shape[1:]))
+        send = split_sizes(input_split_sizes, input.shape[0], group.size, "input")
+        recv = split_sizes(output_split_sizes, output.shape[0], group.size, "output")
+        row = 1
+        for s in input.shape[1:]:
+            row *= s
+        if len(plan.split_plans) >= MAX_SPLIT_PLANS:   # splits that change every call
+            for old in plan.split_plans:
+                group.small_plans.pop(old, None)
+            plan.split_plans.clear()
+        found = plan.split_plans[key] = SplitPlan(group, plan, send, recv, row)
+        keep_plan(group, key, found)
+    return found
+
+
+def call(group, flat_out: Any, flat_in: Any, sp: SplitPlan, source_of, write_back,
+         move) -> None:
     """``all_to_all_single`` through the board: number the call, run it, count it.
-    ``move(group, flat_in, in_edges, flat_out, out_edges, row, S, sources, tag,
-    None)`` moves the parts when some input is not on the board (api.py)."""
+    ``source_of(group, flat_in, flat_out)``: my (pid, address) for single-copy
+    reads (alltoall.py). ``move(group, flat_in, in_edges, flat_out, out_edges,
+    row, S, sources, tag, None)`` moves the parts when some input is not on the
+    board (api.py)."""
     tag = group.next_collective_tag()
     start = time.perf_counter()
     stats = group.stats
     before = stats.snapshot()
-    board_all_to_all(group, flat_out, flat_in, send, recv, row, source, plan, group.calls, tag,
-                     move)
+    fast = board_all_to_all(group, flat_out, flat_in, sp, source_of, group.calls, tag, move)
     write_back()
-    stats.record("all_to_all_single", before, plan.fields, time.perf_counter() - start)
+    if fast:
+        stats.add("all_to_all_single", sp.plan.fields, sp.delta, time.perf_counter() - start)
+    else:
+        stats.record("all_to_all_single", before, sp.plan.fields, time.perf_counter() - start)
     if trace.active is not None:
         trace.active.call("all_to_all_single", group.ranks, start, stats.last, group.group_desc)
 
 
-def board_all_to_all(group, flat_out: Any, flat_in: Any, send: list[int], recv: list[int],
-                     row: int, source: tuple[int, int], plan: BoardAllToAllPlan,
-                     number: int, tag: int, move) -> None:
-    """Move part j of ``flat_in`` to rank j (the module docstring)."""
+def board_all_to_all(group, flat_out: Any, flat_in: Any, sp: SplitPlan, source_of,
+                     number: int, tag: int, move) -> bool:
+    """Move part j of ``flat_in`` to rank j (the module docstring). True when
+    the parts came out of the slots (the stats are then ``sp.delta``)."""
     t = group.transport
     board = t.board
+    plan = sp.plan
     n, r = group.size, group.rank
     ticket = ticket_of(group.ctx, number)
     t.board_claim(plan.line)
-    fits = flat_in.nbytes <= plan.room
-    plan.counts[r][:] = send + recv + [source[0], source[1], int(fits)]
-    if fits:
-        plan.inputs[r][:flat_in.nbytes] = backend.to_host(flat_in).view("uint8")
+    mine = plan.counts[r]
+    mine[:] = sp.posted
+    if not (sp.seen is not None and sp.everyone_fits):   # an address is worth offering
+        mine[2 * n + PID:2 * n + ADDRESS + 1] = source_of(group, flat_in, flat_out)
+    if sp.fits:
+        sp.my_input[...] = backend.to_host(flat_in)
     if board.posted_record is not plan.record:
         board.records[plan.me][:] = host_view(plan.record)
         board.posted_record = plan.record
-    t.board_post(ticket, flat_in.nbytes, 0, plan.peers)
+    t.board_post(ticket, sp.nbytes, 0, plan.peers)
     t.record_begin(group.ctx, number, group.ranks, plan.line)  # after the post (oneshot.py)
     strays = t.board_wait(plan.peers, ticket, plan.line)
     if strays:
         oneshot.another_way(group, plan, strays, tag)          # raises on every rank
-    sends, sources, everyone_fits = _agreed(group, plan)       # raises on every rank
-    in_edges, out_edges = offsets(send), offsets(recv)
-    if everyone_fits:
-        _copy_out(group, flat_out, out_edges, row, sends, plan)
-        board.ack(plan.peers)
-        _count(group, in_edges, out_edges, row * flat_in.itemsize)
+    _check_records(group, plan)                                # raises on every rank
+    if not _as_agreed(sp):
+        sources = _agree(group, sp)                            # raises on every rank
+        if not sp.everyone_fits:
+            board.ack(plan.peers)    # S and the addresses are read: the slots may change
+            move(group, flat_in, sp.in_edges, flat_out, sp.out_edges, sp.row, sp.sends,
+                 sources, tag, None)
+            t.record_end()
+            return False
+    if sp.on_host:
+        for lo, hi, part in sp.parts:
+            flat_out[lo:hi] = part
     else:
-        board.ack(plan.peers)    # S and the addresses are read: the slots may change
-        move(group, flat_in, in_edges, flat_out, out_edges, row, sends, sources, tag, None)
+        for lo, hi, part in sp.parts:
+            flat_out[lo:hi] = backend.from_host(part)
+    board.ack(plan.peers)
     t.record_end()
+    return True
 
 
-def _agreed(group, plan: BoardAllToAllPlan) -> tuple[list, list | None, bool]:
-    """S, the sources (or None) and whether every input is in its slot, from the
-    posts; raise on every rank (having read the slots, then acknowledged them)
-    if the records or the splits disagree."""
-    n, r = group.size, group.rank
-    board = group.transport.board
+def _check_records(group, plan: BoardAllToAllPlan) -> None:
+    """Every peer's record equals mine; else raise on every rank, having read
+    the records and then acknowledged the posts."""
     for rec in plan.peer_records:
         if rec.tobytes() != plan.record:
             error = mismatch_error(group, plan.records)
-            board.ack(plan.peers)
+            group.transport.board.ack(plan.peers)
             raise error
-    rows = [plan.counts[(r + i) % n].tolist() for i in range(n)]   # row i: rank r + i
-    everyone_fits = all(row[2 * n + FITS] for row in rows)
-    try:
-        sends, sources = parse_counts(group, [row[:2 * n + 2] for row in rows])
-    except Exception:
-        board.ack(plan.peers)
-        raise
-    return sends, sources, everyone_fits
 
 
-def _copy_out(group, flat_out: Any, out_edges: list[int], row: int, sends: list[list[int]],
-              plan: BoardAllToAllPlan) -> None:
-    """Rows out_edges[q].. of ``flat_out`` = part r of rank q's input, from its slot."""
-    r = group.rank
-    step = row * plan.dtype.itemsize                       # bytes per row
-    for q in range(group.size):
-        lo = sum(sends[q][:r]) * step
-        part = plan.inputs[q][lo:lo + sends[q][r] * step].view(plan.dtype)
-        flat_out[out_edges[q] * row:out_edges[q + 1] * row] = backend.from_host(part)
+def _as_agreed(sp: SplitPlan) -> bool:
+    """Did every rank post the S (and fits) of the last call with these splits
+    that agreed, byte for byte?"""
+    seen = sp.seen
+    if seen is None or not sp.everyone_fits:
+        return False
+    for words, before in zip(sp.plan.peer_words, seen):
+        if words.tobytes() != before:
+            return False
+    return True
 
 
-def _count(group, in_edges: list[int], out_edges: list[int], step: int) -> None:
-    """Bytes of the parts for others (sent) and from others (received)."""
+def _agree(group, sp: SplitPlan) -> list | None:
+    """Parse the posted counts: S, checked (raise on every rank, having
+    acknowledged the posts, if S[i][j] differs between i and j), kept in
+    ``sp`` with the parts it puts in the slots; returns the sources (or None)."""
     n, r = group.size, group.rank
-    stats = group.stats
-    stats.bytes_sent += (in_edges[n] - (in_edges[r + 1] - in_edges[r])) * step
-    stats.bytes_recv += (out_edges[n] - (out_edges[r + 1] - out_edges[r])) * step
-    stats.msgs_sent += n - 1
-    stats.msgs_recv += n - 1
+    plan = sp.plan
+    rows = [plan.counts[(r + i) % n].tolist() for i in range(n)]   # row i: rank r + i
+    try:
+        sends, sources = parse_counts(group, [row[:2 * n] + row[2 * n + PID:] for row in rows])
+    except Exception:
+        group.transport.board.ack(plan.peers)
+        raise
+    sp.agree(group, sends)
+    return sources

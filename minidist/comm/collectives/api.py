@@ -86,16 +86,21 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | N
     Runs now, or in the background with ``async_op=True`` (a ``Work`` to wait on)."""
     g = resolve(group)
     key = ("call", tensor.shape, tensor.dtype, op, algorithm)
-    plan = g.small_plans.get(key)          # a small call made before: the latency path
+    plan = g.small_plans.get(key)          # kept only for the board: the latency path
     if plan is None:
         name = runnable(algorithm, tensor.nbytes, g)
         plan = make_plan(g, name, tensor, op)  # allgather, direct: their check's table
-        if oneshot.through_board(plan):
-            keep_plan(g, key, plan)        # next time, straight here (oneshot.py)
-    if oneshot.through_board(plan):
-        if async_op or not work.idle():
-            return work.submit(partial(oneshot.call, g, tensor, plan), async_op)
-        return oneshot.call(g, tensor, plan)
+        if not oneshot.through_board(plan):
+            return _planned_all_reduce(g, tensor, op, name, plan, async_op)
+        keep_plan(g, key, plan)            # next time, straight here (oneshot.py)
+    if async_op or not work.idle():
+        return work.submit(partial(oneshot.call, g, tensor, plan), async_op)
+    return oneshot.call(g, tensor, plan)
+
+
+def _planned_all_reduce(g: ProcessGroup, tensor: Any, op: ReduceOp, name: str, plan: Any,
+                        async_op: bool):
+    """An all-reduce off the board: through the generic runner (call.py)."""
     if plan is None:
         return _run(g, "all_reduce", dict(op=op.name, algorithm=name, **_sig(tensor)),
                     _all_reduce, async_op, args=(tensor, op, name, None))
@@ -245,22 +250,18 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
     from the peers' inputs (single copy); otherwise pairwise exchange (alltoall.py).
     """
     g = resolve(group)
+    if alltoall_board.usable(g):    # one machine: the splits and small inputs on the board
+        _check_rows(input, output)
+        sp = alltoall_board.split_plan(g, input, output, input_split_sizes, output_split_sizes)
+        if async_op or not work.idle():
+            return work.submit(partial(_all_to_all_on_board, g, output, input, sp), async_op)
+        return _all_to_all_on_board(g, output, input, sp)
     _check_rows(input, output)
     send = split_sizes(input_split_sizes, input.shape[0], g.size, "input")
     recv = split_sizes(output_split_sizes, output.shape[0], g.size, "output")
     row = 1
     for s in input.shape[1:]:
         row *= s
-    if alltoall_board.usable(g):    # one machine: the splits and small inputs on the board
-        on_board = alltoall_board.board_plan(g, input.dtype, tuple(input.shape[1:]))
-
-        def job():
-            flat_in = xp.ascontiguousarray(input).reshape(-1)
-            flat_out, write_back = _flat(output)
-            alltoall_board.call(g, flat_out, flat_in, send, recv, row,
-                                source_of(g, flat_in, flat_out), on_board, write_back,
-                                _move_parts)
-        return work.submit(job, async_op)
     plan = alltoall_plan(g, input.dtype, tuple(input.shape[1:]))
 
     def body(g, tag):
@@ -276,6 +277,14 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
         write_back()
     return _run(g, "all_to_all_single", plan.fields, body, async_op, checks_itself=True,
                 line=plan.line)
+
+
+def _all_to_all_on_board(g: ProcessGroup, output: Any, input: Any, sp) -> None:
+    """all_to_all_single through the board (alltoall_board.py), the split plan made."""
+    flat_in = input.reshape(-1) if input.flags.c_contiguous else \
+        xp.ascontiguousarray(input).reshape(-1)
+    flat_out, write_back = _flat(output)
+    alltoall_board.call(g, flat_out, flat_in, sp, source_of, write_back, _move_parts)
 
 
 def _check_rows(input: Any, output: Any) -> None:

@@ -42,7 +42,9 @@ from minidist.comm.transport import flight
 from minidist.comm.transport.base import host_view
 from minidist.comm.transport.wait import Backoff
 
-BOARD_BYTES = 64 * 1024  # data bytes per rank (at most a channel's slot_bytes: shm.create)
+BOARD_BYTES = 256 * 1024  # data bytes per rank (at most a channel's slot_bytes: shm.create);
+# 256 KiB: an all-to-all input of 64 KiB fits (one of 256 KiB, which single-copy
+# reads serve, does not: its counts take the first cache line)
 RECORD_BYTES = 128       # the same-call check's record (collectives/check.py)
 HEAD_BYTES = 64          # ticket, nbytes, dtype code: one cache line
 T_TICKET, T_NBYTES, T_CODE = range(3)
@@ -100,6 +102,23 @@ class Board:
         w, me, owed = self._words, self.rank, self.owed
         return [q for q in self.readers if w[self.acks[q] + me] < owed[q]]
 
+    def all_read(self) -> bool:
+        """Has every reader of my last post acknowledged it? (``unacked`` is
+        empty; a loop that stops early, for the call path.)"""
+        w, me, owed, acks = self._words, self.rank, self.owed, self.acks
+        for q in self.readers:
+            if w[acks[q] + me] < owed[q]:
+                return False
+        return True
+
+    def all_posted(self, peers: list[int], ticket: int) -> bool:
+        """Does every slot of ``peers`` hold ``ticket``? (``waiting_for`` is empty.)"""
+        w, head = self._words, self.head
+        for q in peers:
+            if w[head[q]] != ticket:
+                return False
+        return True
+
     def waiting_for(self, peers: list[int], ticket: int) -> list[int]:
         """The ranks among ``peers`` whose slot does not hold ``ticket`` yet."""
         w, head = self._words, self.head
@@ -137,7 +156,7 @@ class BoardWays:
     def board_claim(self, what: str) -> None:
         """Wait until every reader of my last post has acknowledged it."""
         board = self.board
-        if not board.unacked():   # nearly always: readers acknowledge as they finish
+        if board.all_read():      # nearly always: readers acknowledge as they finish
             return
         # A reader microseconds from its ack: spin as long as for a reply before
         # yielding (wait.py), or a yield may cost a time slice per call.
@@ -167,9 +186,9 @@ class BoardWays:
         then, or the peers that entered this very call (flight recorder) without
         posting: they took another way (a different call; the caller checks)."""
         board = self.board
-        pending = board.waiting_for(peers, ticket)
-        if not pending:
+        if board.all_posted(peers, ticket):
             return []
+        pending = peers
         backoff = Backoff(self.spin_s, self.reply_polls)
         while True:
             pending = board.waiting_for(pending, ticket)

@@ -24,6 +24,11 @@ class ReduceOp(enum.Enum):
     def __repr__(self) -> str:
         return f"ReduceOp.{self.name}"
 
+    # A member is its own only equal (Enum compares by identity), so hashing by
+    # identity is as good as Enum's hash of the name, a Python call that a small
+    # all-reduce pays for in the key of its kept plan (api.py).
+    __hash__ = object.__hash__
+
 
 def combine_fn(op: ReduceOp):
     """The backend function ``f(a, b, out=a)`` that folds ``b`` into ``a``."""

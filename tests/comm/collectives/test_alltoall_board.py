@@ -7,6 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from .. import cases
 from ..conftest import TEST_SLOT_BYTES
 from .test_alltoall import DTYPES, _expected, _run, split_matrix
 
@@ -68,3 +69,87 @@ def test_splits_that_disagree_on_the_board_raise_on_every_rank(worlds):
     for rank, (error, later) in enumerate(worlds.get(2).run(_splits_disagree)):
         assert error is not None and "rank 1 sends 3 rows to rank 0, which expects 2" in error
         assert later == [0.0, 1.0]
+
+
+def _sequence(cases):
+    """Run the cases one after another in one world: a split plan made by an
+    earlier call serves every later call with the same splits on this rank."""
+    return [_run(case)[0] for case in cases]
+
+
+@st.composite
+def keeping_my_splits(draw, n):
+    """Split matrices that differ only where the last rank neither sends nor
+    receives: it makes the same call each time while the others' splits (and so
+    the offsets of its parts in their slots, and whether their inputs fit) change."""
+    base = draw(split_matrix(n))
+    out = []
+    for _ in range(draw(st.integers(2, 5))):
+        S = [list(row) for row in base]
+        for i in range(n - 1):
+            for j in range(n - 1):
+                S[i][j] = draw(st.sampled_from([0, 1, 3, 600, 2000]))
+        out.append(S)
+    return out
+
+
+@settings(max_examples=6, deadline=None)
+@given(data=st.data())
+def test_repeated_splits_follow_the_peers_changes_bit_for_bit(worlds, data):
+    n = data.draw(st.sampled_from([3, 4]))
+    dtype, seed = data.draw(st.sampled_from(DTYPES)), data.draw(st.integers(0, 999))
+    matrices = data.draw(keeping_my_splits(n))
+    order = data.draw(st.lists(st.sampled_from(range(len(matrices))), min_size=3, max_size=8))
+    cases = [dict(S=matrices[k], row_shape=(2,), dtype=dtype, seed=seed + k) for k in order]
+    for rank, got in enumerate(worlds.get(n).run(_sequence, cases)):
+        for i, case in enumerate(cases):
+            assert np.array_equal(got[i], _expected(case, rank)), f"rank {rank}, call {i}"
+
+
+def test_a_peer_that_never_posts_is_named_within_the_timeout():
+    err = cases.named_within_the_timeout("all_to_all_single")
+    assert err.rank in (0, 1)
+    assert "rank 2 did not enter all_to_all_single" in err.remote_traceback
+
+
+def _another_call(kind):
+    """Rank 1 makes another call (or the same call again, after a first one with
+    the same splits): every rank raises, and the world goes on."""
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    r = dist.get_rank()
+    x, out = xp.ones(6, dtype="float32"), xp.zeros(6, dtype="float32")
+    dist.all_to_all_single(out, x)                     # a split plan made on every rank
+    try:
+        if r == 1 and kind == "broadcast":
+            dist.broadcast(xp.ones(6, dtype="float32"), src=0)
+        elif r == 1 and kind == "dtype":
+            dist.all_to_all_single(xp.zeros(6), xp.ones(6))   # float64
+        else:
+            dist.all_to_all_single(out, x)
+    except dist.CollectiveMismatchError as e:
+        error = str(e)
+    else:
+        error = None
+    y = xp.zeros(3, dtype="float32")
+    dist.all_to_all_single(y, xp.full(3, float(r), dtype="float32"))
+    return error, y.tolist()
+
+
+def test_another_call_after_a_kept_plan_is_refused_on_every_rank(worlds):
+    for kind in ("broadcast", "dtype"):
+        for rank, (error, later) in enumerate(worlds.get(3).run(_another_call, kind)):
+            assert error is not None and "differ in" in error, f"{kind}, rank {rank}: {error}"
+            assert later == [0.0, 1.0, 2.0]
+
+
+def test_more_split_plans_than_are_kept_still_match_the_reference(worlds):
+    """Splits that change every call (an MoE router's) outgrow the kept split
+    plans (MAX_SPLIT_PLANS); the calls after that, and a repeat of the first
+    splits, still move the right rows."""
+    from minidist.comm.collectives.alltoall_board import MAX_SPLIT_PLANS
+    ks = list(range(MAX_SPLIT_PLANS + 4)) + [0, 1]
+    cases = [dict(S=[[k, 3], [2, k + 1]], row_shape=(3,), dtype="float32", seed=k) for k in ks]
+    for rank, got in enumerate(worlds.get(2).run(_sequence, cases)):
+        for i, case in enumerate(cases):
+            assert np.array_equal(got[i], _expected(case, rank)), f"rank {rank}, call {i}"

@@ -6,6 +6,8 @@ import pytest
 
 from minidist.comm.errors import RankFailedError
 
+from .. import cases
+
 
 def _roundtrip(n, dtype):
     import minidist.distributed as dist
@@ -113,6 +115,14 @@ def test_a_message_of_the_wrong_size_is_an_error():
     err = info.value
     assert err.rank == 1 and err.exc_type == "MessageMismatchError"
     assert "16 bytes of <f4" in err.remote_traceback and "expects 20 bytes" in err.remote_traceback
+
+
+def test_a_small_recv_from_a_peer_that_never_sends_is_named_within_the_timeout():
+    """The blocking recv of a message that fits a slot polls the channel itself
+    (short_way.py): it still gives up after the timeout, naming the peer."""
+    err = cases.named_within_the_timeout("send")
+    assert err.rank == 0
+    assert "in recv from rank 2" in err.remote_traceback, err.remote_traceback
 
 
 def _sendrecv_when_things_are_unusual(case, n):
