@@ -90,7 +90,7 @@ def main() -> int:
     args = parser.parse_args()
     import numpy as np
 
-    from minidist.parallel.measure import Bench
+    from minidist.parallel.compare.measure import Bench
     shape = dict(dp_replicate=2, pp=2, tp=2)
     kwargs = dict(block_size=args.seq, vocab_size=512, n_layer=args.layers, n_head=4,
                   n_embd=args.hidden, dtype="float32")

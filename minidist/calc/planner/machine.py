@@ -76,7 +76,7 @@ def fit_compute(spec: ModelSpec, setup: TrainingSetup, ranks: int, peak: float,
     per_rank = setup.sequences // ranks
     work = per_rank * setup.seq * model.model_flops_per_token(spec, setup.seq)
     (b1, t1), (b2, t2) = calibration[0], calibration[-1]
-    m1, m2 = per_rank // b1, per_rank // b2
+    m1, m2 = max(1, per_rank // b1), max(1, per_rank // b2)   # b > B / ranks: one, smaller
     c = (t1 - t2) / (spec.layers * (m1 - m2)) if m1 != m2 else 0.0
     c = max(c, 0.0)
     compute = t2 - spec.layers * m2 * c

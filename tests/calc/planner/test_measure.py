@@ -42,6 +42,15 @@ def test_fit_compute_never_gives_a_rate_above_peak_or_a_negative_overhead(t1, t2
     assert 0 < eff <= 1 + 1e-12 and overhead >= 0
 
 
+def test_fit_compute_takes_a_micro_batch_larger_than_a_ranks_share():
+    """8 sequences on 8 ranks calibrated at micro-batch 2: each rank runs one micro-batch
+    of its one sequence (bench_compose's defaults divided by zero here)."""
+    spec = machine.scaled_gpt(layers=2, hidden=32, heads=2, seq=16, vocab=64)
+    setup = presets.TrainingSetup(8 * 16, 16, "fp32")
+    eff, overhead = machine.fit_compute(spec, setup, 8, 1e9, [(1, 0.01), (2, 0.01)])
+    assert 0 < eff <= 1 + 1e-12 and overhead >= 0
+
+
 @settings(max_examples=20, deadline=None)
 @given(seq=st.sampled_from([8, 16, 64]), batch=st.integers(1, 4), heads=st.sampled_from([1, 2, 4]),
        recompute=st.sampled_from(["none", "full"]))
