@@ -53,8 +53,8 @@ from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.parallel.fault_tolerance import heal
 from minidist.parallel.fault_tolerance.change import QuorumChange
 from minidist.parallel.fault_tolerance.quorum import (MAX_WORLD, QuorumLostError,
-                                                      ReplicaLostError, live_replicas,
-                                                      quorum_groups, quorum_members, replicas_of)
+                                                      live_replicas, quorum_groups,
+                                                      quorum_members, replica_lost, replicas_of)
 
 FAILURES = (PeerDiedError, CommTimeoutError)   # what fails a step instead of the run
 SPARE_POLL_S = 0.005                           # how often a waiting spare looks again
@@ -203,9 +203,7 @@ class Manager:
             failed = self._transport.drop_dead_peers()   # a replacement may come later
             live = live_replicas(self.replicas, failed)
             if self.replicas.mine not in live:
-                dead = sorted(set(failed) & set(self.replicas.ranks[self.replicas.mine]))
-                raise ReplicaLostError(f"replica {self.replicas.mine} lost rank(s) {dead}: "
-                                       f"it leaves the quorum")
+                raise replica_lost(self.replicas, failed)
             if len(live) < self.min_replica_size:
                 raise QuorumLostError(
                     f"only replicas {live} are live, fewer than min_replica_size="

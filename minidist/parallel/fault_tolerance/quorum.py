@@ -94,6 +94,20 @@ def live_replicas(replicas: Replicas, failed: list[int]) -> list[int]:
     return [i for i, ranks in enumerate(replicas.ranks) if not dead.intersection(ranks)]
 
 
+def replica_lost(replicas: Replicas, failed: list[int]) -> ReplicaLostError:
+    """The error for a rank of a replica whose other rank(s) died. A replica of several
+    ranks is not replaced by ``minidist run --max-restarts``: the launcher starts a new
+    process for a dead rank, as the same rank, and its partners have left the run."""
+    mine = replicas.ranks[replicas.mine]
+    dead = sorted(set(failed) & set(mine))
+    message = f"replica {replicas.mine} lost rank(s) {dead}: it leaves the quorum"
+    if len(mine) > 1:
+        message += (f"; a replica of {len(mine)} ranks is not replaced by minidist run "
+                    f"--max-restarts (only a replica of one rank is): give spare replicas "
+                    f"at start (Manager(num_replicas=...) below the replicas of the mesh)")
+    return ReplicaLostError(message)
+
+
 def quorum_members(live: list[int], num_replicas: int) -> list[int]:
     """The first ``num_replicas`` live replicas: the members; the rest wait as spares."""
     return live[:num_replicas]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from minidist.comm import RankFailedError, World
 from minidist.comm.launch import RankLost
 
-from parallel.fault_tolerance.ft_cases import case_of, simulate, train_on_rank
+from parallel.fault_tolerance.ft_cases import case_of, piece_of, simulate, train_on_rank
 
 PHASES = ["forward", "backward", "allreduce"]
 
@@ -30,7 +30,9 @@ def assert_survivors_follow_the_oracle(case, got):
     for result in survivors:
         for step, snap in result["history"].items():
             for name in want[step]:
-                np.testing.assert_allclose(snap[name], want[step][name], rtol=0, atol=1e-12,
+                whole = want[step][name]
+                expected = whole if result["piece"] is None else piece_of(whole, *result["piece"])
+                np.testing.assert_allclose(snap[name], expected, rtol=0, atol=1e-12,
                                            err_msg=f"{name} after step {step}")
         assert set(result["failed"].values()) <= {"PeerDiedError"}
     return survivors
@@ -50,15 +52,21 @@ def test_survivors_equal_one_process_over_the_quorum_dropping_the_failed_step(
     assert all(r["failed"] == {step: "PeerDiedError"} for r in survivors)
 
 
-@settings(max_examples=2, deadline=None)
-@given(phase=st.sampled_from(PHASES), step=st.integers(0, 3), victim=st.integers(0, 2),
-       part=st.integers(0, 1))
-def test_replicas_of_a_ddp_pair_lose_the_whole_replica_and_go_on(phase, step, victim, part):
-    case = case_of(replicas=3, parts=2, kills=[(victim, part, step, phase)])
+@settings(max_examples=4, deadline=None)
+@given(pair=st.sampled_from(["ddp", "fsdp"]), phase=st.sampled_from(PHASES),
+       step=st.integers(0, 3), victim=st.integers(0, 2), part=st.integers(0, 1))
+def test_replicas_of_a_pair_lose_the_whole_replica_and_go_on(pair, phase, step, victim, part):
+    # a DDP pair (whole models, gradients all-reduced in the pair) or an FSDP pair
+    # (fully_shard over the pair, the Manager over dp_replicate as HSDP's dim 0)
+    case = case_of(replicas=3, parts=2, pair=pair, kills=[(victim, part, step, phase)])
     got = run_world(case)
+    assert got[2 * victim + part] == RankLost(2 * victim + part, -9)
     partner = got[2 * victim + 1 - part]
-    assert partner["lost"]                      # ReplicaLostError: it stopped too
-    assert_survivors_follow_the_oracle(case, got)
+    assert partner["lost"].startswith(f"replica {victim} lost rank(s) [{2 * victim + part}]")
+    assert "a replica of 2 ranks is not replaced by minidist run" in partner["lost"]
+    survivors = assert_survivors_follow_the_oracle(case, got)
+    assert len(survivors) == 4
+    assert all(r["failed"] == {step: "PeerDiedError"} for r in survivors)
 
 
 def test_a_spare_heals_bit_identical_to_its_source_then_trains_in_the_quorum():
@@ -75,6 +83,25 @@ def test_a_spare_heals_bit_identical_to_its_source_then_trains_in_the_quorum():
     left, healed = str(source["changes"][-1]).split("\n")
     assert left == "step 2: replica 1 left (rank 1: SIGKILL), quorum 2 of 3"
     assert healed.startswith("step 2: replica 2 healed from replica 0 in")
+
+
+@pytest.mark.parametrize("pair", ["ddp", "fsdp"])
+def test_a_spare_pair_heals_rank_by_rank_bit_identical_to_its_source(pair):
+    # replicas of two ranks, the third a spare pair; a rank of replica 1 dies in backward
+    # at step 2: each rank of the spare receives its state from the rank at its place in
+    # replica 0 (the same pieces under fsdp), then trains in the quorum
+    case = case_of(replicas=3, parts=2, pair=pair, num_replicas=2, steps=5,
+                   kills=[(1, 1, 2, "backward")])
+    got = run_world(case)
+    for spare, source in ((got[4], got[0]), (got[5], got[1])):
+        join, state = spare["healed"]
+        assert join == 3
+        assert set(state) == set(source["history"][join - 1])
+        for name, value in state.items():       # parameters, AdamW's moments and step, RNG
+            assert np.array_equal(value, source["history"][join - 1][name]), name
+        assert sorted(spare["history"]) == [3, 4]
+    assert got[2]["lost"]
+    assert_survivors_follow_the_oracle(case, got)
 
 
 def test_two_failures_in_a_row_the_second_while_healing_cost_one_step_each():
