@@ -50,7 +50,7 @@ from minidist.comm.collectives.api import all_reduce
 from minidist.comm.errors import CommTimeoutError, PeerDiedError, PeerFinishedError
 from minidist.comm.group import world_group
 from minidist.comm.transport.reduce_op import ReduceOp
-from minidist.parallel.fault_tolerance import heal
+from minidist.parallel.fault_tolerance import heal, seen
 from minidist.parallel.fault_tolerance.change import QuorumChange
 from minidist.parallel.fault_tolerance.quorum import (MAX_WORLD, QuorumLostError,
                                                       live_replicas, quorum_groups,
@@ -187,6 +187,8 @@ class Manager:
             self._transport.forget(self._everyone.ctx)
         if commit:
             self._step += 1
+        else:
+            seen.step_failed(self._step, self._errored)      # the trace's instant
         self._read_again = not commit or change < 0
         return bool(commit)
 
@@ -234,6 +236,7 @@ class Manager:
         change = QuorumChange(top, tuple(members), len(self.replicas.ranks), left, healed,
                               source, sent, time.perf_counter() - start)
         self.changes.append(change)
+        seen.quorum_changed(change, start)                   # the trace's span
         if self.log and world_group().rank == self.replicas.ranks[source][0]:
             print(change, flush=True)        # one line per change, from the source
         self._step, self._synced = top, True
@@ -263,11 +266,14 @@ class Manager:
     def _heal(self, group, source: int, healed: tuple) -> int:
         """The source sends the state to each replica in ``healed``; they load it."""
         column, mine = self.replicas.column, self.replicas.mine
-        sent = 0
-        if mine == source:
+        start, sent = seen.now(), 0
+        if mine == source and healed:
             state = self._state()
             for m in healed:
                 sent += heal.send_state(state, column[m], group)
+            seen.healing(source, healed, sent // len(healed), True, start)
         elif mine in healed:
-            self._load_state(heal.recv_state(column[source], group))
+            received = heal.recv_state(column[source], group)
+            self._load_state(received.state)
+            seen.healing(source, healed, received.nbytes, False, start)
         return sent
