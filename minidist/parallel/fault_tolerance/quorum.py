@@ -64,6 +64,10 @@ def replicas_of(mesh, dim: str | None) -> Replicas:
     """The replicas along ``dim`` of ``mesh`` (a DeviceMesh from init_device_mesh);
     ``mesh=None``: every rank of the world is a replica of its own."""
     me = world_group().rank
+    if mesh is None and dim is not None:
+        raise ValueError(f"replicate_dim={dim!r} names a dimension of a mesh, but no mesh was "
+                         f"given: pass mesh=init_device_mesh(...), or neither (every rank a "
+                         f"replica)")
     if mesh is None:
         size = world_group().size
         return Replicas([[r] for r in range(size)], list(range(size)), me)
