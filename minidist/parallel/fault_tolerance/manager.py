@@ -160,10 +160,15 @@ class Manager:
                 return False   # a replacement too late: the others have finished the run
 
     def allreduce(self, tensor: Any) -> None:
-        """``tensor`` <- (1/Q) sum over the quorum's Q members, in place. After a
-        failure of this step the call is still made (every member makes the same calls
-        in the group, so their numbers, the messages' tags, stay in step); the step will
-        not commit."""
+        """``tensor`` <- (1/Q) sum over the quorum's Q members, in place. Once a death
+        has failed this step (``PeerDiedError``) the call returns at once: the dead rank
+        is one the quorum's groups watch, so the call would fail on every member anyway
+        (each after spinning the transport's wait), and the next quorum, without it, is
+        a context of its own. After a timeout (nobody seen dead) the call is still made,
+        so that the members' calls in the group, the messages' tags, stay in step. A
+        failed step does not commit."""
+        if isinstance(self._errored, PeerDiedError):
+            return
         try:
             all_reduce(tensor, group=self._group, algorithm="ring")
         except FAILURES as e:
