@@ -18,7 +18,7 @@ formula (docs/fault_tolerance.md), its terms measured in the runs, and the time 
 measured from the kill (time stamps), and checks that the FT run's
 replicas end bitwise equal, that the spare was healed, and that every run trains.
 
-    python demos/27_fault_tolerance.py                       # ~30 s on 2 cores
+    python demos/27_fault_tolerance.py                       # 5 s on 2 cores (load 7)
     python demos/27_fault_tolerance.py --figure /tmp/ft.png  # loss vs wall time
 """
 import argparse

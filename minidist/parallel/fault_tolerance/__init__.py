@@ -16,6 +16,8 @@ Files, in reading order:
 - heal.py       the state (skeleton + arrays) sent from a live peer to a healing one
 - manager.py    ``Manager``: start_quorum, allreduce, should_commit, current_step
 - change.py     ``QuorumChange``: the line printed for each change of the quorum
+- seen.py       the trace's events: "step 7 failed", "quorum 3 of 4", "heal from replica 0
+                (N bytes)"
 - wrappers.py   ``DistributedDataParallel`` over the quorum, ``OptimizerWrapper``
 
 The world must go on when a rank dies: ``World(fault_tolerant=True)`` (comm/launch),

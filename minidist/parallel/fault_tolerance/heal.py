@@ -24,7 +24,7 @@ from __future__ import annotations
 import ast
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from minidist import backend
 from minidist.backend import xp
@@ -63,6 +63,12 @@ def join_state(skeleton: Any, arrays: list) -> Any:
     return skeleton
 
 
+class Received(NamedTuple):
+    """What ``recv_state`` took in."""
+    state: Any            # the state, as the source's ``state_dict()`` returned it
+    nbytes: int           # the bytes moved: 8 + len(skeleton) + sum of the arrays' nbytes
+
+
 def send_state(state: Any, dst: int, group: ProcessGroup) -> int:
     """Send ``state`` to global rank ``dst`` of ``group``; return the bytes sent."""
     arrays: list = []
@@ -75,7 +81,7 @@ def send_state(state: Any, dst: int, group: ProcessGroup) -> int:
     return 8 + len(text) + sum(int(a.nbytes) for a in arrays)
 
 
-def recv_state(src: int, group: ProcessGroup) -> Any:
+def recv_state(src: int, group: ProcessGroup) -> Received:
     """Receive a state that ``send_state`` sends from global rank ``src`` of ``group``."""
     length = xp.zeros(1, dtype="int64")
     recv(length, src, group)
@@ -89,7 +95,8 @@ def recv_state(src: int, group: ProcessGroup) -> Any:
         array = xp.empty(record["shape"], dtype=record["dtype"])
         recv(array, src, group)
         arrays.append(array)
-    return join_state(shape, arrays)
+    nbytes = 8 + len(skeleton) + sum(int(a.nbytes) for a in arrays)
+    return Received(join_state(shape, arrays), nbytes)
 
 
 def _array_records(skeleton: Any, out: list) -> None:

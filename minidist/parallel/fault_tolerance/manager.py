@@ -50,11 +50,11 @@ from minidist.comm.collectives.api import all_reduce
 from minidist.comm.errors import CommTimeoutError, PeerDiedError, PeerFinishedError
 from minidist.comm.group import world_group
 from minidist.comm.transport.reduce_op import ReduceOp
-from minidist.parallel.fault_tolerance import heal
+from minidist.parallel.fault_tolerance import heal, seen
 from minidist.parallel.fault_tolerance.change import QuorumChange
 from minidist.parallel.fault_tolerance.quorum import (MAX_WORLD, QuorumLostError,
-                                                      ReplicaLostError, live_replicas,
-                                                      quorum_groups, quorum_members, replicas_of)
+                                                      live_replicas, quorum_groups,
+                                                      quorum_members, replica_lost, replicas_of)
 
 FAILURES = (PeerDiedError, CommTimeoutError)   # what fails a step instead of the run
 SPARE_POLL_S = 0.005                           # how often a waiting spare looks again
@@ -160,10 +160,15 @@ class Manager:
                 return False   # a replacement too late: the others have finished the run
 
     def allreduce(self, tensor: Any) -> None:
-        """``tensor`` <- (1/Q) sum over the quorum's Q members, in place. After a
-        failure of this step the call is still made (every member makes the same calls
-        in the group, so their numbers, the messages' tags, stay in step); the step will
-        not commit."""
+        """``tensor`` <- (1/Q) sum over the quorum's Q members, in place. Once a death
+        has failed this step (``PeerDiedError``) the call returns at once: the dead rank
+        is one the quorum's groups watch, so the call would fail on every member anyway
+        (each after spinning the transport's wait), and the next quorum, without it, is
+        a context of its own. After a timeout (nobody seen dead) the call is still made,
+        so that the members' calls in the group, the messages' tags, stay in step. A
+        failed step does not commit."""
+        if isinstance(self._errored, PeerDiedError):
+            return
         try:
             all_reduce(tensor, group=self._group, algorithm="ring")
         except FAILURES as e:
@@ -187,6 +192,8 @@ class Manager:
             self._transport.forget(self._everyone.ctx)
         if commit:
             self._step += 1
+        else:
+            seen.step_failed(self._step, self._errored)      # the trace's instant
         self._read_again = not commit or change < 0
         return bool(commit)
 
@@ -203,9 +210,7 @@ class Manager:
             failed = self._transport.drop_dead_peers()   # a replacement may come later
             live = live_replicas(self.replicas, failed)
             if self.replicas.mine not in live:
-                dead = sorted(set(failed) & set(self.replicas.ranks[self.replicas.mine]))
-                raise ReplicaLostError(f"replica {self.replicas.mine} lost rank(s) {dead}: "
-                                       f"it leaves the quorum")
+                raise replica_lost(self.replicas, failed)
             if len(live) < self.min_replica_size:
                 raise QuorumLostError(
                     f"only replicas {live} are live, fewer than min_replica_size="
@@ -236,6 +241,7 @@ class Manager:
         change = QuorumChange(top, tuple(members), len(self.replicas.ranks), left, healed,
                               source, sent, time.perf_counter() - start)
         self.changes.append(change)
+        seen.quorum_changed(change, start)                   # the trace's span
         if self.log and world_group().rank == self.replicas.ranks[source][0]:
             print(change, flush=True)        # one line per change, from the source
         self._step, self._synced = top, True
@@ -265,11 +271,14 @@ class Manager:
     def _heal(self, group, source: int, healed: tuple) -> int:
         """The source sends the state to each replica in ``healed``; they load it."""
         column, mine = self.replicas.column, self.replicas.mine
-        sent = 0
-        if mine == source:
+        start, sent = seen.now(), 0
+        if mine == source and healed:
             state = self._state()
             for m in healed:
                 sent += heal.send_state(state, column[m], group)
+            seen.healing(source, healed, sent // len(healed), True, start)
         elif mine in healed:
-            self._load_state(heal.recv_state(column[source], group))
+            received = heal.recv_state(column[source], group)
+            self._load_state(received.state)
+            seen.healing(source, healed, received.nbytes, False, start)
         return sent

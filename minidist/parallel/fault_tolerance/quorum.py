@@ -64,6 +64,10 @@ def replicas_of(mesh, dim: str | None) -> Replicas:
     """The replicas along ``dim`` of ``mesh`` (a DeviceMesh from init_device_mesh);
     ``mesh=None``: every rank of the world is a replica of its own."""
     me = world_group().rank
+    if mesh is None and dim is not None:
+        raise ValueError(f"replicate_dim={dim!r} names a dimension of a mesh, but no mesh was "
+                         f"given: pass mesh=init_device_mesh(...), or neither (every rank a "
+                         f"replica)")
     if mesh is None:
         size = world_group().size
         return Replicas([[r] for r in range(size)], list(range(size)), me)
@@ -92,6 +96,20 @@ def live_replicas(replicas: Replicas, failed: list[int]) -> list[int]:
     """The replicas none of whose ranks has died, in index order."""
     dead = set(failed)
     return [i for i, ranks in enumerate(replicas.ranks) if not dead.intersection(ranks)]
+
+
+def replica_lost(replicas: Replicas, failed: list[int]) -> ReplicaLostError:
+    """The error for a rank of a replica whose other rank(s) died. A replica of several
+    ranks is not replaced by ``minidist run --max-restarts``: the launcher starts a new
+    process for a dead rank, as the same rank, and its partners have left the run."""
+    mine = replicas.ranks[replicas.mine]
+    dead = sorted(set(failed) & set(mine))
+    message = f"replica {replicas.mine} lost rank(s) {dead}: it leaves the quorum"
+    if len(mine) > 1:
+        message += (f"; a replica of {len(mine)} ranks is not replaced by minidist run "
+                    f"--max-restarts (only a replica of one rank is): give spare replicas "
+                    f"at start (Manager(num_replicas=...) below the replicas of the mesh)")
+    return ReplicaLostError(message)
 
 
 def quorum_members(live: list[int], num_replicas: int) -> list[int]:

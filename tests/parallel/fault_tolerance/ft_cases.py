@@ -1,19 +1,25 @@
 """Fault-tolerant runs shared by the tests: one rank's side, and the one-process oracle.
 
-A case is a plain dict: replicas, parts (ranks per replica: 1, or a DDP pair over
-"dp_shard"), num_replicas (the rest are spares), seed, steps, and the kills: a list of
+A case is a plain dict: replicas, parts (ranks per replica: 1, or a pair over
+"dp_shard"), pair ("ddp": each rank a whole model, the pair's gradients all-reduced;
+"fsdp": fully_shard over the pair, each rank a dim-0 piece of every parameter, the
+Manager all-reducing the pieces over "dp_replicate" as HSDP's dim 0), num_replicas (the
+rest are spares), seed, steps, and the kills: a list of
 (replica, part, step, phase) with phase "forward", "backward" (in a gradient hook,
 mid-backward), "allreduce" (between two parameters' all-reduces of the quorum) or
 "heal" (a spare, once it has received the state it joins with at that step).
 
 ``train_on_rank`` runs the loop of docs/fault_tolerance.md and returns, per loop
-iteration, the parameters after it (or "lost" once its replica is gone), and the
+iteration, the parameters after it ("lost": the ReplicaLostError's message once its
+replica is gone), and the
 state it healed to. ``simulate`` is the oracle: one process, one model, taking at each
 iteration the mean gradient over the replicas in the quorum at that iteration, and
-skipping the iterations in which a member died.
+skipping the iterations in which a member died. Under "fsdp" a rank's parameters are
+its pieces: ``piece_of`` cuts the oracle's whole ones the same way (torch.chunk's).
 """
 from __future__ import annotations
 
+import math
 import os
 import signal
 
@@ -21,14 +27,14 @@ import numpy as np
 
 from minidist import backend
 from minidist.comm import all_reduce
-from minidist.comm.errors import PeerDiedError
+from minidist.comm.errors import CommTimeoutError, PeerDiedError
 from minidist.optim import AdamW
 
 from parallel.diloco.diloco_cases import Net, batch, loss_backward
 
 
 def case_of(**kw):
-    case = dict(replicas=3, parts=1, num_replicas=None, seed=0, steps=5, kills=[],
+    case = dict(replicas=3, parts=1, pair="ddp", num_replicas=None, seed=0, steps=5, kills=[],
                 d_in=3, hidden=4, d_out=2, batch=2, lr=0.05, min_replica_size=1)
     case.update(kw)
     return case
@@ -68,11 +74,31 @@ def _mesh_and_place(case):
         mesh.get_group("dp_shard")
 
 
+def _fully_shard_over_the_pair(model, mesh) -> None:
+    """Each layer a fully_shard unit over the replica's ranks (mesh["dp_shard"], 1-D):
+    its parameters become this rank's dim-0 pieces, its gradients their pieces of the
+    pair's mean (a reduce-scatter), which the Manager then averages over the quorum."""
+    from minidist.distributed.fsdp import fully_shard
+    pair_mesh = mesh["dp_shard"]
+    for layer in (model.fc1, model.fc2, model.fc3):
+        fully_shard(layer, mesh=pair_mesh)
+    fully_shard(model, mesh=pair_mesh)
+
+
+def piece_of(array, part: int, parts: int):
+    """Rank ``part``'s dim-0 piece of ``array`` among ``parts`` (torch.chunk's)."""
+    rows = math.ceil(array.shape[0] / parts)
+    return array[part * rows:(part + 1) * rows]
+
+
 def train_on_rank(case):
     from minidist.parallel.fault_tolerance import (Manager, OptimizerWrapper,
                                                    ReplicaLostError)
     mesh, dim, replica, part, pair = _mesh_and_place(case)
     model = Net(case["d_in"], case["hidden"], case["d_out"], case["seed"] + replica)
+    fsdp = case["parts"] > 1 and case["pair"] == "fsdp"
+    if fsdp:
+        _fully_shard_over_the_pair(model, mesh)
     inner = AdamW(model.parameters(), lr=case["lr"], weight_decay=0.01)
     cursor = {"next": 0}        # the sampler's state: the next batch to read
     rng = backend.Generator(1000 + replica)     # a replica's own stream (dropout, say)
@@ -93,27 +119,32 @@ def train_on_rank(case):
                       replicate_dim=dim, num_replicas=case["num_replicas"], timeout=20.0)
     optimizer = OptimizerWrapper(manager, inner, model)
     history, healed, failed = {}, None, {}
+    piece = (part, case["parts"]) if fsdp else None     # what of each parameter it holds
     while cursor["next"] < case["steps"]:
         try:
             if not optimizer.zero_grad():
                 break                                 # a spare never needed
-        except ReplicaLostError:
-            return {"history": history, "healed": healed, "lost": True, "failed": failed}
+        except ReplicaLostError as e:
+            return {"history": history, "healed": healed, "lost": str(e), "failed": failed,
+                    "piece": piece}
         if healed is None and manager.changes[-1].healed and replica in manager.changes[-1].healed:
             healed = (cursor["next"], dict(snapshot(model, inner), rng=repr(rng.get_state())))
         step = cursor["next"]
         cursor["next"] += 1
-        _one_step(case, model, manager, pair, replica, part, step)
+        _one_step(case, model, manager, pair if not fsdp else None, replica, part, step)
         if not optimizer.step():
             failed[step] = type(manager.errored()).__name__
         rng.normal((1,))                              # the stream moves on every step
         history[step] = dict(snapshot(model, inner), rng=repr(rng.get_state()))
     return {"history": history, "healed": healed, "lost": False, "changes": manager.changes,
-            "failed": failed}
+            "failed": failed, "piece": piece}
 
 
 def _one_step(case, model, manager, pair, replica, part, step):
-    """Forward, backward, the pair's all-reduce, the quorum's: a kill where the case says."""
+    """Forward, backward, the pair's gradient reduction (the DDP pair's all-reduce over
+    ``pair``, or fully_shard's reduce-scatter inside backward), the quorum's all-reduce:
+    a kill where the case says. A partner's death fails this rank's forward or
+    backward (PeerDiedError from the pair's collective): the step fails."""
     phase = _kill_phase(case, replica, part, step)
     params = list(model.parameters())
     if phase == "forward":
@@ -121,13 +152,19 @@ def _one_step(case, model, manager, pair, replica, part, step):
     if phase == "backward":
         params[-1].register_post_accumulate_grad_hook(lambda p: _die())
     x, y = batch(case, step, replica, case["parts"], part)
-    loss_backward(model, x, y, case["parts"])
     try:
+        if case["pair"] == "fsdp" and case["parts"] > 1:
+            loss_backward(model, x, y)        # its rows' mean; the reduce-scatter averages
+        else:
+            loss_backward(model, x, y, case["parts"])
         if pair is not None:                          # the DDP pair inside the replica
             for p in params:
                 all_reduce(p.grad, group=pair)
-    except PeerDiedError as e:
+    except (PeerDiedError, CommTimeoutError) as e:
         manager.report_error(e)                       # its partner died: the step fails
+        for p in params:                              # the same calls in the quorum
+            if p.grad is None:
+                p.grad = backend.xp.zeros(p.data.shape, dtype=p.data.dtype)
     for i, p in enumerate(params):
         if phase == "allreduce" and i == 2:
             _die()

@@ -33,6 +33,12 @@ def test_a_quorum_dimension_not_in_the_mesh_is_refused(one_process):
         _manager(mesh=mesh, replicate_dim="dp_replicate")
 
 
+def test_a_quorum_dimension_without_a_mesh_is_refused(one_process):
+    with pytest.raises(ValueError, match="replicate_dim='dp_replicate' names a dimension of "
+                                         "a mesh, but no mesh was given"):
+        _manager(replicate_dim="dp_replicate")
+
+
 def test_more_replicas_required_than_the_world_has_is_refused(one_process):
     with pytest.raises(ValueError, match="min_replica_size=2 must be between 1 and the 1"):
         _manager(min_replica_size=2)
