@@ -235,9 +235,12 @@ class TwoHosts:
 
     def kill_ranks(self, host: str, pattern: str) -> list[int]:
         """SIGKILL the processes on ``host`` whose command line contains ``pattern``
-        (the ranks, all at once, as a machine that fails); return their pids."""
+        (the ranks, all at once, as a machine that fails); return their pids. Every
+        command line is read before the first kill: once one rank dies, mpiexec may
+        stop the others of its host before this loop reaches them (they died all the
+        same, and are counted)."""
         ns = self.namespaces[HOSTS.index(host)]
-        killed = []
+        ranks = []
         for pid in _run("ip", "netns", "pids", ns, check=False).stdout.split():
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -245,12 +248,13 @@ class TwoHosts:
             except OSError:
                 continue
             if pattern in cmdline and "mpiexec" not in cmdline and "hydra" not in cmdline:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                    killed.append(int(pid))
-                except ProcessLookupError:
-                    pass
-        return killed
+                ranks.append(int(pid))
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass                # stopped by mpiexec after the first kill
+        return ranks
 
     def close(self) -> None:
         """Kill what runs in the two hosts, delete the namespaces and the state folder."""
