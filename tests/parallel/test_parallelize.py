@@ -125,7 +125,7 @@ def _case(dims, moe, schedule="1f1b", m=2, sp=False, clip=True, cp_kind="ring", 
 SCHEDULES = ["gpipe", "1f1b", "interleaved", "zb_v"]
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(dims=layouts(moe=False), schedule=st.sampled_from(SCHEDULES), m=st.sampled_from([1, 2]),
        sp=st.booleans(), clip=st.booleans(), cp_kind=st.sampled_from(["ring", "ulysses"]),
        seed=st.integers(0, 100))
@@ -139,7 +139,7 @@ def test_composed_dense_llama_trains_as_one_process(worlds, dims, schedule, m, s
     _check(worlds, case)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(dims=layouts(moe=True), schedule=st.sampled_from(SCHEDULES), m=st.sampled_from([1, 2]),
        clip=st.booleans(), cp_kind=st.sampled_from(["ring", "ulysses"]),
        seed=st.integers(0, 100))

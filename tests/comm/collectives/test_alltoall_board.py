@@ -31,7 +31,7 @@ def _run_watched(case):
     return got, last, bool(moved)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=5, deadline=None)
 @given(data=st.data())
 def test_board_all_to_all_matches_numpy_reference_on_both_sides_of_the_slot(worlds, data):
     n = data.draw(st.sampled_from([2, 3, 4]))
@@ -93,7 +93,7 @@ def keeping_my_splits(draw, n):
     return out
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(data=st.data())
 def test_repeated_splits_follow_the_peers_changes_bit_for_bit(worlds, data):
     n = data.draw(st.sampled_from([3, 4]))

@@ -51,7 +51,7 @@ def near_the_board(draw, world):
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(data=st.data())
 def test_one_shot_matches_the_rank_order_fold_bit_for_bit_on_every_rank(worlds, n, data):
     case = data.draw(near_the_board(n))
@@ -164,7 +164,7 @@ def _all_reduce_taken(case):
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(data=st.data())
 def test_auto_across_its_thresholds_is_bit_identical_on_every_rank(worlds, n, data):
     """On both sides of every switch of auto: the same bits on every rank, and

@@ -47,7 +47,7 @@ def assert_survivors_follow_the_oracle(case, got):
     return survivors
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(data=st.data(), replicas=st.sampled_from([3, 4]), phase=st.sampled_from(PHASES),
        seed=st.integers(0, 2**16))
 def test_survivors_equal_one_process_over_the_quorum_dropping_the_failed_step(
@@ -61,7 +61,7 @@ def test_survivors_equal_one_process_over_the_quorum_dropping_the_failed_step(
     assert all(r["failed"] == {step: "PeerDiedError"} for r in survivors)
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(data=st.data(), pair=st.sampled_from(["ddp", "fsdp"]), replicas=st.sampled_from([3, 4]),
        phase=st.sampled_from(PHASES), step=st.integers(0, 3), part=st.integers(0, 1))
 def test_replicas_of_a_pair_lose_the_whole_replica_and_go_on(data, pair, replicas, phase, step,
