@@ -7,7 +7,10 @@ conversion). Hypothesis examples are derandomized on CI so a run is repeatable.
 A test module that makes no backend array (cost models and the planner's
 arithmetic, the docs, the layering, a demo's usage error) is marked
 ``host_only``: it cannot meet a CuPy rule, so it runs on the NumPy pass only and
-another backend's pass deselects it.
+another backend's pass deselects it. A module marked ``launcher`` tests how worlds
+of processes start, stop, restart, time out and report (the launcher, the two-host
+link, a killed save): its arrays take the paths the math tests already take through
+every backend, so it too runs on the NumPy pass only.
 """
 import os
 
@@ -37,13 +40,17 @@ settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
 def pytest_collection_modifyitems(config, items):
-    """On a backend other than NumPy, deselect the ``host_only`` tests."""
+    """On a backend other than NumPy, deselect the ``host_only`` and ``launcher`` tests."""
     if backend.get_backend() == "numpy":
         return
-    host_only = [item for item in items if item.get_closest_marker("host_only")]
-    if host_only:
-        config.hook.pytest_deselected(items=host_only)
-        items[:] = [item for item in items if not item.get_closest_marker("host_only")]
+    numpy_only = [item for item in items if _numpy_pass_only(item)]
+    if numpy_only:
+        config.hook.pytest_deselected(items=numpy_only)
+        items[:] = [item for item in items if not _numpy_pass_only(item)]
+
+
+def _numpy_pass_only(item) -> bool:
+    return bool(item.get_closest_marker("host_only") or item.get_closest_marker("launcher"))
 
 
 def pytest_report_header(config):

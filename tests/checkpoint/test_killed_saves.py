@@ -16,6 +16,8 @@ from minidist.comm.transport import shm
 
 from . import resume_cases as R
 
+pytestmark = pytest.mark.launcher   # the NumPy pass only (tests/conftest.py)
+
 # Saves again and again, big enough that a save takes tens of milliseconds.
 WRITER = textwrap.dedent("""
     import sys

@@ -6,8 +6,10 @@ import sys
 
 import pytest
 
-from minidist import backend
 from tests.demos.smoke import DEMOS, SMOKE_ARGS
+
+# the launcher, not the math: the demos' checks run on every backend in test_checks.py
+pytestmark = pytest.mark.launcher   # the NumPy pass only (tests/conftest.py)
 
 
 @pytest.mark.parametrize("launcher", ["minidist run", "mpiexec"])
@@ -44,9 +46,6 @@ ONE_LINE_REASON = re.compile(r"^\[rank 0\] (\d\d_\w+\.py) runs as one process: .
                              r"Run it as `python \S*\1`\.$")
 
 
-@pytest.mark.skipif(backend.get_backend() != "numpy",
-                    reason="the launcher, not the math: the demos' checks run on every "
-                           "backend in test_demo_runs_and_its_check_passes")
 @pytest.mark.parametrize("name", sorted(SMOKE_ARGS))
 def test_demo_runs_under_minidist_run_or_says_in_one_line_why_not(name):
     """Each rank joins the launched world, or the demo runs whole on each rank, or rank 0

@@ -17,6 +17,8 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.launcher   # the NumPy pass only (tests/conftest.py)
+
 N, PER_HOST = 8, 4
 HERE = os.path.dirname(os.path.abspath(__file__))
 OVERHEAD = 0.05          # measured 0.15-3.2 % on the veth (docs/running.md)

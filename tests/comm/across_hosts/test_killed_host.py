@@ -15,6 +15,8 @@ import subprocess
 
 import pytest
 
+pytestmark = pytest.mark.launcher   # the NumPy pass only (tests/conftest.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT = 5.0                       # the collective timeout the ranks run with
 STEPS_BEFORE_KILL = 3

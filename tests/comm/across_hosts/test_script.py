@@ -5,6 +5,9 @@ import re
 import subprocess
 import sys
 import tempfile
+import pytest
+
+pytestmark = pytest.mark.launcher   # the NumPy pass only (tests/conftest.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))))

@@ -11,6 +11,8 @@ import pytest
 
 from ..conftest import alive
 
+pytestmark = pytest.mark.launcher   # the NumPy pass only (tests/conftest.py)
+
 SCRIPT = textwrap.dedent("""
     import os, sys, time
     import minidist.distributed as dist

@@ -23,6 +23,8 @@ from minidist.comm.transport import shm
 
 from ..conftest import alive, my_segments
 
+pytestmark = pytest.mark.launcher   # the NumPy pass only (tests/conftest.py)
+
 LIMIT_S = 20.0  # well under the worlds' 30 s timeout: the abort, not a timeout
 
 

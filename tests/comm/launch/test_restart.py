@@ -7,6 +7,9 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.launcher   # the NumPy pass only (tests/conftest.py)
 
 SCRIPT = pathlib.Path(__file__).with_name("elastic_train.py")
 STEPS = 8
