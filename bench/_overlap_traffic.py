@@ -16,8 +16,8 @@
 
     over the link's bandwidth, the wire time the overlap may remove from the exposed
     communication. from_trace adds the exposed communication ``minidist trace summary``
-    reads, and again with the blocking calls of an F&B's second half counted exposed
-    (second_half_on_main).
+    reads (which counts the blocking calls of an F&B's second half as exposed: the
+    main thread is parked while they block, trace/summary.py).
 """
 from __future__ import annotations
 
@@ -30,25 +30,11 @@ def from_trace(path: str, steps: int) -> dict:
     from minidist.trace import load
     from minidist.trace.summary import summarize
     trace = load(path)
-    exposed, parked = (max(row["exposed_comm"] for row in summarize(t)["ranks"].values())
-                       for t in (trace, second_half_on_main(trace)))
+    exposed = max(row["exposed_comm"] for row in summarize(trace)["ranks"].values())
     traffic = {k: {pid: n / steps for pid, n in v.items()} for k, v in traffic_of(trace).items()}
-    return dict(exposed=exposed * 1e-6 / steps, parked=parked * 1e-6 / steps,
+    return dict(exposed=exposed * 1e-6 / steps,
                 sent=max(traffic["all"].values(), default=0),
                 gathered=max(traffic["gathered"].values(), default=0), traffic=traffic)
-
-
-def second_half_on_main(trace: dict) -> dict:
-    """The trace with the blocking calls of an F&B's second half (its thread "second
-    half": comm/collectives/interleave.py) moved onto the main thread. The summary takes
-    compute from the main thread alone, so inside an F&B op (one span there) it counts
-    such a call as hidden; but the halves run one at a time, and while the second half
-    blocks the main thread is parked: the rank computes nothing, and the call is exposed."""
-    halves = {(e["pid"], e["tid"]) for e in trace["traceEvents"] if e.get("ph") == "M"
-              and e.get("name") == "thread_name" and e["args"]["name"] == "second half"}
-    return {"traceEvents": [dict(e, tid=0) if e.get("ph") == "X" and e.get("cat") == "comm"
-                            and (e["pid"], e["tid"]) in halves else e
-                            for e in trace["traceEvents"]]}
 
 
 KINDS = ("all", "gathered", "all_gather", "reduce_scatter", "all_to_all", "sends",

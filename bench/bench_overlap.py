@@ -56,10 +56,9 @@ peer's compute or on the scheduler (on 2 loaded cores, 4 ranks certainly), and a
 overlap that reorders work can remove more than the wire time: a bar met there says
 that the waits went, not that the wire was hidden; the line says so. Under DualPipeV
 with expert parallelism an F&B op's second half runs on a thread of its own while the
-main thread is parked; the summary takes compute from the main thread, whose F&B span
-covers the second half's blocking calls (FSDP's reduce-scatters, its waits), so it
-counts them as hidden. The line below the bar counts them as exposed (the rank computed
-nothing then) and says whether the target holds so counted.
+main thread is parked inside the op's span; the summary counts that thread's blocking
+calls (FSDP's reduce-scatters, its waits) as exposed, as the main thread's: the rank
+computed nothing then (trace/summary.py).
 
 The CPU floor, measured as bench_ddp.py measures it: a step cannot take less than its
 slowest rank's CPU time (every thread of the rank: the main thread, the communication
@@ -286,15 +285,13 @@ def measure_pair(world, pair: str, a, folder: str) -> dict:
             ranks = world.run(time_variant, pair, v, a, path)
             traced = from_trace(path, a.trace_steps)
             per_round[v].append((max(t for t, _ in ranks), max(c for _, c in ranks),
-                                 sum(c for _, c in ranks) / CORES, traced["exposed"],
-                                 traced["parked"]))
+                                 sum(c for _, c in ranks) / CORES, traced["exposed"]))
             rows.setdefault(v, traced)          # the bytes: the same in every round
     for v, times in per_round.items():
         rows[v].update(step=statistics.median(t[0] for t in times),
                        cpu=statistics.median(t[1] for t in times),
                        floor=statistics.median(max(t[1], t[2]) for t in times),
-                       exposed=statistics.median(t[3] for t in times),
-                       parked=statistics.median(t[4] for t in times))
+                       exposed=statistics.median(t[3] for t in times))
     return rows
 
 

@@ -100,20 +100,3 @@ def test_the_low_precision_gathers_are_credited_with_the_bytes_they_save():
     plain = dict(traffic=dict(all_gather={0: 1000, 1: 900}))
     half = dict(traffic=dict(all_gather={0: 500, 1: 450}))
     assert _overlap_traffic.targeted("fsdp", half, plain)[0] == 500
-
-
-def test_a_blocking_call_of_the_second_half_counts_as_exposed_once_moved_to_main():
-    """Inside an F&B op (one span on the main thread) the second half's wait is hidden
-    to the summary; the halves run one at a time, so the main thread was parked then."""
-    from minidist.trace.summary import summarize
-    trace = {"traceEvents": [
-        dict(ph="M", name="thread_name", pid=0, tid=3, args=dict(name="second half")),
-        _span("F3 & B1 c1", 0, 0, 0, 100, cat="pipeline", kind="F&B", step=0, group=[0, 1]),
-        _span("wait", 0, 3, 40, 25),
-        _span("all_to_all_single", 0, 2, 10, 20, bytes_sent=8),   # the comm thread's: stays
-    ]}
-
-    def exposed(t):
-        return summarize(t)["ranks"][0]["exposed_comm"]
-    assert exposed(trace) == 0
-    assert exposed(_overlap_traffic.second_half_on_main(trace)) == 25

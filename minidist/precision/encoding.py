@@ -27,6 +27,8 @@ check bit for bit against them (subnormals, NaN, inf, ties included):
 - decode: a table of the 2^bits values, built once per format by
   ``decode_reference``, indexed by the codes (a gather keeps a subnormal's bits
   on every backend, so the table is exact where float32 arithmetic flushes);
+  bfloat16 to float32 needs no table: the code shifted into a float32's top half
+  (a NaN made the quiet one, as the table holds it);
 - encode, bfloat16 from float32: round the bit pattern (rounding.py) and keep
   its top 16 bits; integer operations only;
 - encode, a format whose values are all normal in x's dtype, or zero (fp16 and
@@ -68,6 +70,8 @@ def decode(codes: Any, fmt: FloatFormat | str, dtype: str = "float32") -> Any:
     _check_codes(codes, fmt, dtype)
     if fmt.bits > 16:                            # no table of 2^bits values
         return decode_reference(codes, fmt, dtype)
+    if dtype == "float32" and _is_bf16(fmt):     # a bfloat16 code is a float32's top half
+        return _decode_bf16_bits(codes)
     return xp.take(_table(fmt, dtype), codes.astype(xp.intp, copy=False))
 
 
@@ -187,6 +191,17 @@ def _encode_bf16_bits(x: Any, saturate: bool) -> Any:
         over = (t & U(0x7FFF)) == U(0x7F80)      # overflowed, or x was inf
         t = xp.where(over, sign | U(0x7F7F), t)
     return t.astype(xp.uint16)
+
+
+def _decode_bf16_bits(codes: Any) -> Any:
+    """float32 values of bfloat16 codes: each code shifted into a float32's top half; a
+    NaN is the quiet 0x7FC00000 with the code's sign, as ``decode_reference`` gives it."""
+    U = xp.uint32
+    u = codes.astype(U) << U(16)
+    nan = (u & U(0x7FFFFFFF)) > U(0x7F800000)
+    if bool(nan.any()):                          # (rare: one pass more only then)
+        u = xp.where(nan, (u & U(0x80000000)) | U(0x7FC00000), u)
+    return backend.from_bits(u, "float32")
 
 
 def _all_normal_in(fmt: FloatFormat, dtype: str) -> bool:

@@ -16,6 +16,14 @@ so a forward that waits for its all-gather counts the wait as communication, not
 its own compute: the overlap that async TP, expert dispatch or FSDP's prefetch
 promise is what is left of C outside the waits and blocking calls.
 
+The main thread is not the only one that computes for the rank: an F&B op of DualPipeV
+runs its second half on the thread ``TURN_THREAD`` (comm/collectives/interleave.py),
+taking turns with the main thread, which is parked meanwhile inside the op's span. A
+blocking call on that thread is a wait of the rank's compute, as one on the main thread
+is: both are taken out of K (otherwise the F&B span would hide them)::
+
+    K = |main thread's other spans| \\ (comm spans of the main thread and of TURN_THREAD)
+
 Per mesh dimension (a span's ``mesh_dim``: the group came from a device mesh), the
 bytes each rank sent on it: how much of a composed step each dimension moves.
 
@@ -36,6 +44,7 @@ from collections import defaultdict
 from minidist.trace.merge import NO_RANK_PID, WORLD_PID
 
 COMM = "comm"
+TURN_THREAD = "second half"    # the thread that takes turns with the main thread (F&B ops)
 
 
 def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -80,13 +89,15 @@ def summarize(trace: dict) -> dict:
     by_pid = defaultdict(list)
     for e in spans:
         by_pid[e["pid"]].append(e)
+    turn_threads = {(e["pid"], e["tid"]) for e in events if e.get("ph") == "M"
+                    and e.get("name") == "thread_name" and e["args"]["name"] == TURN_THREAD}
     ranks = {}
     for pid, rows in sorted(by_pid.items()):
         comm = union([(e["ts"], e["ts"] + e["dur"]) for e in rows if e["cat"] == COMM])
-        main_comm = union([(e["ts"], e["ts"] + e["dur"]) for e in rows
-                           if e["cat"] == COMM and e["tid"] == 0])
+        waited = union([(e["ts"], e["ts"] + e["dur"]) for e in rows if e["cat"] == COMM
+                        and (e["tid"] == 0 or (pid, e["tid"]) in turn_threads)])
         compute = minus(union([(e["ts"], e["ts"] + e["dur"]) for e in rows
-                               if e["cat"] != COMM and e["tid"] == 0]), main_comm)
+                               if e["cat"] != COMM and e["tid"] == 0]), waited)
         start = min(e["ts"] for e in rows)
         window = max(e["ts"] + e["dur"] for e in rows) - start
         busy = length(union(comm + compute))

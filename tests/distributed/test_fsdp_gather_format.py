@@ -178,3 +178,40 @@ def test_grad_scaler_with_low_precision_gathers_equals_one_process(world):
             for name, value in whole.items():
                 diff = float(np.abs(value - ref[name]).max())
                 assert diff <= 1e-12, (fmt, name, diff)
+
+
+def encode_count_case(policy):
+    """One forward and backward of fully_shard units gathering in ``policy``'s format:
+    (how many times pieces were encoded, how many low-precision gathers ran)."""
+    from minidist.autograd import Tensor
+    from minidist.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from minidist.distributed.fsdp import state
+    counts = {"encoded": 0, "gathered": 0}
+    encode, gather = state.encode_pieces, state.gather_encoded
+
+    def counting_encode(*args):
+        counts["encoded"] += 1
+        return encode(*args)
+
+    def counting_gather(*args):
+        counts["gathered"] += 1
+        return gather(*args)
+    state.encode_pieces, state.gather_encoded = counting_encode, counting_gather
+    try:
+        model = _scaler_model()
+        for unit in list(model) + [model]:
+            fully_shard(unit, mp_policy=MixedPrecisionPolicy(**policy))
+        x, _ = _scaler_data(2)
+        (model(Tensor(backend.from_host(x[0]))) ** 2).mean().backward()
+    finally:
+        state.encode_pieces, state.gather_encoded = encode, gather
+    return counts
+
+
+@pytest.mark.parametrize("policy", [{"param_dtype": "bfloat16"}, {"float8_all_gather": True}])
+def test_a_unit_is_encoded_once_a_step_its_backward_gathering_the_forwards_codes(world, policy):
+    """The pieces do not change between forward and backward: each unit's forward encodes
+    them (the 2 MLPs; the root holds no parameter of its own), and the backward's gathers
+    of the 2 resharded units send those codes again: 2 encodes for 4 gathers."""
+    for counts in world.run(encode_count_case, policy):
+        assert counts == {"encoded": 2, "gathered": 4}, counts

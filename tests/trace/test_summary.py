@@ -35,3 +35,22 @@ def test_summary_of_a_hand_made_trace():
     assert (row["window"], row["busy"], row["idle"], row["comm"], row["exposed_comm"]) == \
         (22, 16, 6, 8, 4)
     assert "rank 0" in render(s) and "all_reduce" in render(s)
+
+
+def test_a_blocking_call_of_the_second_half_is_exposed_though_the_f_and_b_span_covers_it():
+    """DualPipeV's F&B op is one span on the main thread; its second half runs on the
+    thread TURN_THREAD while the main thread is parked, so that thread's wait hid
+    nothing (25 exposed), whereas the comm thread's all-to-all, under the span, is hidden."""
+    from minidist.trace.summary import TURN_THREAD
+
+    def span(name, tid, ts, dur, cat="comm"):
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 0,
+                "tid": tid, "args": {"group": [0, 1], "step": 0}}
+    ev = [
+        {"ph": "M", "name": "thread_name", "pid": 0, "tid": 3, "args": {"name": TURN_THREAD}},
+        span("F3 & B1 c1", 0, 0, 100, cat="pipeline"),
+        span("wait", 3, 40, 25),                          # the second half blocks
+        span("all_to_all_single", 2, 10, 20),             # on the comm thread: hidden
+    ]
+    row = summarize({"traceEvents": ev})["ranks"][0]
+    assert (row["comm"], row["exposed_comm"], row["busy"]) == (45, 25, 100)

@@ -26,7 +26,9 @@ While tracing, each stretch a half runs is a span of cat "turn" (named by the la
 given) on a row of its own per half, "F&B turns: first half" and "... second half": on
 the halves' threads they would cross the module spans a stretch starts or ends inside
 (the first half runs on the calling thread, the second on the thread "second half", one
-per process, kept for the next pair).
+per process, kept for the next pair). A blocking call on that thread is exposed
+communication in ``minidist trace summary`` (trace/summary.py's TURN_THREAD): while it
+blocks, the first half is parked and the rank computes nothing.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from typing import Any, Callable
 
 from minidist import backend
 from minidist.trace import recorder as trace
+from minidist.trace.summary import TURN_THREAD
 
 TURN = "turn"            # the trace category of a half's stretch of running
 TURN_ROWS = ("F&B turns: first half", "F&B turns: second half")   # their trace rows
@@ -136,7 +139,7 @@ class _Helper:
         device = backend.current_device()          # the caller's GPU (CuPy: per thread)
         self.jobs.put((job, device))
         if self.thread is None or not self.thread.is_alive():
-            self.thread = threading.Thread(target=self._loop, name="second half", daemon=True)
+            self.thread = threading.Thread(target=self._loop, name=TURN_THREAD, daemon=True)
             self.thread.start()
 
     def _loop(self) -> None:

@@ -15,96 +15,109 @@ and sending its codes (precision/encoding.py) moves only what the format holds:
 Rounding one element does not depend on the others, so rounding before the gather gives
 the values rounding after it gave, bit for bit; only the bytes on the wire change. The
 float8 gather equals its plain math exactly: quantise each piece as above, then gather.
+
+What it costs the cores, kept small: the pieces are encoded side by side in one pass
+(float8: their scales from one transfer of every piece's amax, the product with the
+scales one multiply), the gathered (N, W) buffer of codes is decoded in one pass
+(bfloat16 to float32 is a shift: a code is a float32's top half) and unscaled by one
+division by the scales laid out beside it (one row a rank), then cut into parameters;
+the scales travel in the same all-gather as the codes, no collective of their own.
+fully_shard encodes a unit's pieces once a step: its forward's codes serve the
+backward's gather again (state.py), as the parameters do not change in between.
 Tests: tests/distributed/test_fsdp_gather_format.py.
 """
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from minidist.backend import to_host, xp
 from minidist.comm.group import ProcessGroup
 from minidist.distributed.fsdp.reduce_format import emulated_format
 from minidist.distributed.tensor import _collectives as coll
-from minidist.distributed.tensor.placement_types import chunk_sizes
 from minidist.precision.encoding import decode, encode
 
 E4M3 = "float8_e4m3fn"
 E4M3_MAX = 448.0         # the largest finite e4m3fn value
 
 
-def float8_scale(piece: Any) -> float:
-    """s = 2^floor(log2(448 / amax|piece|)): the piece's largest magnitude lands in
-    [224, 448]; 1 for a piece of zeros (or no rows)."""
-    amax = float(to_host(xp.abs(piece).max())) if piece.size else 0.0
-    if amax == 0.0 or not math.isfinite(amax):
-        return 1.0
-    return 2.0 ** math.floor(math.log2(E4M3_MAX / amax))
+def float8_scales(pieces: list) -> list[float]:
+    """s = 2^floor(log2(448 / amax|piece|)) for each piece: its largest magnitude lands in
+    [224, 448]; 1 for a piece of zeros (or no rows). Every amax comes to the host at once."""
+    amaxes = [xp.abs(p).max() if p.size else xp.zeros((), dtype=p.dtype) for p in pieces]
+    scales = []
+    for amax in to_host(xp.stack(amaxes).astype(xp.float64)).tolist() if pieces else []:
+        if amax == 0.0 or not math.isfinite(amax):
+            scales.append(1.0)
+        else:
+            scales.append(2.0 ** math.floor(math.log2(E4M3_MAX / amax)))
+    return scales
+
+
+class EncodedPieces(NamedTuple):
+    """A unit's pieces in the gather format, ready to all-gather (``encode_pieces``)."""
+    codes: list          # each piece's codes; float8: then the scales' bytes, (4 P,) uint8
+    lengths: list[int]   # each whole parameter's rows; float8: then the N ranks' 4 P bytes
+    fmt: Any             # the emulated format of the codes
+    dtypes: list         # the pieces' dtypes, which the gather gives back
+    scaled: int          # float8: P, the parameters that carry a scale; 0 otherwise
+
+
+def encode_pieces(pieces: list, lengths: list[int], n: int, policy: Any) -> EncodedPieces | None:
+    """The pieces in the policy's gather format (module docstring), encoded side by side in
+    one pass; None where the policy gathers the pieces as they are."""
+    fmt = emulated_format(E4M3 if policy.float8_all_gather else policy.param_dtype)
+    if fmt is None:
+        return None
+    flat = xp.concatenate([p.reshape(-1) for p in pieces])              # (sum sizes,)
+    if not policy.float8_all_gather:
+        return EncodedPieces(split_like(encode(flat, fmt), pieces), list(lengths), fmt,
+                             [p.dtype for p in pieces], 0)
+    scales = float8_scales(pieces)
+    per_element = xp.repeat(xp.asarray(scales, dtype=flat.dtype), [p.size for p in pieces])
+    codes = split_like(encode(flat * per_element, fmt, saturate=True), pieces)
+    raw = xp.asarray(scales, dtype=xp.float32).view(xp.uint8)          # (4 P,) bytes
+    return EncodedPieces(codes + [raw], list(lengths) + [n * raw.size], fmt,
+                         [p.dtype for p in pieces], len(pieces))
 
 
 class EncodedGather:
-    """An all-gather of codes (all_gather_dim0): ``wait()`` gives the decoded parameters,
-    in the pieces' dtype."""
+    """An all-gather of codes (``gather_encoded``): ``wait()`` gives the decoded
+    parameters, in the pieces' dtypes."""
 
-    def __init__(self, inner: Any, fmt: Any, dtypes: list, scaled: int, n: int):
-        self.inner, self.fmt, self.dtypes = inner, fmt, dtypes
-        self.scaled, self.n = scaled, n     # scaled: how many parameters carry scales
+    def __init__(self, inner: coll.GatheredDim0, encoded: EncodedPieces):
+        self.inner, self.encoded = inner, encoded
 
     def wait(self) -> list:
-        fulls = self.inner.wait() if isinstance(self.inner, coll.GatheredDim0) else self.inner
-        if not self.scaled:
-            return decode_as_one(fulls, self.fmt, self.dtypes)
-        codes, raw = fulls[:-1], fulls[-1]
-        scales = xp.ascontiguousarray(raw).view(xp.float32).reshape(self.n, self.scaled)
-        out = decode_as_one(codes, self.fmt, self.dtypes)
-        for i, (w, d) in enumerate(zip(out, self.dtypes)):
-            c = chunk_sizes(w.shape[0], self.n)[0]
-            for r in range(self.n):               # rank r's rows, unscaled by its s_r
-                w[r * c:(r + 1) * c] /= scales[r, i].astype(d)
-        return out
+        enc = self.encoded
+        buf = self.inner.buffer()                                      # (N, W) codes
+        wide = "float64" if any(str(d) == "float64" for d in enc.dtypes) else "float32"
+        values = decode(buf, enc.fmt, wide)                            # (N, W), one pass
+        if enc.scaled:
+            widths = [width for _, width, _ in self.inner.cut[:enc.scaled]]
+            w = sum(widths)                                            # the codes; scales after
+            scales = xp.ascontiguousarray(buf[:, w:]).view(xp.float32)  # (N, P): s_r of each
+            values[:, :w] /= xp.repeat(scales.astype(wide), widths, axis=1)
+        fulls = self.inner.cut_apart(values)[:len(enc.dtypes)]
+        return [f if str(f.dtype) == str(d) else f.astype(d) for f, d in zip(fulls, enc.dtypes)]
+
+
+def gather_encoded(encoded: EncodedPieces, group: ProcessGroup, async_op: bool) -> Any:
+    """All-gather the codes by one ``all_gather_dim0`` (the scales with them): the whole
+    parameters, or (``async_op``) something to ``wait()`` on."""
+    inner = coll.start_all_gather_dim0(encoded.codes, encoded.lengths, group, async_op)
+    gathered = EncodedGather(inner, encoded)
+    return gathered if async_op else gathered.wait()
 
 
 def gather_pieces(pieces: list, lengths: list[int], group: ProcessGroup, policy: Any,
                   async_op: bool) -> Any:
     """``coll.all_gather_dim0`` of the pieces, in the policy's gather format (module
     docstring): the whole parameters, or (``async_op``) something to ``wait()`` on."""
-    fmt = emulated_format(policy.param_dtype)
-    if policy.float8_all_gather:
-        fmt = emulated_format(E4M3)
-    if fmt is None:
+    encoded = encode_pieces(pieces, lengths, group.size, policy)
+    if encoded is None:
         return coll.all_gather_dim0(pieces, lengths, group, async_op)
-    dtypes = [p.dtype for p in pieces]
-    if policy.float8_all_gather:
-        scales = [float8_scale(p) for p in pieces]
-        codes = encode_as_one([p * s for p, s in zip(pieces, scales)], fmt, saturate=True)
-        raw = xp.asarray(scales, dtype=xp.float32).view(xp.uint8)     # (4 P,) bytes
-        codes.append(raw)
-        lengths = list(lengths) + [group.size * raw.size]              # every rank 4 P
-    else:
-        codes = encode_as_one(pieces, fmt)
-    inner = coll.all_gather_dim0(codes, lengths, group, async_op)
-    gathered = EncodedGather(inner, fmt, dtypes, len(pieces) if policy.float8_all_gather
-                             else 0, group.size)
-    return gathered if async_op else gathered.wait()
-
-
-def encode_as_one(pieces: list, fmt: Any, saturate: bool = False) -> list:
-    """``[encode(p, fmt, saturate) for p in pieces]``, by one ``encode`` of the pieces
-    side by side (a unit holds a dozen parameters, some of a few hundred elements: one
-    call instead of a dozen); each piece's codes a view of the one result."""
-    if len({str(p.dtype) for p in pieces}) != 1:         # mixed dtypes: one call each
-        return [encode(p, fmt, saturate=saturate) for p in pieces]
-    flat = encode(xp.concatenate([p.reshape(-1) for p in pieces]), fmt, saturate=saturate)
-    return split_like(flat, pieces)
-
-
-def decode_as_one(fulls: list, fmt: Any, dtypes: list) -> list:
-    """``[decode(f, fmt, d) for f, d in zip(fulls, dtypes)]`` by one ``decode`` of the
-    codes side by side; each result a view of the one decoded array."""
-    if len({str(d) for d in dtypes}) != 1:
-        return [decode(f, fmt, str(d)) for f, d in zip(fulls, dtypes)]
-    flat = decode(xp.concatenate([f.reshape(-1) for f in fulls]), fmt, str(dtypes[0]))
-    return split_like(flat, fulls)
+    return gather_encoded(encoded, group, async_op)
 
 
 def split_like(flat: Any, arrays: list) -> list:

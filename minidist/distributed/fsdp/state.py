@@ -44,7 +44,8 @@ from minidist.backend import xp
 from minidist.autograd.recompute import is_recomputing
 from minidist.comm.collectives.api import all_gather_into_tensor
 from minidist.comm.group import ProcessGroup, new_group, world_group
-from minidist.distributed.fsdp.gather_format import gather_pieces
+from minidist.distributed.fsdp.gather_format import (EncodedPieces, encode_pieces,
+                                                     gather_encoded)
 from minidist.distributed.fsdp.hsdp import DataParallelMesh, all_reduce_pieces
 from minidist.distributed.fsdp.reduce_format import (emulated_format,
                                                      reduce_scatter_dim0_in_format)
@@ -135,6 +136,7 @@ class FSDPState:
         self.forward_prefetch: list[FSDPState] | None = None    # None: the next in order
         self.backward_prefetch: list[FSDPState] | None = None   # None: the previous one
         self.pending: tuple[str, coll.GatheredDim0] | None = None  # (phase, gather under way)
+        self.encoded: EncodedPieces | None = None   # the forward's codes, for the backward's gather
 
     def spec(self, shape: tuple[int, ...]) -> DTensorSpec:
         return DTensorSpec(self.mesh, self.placements, shape)
@@ -154,11 +156,23 @@ class FSDPState:
 
     # -- gathering, with prefetch --------------------------------------------------
     def _start(self, phase: str, async_op: bool) -> Any:
+        """Start (or, not ``async_op``, do) the unit's all-gather for ``phase``. A
+        low-precision policy encodes the pieces before the gather (gather_format.py), once
+        a step: the forward's codes serve the backward's gather (the parameters are the
+        forward's until the optimizer steps, after the backward)."""
         lengths = [param.shape[0] for param in self.params]
         if phase == "backward" and self.post_group is not None:
             return coll.all_gather_dim0(self.post_forward, lengths, self.post_group, async_op)
-        return gather_pieces([s.data for s in self.shards()], lengths, self.shard_group,
-                             self.mp_policy, async_op)     # cast before (gather_format.py)
+        encoded, self.encoded = self.encoded, None
+        if phase == "forward" or encoded is None:
+            encoded = encode_pieces([s.data for s in self.shards()], lengths,
+                                    self.shard_group.size, self.mp_policy)
+        if encoded is None:                                 # gathered as they are
+            return coll.all_gather_dim0([s.data for s in self.shards()], lengths,
+                                        self.shard_group, async_op)
+        if phase == "forward" and self.reshard_after_forward:
+            self.encoded = encoded                          # for the backward's gather
+        return gather_encoded(encoded, self.shard_group, async_op)
 
     def gather(self, phase: str = "forward", keep: bool = False) -> list[Any]:
         """Every parameter of the unit whole (arrays), by one all-gather (or the one

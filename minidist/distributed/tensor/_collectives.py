@@ -154,22 +154,31 @@ def partition_replicate(local: Any, reduce_op: str, n: int) -> Any:
 class GatheredDim0:
     """An all-gather of Shard(0) pieces (all_gather_dim0): ``wait()`` gives the whole
     tensors. With ``async_op=True`` the collective runs on the communication thread
-    (comm/collectives/work.py) until ``wait()``; FSDP prefetches the next unit this way."""
+    (comm/collectives/work.py) until ``wait()``; FSDP prefetches the next unit this way.
+    ``buffer()`` gives the gathered (n, W) buffer itself (row r: rank r's pieces side by
+    side), ``cut_apart`` the whole tensors of a buffer laid out as it is (FSDP decodes a
+    low-precision gather's buffer in one pass, then cuts it apart)."""
 
     def __init__(self, work: Any, out: Any, cut: list[tuple[int, int, tuple]]):
         self.work, self.out, self.cut = work, out, cut
 
-    def wait(self) -> list:
+    def buffer(self) -> Any:
         if self.work is not None:
             self.work.wait()
             self.work = None
+        return self.out                                               # (n, W)
+
+    def cut_apart(self, buf: Any) -> list:
         fulls, start = [], 0
-        n = self.out.shape[0]
+        n = buf.shape[0]
         for length, width, shape in self.cut:
-            block = self.out[:, start:start + width].reshape((n * shape[0],) + shape[1:])
+            block = buf[:, start:start + width].reshape((n * shape[0],) + shape[1:])
             fulls.append(block[:length])                              # (L_i, ...)
             start += width
         return fulls
+
+    def wait(self) -> list:
+        return self.cut_apart(self.buffer())
 
 
 def all_gather_dim0(locals_: list, lengths: list[int], group: ProcessGroup,
@@ -177,6 +186,14 @@ def all_gather_dim0(locals_: list, lengths: list[int], group: ProcessGroup,
     """Shard(0) -> Replicate for several tensors by one all-gather: each piece padded to
     its c_i = ceil(L_i / n) rows, all flattened side by side, gathered, and cut apart.
     Returns the whole tensors, or (``async_op=True``) a GatheredDim0 to ``wait()`` on."""
+    gathered = start_all_gather_dim0(locals_, lengths, group, async_op)
+    return gathered if async_op else gathered.wait()
+
+
+def start_all_gather_dim0(locals_: list, lengths: list[int], group: ProcessGroup,
+                          async_op: bool) -> GatheredDim0:
+    """``all_gather_dim0``'s GatheredDim0, the collective done (``async_op=False``, on
+    this thread) or under way."""
     n = group.size
     cut, flats = [], []
     for local, length in zip(locals_, lengths):
@@ -192,8 +209,7 @@ def all_gather_dim0(locals_: list, lengths: list[int], group: ProcessGroup,
     elif mine.size:
         _note("all_gather_into_tensor", group, mine.nbytes)
         work = all_gather_into_tensor(out, mine, group=group, async_op=async_op)
-    gathered = GatheredDim0(work, out, cut)
-    return gathered if async_op else gathered.wait()
+    return GatheredDim0(work, out, cut)
 
 
 def stack_dim0(fulls: list, n: int) -> tuple[Any, list]:
