@@ -32,13 +32,19 @@ check bit for bit against them (subnormals, NaN, inf, ties included):
 - encode, bfloat16 from float32: round the bit pattern (rounding.py) and keep
   its top 16 bits; integer operations only;
 - encode, a format whose values are all normal in x's dtype, or zero (fp16 and
-  the 8-bit formats from float32; everything but E8M0 from float64): y =
-  ``quantize`` (its fast path), then the code from y's bits: for |y| >= 2^emin
+  the 8-bit formats from float32; everything but E8M0 from float64): the code
+  straight from x's bit pattern, rounding included (s = p - M dropped bits; p,
+  B_x: x's mantissa bits and bias): for |x| >= 2^emin
 
-      code = (bits(|y|) >> (p - M)) - ((B_x - B) << M)     (p, B_x: x's mantissa bits, bias)
+      code = ((a + 2^(s-1) - 1 + bit_s(a)) >> s) - ((B_x - B) << M)    (a = bits(|x|))
 
-  (the exponent field rebiased, the top M mantissa bits kept), below it
-  ``|y| * 2^(M - emin)`` (the subnormal's mantissa, an exact product).
+  (nearest even on the pattern, a carry bumping the exponent field, which is then
+  rebiased), below it ``bits(|x| + C) - bits(C)`` with C = 2^(emin - M + p): the
+  floats next to C lie 2^(emin - M) apart, the subnormal gap, so the hardware's
+  addition rounds |x| to nearest even and the difference of the patterns counts
+  the gaps, the subnormal's mantissa (2^M, the smallest normal's code, where it
+  rounds up). Then overflow (past max's code: max, inf or NaN as ``quantize``
+  gives them), NaN and the sign. One pass, a cache-sized block at a time.
 """
 from __future__ import annotations
 
@@ -46,6 +52,7 @@ from typing import Any
 
 from minidist import backend
 from minidist.backend import xp
+from minidist.backend.blocks import blockwise
 from minidist.precision.formats import FloatFormat, get_format
 from minidist.precision.rounding import LAYOUT, quantize, quiet
 from minidist.precision.subnormals import narrow, widen
@@ -58,8 +65,10 @@ def encode(x: Any, fmt: FloatFormat | str, saturate: bool = False) -> Any:
     dtype = str(x.dtype)
     if dtype == "float32" and _is_bf16(fmt):
         return _encode_bf16_bits(x, saturate)
-    if dtype in LAYOUT and _all_normal_in(fmt, dtype):
-        return _codes_of(quantize(x, fmt, saturate=saturate), fmt)
+    flushed = (dtype == "float32" and fmt.smallest_subnormal < 2.0 ** -125
+               and backend.flushes_subnormals())     # |x| + C would lose x's subnormals
+    if dtype in LAYOUT and _all_normal_in(fmt, dtype) and not flushed:
+        return _encode_bits(x, fmt, saturate)
     return encode_reference(x, fmt, saturate)
 
 
@@ -176,21 +185,26 @@ def _is_bf16(fmt: FloatFormat) -> bool:
 def _encode_bf16_bits(x: Any, saturate: bool) -> Any:
     """bfloat16 codes of float32 x: the bit pattern rounded to nearest even (rounding.py's
     ``_round_bf16_like``), its top 16 bits; a NaN is the quiet 0x7FC0 with x's sign;
-    ``saturate``: a code at or above inf's (0x7F80), NaN aside, is the largest finite."""
+    ``saturate``: a code at or above inf's (0x7F80), NaN aside, is the largest finite.
+    One pass, a cache-sized block at a time."""
     U = xp.uint32
-    u = backend.bits(x)
-    t = u >> U(16)
-    t &= U(1)
-    t += U(0x7FFF)
-    t += u                                       # carries into bit 16 when rounding up
-    t >>= U(16)
-    sign = (u >> U(16)) & U(0x8000)
-    mag = u & U(0x7FFFFFFF)
-    t = xp.where(mag > U(0x7F800000), sign | U(0x7FC0), t)       # NaN
-    if saturate:
-        over = (t & U(0x7FFF)) == U(0x7F80)      # overflowed, or x was inf
-        t = xp.where(over, sign | U(0x7F7F), t)
-    return t.astype(xp.uint16)
+
+    def codes(b: Any) -> Any:
+        u = backend.bits(b)
+        t = u >> U(16)
+        t &= U(1)
+        t += U(0x7FFF)
+        t += u                                   # carries into bit 16 when rounding up
+        t >>= U(16)
+        xp.copyto(t, U(0x7FC0), where=(u & U(0x7FFFFFFF)) > U(0x7F800000))   # NaN
+        if saturate:                             # overflowed, or x was inf
+            xp.copyto(t, U(0x7F7F), where=(t & U(0x7FFF)) == U(0x7F80))
+        sign = u >> U(16)
+        sign &= U(0x8000)
+        t |= sign                                # (the rounded codes hold it already)
+        return t.astype(xp.uint16)
+
+    return blockwise(codes, x, xp.uint16)
 
 
 def _decode_bf16_bits(codes: Any) -> Any:
@@ -212,28 +226,53 @@ def _all_normal_in(fmt: FloatFormat, dtype: str) -> bool:
             and fmt.smallest_subnormal >= 2.0 ** (1 - ebias))
 
 
-def _codes_of(y: Any, fmt: FloatFormat) -> Any:
-    """The codes of y, whose values fmt holds (``quantize``'s output): module docstring."""
+def _encode_bits(x: Any, fmt: FloatFormat, saturate: bool) -> Any:
+    """The codes of ``quantize(x, fmt, saturate=saturate)`` from x's bit pattern, for a
+    format whose values are all normal in x's dtype (module docstring)."""
     M, E = fmt.man_bits, fmt.exp_bits
-    p, ebias, uint = LAYOUT[str(y.dtype)]
+    dtype = str(x.dtype)
+    p, ebias, uint = LAYOUT[dtype]
     U = getattr(xp, uint)
-    u = backend.bits(y)
-    a = u & U(2 ** (8 * y.itemsize - 1) - 1)                         # |y|'s bits
-    smallest_normal = U((fmt.emin + ebias) << p)                     # 2^emin's bits
-    inf = U((2 * ebias + 1) << p)                                    # inf's bits in y's dtype
-    code = (a >> U(p - M)) - U((ebias - fmt.bias) << M)              # |y| >= 2^emin
-    tiny = backend.from_bits(xp.minimum(a, smallest_normal), str(y.dtype))
-    sub = (tiny * 2.0 ** (M - fmt.emin)).astype(uint)                # |y| < 2^emin: exact
-    code = xp.where(a < smallest_normal, sub, code)
-    nan = a > inf
-    _refuse_nan(fmt, nan)
+    s = p - M                                    # mantissa bits dropped
+    width = 8 * x.itemsize
     top = (2 ** E - 1) << M                      # the all-ones exponent field
-    code = xp.where(a == inf, U(top), code)      # inf (only "ieee" formats keep one)
+    max_code = {"ieee": top - 1, "fn": top | (2 ** M - 2)}.get(fmt.special, 2 ** (E + M) - 1)
+    nan_code = None                              # "finite": no NaN
     if fmt.special == "ieee":
-        code = xp.where(nan, U(top | 2 ** (M - 1)), code)               # the quiet NaN
+        nan_code = top | 2 ** (M - 1)            # the quiet NaN
     elif fmt.special == "fn":
-        code = xp.where(nan, U(top | (2 ** M - 1)), code)
-    code |= (u >> U(8 * y.itemsize - 1)) << U(E + M)                 # the sign bit
-    if fmt.special == "fnuz":
-        code = xp.where(nan, U(2 ** (E + M)), code)                  # no sign: -0's pattern
-    return code.astype(fmt.code_dtype)
+        nan_code = top | (2 ** M - 1)
+    elif fmt.special == "fnuz":
+        nan_code = 2 ** (E + M)                  # -0's pattern
+    over_code = max_code if saturate or nan_code is None else (
+        top if fmt.special == "ieee" else nan_code)              # inf, or NaN
+    if nan_code is None:
+        _refuse_nan(fmt, xp.isnan(x))
+    smallest_normal = U((fmt.emin + ebias) << p)                 # 2^emin's bits in x's dtype
+    c_bits = U((fmt.emin - M + p + ebias) << p)                  # C: its spacing, the gap
+    c = backend.from_bits(xp.asarray([c_bits], dtype=U), dtype)[0]
+
+    def codes(b: Any) -> Any:
+        u = backend.bits(b)
+        a = u & U(2 ** (width - 1) - 1)                          # |x|'s bits
+        code = a >> U(s)
+        code &= U(1)
+        code += U(2 ** (s - 1) - 1)
+        code += a                                # carries into bit s when rounding up
+        code >>= U(s)
+        code -= U((ebias - fmt.bias) << M)       # rebiased (wraps below 2^emin: replaced)
+        with quiet():                            # inf + C, NaN + C: replaced below
+            sub = backend.bits(backend.from_bits(a, dtype) + c)  # rounded to the gap's grid
+        sub -= c_bits
+        xp.copyto(code, sub, where=a < smallest_normal)
+        xp.copyto(code, U(over_code), where=code > U(max_code))  # inf too
+        if nan_code is not None and nan_code != over_code:
+            xp.copyto(code, U(nan_code), where=a > U((2 * ebias + 1) << p))  # inf's bits
+        negative = u >> U(width - 1)
+        if fmt.special == "fnuz":                # no -0; the NaN (-0's pattern) has no sign
+            negative &= (code != 0) & (code != U(nan_code))
+        negative <<= U(E + M)
+        code |= negative
+        return code.astype(fmt.code_dtype)
+
+    return blockwise(codes, x, fmt.code_dtype)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minidist import backend
-from minidist.precision import PRESETS, FloatFormat, decode, encode, get_format
+from minidist.precision import PRESETS, FloatFormat, decode, encode, get_format, quantize
 from minidist.precision.encoding import decode_reference, encode_reference
 
 from precision.helpers import REFERENCE, same
@@ -147,3 +147,23 @@ def test_decode_table_equals_reference_for_every_code(fmt, dtype):
     wide = backend.from_host(np.arange(2 ** fmt.bits).astype(np.int32))    # other int codes
     assert np.array_equal(backend.to_host(decode(wide, fmt, dtype)).view(f"u{fast.itemsize}"),
                           fast.view(f"u{fast.itemsize}"))
+
+
+@pytest.mark.parametrize("fmt", [f for f in REFERENCE if f.bits == 8], ids=str)
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.floats(-1024.0, 1024.0, width=32), min_size=1, max_size=300),
+       exponent=st.integers(-12, 0), saturate=st.booleans())
+def test_float8_codes_of_values_in_range_equal_ml_dtypes_and_quantize(fmt, values, exponent,
+                                                                        saturate):
+    # FSDP's float8 gather encodes pieces scaled into [-448, 448]: normals, the format's
+    # subnormals, ties and (unsaturated or not) values past its largest
+    x = np.array(values, np.float32) * np.float32(2.0 ** exponent)
+    codes = backend.to_host(encode(backend.from_host(x), fmt, saturate))
+    y = backend.to_host(quantize(backend.from_host(x), fmt, saturate=saturate))
+    assert same(backend.to_host(decode(backend.from_host(codes), fmt)), y)
+    if saturate:
+        x = np.clip(x, -fmt.max, fmt.max)
+    with np.errstate(all="ignore"):
+        want = x.astype(REFERENCE[fmt]).view(np.uint8)
+    nan = np.isnan(y)                            # ml_dtypes' overflow NaN differs in sign
+    assert np.array_equal(codes[~nan], want[~nan])
