@@ -180,23 +180,30 @@ def test_grad_scaler_with_low_precision_gathers_equals_one_process(world):
                 assert diff <= 1e-12, (fmt, name, diff)
 
 
-def encode_count_case(policy):
-    """One forward and backward of fully_shard units gathering in ``policy``'s format:
-    (how many times pieces were encoded, how many low-precision gathers ran)."""
+def gather_log_case(policy):
+    """One forward and backward of fully_shard units gathering in ``policy``'s format: the
+    log of its low-precision steps in order: "encode" (a unit's pieces), "gather" (the
+    gather of codes issued) and "wait" (a gather's codes awaited)."""
     from minidist.autograd import Tensor
     from minidist.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from minidist.distributed.fsdp import state
-    counts = {"encoded": 0, "gathered": 0}
+    from minidist.distributed.fsdp import gather_format, state
+    log = []
     encode, gather = state.encode_pieces, state.gather_encoded
+    wait = gather_format.EncodedGather.wait
 
-    def counting_encode(*args):
-        counts["encoded"] += 1
+    def logging_encode(*args):
+        log.append("encode")
         return encode(*args)
 
-    def counting_gather(*args):
-        counts["gathered"] += 1
+    def logging_gather(*args):
+        log.append("gather")
         return gather(*args)
-    state.encode_pieces, state.gather_encoded = counting_encode, counting_gather
+
+    def logging_wait(self):
+        log.append("wait")
+        return wait(self)
+    state.encode_pieces, state.gather_encoded = logging_encode, logging_gather
+    gather_format.EncodedGather.wait = logging_wait
     try:
         model = _scaler_model()
         for unit in list(model) + [model]:
@@ -205,7 +212,8 @@ def encode_count_case(policy):
         (model(Tensor(backend.from_host(x[0]))) ** 2).mean().backward()
     finally:
         state.encode_pieces, state.gather_encoded = encode, gather
-    return counts
+        gather_format.EncodedGather.wait = wait
+    return log
 
 
 @pytest.mark.parametrize("policy", [{"param_dtype": "bfloat16"}, {"float8_all_gather": True}])
@@ -213,5 +221,14 @@ def test_a_unit_is_encoded_once_a_step_its_backward_gathering_the_forwards_codes
     """The pieces do not change between forward and backward: each unit's forward encodes
     them (the 2 MLPs; the root holds no parameter of its own), and the backward's gathers
     of the 2 resharded units send those codes again: 2 encodes for 4 gathers."""
-    for counts in world.run(encode_count_case, policy):
-        assert counts == {"encoded": 2, "gathered": 4}, counts
+    for log in world.run(gather_log_case, policy):
+        assert (log.count("encode"), log.count("gather")) == (2, 4), log
+
+
+@pytest.mark.parametrize("policy", [{"param_dtype": "bfloat16"}, {"float8_all_gather": True}])
+def test_the_next_units_codes_are_made_while_the_gather_before_is_in_flight(world, policy):
+    """Unit 1's pieces are encoded after unit 0's gather is issued and before it is awaited
+    (not between that wait and unit 0's compute); the backward sends the forward's codes."""
+    for log in world.run(gather_log_case, policy):
+        assert log == ["encode", "gather", "encode", "wait", "gather", "wait",   # forward
+                       "gather", "wait", "gather", "wait"], log                  # backward

@@ -63,12 +63,17 @@ class EncodedPieces(NamedTuple):
     scaled: int          # float8: P, the parameters that carry a scale; 0 otherwise
 
 
+def encodes(policy: Any) -> bool:
+    """Whether the policy gathers the pieces in a format of their own (module docstring)."""
+    return emulated_format(E4M3 if policy.float8_all_gather else policy.param_dtype) is not None
+
+
 def encode_pieces(pieces: list, lengths: list[int], n: int, policy: Any) -> EncodedPieces | None:
     """The pieces in the policy's gather format (module docstring), encoded side by side in
     one pass; None where the policy gathers the pieces as they are."""
-    fmt = emulated_format(E4M3 if policy.float8_all_gather else policy.param_dtype)
-    if fmt is None:
+    if not encodes(policy):
         return None
+    fmt = emulated_format(E4M3 if policy.float8_all_gather else policy.param_dtype)
     flat = xp.concatenate([p.reshape(-1) for p in pieces])              # (sum sizes,)
     if not policy.float8_all_gather:
         return EncodedPieces(split_like(encode(flat, fmt), pieces), list(lengths), fmt,

@@ -7,7 +7,9 @@ be issued before the unit needs it and travel while another unit computes:
 
     forward  (order of the first forward: root, block 0, block 1, ...)
         unit i gathers its parameters (or waits for the gather issued earlier),
-        then issues unit i+1's gather, then computes
+        then issues unit i+1's gather, then computes; a low-precision policy
+        encodes unit i+1's pieces while unit i's gather is still in flight
+        (gather_format.py), so only the issue sits between the wait and the compute
     backward (the reverse order)
         unit i gathers again for its recompute, then issues unit i-1's gather,
         then recomputes, backpropagates, and reduce-scatters its gradients
@@ -44,7 +46,7 @@ from minidist.backend import xp
 from minidist.autograd.recompute import is_recomputing
 from minidist.comm.collectives.api import all_gather_into_tensor
 from minidist.comm.group import ProcessGroup, new_group, world_group
-from minidist.distributed.fsdp.gather_format import (EncodedPieces, encode_pieces,
+from minidist.distributed.fsdp.gather_format import (EncodedPieces, encode_pieces, encodes,
                                                      gather_encoded)
 from minidist.distributed.fsdp.hsdp import DataParallelMesh, all_reduce_pieces
 from minidist.distributed.fsdp.reduce_format import (emulated_format,
@@ -155,24 +157,34 @@ class FSDPState:
         self.put(self.shards())
 
     # -- gathering, with prefetch --------------------------------------------------
-    def _start(self, phase: str, async_op: bool) -> Any:
-        """Start (or, not ``async_op``, do) the unit's all-gather for ``phase``. A
-        low-precision policy encodes the pieces before the gather (gather_format.py), once
-        a step: the forward's codes serve the backward's gather (the parameters are the
-        forward's until the optimizer steps, after the backward)."""
+    def _start(self, phase: str, async_op: bool, encoded: EncodedPieces | None = None) -> Any:
+        """Start (or, not ``async_op``, do) the unit's all-gather for ``phase``, of the
+        codes ``encode`` gives (or ``encoded``, made by it earlier) where the policy
+        gathers in a low-precision format (gather_format.py)."""
         lengths = [param.shape[0] for param in self.params]
         if phase == "backward" and self.post_group is not None:
             return coll.all_gather_dim0(self.post_forward, lengths, self.post_group, async_op)
-        encoded, self.encoded = self.encoded, None
-        if phase == "forward" or encoded is None:
-            encoded = encode_pieces([s.data for s in self.shards()], lengths,
-                                    self.shard_group.size, self.mp_policy)
+        if encoded is None:
+            encoded = self.encode(phase)
         if encoded is None:                                 # gathered as they are
             return coll.all_gather_dim0([s.data for s in self.shards()], lengths,
                                         self.shard_group, async_op)
         if phase == "forward" and self.reshard_after_forward:
             self.encoded = encoded                          # for the backward's gather
         return gather_encoded(encoded, self.shard_group, async_op)
+
+    def encode(self, phase: str) -> EncodedPieces | None:
+        """The pieces in the policy's gather format for ``phase``'s gather (None: gathered
+        as they are), once a step: the forward's codes serve the backward's gather (the
+        parameters are the forward's until the optimizer steps, after the backward)."""
+        if phase == "backward" and self.post_group is not None:
+            return None                                     # gathers what forward kept
+        encoded, self.encoded = self.encoded, None
+        if phase == "forward" or encoded is None:
+            lengths = [param.shape[0] for param in self.params]
+            encoded = encode_pieces([s.data for s in self.shards()], lengths,
+                                    self.shard_group.size, self.mp_policy)
+        return encoded
 
     def gather(self, phase: str = "forward", keep: bool = False) -> list[Any]:
         """Every parameter of the unit whole (arrays), by one all-gather (or the one
@@ -181,32 +193,38 @@ class FSDPState:
         if phase == "forward" and self.schedule.sequence()[:1] == [self]:
             for state in self.schedule.states:          # a new step: nothing stale survives
                 state.drop_pending()
+        if phase == "forward" and self not in self.schedule.order:
+            self.schedule.order.append(self)
         start = time.perf_counter()
         pending, self.pending = self.pending, None
         prefetched = pending is not None and pending[0] == phase
-        if prefetched:
-            fulls = pending[1].wait()
-        else:
-            if pending is not None:
-                pending[1].wait()
-            fulls = self._start(phase, async_op=False)
+        if pending is not None and not prefetched:
+            pending[1].wait()
+        issues = not (phase == "forward" and is_recomputing())   # (the next unit is done with)
+        targets = self.prefetch_targets(phase) if issues else []
+        encodes_ahead = bool(targets) and encodes(self.mp_policy)
+        gathering = pending[1] if prefetched else self._start(phase, async_op=encodes_ahead)
+        # the next units' codes made while this unit's gather is in flight, not between
+        # its wait and its use (FSDP2 copies in on the all-gather's own stream)
+        ahead = {t: t.encode(phase) for t in targets} if encodes_ahead else {}
+        fulls = gathering.wait() if prefetched or encodes_ahead else gathering
         if trace.active is not None:   # how long this unit still waited for its weights
             unit = self.schedule.sequence().index(self) if self.params else -1
             trace.active.span(f"FSDP gather unit {unit} ({phase})", "zero", start,
                               time.perf_counter(), dict(prefetched=prefetched))
         if keep:
             self.keep_post_forward(fulls)
-        if phase == "forward" and self not in self.schedule.order:
-            self.schedule.order.append(self)
-        if not (phase == "forward" and is_recomputing()):   # (the next unit is done with)
-            self.prefetch(phase)
+        for target in targets:
+            target.pending = (phase, target._start(phase, True, ahead.get(target)))
         if emulated_format(self.mp_policy.param_dtype) is not None:
             return fulls        # already the format's values: rounded before the gather
         dtype = self.mp_policy.param_dtype
         return fulls if dtype is None else [f.astype(dtype) for f in fulls]
 
-    def prefetch(self, phase: str) -> None:
-        """Issue, asynchronously, the gathers of the units to prefetch after this one."""
+    def prefetch_targets(self, phase: str) -> list["FSDPState"]:
+        """The units whose gathers to issue, asynchronously, after this one's: those named
+        by set_modules_to_*_prefetch, else the next (forward) / previous (backward) unit,
+        less those already under way."""
         if phase == "forward":
             targets = self.forward_prefetch
             if targets is None:
@@ -216,9 +234,7 @@ class FSDPState:
             if targets is None:
                 targets = self.schedule.neighbour(self, -1)
             targets = [t for t in targets if t.awaits_backward]
-        for target in targets:
-            if target.pending is None and target is not self:
-                target.pending = (phase, target._start(phase, async_op=True))
+        return [t for t in targets if t.pending is None and t is not self]
 
     def drop_pending(self) -> None:
         if self.pending is not None:
