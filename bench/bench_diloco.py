@@ -119,18 +119,21 @@ def run_rank(args, how: str) -> dict:
     data = Generator(100 + dist.get_rank())
     x = data.normal((args.batch, args.width))
     y = xp.tanh(data.normal((args.batch, args.width)))
-    between, start = [], 0.0
+    between, start, seen = [], 0.0, _between()
     with context:
         for step in range(args.warmup + args.steps):
             if step == args.warmup:
                 dist.barrier()
-                start = time.perf_counter()
-            before = _between()
+                start, seen = time.perf_counter(), _between()   # not the barrier's bytes
             diff = forward(Tensor(x)) - Tensor(y)
             (diff * diff).mean().backward()
             inner.step()                       # DiLoCo: every H-th (H/F-th) also syncs
             inner.zero_grad()
-            between.append(_between() - before)
+            # one reading per step boundary: a streaming all-reduce in the background
+            # thread may put bytes on the link between the end of a step and the next
+            now = _between()
+            between.append(now - seen)
+            seen = now
         seconds = time.perf_counter() - start
     return dict(step_s=seconds / args.steps, between=between[args.warmup:])
 
