@@ -18,15 +18,21 @@ between, float32) takes AdamW steps on a fixed batch per rank, each way:
     Streaming F              the same with F fragments, tau = 1, alpha = 0.5
 
 Per strategy it prints the time of a step (the slowest rank's mean over ``--steps``
-measured steps, after ``--warmup``; the least of ``--repeats`` rounds), the bytes each
-rank put on the slow link per step (``dist.get_link_bytes()``: the mean over ranks and
-steps, and the largest step), both relative to DDP's in the same run, and the step time
-that ``calc`` predicts (minidist/calc/diloco.py; HSDP from calc/comm.py): compute plus
-the exposed wire (for DDP, the wire less its all-reduce's own copies, which run while
-the bytes are on it: calc/diloco.py). The compute time c of each strategy is measured too, as its step time
+measured steps, after ``--warmup``), the bytes each rank put on the slow link per step
+(``dist.get_link_bytes()``: the mean over ranks and steps, and the largest step), both
+relative to DDP's in the same run, and the step time that ``calc`` predicts
+(minidist/calc/diloco.py; HSDP from calc/comm.py): compute plus the exposed wire (for
+DDP, the wire less its all-reduce's own copies, which run while the bytes are on it:
+calc/diloco.py). The compute time c of each strategy is measured too, as its step time
 in a second world of the same four ranks without the emulated link: the arithmetic,
 the compression (Top-K's selection, 1-bit Adam's signs) and the copies that move bytes,
-all but the wire. Times on a shared machine vary from run to run; the bytes do not.
+all but the wire.
+
+Each of ``--repeats`` rounds runs every strategy once without the link and once with
+it, one after the other, so that a round's c and its step time see the same load; the
+round's calc comes from its own c's. The table gives the median over the rounds of each
+figure, meas/calc the median of the rounds' ratios, and "spread" their least and
+largest. Times on a shared machine vary from run to run; the bytes do not.
 """
 from __future__ import annotations
 
@@ -113,18 +119,21 @@ def run_rank(args, how: str) -> dict:
     data = Generator(100 + dist.get_rank())
     x = data.normal((args.batch, args.width))
     y = xp.tanh(data.normal((args.batch, args.width)))
-    between, start = [], 0.0
+    between, start, seen = [], 0.0, _between()
     with context:
         for step in range(args.warmup + args.steps):
             if step == args.warmup:
                 dist.barrier()
-                start = time.perf_counter()
-            before = _between()
+                start, seen = time.perf_counter(), _between()   # not the barrier's bytes
             diff = forward(Tensor(x)) - Tensor(y)
             (diff * diff).mean().backward()
             inner.step()                       # DiLoCo: every H-th (H/F-th) also syncs
             inner.zero_grad()
-            between.append(_between() - before)
+            # one reading per step boundary: a streaming all-reduce in the background
+            # thread may put bytes on the link between the end of a step and the next
+            now = _between()
+            between.append(now - seen)
+            seen = now
         seconds = time.perf_counter() - start
     return dict(step_s=seconds / args.steps, between=between[args.warmup:])
 
@@ -167,25 +176,44 @@ def predictions(c: dict, m: float, args) -> dict:
                                             c["Streaming (FSDP inside)"] + inside_fsdp, 2)}
 
 
-def report(results: dict, compute: dict, m: float, args) -> None:
-    calc = predictions(compute, m, args)
-    ddp = results["DDP"]
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
+
+
+def report(rounds: list[tuple[dict, dict]], m: float, args) -> None:
+    """The table over the rounds, each round (results, compute) of every strategy."""
+    calcs = [predictions(compute, m, args) for _, compute in rounds]
+
+    def over_rounds(figure) -> list[float]:
+        return [figure(results, compute, calc) for (results, compute), calc in zip(rounds, calcs)]
     print(f"{'run':<25}{'step ms':>9}{'vs DDP':>8}{'c ms':>8}{'calc ms':>9}{'meas/calc':>10}"
-          f"{'slow KB/step':>13}{'vs DDP':>8}{'peak KB':>9}")
-    for how, r in results.items():
-        print(f"{how:<25}{1e3 * r['step_s']:>9.2f}{r['step_s'] / ddp['step_s']:>8.3f}"
-              f"{1e3 * compute[how]:>8.2f}{1e3 * calc[how]:>9.2f}{r['step_s'] / calc[how]:>10.2f}"
-              f"{r['bytes'] / 1e3:>13.1f}{r['bytes'] / ddp['bytes']:>8.4f}{r['peak'] / 1e3:>9.1f}")
+          f"{'spread':>12}{'slow KB/step':>13}{'vs DDP':>8}{'peak KB':>9}")
+    bytes_of, ratio_of = rounds[0][0], {}    # the bytes are the same in every round
+    ddp = bytes_of["DDP"]
+    for how in RUNS:
+        step = over_rounds(lambda r, c, k: r[how]["step_s"])
+        vs_ddp = over_rounds(lambda r, c, k: r[how]["step_s"] / r["DDP"]["step_s"])
+        ratios = over_rounds(lambda r, c, k: r[how]["step_s"] / k[how])
+        ratio_of[how] = _median(ratios)
+        c = _median(over_rounds(lambda r, c, k: c[how]))
+        calc = _median(over_rounds(lambda r, c, k: k[how]))
+        b = bytes_of[how]
+        print(f"{how:<25}{1e3 * _median(step):>9.2f}{_median(vs_ddp):>8.3f}{1e3 * c:>8.2f}"
+              f"{1e3 * calc:>9.2f}{ratio_of[how]:>10.2f}"
+              f"{f'{min(ratios):.2f}-{max(ratios):.2f}':>12}"
+              f"{b['bytes'] / 1e3:>13.1f}{b['bytes'] / ddp['bytes']:>8.4f}{b['peak'] / 1e3:>9.1f}")
     H = args.sync_every
-    diloco, streaming = results["DiLoCo (FSDP inside)"], results["Streaming (FSDP inside)"]
-    within = [how for how, r in results.items() if abs(r["step_s"] / calc[how] - 1) <= 0.15]
+    diloco, streaming = bytes_of["DiLoCo (FSDP inside)"], bytes_of["Streaming (FSDP inside)"]
+    within = [how for how in RUNS if abs(ratio_of[how] - 1) <= 0.15]
     print(f"\nDiLoCo (FSDP inside) slow bytes/step x H = {diloco['bytes'] * H / ddp['bytes']:.3f}"
           f" of DDP's (<= 1: {diloco['bytes'] * H <= ddp['bytes']}); "
-          f"DiLoCo (DDP inside): {results['DiLoCo (DDP inside)']['bytes'] * H / ddp['bytes']:.3f}")
+          f"DiLoCo (DDP inside): {bytes_of['DiLoCo (DDP inside)']['bytes'] * H / ddp['bytes']:.3f}")
     ratio = streaming["peak"] / diloco["peak"]
     print(f"Streaming peak / DiLoCo peak = {ratio:.4f} (<= 1/F = 0.5: "
           f"{ratio <= 0.5})")
-    print(f"step time within 15% of calc: {len(within)} of {len(results)} ({', '.join(within)})")
+    print(f"step time within 15% of calc (median of {len(rounds)} rounds): {len(within)} of "
+          f"{len(RUNS)} ({', '.join(within)})")
 
 
 def main() -> None:
@@ -195,7 +223,8 @@ def main() -> None:
     ap.add_argument("--batch", type=positive_int, default=32, help="rows per rank")
     ap.add_argument("--steps", type=positive_int, default=20, help="measured, a multiple of H")
     ap.add_argument("--warmup", type=positive_int, default=2)
-    ap.add_argument("--repeats", type=positive_int, default=3, help="rounds; the least time")
+    ap.add_argument("--repeats", type=positive_int, default=5,
+                    help="rounds; the median of each figure")
     ap.add_argument("--sync-every", type=positive_int, default=10)
     ap.add_argument("--density", type=positive, default=0.01)
     ap.add_argument("--lr", type=positive, default=1e-3)
@@ -205,7 +234,7 @@ def main() -> None:
     if args.layers % 2 or args.steps % args.sync_every or args.sync_every % 2:
         ap.error("--layers and --sync-every must be even, --steps a multiple of --sync-every")
     from minidist.comm import World
-    results, compute = {}, {}
+    rounds = []                                # (results, compute) of each round
     m = 4.0 * args.layers * (args.width + 1) * args.width    # the model's float32 bytes
     # check=False: no same-call check records (a debugging aid NCCL does not send), so the
     # link carries the collectives' bytes only
@@ -213,17 +242,16 @@ def main() -> None:
                timeout=60.0, run_timeout=600.0, check=False) as linked, \
             World(4, node_size=2, timeout=60.0, run_timeout=600.0, check=False) as unlinked:
         for _ in range(args.repeats):          # alternating, so both see the same load
+            results, compute = {}, {}
             for how in RUNS:
-                c = summarise(unlinked.run(run_rank, args, how))["step_s"]
-                compute[how] = min(compute.get(how, c), c)
-                r = summarise(linked.run(run_rank, args, how))
-                if how not in results or r["step_s"] < results[how]["step_s"]:
-                    results[how] = r
+                compute[how] = summarise(unlinked.run(run_rank, args, how))["step_s"]
+                results[how] = summarise(linked.run(run_rank, args, how))
+            rounds.append((results, compute))
     print(f"2 islands x 2 ranks: {args.fast_gbps:g} GB/s inside, {args.slow_gbps:g} GB/s "
           f"between; {args.layers} x Linear({args.width}) float32 ({m / 1e6:.2f} MB), batch "
           f"{args.batch} per rank, {args.steps} steps measured after {args.warmup}; "
-          f"H = {args.sync_every}, F = 2\n")
-    report(results, compute, m, args)
+          f"H = {args.sync_every}, F = 2; the median of {args.repeats} rounds\n")
+    report(rounds, m, args)
 
 
 if __name__ == "__main__":

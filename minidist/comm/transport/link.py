@@ -27,7 +27,10 @@ n / beta on the wire, not added to it (it is added only if it takes longer).
 
 The receiver does not take a piece before its arrival time, and a rank that
 waits only for pieces still on the wire sleeps until the first of them lands
-(no CPU used). The links are full duplex and independent: rank r sending to
+(no CPU used). A rank that sleeps on its doorbell (a peer rings it when it
+publishes a piece, local_wait.py) wakes by then too (``seconds_to_next``): the
+ring came as the piece was published, before it landed, and no other ring may
+follow. The links are full duplex and independent: rank r sending to
 r+1 does not slow r+1 sending to r.
 
 A collective that reads its peers' memory (collectives/direct.py) sends no
@@ -161,6 +164,15 @@ class EmulatedLink:
         if delay > 0:
             time.sleep(min(delay, MAX_NAP_S))
         return True
+
+    def seconds_to_next(self, cap: float) -> float:
+        """Seconds until the earliest piece seen on the wire lands, at most ``cap`` (all
+        of it if none is). A peer rings a rank's doorbell when it publishes a piece, not
+        when the piece lands, so a rank that sleeps on its doorbell with a piece on the
+        wire sets its alarm by this: else it would sleep out the whole ``cap``."""
+        if not self.next_arrival:
+            return cap
+        return min(cap, max(0.0, (self.next_arrival - time.monotonic_ns()) / 1e9))
 
     def stamp_read(self, src: int, nbytes: int) -> int:
         """The arrival time (ns) of ``nbytes`` asked of ``src`` now, after what was

@@ -73,7 +73,9 @@ class LocalWaits:
             self._sleep(handles)
 
     def _sleep(self, handles: list) -> None:
-        """Sleep on our doorbell until a peer rings (at most 50 ms)."""
+        """Sleep on our doorbell until a peer rings (at most 50 ms), or, on an emulated
+        link, until the first piece on the wire lands: its peer rang when it published
+        it (maybe just before ``seen`` was read), and will not ring again when it lands."""
         bells, me = self._bells, self.rank
         seen = bells.value(me)
         with self._lock:
@@ -82,7 +84,9 @@ class LocalWaits:
             with self._lock:  # look once more, now that peers know we may sleep
                 moved = self._progress()
             if not moved and not all(h.done for h in handles):
-                bells.wait(me, seen, 0.05)
+                nap = 0.05 if self._link is None else self._link.seconds_to_next(0.05)
+                if nap > 0:
+                    bells.wait(me, seen, nap)
         finally:
             with self._lock:
                 bells.sleepers(me, -1)

@@ -123,3 +123,47 @@ def test_every_byte_a_collective_sends_is_counted_on_one_link(algorithm):
     m = 400_000
     want = 2 * 1.5 * m if algorithm == "ring" else 4 * 2 * (1 / 2) * m / 2
     assert want <= between <= want + 4 * records
+
+
+def _doorbell_nap_with_a_piece_on_the_wire(nbytes):
+    """Rank 1 sends ``nbytes``; rank 0 waits until the piece is published (its ring has
+    come already), then sleeps on its doorbell: (when that sleep would end, when the
+    piece lands), ns."""
+    import time
+
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    from minidist.comm.group import world_group
+    from minidist.comm.transport.shm import S_ARRIVAL
+    t = world_group().transport
+    if dist.get_rank() == 1:
+        dist.send(xp.ones(nbytes // 8), dst=0)
+        return None
+    ch = t._in[1]
+    while t._words[ch.head_i] == ch.count:       # not yet published
+        time.sleep(1e-4)
+    arrival = t._words[ch.hdr_i[ch.count % t.nslots] + S_ARRIVAL]
+    out = xp.empty(nbytes // 8)
+    handle = t.irecv(out, 1, tag=0)
+    naps, wait = [], t._bells.wait
+    t._bells.wait = lambda rank, seen, timeout: naps.append(
+        time.monotonic_ns() + int(timeout * 1e9))
+    try:
+        t._sleep([handle])                       # no peer will ring again
+    finally:
+        t._bells.wait = wait
+    t.wait_all([handle])
+    return naps, arrival
+
+
+def test_a_doorbell_sleep_ends_when_the_piece_on_the_wire_lands():
+    """A peer rings a rank's doorbell when it publishes a piece, not when the piece
+    lands: a rank that goes to sleep on its doorbell after that ring, the piece still on
+    the wire, must set its alarm by the arrival (local_wait.py), not sleep out the
+    doorbell's 50 ms (that cost DiLoCo with DDP inside ~4 ms a step in
+    bench/bench_diloco.py). 8 KB at 0.4 MB/s: 20 ms on the wire."""
+    with World(2, link_gbps=0.0004, timeout=20.0, run_timeout=60.0, check=False) as world:
+        naps, arrival = world.run(_doorbell_nap_with_a_piece_on_the_wire, 8_000)[0]
+    # 10 ms slack for a rank descheduled between reading the clock and sleeping; the
+    # doorbell's own alarm would end 30 ms or more after the arrival
+    assert all(end <= arrival + 10_000_000 for end in naps), (naps, arrival)
