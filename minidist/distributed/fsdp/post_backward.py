@@ -46,7 +46,6 @@ class PendingReduce(NamedTuple):
     """One unit's gradients under way (FSDP2's ReduceScatterState)."""
     shards: list[Parameter]      # the unit's pieces, whose .grad the reduce adds to
     scattered: Any               # ScatteredDim0: wait() gives the pieces, in reduce_dtype
-    dtypes: list[Any]            # each shard's dtype (the pieces are cast to it)
 
 
 class PostBackward:
@@ -70,8 +69,8 @@ class PostBackward:
         """Wait for the reduces under way, in the order of issue; keep their pieces."""
         for reduce in self.in_flight:
             pieces = reduce.scattered.wait()
-            self.done += [(shard, piece.astype(dtype)) for shard, piece, dtype
-                          in zip(reduce.shards, pieces, reduce.dtypes)]
+            self.done += [(shard, piece.astype(shard.dtype))
+                          for shard, piece in zip(reduce.shards, pieces)]
         self.in_flight = []
 
     def finish(self) -> None:

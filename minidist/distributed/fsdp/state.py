@@ -268,8 +268,7 @@ class FSDPState:
         self.unsharded_grads = None
         post_backward = self.schedule.post_backward
         post_backward.wait_in_flight()      # before the copy-in: one in flight at a time
-        post_backward.issue(PendingReduce(self.shards(), self.start_reduce(grads),
-                                          [s.dtype for s in self.shards()]))
+        post_backward.issue(PendingReduce(self.shards(), self.start_reduce(grads)))
 
     def start_reduce(self, grads: list[Any], async_op: bool = True) -> ScatteredDim0:
         """This rank's pieces of the mean over ranks of every gradient, by one
