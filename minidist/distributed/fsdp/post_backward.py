@@ -36,16 +36,19 @@ rank shares), so no stale gradient lands in a later step.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, NamedTuple
 
 from minidist.autograd.engine import deliver, queue_callback
 from minidist.nn.module import Parameter
+from minidist.trace import recorder as trace
 
 
 class PendingReduce(NamedTuple):
     """One unit's gradients under way (FSDP2's ReduceScatterState)."""
     shards: list[Parameter]      # the unit's pieces, whose .grad the reduce adds to
     scattered: Any               # ScatteredDim0: wait() gives the pieces, in reduce_dtype
+    unit: int                    # the unit's place in the order of the forward (a trace's name)
 
 
 class PostBackward:
@@ -66,9 +69,15 @@ class PostBackward:
             queue_callback(self.finish, on_error=self.drop)
 
     def wait_in_flight(self) -> None:
-        """Wait for the reduces under way, in the order of issue; keep their pieces."""
+        """Wait for the reduces under way, in the order of issue; keep their pieces. In a
+        trace, a span ``FSDP reduce-scatter unit k`` on the main thread: how long the
+        backward still waited for unit k's gradients."""
         for reduce in self.in_flight:
+            start = time.perf_counter()
             pieces = reduce.scattered.wait()
+            if trace.active is not None:
+                trace.active.span(f"FSDP reduce-scatter unit {reduce.unit}", "zero", start,
+                                  time.perf_counter(), {})
             self.done += [(shard, piece.astype(shard.dtype))
                           for shard, piece in zip(reduce.shards, pieces)]
         self.in_flight = []

@@ -268,7 +268,8 @@ class FSDPState:
         self.unsharded_grads = None
         post_backward = self.schedule.post_backward
         post_backward.wait_in_flight()      # before the copy-in: one in flight at a time
-        post_backward.issue(PendingReduce(self.shards(), self.start_reduce(grads)))
+        post_backward.issue(PendingReduce(self.shards(), self.start_reduce(grads),
+                                          self.schedule.sequence().index(self)))
 
     def start_reduce(self, grads: list[Any], async_op: bool = True) -> ScatteredDim0:
         """This rank's pieces of the mean over ranks of every gradient, by one
