@@ -20,16 +20,21 @@ Unless ``retain_graph=True``, each node drops what it saved as soon as it has
 run, so memory falls as backward proceeds; a second backward through the same
 graph is then an error, as in PyTorch.
 
-Two extension points: ``run_graph(..., split=)`` hands each node's backward to a
+Three extension points: ``run_graph(..., split=)`` hands each node's backward to a
 ``split`` object, which may compute part of it now and keep the rest, and
 keeps those nodes' saved values alive: the B/W split of zero-bubble
-pipelines (weight_grad.py). And a node's hooks (``Context.register_prehook`` /
+pipelines (weight_grad.py). A node's hooks (``Context.register_prehook`` /
 ``register_hook``, and the identity of hooks.py) run around its backward: a
-trace's module spans (nn/module_trace.py).
+trace's module spans (nn/module_trace.py). And ``queue_callback(fn)`` (torch's
+``Variable._execution_engine.queue_callback``) runs ``fn`` once the outermost
+backward now running has visited its last node: fully_shard waits there for the
+gradients' reduce-scatters it left in flight (distributed/fsdp/post_backward.py).
+A backward that raises calls their ``on_error`` instead.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import threading
+from typing import TYPE_CHECKING, Any, Callable
 
 from minidist.autograd import grad_mode
 from minidist.backend import xp
@@ -152,11 +157,54 @@ class LeafGradients:
             deliver(leaf, self.sums.pop(key))
 
 
+class _Running(threading.local):
+    """This thread's backwards now running (a node's backward may run one inside it: a
+    recompute), and what to call when the outermost one ends (queue_callback). Per
+    thread: DualPipeV's F&B op runs a backward on a second thread (comm/collectives/
+    interleave.py), beside the main thread's."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.callbacks: list[tuple[Callable[[], None], Callable[[], None] | None]] = []
+
+
+_running = _Running()
+
+
+def queue_callback(fn: Callable[[], None], on_error: Callable[[], None] | None = None) -> None:
+    """Run ``fn()`` when the outermost backward now running on this thread has visited
+    its last node (at once if none is running), after the callbacks queued before it;
+    if that backward raises, ``on_error()`` instead (when given)."""
+    if _running.depth == 0:
+        fn()
+        return
+    _running.callbacks.append((fn, on_error))
+
+
 def run_graph(root: Any, grad: Any, retain_graph: bool, split: Any = None) -> None:
-    """The backward pass (steps 1-3 of the module docstring). ``split``: None, or
-    the B/W split's ``DeferWeights`` (weight_grad.py): ``split.backward(node,
-    grads_out)`` stands in for the node's backward, and nodes it ``keeps`` are
-    not released."""
+    """The backward pass (steps 1-3 of the module docstring), then, for the outermost
+    one, the callbacks queued while it ran. ``split``: None, or the B/W split's
+    ``DeferWeights`` (weight_grad.py): ``split.backward(node, grads_out)`` stands in
+    for the node's backward, and nodes it ``keeps`` are not released."""
+    _running.depth += 1
+    try:
+        _visit_graph(root, grad, retain_graph, split)
+    except BaseException:
+        if _running.depth == 1:
+            callbacks, _running.callbacks = _running.callbacks, []
+            for _, on_error in callbacks:
+                if on_error is not None:
+                    on_error()
+        raise
+    finally:
+        _running.depth -= 1
+    if _running.depth == 0:
+        while _running.callbacks:             # (a callback may queue another)
+            fn, _ = _running.callbacks.pop(0)
+            fn()
+
+
+def _visit_graph(root: Any, grad: Any, retain_graph: bool, split: Any) -> None:
     order = _topological_order(root._ctx)
     leaves = LeafGradients()
     for node in order:

@@ -396,3 +396,57 @@ def test_a_bad_custom_backward_fails_with_a_clear_message():
     with pytest.raises(RuntimeError, match="TooManyGradients.backward returned 2 gradients "
                                            "for 1 inputs"):
         TooManyGradients.apply(x).sum().backward()
+
+
+# --------------------------------------------------------------------------
+# queue_callback: what runs when the outermost backward is done
+# --------------------------------------------------------------------------
+
+class Nested(Function):
+    """y = 2x whose backward runs a backward of its own (as a recompute does) and queues
+    a callback from inside it; every step of the way goes into LOG."""
+    LOG: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        from minidist.autograd.engine import queue_callback
+        inner = leaf(xp.ones(2))
+        with enable_grad():
+            (inner * 3).sum().backward()
+        Nested.LOG.append("inner backward done")
+        queue_callback(lambda: Nested.LOG.append("callback"),
+                       on_error=lambda: Nested.LOG.append("on_error"))
+        if Nested.raises:
+            raise ValueError("a backward that fails")
+        Nested.LOG.append("node done")
+        return grad * 2
+
+
+def test_a_queued_callback_runs_once_the_outermost_backward_is_done():
+    from minidist.autograd.engine import queue_callback
+    x = leaf(randn(0, (2,)))
+    Nested.LOG.clear()
+    Nested.raises = False
+    loss = (Nested.apply(x) * x).sum()
+    loss.backward()
+    Nested.LOG.append("backward returned")
+    # not when the inner backward ends, nor when the node does: after the last node
+    assert Nested.LOG == ["inner backward done", "node done", "callback", "backward returned"]
+    queue_callback(lambda: Nested.LOG.append("at once"))   # no backward running
+    assert Nested.LOG[-1] == "at once"
+
+
+def test_a_backward_that_raises_calls_on_error_instead_of_the_callback():
+    x = leaf(randn(0, (2,)))
+    Nested.LOG.clear()
+    Nested.raises = True
+    with pytest.raises(ValueError, match="a backward that fails"):
+        Nested.apply(x).sum().backward()
+    Nested.raises = False
+    Nested.apply(x).sum().backward()         # the next backward: nothing left over
+    assert Nested.LOG == ["inner backward done", "on_error",
+                          "inner backward done", "node done", "callback"]

@@ -7,6 +7,8 @@
                     reduce-scattered inside a replica and all-reduced across replicas
     state.py        FSDPState (a unit's pieces, gathers and reduce), the prefetch of the next
                     unit, MixedPrecisionPolicy, the smaller group of reshard_after_forward=k
+    post_backward.py  the gradients' reduce-scatter left in flight while the units before
+                    compute, waited in issue order, written into .grad when backward ends
     gather_format.py  the parameters' all-gather in a low-precision format: cast before it
                     (bf16 codes: half the bytes), or e4m3 codes with a scale per piece
     reduce_format.py  the gradients' reduce-scatter in an emulated format (bf16, fp16, ...),

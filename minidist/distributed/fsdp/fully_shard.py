@@ -24,7 +24,10 @@ FSDP2's lifecycle, one named step each (a breakpoint per idea):
     gather for forward    FSDPState.gather("forward")   the unit's forward starts
     reshard               FSDPState.reshard         the forward is done: the pieces again
     gather for backward   FSDPState.gather("backward")  a resharded unit's backward starts
-    reduce gradients      FSDPState.reduce_or_keep  its backward is done: reduce-scatter
+    reduce gradients      FSDPState.reduce_or_keep  its backward is done: issue the
+                                                reduce-scatter, left in flight while the
+                                                units before it compute; the pieces land
+                                                in .grad when backward ends (post_backward.py)
 
 ``reshard_after_forward=True`` frees the gathered parameters once the unit's
 forward is done and gathers them again for its backward, which recomputes the
@@ -107,7 +110,9 @@ def _managed_parameters(module: Module, ignored: set[int] = frozenset()
 
 class _ShardedUnit(Function):
     """y = unit(x) with the unit's parameters gathered inside forward and again inside
-    backward (reshard_after_forward=True); the gradients leave as reduce-scattered pieces."""
+    backward (reshard_after_forward=True); the gradients leave by a reduce-scatter left in
+    flight, their pieces written into the shards' .grad when the backward is done
+    (post_backward.py), not returned to the engine."""
 
     @staticmethod
     def forward(ctx, x, *shards, state=None, inner=None):
@@ -146,17 +151,15 @@ class _ShardedUnit(Function):
             run_backward(out, grad)
         finally:
             state.reshard()
-        with backward_phase():
-            pieces = state.reduce_or_keep([f.grad if f.grad is not None else f.data * 0
-                                           for f in full])
-        if pieces is None:
-            pieces = [None] * len(full)
-        return (x_in.grad if ctx.needs_input_grad[0] else None, *pieces)
+        with backward_phase():              # the pieces land in .grad at the backward's end
+            state.reduce_or_keep([f.grad if f.grad is not None else f.data * 0 for f in full])
+        return (x_in.grad if ctx.needs_input_grad[0] else None, *[None] * len(full))
 
 
 class _GatheredParameters(Function):
     """The unit's parameters whole (one all-gather); backward: their gradients'
-    pieces (one reduce-scatter). For units that keep them from forward to backward."""
+    reduce-scatter, left in flight (post_backward.py). For units that keep them from
+    forward to backward."""
 
     @staticmethod
     def forward(ctx, *shards, state=None):
@@ -169,11 +172,9 @@ class _GatheredParameters(Function):
         state = ctx.state
         grads = [g if g is not None else xp.zeros(param.shape, dtype=param.shard.dtype)
                  for g, param in zip(grads, state.params)]
-        with backward_phase():
-            pieces = state.reduce_or_keep(grads)
-        if pieces is None:
-            pieces = [None] * len(grads)
-        return tuple(pieces) if len(pieces) > 1 else pieces[0]
+        with backward_phase():              # the pieces land in .grad at the backward's end
+            state.reduce_or_keep(grads)
+        return (None,) * len(grads) if len(grads) > 1 else None
 
 
 def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool | int = True,

@@ -34,14 +34,19 @@ only (docs/zero.md). ``fully_shard(module, mesh=mesh1d)`` is the case R = 1.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from minidist import backend
 from minidist.backend import xp
+from minidist.comm.collectives.api import all_reduce
+from minidist.comm.collectives.work import submit
 from minidist.comm.group import ProcessGroup, get_world_size
+from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.distributed.device_mesh import init_device_mesh
 from minidist.distributed.fsdp.reduce_format import all_reduce_in_format
-from minidist.distributed.tensor._collectives import all_reduce_partial
+from minidist.distributed.tensor._collectives import OBSERVED, ScatteredDim0
+from minidist.precision import quantize
 from minidist.distributed.tensor.placement_types import Placement, Replicate, Shard
 from minidist.precision.formats import FloatFormat
 
@@ -70,19 +75,37 @@ def data_parallel_mesh(mesh: Any) -> DataParallelMesh:
                      "mesh['dp']")
 
 
-def all_reduce_pieces(pieces: list, group: ProcessGroup, fmt: FloatFormat | None) -> list:
+def all_reduce_pieces(scattered: ScatteredDim0, group: ProcessGroup, fmt: FloatFormat | None,
+                      async_op: bool = False) -> ScatteredDim0:
     """HSDP's second step: the average over the replicas (``group``, mesh dim 0) of this
-    rank's gradient pieces, by one all-reduce of them side by side (in ``fmt`` when the
-    policy names an emulated reduce_dtype)."""
-    if group.size == 1 or not pieces:
-        return pieces
-    flat = xp.concatenate([p.reshape(-1) for p in pieces])                # (sum of sizes,)
+    rank's gradient pieces (what ``scattered``, the first step, gives), by one all-reduce
+    of them side by side (in ``fmt`` when the policy names an emulated reduce_dtype).
+    ``async_op``: both steps run on the communication thread, in turn (the pieces laid
+    side by side there too, between them); ``wait()`` gives the averaged pieces."""
+    shapes = scattered.piece_shapes()
+    flat = xp.empty(sum(math.prod(shape) for shape in shapes), dtype=scattered.dtype)  # (W,)
+    if group.size == 1 or not flat.size:
+        return scattered
+
+    def side_by_side() -> None:           # after the reduce-scatter: its queue is in order
+        flat[...] = xp.concatenate([p.reshape(-1) for p in scattered.wait()])
+        if fmt is not None:
+            flat[...] = quantize(flat, fmt)
+    laid = submit(side_by_side, async_op)
     if fmt is not None:
-        flat = all_reduce_in_format(flat, "avg", group, fmt)
+        work, averaged = all_reduce_in_format(flat, "avg", group, fmt, async_op)
     else:
-        flat = all_reduce_partial(flat, "avg", group)
-    out, start = [], 0
-    for p in pieces:
-        out.append(flat[start:start + p.size].reshape(p.shape))
-        start += p.size
-    return out
+        OBSERVED.note("all_reduce", group, flat.nbytes)
+        work = all_reduce(flat, op=ReduceOp.AVG, group=group, async_op=async_op)
+        averaged = lambda: flat                          # (the all-reduce works in place)
+
+    def cut_apart() -> list:
+        if laid is not None:
+            laid.wait()                                  # (its error, if it failed)
+        out, start, whole = [], 0, averaged()
+        for shape in shapes:
+            size = math.prod(shape)
+            out.append(whole[start:start + size].reshape(shape))
+            start += size
+        return out
+    return ScatteredDim0(work, cut_apart, scattered.shapes, scattered.r, scattered.dtype)

@@ -34,7 +34,8 @@ from typing import Any
 from minidist.backend import xp
 from minidist.comm.collectives.api import all_gather_into_tensor, all_to_all
 from minidist.comm.group import ProcessGroup
-from minidist.distributed.tensor._collectives import OBSERVED, stack_dim0, unstack_dim0
+from minidist.distributed.tensor._collectives import (OBSERVED, ScatteredDim0, stack_dim0,
+                                                      unstack_dim0)
 from minidist.precision import quantize
 from minidist.precision.formats import FloatFormat, get_format
 
@@ -71,28 +72,37 @@ def reduce_scatter_dim0_in_format(fulls: list, reduce_op: str, group: ProcessGro
                                   fmt: FloatFormat) -> list:
     """Partial -> Shard(0) of several tensors, reduced in ``fmt``: rank r's pieces of
     round_sum over ranks of each tensor (module docstring)."""
+    return start_reduce_scatter_dim0_in_format(fulls, reduce_op, group, fmt, False).wait()
+
+
+def start_reduce_scatter_dim0_in_format(fulls: list, reduce_op: str, group: ProcessGroup,
+                                        fmt: FloatFormat, async_op: bool) -> ScatteredDim0:
+    """``reduce_scatter_dim0_in_format``'s ScatteredDim0: the all-to-all done
+    (``async_op=False``) or under way; its ``wait()`` adds what was received."""
     n, r = group.size, group.rank
     rounded = [quantize(full, fmt) for full in fulls]
     stacked, shapes = stack_dim0(rounded, n)                         # (n, W)
     received = [stacked[r].copy()]
+    work = None
     if n > 1 and stacked.size:
         OBSERVED.note("reduce_scatter_tensor", group, stacked.nbytes)
         inputs = [xp.ascontiguousarray(stacked[j]) for j in range(n)]        # (W,) each
         received = [xp.empty(stacked.shape[1], dtype=stacked.dtype) for _ in range(n)]
-        all_to_all(received, inputs, group=group)          # received[s]: rank s's piece r
+        work = all_to_all(received, inputs, group=group,     # received[s]: rank s's piece r
+                          async_op=async_op)
     elif n > 1:
         received = [stacked[r].copy() for _ in range(n)]   # nothing to move
-    return unstack_dim0(round_sum(received, fmt, reduce_op), shapes, r)
+    return ScatteredDim0(work, lambda: unstack_dim0(round_sum(received, fmt, reduce_op),
+                                                    shapes, r), shapes, r, stacked.dtype)
 
 
-def all_reduce_in_format(flat: Any, reduce_op: str, group: ProcessGroup,
-                         fmt: FloatFormat) -> Any:
-    """Partial -> Replicate of a 1-D array, reduced in ``fmt``: round_sum over the ranks
-    of ``group`` of each rank's rounded values (module docstring); the same on every rank."""
-    rounded = xp.ascontiguousarray(quantize(flat, fmt))                    # (W,)
-    if group.size == 1 or not rounded.size:
-        return round_sum([rounded], fmt, reduce_op)
+def all_reduce_in_format(rounded: Any, reduce_op: str, group: ProcessGroup,
+                         fmt: FloatFormat, async_op: bool = False) -> tuple[Any, Any]:
+    """Partial -> Replicate of a 1-D array of values already in ``fmt`` (C order), reduced
+    in ``fmt``: round_sum over the ranks of ``group`` of each rank's values (module
+    docstring); the same on every rank. Returns the all-gather's Work (None when done:
+    ``async_op=False``) and a function that gives the sum once it is."""
     OBSERVED.note("all_reduce", group, rounded.nbytes)
     everyone = xp.empty((group.size,) + rounded.shape, dtype=rounded.dtype)   # (n, W)
-    all_gather_into_tensor(everyone, rounded, group=group)
-    return round_sum([everyone[s] for s in range(group.size)], fmt, reduce_op)
+    work = all_gather_into_tensor(everyone, rounded, group=group, async_op=async_op)
+    return work, lambda: round_sum([everyone[s] for s in range(group.size)], fmt, reduce_op)

@@ -12,12 +12,14 @@ be issued before the unit needs it and travel while another unit computes:
         (gather_format.py), so only the issue sits between the wait and the compute
     backward (the reverse order)
         unit i gathers again for its recompute, then issues unit i-1's gather,
-        then recomputes, backpropagates, and reduce-scatters its gradients
+        then recomputes, backpropagates, and issues its gradients' reduce-scatter,
+        left in flight while unit i-1 computes (post_backward.py)
 
 So the order of collectives in a step of root + 2 blocks (reshard_after_forward) is
 
     forward:   AG root, AG b0, AG b1                 (AG b0 issued before the embeddings run)
-    backward:  AG b1, AG b0, RS b1, RS b0, RS root   (AG b0 issued before b1's recompute)
+    backward:  AG b1, AG b0, RS b1, RS b0, RS root   (AG b0 issued before b1's recompute;
+                                                      RS b1 travels while b0 computes)
 
 ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` name the
 units to prefetch instead of the next / previous one (torch's names). Every rank
@@ -49,9 +51,11 @@ from minidist.comm.group import ProcessGroup, new_group, world_group
 from minidist.distributed.fsdp.gather_format import (EncodedPieces, encode_pieces, encodes,
                                                      gather_encoded)
 from minidist.distributed.fsdp.hsdp import DataParallelMesh, all_reduce_pieces
+from minidist.distributed.fsdp.post_backward import PendingReduce, PostBackward
 from minidist.distributed.fsdp.reduce_format import (emulated_format,
-                                                     reduce_scatter_dim0_in_format)
+                                                     start_reduce_scatter_dim0_in_format)
 from minidist.distributed.tensor import _collectives as coll
+from minidist.distributed.tensor._collectives import ScatteredDim0
 from minidist.distributed.tensor._redistribute import DTensorSpec
 from minidist.distributed.tensor.placement_types import shard_slice
 from minidist.nn.module import Module, Parameter
@@ -97,6 +101,7 @@ class Schedule:
     def __init__(self, state: "FSDPState"):
         self.states = [state]
         self.order: list[FSDPState] = []
+        self.post_backward = PostBackward()      # the reduces of a backward, in flight
 
     def join(self, other: "Schedule") -> None:
         for state in other.states:
@@ -249,32 +254,39 @@ class FSDPState:
             self.post_forward = [xp.ascontiguousarray(shard_slice(f, 0, k, r)) for f in fulls]
 
     # -- reducing ---------------------------------------------------------------------
-    def reduce_or_keep(self, grads: list[Any]) -> list[Any] | None:
-        """With gradient sync on: the pieces of (grads + what was kept), by one
-        reduce-scatter. Off: add the whole gradients to what is kept, return None (no
-        communication; the next synced backward reduce-scatters the sum)."""
+    def reduce_or_keep(self, grads: list[Any]) -> None:
+        """With gradient sync on: issue the reduce-scatter of (grads + what was kept), left
+        in flight while the units before this one compute their backward; the pieces land
+        in the shards' ``.grad`` when the backward is done (post_backward.py). Off: add the
+        whole gradients to what is kept (no communication; the next synced backward
+        reduce-scatters the sum)."""
         if self.unsharded_grads is not None:
             grads = [g + kept for g, kept in zip(grads, self.unsharded_grads)]
         if not self.requires_gradient_sync:
             self.unsharded_grads = grads
-            return None
+            return
         self.unsharded_grads = None
-        return self.reduce(grads)
+        post_backward = self.schedule.post_backward
+        post_backward.wait_in_flight()      # before the copy-in: one in flight at a time
+        post_backward.issue(PendingReduce(self.shards(), self.start_reduce(grads),
+                                          self.schedule.sequence().index(self)))
 
-    def reduce(self, grads: list[Any]) -> list[Any]:
+    def start_reduce(self, grads: list[Any], async_op: bool = True) -> ScatteredDim0:
         """This rank's pieces of the mean over ranks of every gradient, by one
         reduce-scatter over the shard group (in ``reduce_dtype`` if the policy names one);
-        HSDP: then one all-reduce of the pieces over the replicas (hsdp.py)."""
+        HSDP: then one all-reduce of the pieces over the replicas (hsdp.py). Under way on
+        the communication thread (``async_op``) until the ScatteredDim0's ``wait()``."""
         group = self.shard_group
         fmt = emulated_format(self.mp_policy.reduce_dtype)
         if fmt is not None:
-            pieces = reduce_scatter_dim0_in_format(grads, "avg", group, fmt)
+            scattered = start_reduce_scatter_dim0_in_format(grads, "avg", group, fmt, async_op)
         else:
             dtype = self.mp_policy.reduce_dtype or self.params[0].shard.dtype
-            pieces = coll.reduce_scatter_dim0([g.astype(dtype) for g in grads], "avg", group)
+            scattered = coll.start_reduce_scatter_dim0([g.astype(dtype) for g in grads], "avg",
+                                                       group, async_op)
         if self.replicate_group is not None:
-            pieces = all_reduce_pieces(pieces, self.replicate_group, fmt)
-        return [p.astype(param.shard.dtype) for p, param in zip(pieces, self.params)]
+            scattered = all_reduce_pieces(scattered, self.replicate_group, fmt, async_op)
+        return scattered
 
 
 def post_forward_group(shard_group: ProcessGroup, size: int) -> ProcessGroup:

@@ -19,7 +19,7 @@ as torch does.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from minidist.backend import xp
 from minidist.comm.collectives.api import (all_gather_into_tensor, all_reduce, all_to_all,
@@ -234,15 +234,46 @@ def unstack_dim0(mine: Any, shapes: list, r: int) -> list:
     return pieces
 
 
+class ScatteredDim0:
+    """A reduce-scatter of several tensors (reduce_scatter_dim0): ``wait()`` gives this
+    rank's pieces of each (``pieces()`` of what was received), the padding cut off. With
+    ``async_op=True`` the collective runs on the communication thread until ``wait()``;
+    fully_shard leaves a unit's gradients so while the units before it compute their
+    backward. ``piece_shapes()`` and ``dtype``: what the pieces will be, known at the issue."""
+
+    def __init__(self, work: Any, pieces: Callable[[], list], shapes: list, r: int,
+                 dtype: Any):
+        self.work, self.pieces, self.shapes, self.r = work, pieces, shapes, r
+        self.dtype = dtype
+
+    def piece_shapes(self) -> list[tuple[int, ...]]:
+        return [(sizes[self.r],) + rest for sizes, rest, _ in self.shapes]
+
+    def wait(self) -> list:
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+        return self.pieces()
+
+
 def reduce_scatter_dim0(fulls: list, reduce_op: str, group: ProcessGroup) -> list:
     """Partial -> Shard(0) for several tensors by one reduce-scatter (rank r keeps rows
     of piece r of each)."""
+    return start_reduce_scatter_dim0(fulls, reduce_op, group, async_op=False).wait()
+
+
+def start_reduce_scatter_dim0(fulls: list, reduce_op: str, group: ProcessGroup,
+                              async_op: bool) -> ScatteredDim0:
+    """``reduce_scatter_dim0``'s ScatteredDim0, the collective done (``async_op=False``)
+    or under way; the copy into the (n, W) buffer is done here, by the caller."""
     n, r = group.size, group.rank
     stacked, shapes = stack_dim0(fulls, n)                            # (n, sum ...)
     mine = xp.empty(stacked.shape[1], dtype=stacked.dtype)
+    work = None
     if n == 1:
         mine[...] = stacked[0]
     elif mine.size:
         _note("reduce_scatter_tensor", group, stacked.nbytes)
-        reduce_scatter_tensor(mine, stacked, op=REDUCE_OP[reduce_op], group=group)
-    return unstack_dim0(mine, shapes, r)
+        work = reduce_scatter_tensor(mine, stacked, op=REDUCE_OP[reduce_op], group=group,
+                                     async_op=async_op)
+    return ScatteredDim0(work, lambda: unstack_dim0(mine, shapes, r), shapes, r, mine.dtype)
