@@ -165,7 +165,7 @@ class BoardWays:
             late = board.unacked()
             if not late:
                 return
-            if not backoff.idle():
+            if not backoff.idle() and not self._death_unseen():
                 continue
             self._check_abort()
             if backoff.idle_seconds() > self.timeout:
@@ -194,7 +194,7 @@ class BoardWays:
             pending = board.waiting_for(pending, ticket)
             if not pending:
                 return []
-            if not backoff.idle():
+            if not backoff.idle() and not self._death_unseen():
                 continue
             self._check_abort()
             strays = self._strays(pending, ticket)

@@ -54,3 +54,62 @@ def test_a_rank_that_raises_still_stops_a_fault_tolerant_world():
         with World(3, fault_tolerant=True, timeout=30.0, run_timeout=60.0) as world:
             world.run(_raise_on_rank_1)
     assert failure.value.rank == 1 and failure.value.exc_type == "ValueError"
+
+
+def _spin_forever():
+    """Waits that never count as long (no look at the clock's spin_s, no doorbell sleep):
+    a death must end them all the same."""
+    from minidist.comm.group import world_group
+    world_group().transport.spin_s = 1e9
+
+
+def _die_then_two_collectives(victim):
+    import minidist.comm as comm
+    from minidist.backend import xp
+    _spin_forever()
+    if comm.get_rank() == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    caught = []
+    for _ in range(2):   # the second begins after the death was seen and marked
+        try:
+            comm.all_reduce(xp.ones(3000), algorithm="ring")
+            caught.append("finished")
+        except PeerDiedError as e:
+            caught.append(e.rank)
+    return caught
+
+
+def test_a_death_ends_a_spinning_wait_and_fails_a_later_collective_of_the_dead_rank():
+    # a survivor checks the deaths the launcher marks at every empty pass of its wait,
+    # not only once the wait has spun spin_s, and a call that begins after a death
+    # checks its ranks at its first pass (without, both would spin until run_timeout)
+    with World(3, fault_tolerant=True, timeout=30.0, run_timeout=60.0) as world:
+        got = world.run(_die_then_two_collectives, 2)
+        segment = world.segment_name
+    assert got == [[2, 2], [2, 2], RankLost(2, -9)]
+    assert not os.path.exists(f"/dev/shm/{segment}")
+
+
+def _spare_waits_for_news(victim):
+    import minidist.comm as comm
+    from minidist.comm.group import world_group
+    t = world_group().transport
+    comm.barrier()
+    if comm.get_rank() == victim:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if comm.get_rank() != 1:
+        return None
+    while True:              # as a spare does: mark, look, sleep until news
+        mark = t.news_mark()
+        failed = t.failed_ranks()
+        if failed:
+            return failed
+        t.wait_news(mark, 1e6)
+
+
+def test_a_rank_waiting_for_news_wakes_when_the_launcher_marks_a_death():
+    with World(3, fault_tolerant=True, timeout=30.0, run_timeout=60.0) as world:
+        got = world.run(_spare_waits_for_news, 0)
+        noticed = world.noticed
+    assert got == [RankLost(0, -9), [0], None]
+    assert list(noticed) == [0]
