@@ -27,7 +27,8 @@ its ranks at its first empty pass (``record_begin`` forgets the count), so a cal
 over a rank that died earlier fails at once too. The rest, from the SIGKILL to the
 mark, is the operating system's: the launcher marks a death when the dead process's
 sentinel is ready, after the kernel has torn the process down (its memory unmapped:
-1 to 4 ms for a rank of minidist on a 2-core VM, docs/fault_tolerance.md).
+about 3 ms for an interpreter with NumPy and minidist on a 2-core VM, more under load;
+T_detect in docs/fault_tolerance.md).
 
 It uses the transport's ``_lock``, ``_progress``, ``_sends``, ``_ranks``, ``_bells``,
 ``_words``, ``_in``, ``_seg``, ``_link``, ``spin_s``, ``free_polls`` and ``timeout``.
