@@ -165,7 +165,9 @@ class BoardWays:
             late = board.unacked()
             if not late:
                 return
-            if not backoff.idle() and not self._death_unseen():
+            if not backoff.idle():
+                if self._death_unseen():   # a death marked: check it now (local_wait.py)
+                    self._check_abort()
                 continue
             self._check_abort()
             if backoff.idle_seconds() > self.timeout:
@@ -194,7 +196,9 @@ class BoardWays:
             pending = board.waiting_for(pending, ticket)
             if not pending:
                 return []
-            if not backoff.idle() and not self._death_unseen():
+            if not backoff.idle():
+                if self._death_unseen():   # a death marked: check it now (local_wait.py)
+                    self._check_abort()
                 continue
             self._check_abort()
             strays = self._strays(pending, ticket)

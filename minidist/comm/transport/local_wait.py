@@ -160,13 +160,13 @@ class LocalWaits:
     def _had_finished(self, r: int) -> bool:
         """Had dead rank r finished the collective this rank is in? Then it sent all it
         was to send (a call ends when its sends are in the channels), and its death
-        must not fail a survivor that is slower through the same call."""
+        must not fail a survivor that is slower through the same call: also where it
+        died in a call of another group after it (its last finished collective,
+        flight.py), as a victim that voted and died in the next step's all-reduce."""
         ctx, number = getattr(self._in_call, "call", (None, -1))
         if number < 0:
             return False
-        record = self._flight_records()[r]
-        return record.ctx == ctx and (record.number > number or (
-            record.number == number and record.state == flight.FINISHED))
+        return self._flight_records()[r].finished(ctx, number)
 
     def _check_peers(self, handles: list) -> None:
         """A long wait on a peer that has finished the run this rank is in (it counts
