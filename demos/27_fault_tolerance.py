@@ -117,24 +117,35 @@ def read_marks(path):
 
 
 def step_seconds(marks):
-    """The median time from a step's start to its commit, on rank 0."""
+    """T_step: the median time from a step's start to the next step's start, on rank 0:
+    one pass of the loop (quorum, forward, backward, all-reduce, commit, the held-out
+    loss), what a dropped or redone step costs."""
+    starts = sorted((s, t) for w, s, t in marks if w == "start")
+    spans = sorted(b - a for (s, a), (n, b) in zip(starts, starts[1:]) if n == s + 1)
+    return spans[len(spans) // 2]
+
+
+def commit_seconds(marks):
+    """The median time from a step's start to its commit, on rank 0 (what ``time_lost``
+    takes off for the step that the commit after the kill did)."""
     starts = {s: t for w, s, t in marks if w == "start"}
     spans = sorted(t - starts[s] for w, s, t in marks if w == "commit" and s in starts)
     return spans[len(spans) // 2]
 
 
-def time_lost(marks, step_s):
+def time_lost(marks, commit_s):
     """Measured from the marks, from the kill on: (kill -> the first commit that takes
     the run past where it was, lost). ``lost`` = that commit's time - the failed step's
-    start - one step (the step that commit did): the failed step's work, the detection,
-    the new quorum or world, the reload and any recomputed steps."""
+    start - ``commit_s`` (the step that commit did, from its start: ``commit_seconds``):
+    the failed step's pass of the loop, the detection, the new quorum or world, the
+    reload and any recomputed steps."""
     kill_t, killed = next((t, s) for w, s, t in marks if w == "kill")
     began = max(t for w, s, t in marks if w == "start" and t < kill_t)
     # per-step FT: the first commit after the kill, of the next step (the failed one is
     # dropped); restart: the commit of the failed step, redone by the new world after the
     # steps since the checkpoint
     again = next(t for w, s, t in marks if w == "commit" and t > kill_t and s >= killed)
-    return again - kill_t, again - began - step_s
+    return again - kill_t, again - began - commit_s
 
 
 def detect_seconds(marks, noticed):
@@ -227,11 +238,11 @@ if __name__ == "__main__":
     report(args, runs, ft, {"ft": detect_seconds(marks["ft"], ft[0]["noticed"]),
                             "restart": detect_seconds(marks["restart"],
                                                       runs["restart"]["noticed"])})
-    step_s = step_seconds(marks["base"])
+    commit_s = commit_seconds(marks["base"])
     print("measured from the kill (time stamps on one clock; lost = the first commit past "
-          "where the run was - the failed step's start - one step):")
+          "where the run was - the failed step's start - that step's start to commit):")
     for label, key in (("per-step FT", "ft"), ("restart", "restart")):
-        interval, lost = time_lost(marks[key], step_s)
+        interval, lost = time_lost(marks[key], commit_s)
         print(f"  {label + ':':<13}kill -> commit {interval:.3f} s, lost {lost:.3f} s")
     if args.figure:
         from _figures import fault_tolerance_runs
