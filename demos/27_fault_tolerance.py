@@ -117,24 +117,44 @@ def read_marks(path):
 
 
 def step_seconds(marks):
-    """The median time from a step's start to its commit, on rank 0."""
+    """T_step: the median time from a step's start to the next step's start, on rank 0:
+    one pass of the loop (quorum, forward, backward, all-reduce, commit, the held-out
+    loss), what a dropped or redone step costs."""
+    starts = sorted((s, t) for w, s, t in marks if w == "start")
+    spans = sorted(b - a for (s, a), (n, b) in zip(starts, starts[1:]) if n == s + 1)
+    return spans[len(spans) // 2]
+
+
+def commit_seconds(marks):
+    """The median time from a step's start to its commit, on rank 0 (what ``time_lost``
+    takes off for the step that the commit after the kill did)."""
     starts = {s: t for w, s, t in marks if w == "start"}
     spans = sorted(t - starts[s] for w, s, t in marks if w == "commit" and s in starts)
     return spans[len(spans) // 2]
 
 
-def time_lost(marks, step_s):
+def time_lost(marks, commit_s):
     """Measured from the marks, from the kill on: (kill -> the first commit that takes
     the run past where it was, lost). ``lost`` = that commit's time - the failed step's
-    start - one step (the step that commit did): the failed step's work, the detection,
-    the new quorum or world, the reload and any recomputed steps."""
+    start - ``commit_s`` (the step that commit did, from its start: ``commit_seconds``):
+    the failed step's pass of the loop, the detection, the new quorum or world, the
+    reload and any recomputed steps."""
     kill_t, killed = next((t, s) for w, s, t in marks if w == "kill")
     began = max(t for w, s, t in marks if w == "start" and t < kill_t)
     # per-step FT: the first commit after the kill, of the next step (the failed one is
     # dropped); restart: the commit of the failed step, redone by the new world after the
     # steps since the checkpoint
     again = next(t for w, s, t in marks if w == "commit" and t > kill_t and s >= killed)
-    return again - kill_t, again - began - step_s
+    return again - kill_t, again - began - commit_s
+
+
+def detect_seconds(marks, noticed):
+    """T_detect: from the kill to the launcher seeing the death (``World.noticed``, on the
+    same clock). The operating system's part: it reports a SIGKILLed process (its
+    sentinel) once the kernel has torn it down; the survivors see the launcher's mark at
+    their next empty poll (comm/transport/local_wait.py)."""
+    kill_t = next(t for w, s, t in marks if w == "kill")
+    return min(noticed.values()) - kill_t
 
 
 def restart_run(args, ckpt, uninterrupted, marks=None):
@@ -148,6 +168,7 @@ def restart_run(args, ckpt, uninterrupted, marks=None):
             world.run(train_rank, args, (1, args.kill_step), 0, ckpt, marks)
     except RankFailedError as e:
         print(f"restart run: rank {e.rank} failed ({e.exc_type}); starting a new world")
+        noticed = world.noticed                      # when the launcher saw the death
     resume = (args.kill_step // args.ckpt_every) * args.ckpt_every
     again = time.perf_counter()
     with World(3, timeout=30.0) as world:
@@ -159,7 +180,7 @@ def restart_run(args, ckpt, uninterrupted, marks=None):
                                                                    result["times"]]
     result["losses"] = uninterrupted["losses"][:args.kill_step] + result["losses"]
     result.update(wall=time.perf_counter() - begin, resume=resume, start_s=start_s,
-                  train_s=time.perf_counter() - first)
+                  train_s=time.perf_counter() - first, noticed=noticed)
     return result
 
 
@@ -169,11 +190,13 @@ def ft_run(args, kill_at, marks=None):
         results = world.run(train_rank, args, kill_at, 0, None, marks)
     survivors = [r for r in results if isinstance(r, dict) and r["losses"]]
     survivors[0]["wall"] = time.perf_counter() - begin
+    survivors[0]["noticed"] = world.noticed          # when the launcher saw each death
     return survivors
 
 
-def report(args, runs, ft):
-    """Each run's wall time, and the goodput formula with the terms measured here."""
+def report(args, runs, ft, detect):
+    """Each run's wall time, and the goodput formula with the terms measured here
+    (``detect``: T_detect of the FT run and of the restart run)."""
     print(f"\n{'run':<16}{'last loss':>10}{'wall s':>8}   (world starts included; on a "
           f"loaded machine their difference is noise)")
     for label, r in runs.items():
@@ -185,11 +208,12 @@ def report(args, runs, ft):
     redo = args.kill_step - restart["resume"] + 1            # the failed step, and those before
     print(f"\nlost per failure, the goodput formula with the terms measured here "
           f"(load average {os.getloadavg()[0]:.1f}):")
-    print(f"  per-step FT: one step + healing = {step_s:.3f} + {heal:.3f} "
-          f"= {step_s + heal:.3f} s")
-    print(f"  restart:     start + reload + {redo} steps = {restart['start_s']:.3f} + "
-          f"{restart['load_s']:.3f} + {redo * step_s:.3f} = "
-          f"{restart['start_s'] + restart['load_s'] + redo * step_s:.3f} s")
+    print(f"  per-step FT: one step + detection + healing = {step_s:.3f} + "
+          f"{detect['ft']:.3f} + {heal:.3f} = {step_s + detect['ft'] + heal:.3f} s")
+    print(f"  restart:     detection + start + reload + {redo} steps = "
+          f"{detect['restart']:.3f} + {restart['start_s']:.3f} + {restart['load_s']:.3f} + "
+          f"{redo * step_s:.3f} = "
+          f"{detect['restart'] + restart['start_s'] + restart['load_s'] + redo * step_s:.3f} s")
 
 
 if __name__ == "__main__":
@@ -211,12 +235,14 @@ if __name__ == "__main__":
         runs["restart"] = restart_run(args, os.path.join(tmp, "ckpt.minidist"),
                                       runs["uninterrupted"], paths["restart"])
         marks = {k: read_marks(p) for k, p in paths.items()}
-    report(args, runs, ft)
-    step_s = step_seconds(marks["base"])
+    report(args, runs, ft, {"ft": detect_seconds(marks["ft"], ft[0]["noticed"]),
+                            "restart": detect_seconds(marks["restart"],
+                                                      runs["restart"]["noticed"])})
+    commit_s = commit_seconds(marks["base"])
     print("measured from the kill (time stamps on one clock; lost = the first commit past "
-          "where the run was - the failed step's start - one step):")
+          "where the run was - the failed step's start - that step's start to commit):")
     for label, key in (("per-step FT", "ft"), ("restart", "restart")):
-        interval, lost = time_lost(marks[key], step_s)
+        interval, lost = time_lost(marks[key], commit_s)
         print(f"  {label + ':':<13}kill -> commit {interval:.3f} s, lost {lost:.3f} s")
     if args.figure:
         from _figures import fault_tolerance_runs

@@ -19,7 +19,10 @@ How a world lives and dies:
   moment for the others to report, terminates the rest, removes the segment
   and raises ``RankFailedError`` with the failing rank and its traceback.
 - A rank that dies without a word (killed, ``os._exit``) is seen through its
-  process sentinel and treated the same way.
+  process sentinel and treated the same way. The sentinel is ready once the kernel
+  has torn the process down (its memory unmapped): the earliest the operating system
+  tells anyone, a millisecond or more after a SIGKILL. ``noticed`` keeps when
+  (rank -> ``time.monotonic()``).
 - Ranks that are still running when the world is stopped (computing, asleep:
   never in a collective that could see the abort) are listed as stopped, so the
   error lists every rank.
@@ -128,7 +131,7 @@ class World:
         # first, so that the trace is merged after this world has closed at exit
         env = dict(world_env(), **(env or {}))
         self.run_timeout = run_timeout  # limit on one run() (None: rely on comm timeouts)
-        self.closed, self.fault_tolerant = False, fault_tolerant
+        self.closed, self.fault_tolerant, self.noticed = False, fault_tolerant, {}
         self.lost: dict[int, RankLost] = {}   # rank -> how it died (fault_tolerant)
         self.replacements = Respawner(replacements if fault_tolerant else 0)
         self._message, self._output = b"", output   # the run in progress (for a replacement)
@@ -279,6 +282,7 @@ class World:
         except (EOFError, OSError):
             reply = None
         if reply is None:
+            self.noticed[r] = time.monotonic()   # the OS has said so (its sentinel)
             self._procs[r].join(0.5)
             return ("failed", "ProcessExited", f"rank {r} exited with code "
                     f"{exit_code_text(self._procs[r].exitcode)}{during}\n", False)

@@ -27,6 +27,7 @@ which is again a view on the CPU backends and a host-to-device copy on CuPy.
 """
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from minidist import backend
@@ -147,6 +148,16 @@ class Transport:
     def has_returned(self, rank: int) -> bool:
         """Has ``rank`` returned from the function this world runs, before this rank?"""
         return False
+
+    def news_mark(self) -> int:
+        """A mark to wait from (``wait_news``), read before looking at ``failed_ranks``
+        and ``has_returned``: so that news after the look is never slept through."""
+        return 0
+
+    def wait_news(self, mark: int, timeout: float) -> None:
+        """Sleep until a rank dies or returns after ``mark`` was read, or ``timeout``
+        seconds; here, with nobody to say so: ``timeout`` seconds."""
+        time.sleep(timeout)
 
     def record_begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
         """Note the call that starts (the flight recorder, flight.py); here: nowhere."""

@@ -166,6 +166,8 @@ class BoardWays:
             if not late:
                 return
             if not backoff.idle():
+                if self._death_unseen():   # a death marked: check it now (local_wait.py)
+                    self._check_abort()
                 continue
             self._check_abort()
             if backoff.idle_seconds() > self.timeout:
@@ -195,6 +197,8 @@ class BoardWays:
             if not pending:
                 return []
             if not backoff.idle():
+                if self._death_unseen():   # a death marked: check it now (local_wait.py)
+                    self._check_abort()
                 continue
             self._check_abort()
             strays = self._strays(pending, ticket)

@@ -19,10 +19,15 @@ One record per rank, ``RECORD_BYTES`` each, int64 words then text::
     word 5  ended      ... and ended (0 while in the call)
     word 6  length     bytes of the text
     words 8..15        the group's ranks as a bit mask (at most MAX_RANKS)
-    bytes 128..        the text: "all_reduce op=SUM algorithm=ring dtype=float32 shape=(4,)"
+    word 16 done_ctx   the context of the last collective the rank finished
+    word 17 done       1 + that collective's number (0: none finished yet)
+    bytes 144..        the text: "all_reduce op=SUM algorithm=ring dtype=float32 shape=(4,)"
 
 A rank *entered* call number k of a group if its record is for that group with a
-number of at least k. Like NCCL's flight recorder and PyTorch's
+number of at least k. It *finished* it if, besides, the record is FINISHED or past k,
+or its last finished collective is of that group and numbered k or more: a rank that
+died in a call of another group after finishing ours (fault tolerance's vote, then the
+next step's all-reduce) sent all it was to send in ours (local_wait.py). Like NCCL's flight recorder and PyTorch's
 ``TORCH_NCCL_DUMP_ON_TIMEOUT``, only in a few words: one record, the last call.
 """
 from __future__ import annotations
@@ -33,7 +38,8 @@ from dataclasses import dataclass
 RECORD_BYTES = 384
 MASK_WORD, MASK_WORDS = 8, 8
 MAX_RANKS = 64 * MASK_WORDS       # ranks the mask can name
-TEXT_OFFSET = 128
+DONE_WORD = 16                    # words 16, 17: the last finished collective
+TEXT_OFFSET = 144
 TEXT_MAX = RECORD_BYTES - TEXT_OFFSET
 IN_CALL, FINISHED = 1, 2
 
@@ -77,8 +83,11 @@ class Recorder:
         w[1] = IN_CALL
 
     def end(self) -> None:
-        self._words[5] = time.time_ns() // 1000
-        self._words[1] = FINISHED
+        w = self._words
+        w[5] = time.time_ns() // 1000
+        if w[3] >= 0:    # a collective (point-to-point calls have no shared number)
+            w[DONE_WORD], w[DONE_WORD + 1] = w[2], w[3] + 1
+        w[1] = FINISHED
 
     def close(self) -> None:
         self._words.release()
@@ -97,9 +106,18 @@ class Record:
     ended: float
     ranks: list
     text: str
+    done_ctx: int = 0     # the last collective the rank finished: its context
+    done: int = 0         # ... and 1 + its number (0: none)
 
     def entered(self, ctx: int, number: int) -> bool:
         return self.calls > 0 and self.ctx == ctx and self.number >= number
+
+    def finished(self, ctx: int, number: int) -> bool:
+        """Has the rank finished collective ``number`` of context ``ctx``?"""
+        if self.ctx == ctx and (self.number > number or (
+                self.number == number and self.state == FINISHED)):
+            return True
+        return self.done > 0 and self.done_ctx == ctx and self.done - 1 >= number
 
     def describe(self, now: float | None = None) -> str:
         """``all_reduce #12 of [0, 1, 2] op=SUM ...: in it for 60.1 s`` (or finished ... ago)."""
@@ -128,7 +146,7 @@ def read(buf, offset: int, world_size: int) -> list[Record]:
         ranks = [i for i in range(min(world_size, MAX_RANKS))
                  if (words[MASK_WORD + i // 64] >> (i % 64)) & 1]
         out.append(Record(r, words[0], words[1], words[2], words[3], words[4] / 1e6,
-                          words[5] / 1e6, ranks, text))
+                          words[5] / 1e6, ranks, text, words[DONE_WORD], words[DONE_WORD + 1]))
     return out
 
 

@@ -299,6 +299,7 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Replacements, Transport):
         # those its context watches; a send or receive: its peer only (_check_peers)
         self._in_call.ranks = self._watched.get(ctx, ranks) if number >= 0 else []
         self._in_call.call = (ctx, number)
+        self._in_call.deaths = 0   # deaths in the world: check them at the first empty pass
 
     def record_end(self) -> None:
         self._flight.end()

@@ -18,6 +18,18 @@ each an error that names why:
   neighbour of the dead rank stops sending too, and its own neighbour would wait
   out the timeout on a live rank. A group formed without the dead rank waits on.
 
+"At once": the launcher counts the deaths it marks in one word of the segment
+(``shm.W_DEATHS``), and every empty pass of a wait compares it with the count its
+thread last checked its call against (``_death_unseen``, one read): a new death is
+checked at the next pass, not after ``spin_s`` of spinning nor the 32 polls between
+a long wait's looks at the clock. A call that begins in a world with deaths checks
+its ranks at its first empty pass (``record_begin`` forgets the count), so a call
+over a rank that died earlier fails at once too. The rest, from the SIGKILL to the
+mark, is the operating system's: the launcher marks a death when the dead process's
+sentinel is ready, after the kernel has torn the process down (its memory unmapped:
+about 3 ms for an interpreter with NumPy and minidist on a 2-core VM, more under load;
+T_detect in docs/fault_tolerance.md).
+
 It uses the transport's ``_lock``, ``_progress``, ``_sends``, ``_ranks``, ``_bells``,
 ``_words``, ``_in``, ``_seg``, ``_link``, ``spin_s``, ``free_polls`` and ``timeout``.
 """
@@ -64,6 +76,9 @@ class LocalWaits:
                     self._check_abort()
                 continue
             if not backoff.idle():
+                if abortable and self._death_unseen():   # a death: check it now
+                    self._check_abort()
+                    self._check_peers(handles)
                 continue
             if abortable:
                 self._check_abort()
@@ -75,18 +90,30 @@ class LocalWaits:
     def _sleep(self, handles: list) -> None:
         """Sleep on our doorbell until a peer rings (at most 50 ms), or, on an emulated
         link, until the first piece on the wire lands: its peer rang when it published
-        it (maybe just before ``seen`` was read), and will not ring again when it lands."""
+        it (maybe just before the mark was read), and will not ring again when it lands."""
+        def news() -> bool:   # look once more, now that peers know we may sleep
+            with self._lock:
+                moved = self._progress()
+            return moved or all(h.done for h in handles)
+        nap = 0.05 if self._link is None else self._link.seconds_to_next(0.05)
+        self.wait_news(self.news_mark(), nap, news)
+
+    def news_mark(self) -> int:
+        """This rank's doorbell: the launcher rings it for every death it marks and every
+        rank's return from a run (shm.mark_died, shm.finish_run), peers for each piece."""
+        return self._bells.value(self.rank)
+
+    def wait_news(self, mark: int, timeout: float, news=None) -> None:
+        """Sleep on our doorbell until it rings after ``mark`` was read (at once if it
+        did), or ``timeout`` seconds: a wait with nothing to do (``_sleep``), a spare
+        waiting for a member to die or finish. ``news()``, asked once the peers know we
+        may sleep: True if there is no need to."""
         bells, me = self._bells, self.rank
-        seen = bells.value(me)
         with self._lock:
             bells.sleepers(me, +1)
         try:
-            with self._lock:  # look once more, now that peers know we may sleep
-                moved = self._progress()
-            if not moved and not all(h.done for h in handles):
-                nap = 0.05 if self._link is None else self._link.seconds_to_next(0.05)
-                if nap > 0:
-                    bells.wait(me, seen, nap)
+            if (news is None or not news()) and timeout > 0:
+                bells.wait(me, mark, timeout)
         finally:
             with self._lock:
                 bells.sleepers(me, -1)
@@ -98,7 +125,14 @@ class LocalWaits:
         self.wait_all([handle], timeout)
         self._flight.end()
 
+    def _death_unseen(self) -> bool:
+        """Has the launcher marked a death since this thread's last check (``_check_abort``)
+        in this call? One read of a word: cheap enough for every empty pass of a wait."""
+        return self._words[shm.W_DEATHS] != getattr(self._in_call, "deaths", 0)
+
     def _check_abort(self) -> None:
+        # the count first: mark_died writes the rank's word before it counts the death
+        self._in_call.deaths = self._words[shm.W_DEATHS]
         if self._words[shm.W_ABORT]:
             failed, msg = shm.abort_reason(self._seg)
             who = "the launcher" if failed < 0 else f"rank {failed}"
@@ -129,13 +163,13 @@ class LocalWaits:
     def _had_finished(self, r: int) -> bool:
         """Had dead rank r finished the collective this rank is in? Then it sent all it
         was to send (a call ends when its sends are in the channels), and its death
-        must not fail a survivor that is slower through the same call."""
+        must not fail a survivor that is slower through the same call: also where it
+        died in a call of another group after it (its last finished collective,
+        flight.py), as a victim that voted and died in the next step's all-reduce."""
         ctx, number = getattr(self._in_call, "call", (None, -1))
         if number < 0:
             return False
-        record = self._flight_records()[r]
-        return record.ctx == ctx and (record.number > number or (
-            record.number == number and record.state == flight.FINISHED))
+        return self._flight_records()[r].finished(ctx, number)
 
     def _check_peers(self, handles: list) -> None:
         """A long wait on a peer that has finished the run this rank is in (it counts

@@ -15,7 +15,8 @@ loop, checking only that the first incoming piece carries our tag. The bytes
 and the headers in shared memory are exactly those of the general way, so the
 peer may take either way. Anything unusual (another message first, a wait
 longer than ``spin_s``, the background thread of collectives/work.py, an emulated link)
-hands what is left to the general way, which handles every case.
+hands what is left to the general way, which handles every case (a death marked in
+the world too: the general way checks it at once, local_wait.py).
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ class ShortWays:
         w, seen = self._words, ch.count
         backoff = Backoff(self.spin_s, self.reply_polls)
         while w[ch.head_i] == seen:
-            if self._posts != posts or backoff.idle():
+            if self._posts != posts or backoff.idle() or self._death_unseen():
                 return None
         return seen
 
@@ -235,5 +236,5 @@ class ShortWays:
                 return sent, send_done
             if moved:
                 backoff.reset()
-            elif backoff.idle():
-                return sent, send_done  # a long wait: wait_all sleeps on the doorbell
+            elif backoff.idle() or self._death_unseen():
+                return sent, send_done  # a long wait (wait_all sleeps) or a death to check

@@ -57,7 +57,7 @@ from minidist.parallel.fault_tolerance.quorum import (MAX_WORLD, QuorumLostError
                                                       quorum_members, replica_lost, replicas_of)
 
 FAILURES = (PeerDiedError, CommTimeoutError)   # what fails a step instead of the run
-SPARE_POLL_S = 0.005                           # how often a waiting spare looks again
+SPARE_WAIT_S = 0.05    # the longest a spare sleeps between looks (a death or a return wakes it)
 
 
 class Manager:
@@ -207,6 +207,7 @@ class Manager:
         """The members, once this replica is one; None if it is a spare whose members
         have all finished. Raises if this replica, or the quorum, is lost."""
         while True:
+            mark = self._transport.news_mark()           # before the look: no news lost
             failed = self._transport.drop_dead_peers()   # a replacement may come later
             live = live_replicas(self.replicas, failed)
             if self.replicas.mine not in live:
@@ -221,7 +222,7 @@ class Manager:
             column = [self.replicas.column[i] for i in members]
             if all(self._transport.has_returned(r) for r in column):
                 return None
-            time.sleep(SPARE_POLL_S)
+            self._transport.wait_news(mark, SPARE_WAIT_S)   # until a member dies or returns
 
     def _reconfigure(self, members: list[int]) -> None:
         """The members' groups, their steps, and the healing of those behind."""
