@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from .. import cases
 from ..conftest import TEST_SLOT_BYTES
-from .test_alltoall import DTYPES, _expected, _run, split_matrix
+from .test_alltoall import DTYPES, _expected, _inputs, _run, split_matrix
 
 ROOM = TEST_SLOT_BYTES - 64   # a slot's room for the input: the counts take a cache line
 
@@ -153,3 +153,52 @@ def test_more_split_plans_than_are_kept_still_match_the_reference(worlds):
     for rank, got in enumerate(worlds.get(2).run(_sequence, cases)):
         for i, case in enumerate(cases):
             assert np.array_equal(got[i], _expected(case, rank)), f"rank {rank}, call {i}"
+
+
+def _kept_plan_against_pairwise(case, calls):
+    """``calls`` all-to-alls with the same splits (from the second on, the kept
+    split plan's way: one copy in, one concatenate out), on every other row of
+    larger arrays (strided input and output); then the pairwise exchange, the
+    send/recv oracle, on contiguous copies of the same input."""
+    import minidist.distributed as dist
+    from minidist import backend
+    from minidist.comm.collectives.alltoall import offsets, pairwise_all_to_all
+    from minidist.comm.group import resolve
+    r, n = dist.get_rank(), dist.get_world_size()
+    S, row_shape, dtype = case["S"], tuple(case["row_shape"]), case["dtype"]
+    col = [S[i][r] for i in range(n)]
+    x = _inputs(case, r)
+    wide_in = backend.xp.zeros((2 * len(x),) + row_shape, dtype=dtype)
+    wide_in[::2] = backend.from_host(x)
+    wide_out = backend.xp.zeros((2 * sum(col),) + row_shape, dtype=dtype)
+    got = []
+    for _ in range(calls):
+        wide_out[...] = 0
+        dist.all_to_all_single(wide_out[::2], wide_in[::2], col, S[r])
+        got.append(backend.to_host(wide_out).copy())
+    g = resolve(None)
+    row = int(np.prod(row_shape))
+    oracle = backend.xp.zeros(sum(col) * row, dtype=dtype)
+    pairwise_all_to_all(g, backend.from_host(x.reshape(-1)), offsets(S[r]), oracle, offsets(col),
+                        row, g.next_collective_tag())
+    return got, backend.to_host(oracle).reshape((sum(col),) + row_shape)
+
+
+@settings(max_examples=5, deadline=None)
+@given(data=st.data())
+def test_a_kept_plan_on_strided_arrays_equals_the_pairwise_exchange(worlds, data):
+    """The latency path of a repeated call (its parts concatenated out of the
+    slots into the caller's output) moves exactly what the pairwise exchange
+    moves, into every other row of the output and no other, at worlds 2-4,
+    uneven splits, every dtype."""
+    n = data.draw(st.sampled_from([2, 3, 4]))
+    case = dict(S=[[data.draw(st.sampled_from([0, 1, 2, 5, 9])) for _ in range(n)]
+                   for _ in range(n)],
+                row_shape=tuple(data.draw(st.lists(st.integers(1, 3), max_size=2))),
+                dtype=data.draw(st.sampled_from(DTYPES)), seed=data.draw(st.integers(0, 999)))
+    for rank, (got, oracle) in enumerate(worlds.get(n).run(_kept_plan_against_pairwise, case, 3)):
+        want = _expected(case, rank)
+        assert np.array_equal(oracle, want), f"rank {rank}: the oracle itself, {case}"
+        for i, wide in enumerate(got):
+            assert np.array_equal(wide[::2], oracle), f"rank {rank}, call {i} of {case}"
+            assert not wide[1::2].any(), f"rank {rank}, call {i}: rows between were written"
