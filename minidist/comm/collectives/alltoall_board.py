@@ -42,8 +42,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
-
 from minidist import backend
 from minidist.backend import xp
 from minidist.comm.collectives import oneshot
@@ -109,8 +107,8 @@ class SplitPlan:
         # Large inputs on NumPy: only the parts for the peers go into the slot,
         # the rows before and after the part I keep (rows keep[0]..keep[1]).
         self.keep = (self.in_edges[group.rank], self.in_edges[group.rank + 1])
-        self.keep_direct = (self.fits and self.nbytes >= KEEP_DIRECT_BYTES
-                            and backend.get_backend() == "numpy")
+        self.numpy = backend.get_backend() == "numpy"      # arrays are NumPy's
+        self.keep_direct = self.fits and self.nbytes >= KEEP_DIRECT_BYTES and self.numpy
         self.posted = plan.counts[group.rank].copy()       # the words I post (host int64)
         self.posted[:] = send + recv + [int(self.fits), 0, 0]
         self.seen: list[bytes] | None = None   # each peer's S row, column, fits, last agreed
@@ -203,27 +201,11 @@ def board_all_to_all(group, output: Any, input: Any, sp: SplitPlan, source_of,
     t = group.transport
     board = t.board
     plan = sp.plan
-    n, r = group.size, group.rank
     ticket = ticket_of(group.ctx, number)
     t.board_claim(plan.line)
-    mine = plan.counts[r]
-    mine[:] = sp.posted
-    flat_in = None
-    if not (sp.seen is not None and sp.everyone_fits):   # an address is worth offering
-        flat_in = xp.ascontiguousarray(input).reshape(-1)
-        mine[2 * n + PID:2 * n + ADDRESS + 1] = source_of(group, flat_in, output)
     # my part straight from my input to my output, unless they overlap
-    direct = sp.keep_direct and not np.may_share_memory(input, output)
-    if direct:               # copy in the parts for the peers, in any layout
-        lo, hi = sp.keep
-        sp.my_input[:lo] = input[:lo]
-        sp.my_input[hi:] = input[hi:]
-    elif sp.fits:
-        sp.my_input[...] = backend.to_host(input)         # copy in, in any layout
-    if board.posted_record is not plan.record:
-        board.records[plan.me][:] = host_view(plan.record)
-        board.posted_record = plan.record
-    t.board_post(ticket, sp.nbytes, 0, plan.peers)
+    direct = sp.keep_direct and not xp.may_share_memory(input, output)
+    _post(group, sp, output, input, direct, source_of, ticket)
     t.record_begin(group.ctx, number, group.ranks, plan.line)  # after the post (oneshot.py)
     strays = t.board_wait(plan.peers, ticket, plan.line)
     if strays:
@@ -233,31 +215,57 @@ def board_all_to_all(group, output: Any, input: Any, sp: SplitPlan, source_of,
         sources = _agree(group, sp)                            # raises on every rank
         if not sp.everyone_fits:
             board.ack(plan.peers)    # S and the addresses are read: the slots may change
-            if flat_in is None:
-                flat_in = xp.ascontiguousarray(input).reshape(-1)
             flat_out, write_back = _flat(output)
-            move(group, flat_in, sp.in_edges, flat_out, sp.out_edges, sp.row, sp.sends,
-                 sources, tag, None)
+            move(group, xp.ascontiguousarray(input).reshape(-1), sp.in_edges, flat_out,
+                 sp.out_edges, sp.row, sp.sends, sources, tag, None)
             write_back()
             t.record_end()
             return False
-    # x_out = [part r of rank 0's input | part r of rank 1's | ...]: the parts
-    # fill the output in rank order, so one concatenate copies them all out
-    if not direct:
-        if type(output) is np.ndarray:
-            np.concatenate(sp.blocks, out=output)
-        else:     # another backend's array (CuPy, the guard): part by part, flat
-            flat_out, write_back = _flat(output)
-            for lo, hi, part in sp.parts:
-                flat_out[lo:hi] = part if sp.on_host else backend.from_host(part)
-            write_back()
-    else:         # my part straight from my input
-        blocks = list(sp.blocks)
-        blocks[r] = input[sp.keep[0]:sp.keep[1]]
-        np.concatenate(blocks, out=output)
+    _copy_out(group, sp, output, input, direct)
     board.ack(plan.peers)
     t.record_end()
     return True
+
+
+def _post(group, sp: SplitPlan, output: Any, input: Any, direct: bool, source_of,
+          ticket: int) -> None:
+    """Write my counts (and my address, while a call may need it), my record
+    and, when it fits, my input into my slot, then the ticket. ``direct``:
+    only the parts for the peers, not the one I keep."""
+    plan, board = sp.plan, group.transport.board
+    n = group.size
+    mine = plan.counts[group.rank]
+    mine[:] = sp.posted
+    if not (sp.seen is not None and sp.everyone_fits):   # an address is worth offering
+        flat_in = xp.ascontiguousarray(input).reshape(-1)
+        mine[2 * n + PID:2 * n + ADDRESS + 1] = source_of(group, flat_in, output)
+    if direct:               # copy in the parts for the peers, in any layout
+        lo, hi = sp.keep
+        sp.my_input[:lo] = input[:lo]
+        sp.my_input[hi:] = input[hi:]
+    elif sp.fits:
+        sp.my_input[...] = backend.to_host(input)         # copy in, in any layout
+    if board.posted_record is not plan.record:
+        board.records[plan.me][:] = host_view(plan.record)
+        board.posted_record = plan.record
+    group.transport.board_post(ticket, sp.nbytes, 0, plan.peers)
+
+
+def _copy_out(group, sp: SplitPlan, output: Any, input: Any, direct: bool) -> None:
+    """x_out = [part r of rank 0's input | part r of rank 1's | ...]: the parts
+    fill the output in rank order, so on NumPy one concatenate copies them all
+    out of the slots (``direct``: mine from my input)."""
+    if direct:
+        blocks = list(sp.blocks)
+        blocks[group.rank] = input[sp.keep[0]:sp.keep[1]]
+        xp.concatenate(blocks, out=output)
+    elif sp.numpy:
+        xp.concatenate(sp.blocks, out=output)
+    else:     # CuPy, the guard: part by part, into a flat view
+        flat_out, write_back = _flat(output)
+        for lo, hi, part in sp.parts:
+            flat_out[lo:hi] = part if sp.on_host else backend.from_host(part)
+        write_back()
 
 
 def _check_records(group, plan: BoardAllToAllPlan) -> None:
