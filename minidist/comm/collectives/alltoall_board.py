@@ -184,9 +184,8 @@ def call(group, output: Any, input: Any, sp: SplitPlan, source_of, move) -> None
     tag = group.next_collective_tag()
     start = time.perf_counter()
     stats = group.stats
-    before = stats.snapshot()
-    fast = board_all_to_all(group, output, input, sp, source_of, group.calls, tag, move)
-    if fast:
+    before = board_all_to_all(group, output, input, sp, source_of, group.calls, tag, move)
+    if before is None:
         stats.add("all_to_all_single", sp.plan.fields, sp.delta, time.perf_counter() - start)
     else:
         stats.record("all_to_all_single", before, sp.plan.fields, time.perf_counter() - start)
@@ -195,9 +194,10 @@ def call(group, output: Any, input: Any, sp: SplitPlan, source_of, move) -> None
 
 
 def board_all_to_all(group, output: Any, input: Any, sp: SplitPlan, source_of,
-                     number: int, tag: int, move) -> bool:
-    """Move part j of ``input`` to rank j (the module docstring). True when
-    the parts came out of the slots (the stats are then ``sp.delta``)."""
+                     number: int, tag: int, move) -> tuple | None:
+    """Move part j of ``input`` to rank j (the module docstring). None when
+    the parts came out of the slots (the stats are then ``sp.delta``), else
+    the stats' snapshot from before they moved the other way."""
     t = group.transport
     board = t.board
     plan = sp.plan
@@ -215,16 +215,17 @@ def board_all_to_all(group, output: Any, input: Any, sp: SplitPlan, source_of,
         sources = _agree(group, sp)                            # raises on every rank
         if not sp.everyone_fits:
             board.ack(plan.peers)    # S and the addresses are read: the slots may change
+            before = group.stats.snapshot()
             flat_out, write_back = _flat(output)
             move(group, xp.ascontiguousarray(input).reshape(-1), sp.in_edges, flat_out,
                  sp.out_edges, sp.row, sp.sends, sources, tag, None)
             write_back()
             t.record_end()
-            return False
+            return before
     _copy_out(group, sp, output, input, direct)
     board.ack(plan.peers)
     t.record_end()
-    return True
+    return None
 
 
 def _post(group, sp: SplitPlan, output: Any, input: Any, direct: bool, source_of,
@@ -243,8 +244,8 @@ def _post(group, sp: SplitPlan, output: Any, input: Any, direct: bool, source_of
         lo, hi = sp.keep
         sp.my_input[:lo] = input[:lo]
         sp.my_input[hi:] = input[hi:]
-    elif sp.fits:
-        sp.my_input[...] = backend.to_host(input)         # copy in, in any layout
+    elif sp.fits:                                         # copy in, in any layout
+        sp.my_input[...] = input if sp.numpy else backend.to_host(input)
     if board.posted_record is not plan.record:
         board.records[plan.me][:] = host_view(plan.record)
         board.posted_record = plan.record
