@@ -7,12 +7,14 @@
     ring                while M < DIRECT_BYTES
     direct              from DIRECT_BYTES
 
+with one set of thresholds per world size (all_reduce.THRESHOLDS): where the
+algorithms cross depends on N (a ring step costs more at 4 ranks on 2 cores).
 Given the time of every algorithm at every size and world size of one run,
 ``fit`` first caps each algorithm's time at a size by its time at any larger
 size (``monotone``: on a machine shared with others a burst of load can make
-one measurement ten times slower), then tries every combination of
-thresholds on the sizes' grid and keeps the one with the least sum of
-log(auto / fastest) over all points (then the least worst ratio). ``ratios`` says, for a set of
+one measurement ten times slower), then, for each world size, tries every
+combination of thresholds on the sizes' grid and keeps the one with the least
+sum of log(auto / fastest) over that world's points (then the least worst ratio). ``ratios`` says, for a set of
 thresholds, how far auto is from the fastest at each point.
 """
 from __future__ import annotations
@@ -41,11 +43,12 @@ def fastest(times: dict) -> dict:
     return out
 
 
-def ratios(times: dict, thresholds: tuple[int, int, int], best: dict | None = None) -> dict:
+def ratios(times: dict, thresholds: dict, best: dict | None = None) -> dict:
     """{(n, size): time of auto's pick / time of the fastest} for every point of
-    ``times``; inf where the pick was not measured. ``best``: ``fastest(times)``."""
+    ``times``; inf where the pick was not measured. ``thresholds``: {n: (gather,
+    small, direct)}; ``best``: ``fastest(times)``."""
     best = fastest(times) if best is None else best
-    return {(n, size): times.get((n, pick(n, size, *thresholds), size), INF) / t
+    return {(n, size): times.get((n, pick(n, size, *thresholds[n]), size), INF) / t
             for (n, size), t in best.items()}
 
 
@@ -62,16 +65,23 @@ def monotone(times: dict) -> dict:
     return out
 
 
-def fit(times: dict) -> tuple[tuple[int, int, int], dict]:
-    """The thresholds (GATHER_BYTES, SMALL_BYTES, DIRECT_BYTES) that keep auto
-    nearest the fastest over ``times`` (after ``monotone``): the least sum of
-    log(auto / fastest) over every point, then the least worst ratio; and the
-    ratios they give."""
+def fit(times: dict) -> tuple[dict, dict]:
+    """{n: the thresholds (GATHER_BYTES, SMALL_BYTES, DIRECT_BYTES) that keep
+    auto nearest the fastest at world size n} over ``times`` (after
+    ``monotone``): the least sum of log(auto / fastest) over that world's
+    points, then the least worst ratio; and the ratios they give."""
     times = monotone(times)
+    least = fastest(times)
+    chosen = {n: _fit_world({k: t for k, t in times.items() if k[0] == n}, n)
+              for n in sorted({n for n, _, _ in times})}
+    return chosen, ratios(times, chosen, least)
+
+
+def _fit_world(times: dict, n: int) -> tuple[int, int, int]:
+    """``fit`` at one world size n (``times``: that world's points only)."""
     sizes = sorted({size for _, _, size in times})
-    worlds = sorted({n for n, _, _ in times})
     # A threshold between two measured sizes behaves like the lower one.
-    gathers = sorted({0} | {s * (n - 1) for s in sizes for n in worlds})
+    gathers = [0] + [s * (n - 1) for s in sizes]
     smalls = [0] + sizes + [sizes[-1] * 2]
     directs = sizes + [1 << 62]
     least = fastest(times)
@@ -79,8 +89,8 @@ def fit(times: dict) -> tuple[tuple[int, int, int], dict]:
     for g, s, d in itertools.product(gathers, smalls, directs):
         if s > d:
             continue
-        r = ratios(times, (g, s, d), least)
+        r = ratios(times, {n: (g, s, d)}, least)
         key = (sum(math.log(v) for v in r.values()), max(r.values()))
         if chosen_key is None or key < chosen_key:
             chosen, chosen_key = (g, s, d), key
-    return chosen, ratios(times, chosen, least)
+    return chosen

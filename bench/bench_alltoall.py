@@ -7,9 +7,11 @@ M is the bytes of float32 each rank sends and receives in all (its input), cut i
 equal parts. For each size and world: the time of one all-to-all, algbw = M / t and
 busbw = algbw * (N-1)/N (nccl-tests' all-to-all factor: the share of M that leaves
 the rank). minidist runs on the local shared-memory transport with the same-call
-check (which carries the split sizes), reading its peers' inputs in one copy from
-256 KiB up (alltoall.py); the "pairwise" column is the same call with that turned
-off (``MINIDIST_SINGLE_COPY=0``: every part through shared memory, two copies). The
+check (which carries the split sizes): through the board up to 256 KiB of input
+per rank (alltoall_board.py), reading its peers' inputs in one copy above
+(alltoall.py); the "pairwise" column is the same call with single-copy reads
+turned off (``MINIDIST_SINGLE_COPY=0``: above 256 KiB every part through the
+channels, two copies; up to 256 KiB it takes the board like the first column). The
 reference is mpi4py's ``Alltoallv`` under MPICH's ``mpiexec`` (which reads its
 peer's memory in one copy too, CMA, for large messages), and with ``--peer gloo``
 torch.distributed's ``all_to_all_single`` on gloo. All are timed alike (best

@@ -223,23 +223,26 @@ def tune(worlds: list[int], repeats: int, path: str) -> None:
         for key, t in best.items():
             alg, size = key.rsplit(":", 1)
             times[(n, alg, int(size))] = t
-    (gather, small, direct), ratios = _tune.fit(times)
-    tuned = dict(GATHER_BYTES=gather, SMALL_BYTES=small, DIRECT_BYTES=direct,
-                 run=f"bench_collectives --tune, worlds {worlds}, {usable_cores()} cores, "
-                     f"best of {repeats}, {time.strftime('%Y-%m-%d %H:%M')}")
+    fitted, ratios = _tune.fit(times)
+    run = (f"bench_collectives --tune, worlds {worlds}, {usable_cores()} cores, "
+           f"best of {repeats}, {time.strftime('%Y-%m-%d %H:%M')}")
+    tuned = dict(worlds={str(n): dict(zip(all_reduce.TUNED, t)) for n, t in fitted.items()},
+                 run=run)
     with open(path, "w") as f:
         json.dump(tuned, f, indent=1)
-    now = (all_reduce.GATHER_BYTES, all_reduce.SMALL_BYTES, all_reduce.DIRECT_BYTES)
+    now = {n: tuple(all_reduce.thresholds(n)) for n in fitted}
     before = _tune.ratios(times, now)
     print(f"{'world':>5} {'size':>8} | " + " ".join(f"{a:>18}" for a in algorithms)
           + " | tuned takes        auto/best | now takes          auto/best")
     for n, size in sorted(ratios):
         cells = " ".join(f"{_time(times.get((n, a, size))):>18}" for a in algorithms)
-        print(f"{n:>5} {human(size):>8} | {cells} | {_tune.pick(n, size, gather, small, direct):<18}"
-              f" {ratios[(n, size)]:8.2f}x | {_tune.pick(n, size, *now):<18} "
+        print(f"{n:>5} {human(size):>8} | {cells} | {_tune.pick(n, size, *fitted[n]):<18}"
+              f" {ratios[(n, size)]:8.2f}x | {_tune.pick(n, size, *now[n]):<18} "
               f"{before[(n, size)]:8.2f}x")
-    print(f"tuned: GATHER_BYTES={gather} SMALL_BYTES={small} DIRECT_BYTES={direct}: auto within "
-          f"{(max(ratios.values()) - 1) * 100:.1f}% of the fastest at every point "
+    for n, (gather, small, direct) in fitted.items():
+        print(f"tuned, world {n}: gather_bytes={gather} small_bytes={small} "
+              f"direct_bytes={direct}")
+    print(f"auto within {(max(ratios.values()) - 1) * 100:.1f}% of the fastest at every point "
           f"(the thresholds in all_reduce.py: {(max(before.values()) - 1) * 100:.1f}%)")
     print(f"written to {path}; use them with {TUNING_ENV}={path}")
 

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from minidist.comm.collectives import direct, small
 from minidist.comm.collectives.hierarchical import hierarchical_all_reduce
@@ -66,51 +66,78 @@ from minidist.comm.transport.reduce_op import ReduceOp, finish
 ALGORITHMS = ("auto", "ring", "tree", "recursive_doubling", "naive", "allgather",
               "hierarchical", "direct")
 
-# The thresholds of auto, from `bench_collectives.py --tune --worlds 2 4 --repeats 2`
-# on the 2-core VM (float32, microseconds per call, best of 5 windows; world 4 is
-# two ranks per core; docs/collectives.md has the tables). Two runs ten minutes
-# apart at load average 0.2-1.7 ("run 2", "run 3"); set it for your machine with
-# --tune and MINIDIST_ALL_REDUCE_TUNING.
+
+class Thresholds(NamedTuple):
+    """Where ``auto`` switches, at one world size (bytes of the array, M)."""
+    gather_bytes: int   # allgather while (N-1) * M <= this
+    small_bytes: int    # recursive doubling below this
+    direct_bytes: int   # the ring below this, direct from it
+
+
+# The thresholds of auto per world size: where the algorithms cross depends on
+# N (and, above 1 MiB, on the load of the machine). From two runs on the 2-core
+# VM, microseconds per call, best of 2-3 alternating repeats of 5 windows:
 #
-# allgather while the (N-1) * M bytes it sends are at most this: through the
-# board (oneshot.py) up to 64 KiB it took 5.7-15.8 us at world 2 (recursive
-# doubling 20.7-55.9, ring 29.6-63.3) and 28-53 us at world 4 (136-227); 128 KiB
-# 51.6 at world 2 (rec. doubling 89.4) and, gathered through the channels, 233
-# at world 4 (313): both runs fit 192 KiB.
-GATHER_BYTES = 192 * 1024
-# recursive doubling below this, the ring (or direct) from here: at 256 KiB it
-# took 72 us against the ring's 157 at world 2 and 466 against 461 at world 4
-# (run 3), 148 against 147 and 246 against 294 (run 2); at 512 KiB the ring or
-# direct won in both.
-SMALL_BYTES = 512 * 1024
-# direct from this size, the ring below. The runs disagree: run 3 had direct
-# 2-3x ahead of the ring from 512 KiB at world 2 but 1.15-1.34x behind it from
-# 512 KiB to 8 MiB at world 4; run 2 had the ring ahead up to 16 MiB at both.
-# Both had direct ahead from 32-64 MiB (8.7 against 13.4 ms, 23 against 59 ms at
-# 64 MiB, run 3). 4 MiB keeps each run's worst ratio at 2.7-3.5x where 512 KiB
-# or 16 MiB costs one run 3.4-3.5x; see docs/collectives.md.
-DIRECT_BYTES = 4 * 1024 * 1024
+#   "tune": `bench_collectives.py --tune --worlds 2 4 --repeats 2` (2026-11-27
+#   03:17, load average 6-7 from other work; the board holding 1 MiB per rank);
+#   "quiet": `bench_collectives.py` at world 2 on the quiet VM (its all-reduce
+#   table, docs/collectives.md, "The bars, in one run").
+#
+# world 2: allgather (through the board) while M <= 256 KiB: 145.6 against
+#   recursive doubling's 152.2 at 256 KiB, 275.6 against 271.3 at 512 KiB (tune);
+#   recursive doubling below 1 MiB: the ring's 521.6 against its 538.8 at 1 MiB
+#   (tune), 96.5 against 99.9 (quiet); the ring from 1 MiB at every size up to
+#   64 MiB: quiet, it beat direct by 5-53% at 1, 4, 16 and 64 MiB (96.5 us
+#   against 142.1, 316.9 against 332.8, 1872 against 2858, 8747 against 9668;
+#   the table before it in docs/collectives.md, 16-63%), while under load direct was 1.2-6x ahead from
+#   4 MiB (tune: 1506 against 1735 us, 8180 against 48090 at 64 MiB). auto
+#   follows the quiet machine; `--tune` refits it to yours.
+# world 4 (two ranks per core), the tune run: allgather while (N-1) * M <= 768
+#   KiB (M <= 256 KiB: 266.9 against the ring's 314.3), never recursive
+#   doubling (behind the ring at every larger size), the ring below 4 MiB and
+#   direct from 4 MiB (1730 against the ring's 1870 at 4 MiB, 3290 against 4528
+#   at 8 MiB).
+NEVER = 1 << 62   # a threshold no array reaches
+THRESHOLDS = {
+    2: Thresholds(gather_bytes=256 * 1024, small_bytes=1024 * 1024, direct_bytes=NEVER),
+    4: Thresholds(gather_bytes=768 * 1024, small_bytes=0, direct_bytes=4 * 1024 * 1024),
+}
 
 # `minidist bench collectives --tune` (bench/bench_collectives.py) measures every
-# algorithm on this machine and writes the thresholds that keep auto nearest the
-# fastest into a JSON file; a world started with MINIDIST_ALL_REDUCE_TUNING=<file>
-# uses them (every rank reads the same file: a rank that chose otherwise would be
-# caught by the same-call check, which compares the algorithm).
+# algorithm on this machine and writes, per world size, the thresholds that keep
+# auto nearest the fastest into a JSON file; a world started with
+# MINIDIST_ALL_REDUCE_TUNING=<file> uses them (every rank reads the same file: a
+# rank that chose otherwise would be caught by the same-call check, which
+# compares the algorithm).
 TUNING_ENV = "MINIDIST_ALL_REDUCE_TUNING"
-TUNED = ("GATHER_BYTES", "SMALL_BYTES", "DIRECT_BYTES")
+TUNED = ("GATHER_BYTES", "SMALL_BYTES", "DIRECT_BYTES")   # the names in the file
+
+
+def thresholds(group_size: int) -> Thresholds:
+    """auto's thresholds at ``group_size`` ranks: its entry in THRESHOLDS, or
+    the entry of the largest world size below it."""
+    below = [n for n in THRESHOLDS if n <= group_size]
+    return THRESHOLDS[max(below) if below else min(THRESHOLDS)]
 
 
 def load_tuning(path: str) -> dict:
-    """Set auto's thresholds from a file written by ``--tune``; returns them."""
+    """Set auto's thresholds from a file written by ``--tune``:
+    ``{"worlds": {"2": {"GATHER_BYTES": .., "SMALL_BYTES": .., "DIRECT_BYTES": ..},
+    ...}, "run": ".."}``; returns THRESHOLDS."""
     with open(path) as f:
         tuned = json.load(f)
-    unknown = set(tuned) - set(TUNED) - {"run"}
-    if unknown:
-        raise ValueError(f"{path}: unknown thresholds {sorted(unknown)}; expected {TUNED}")
-    for name in TUNED:
-        if name in tuned:
-            globals()[name] = int(tuned[name])
-    return {name: globals()[name] for name in TUNED}
+    unknown = set(tuned) - {"worlds", "run"}
+    worlds = tuned.get("worlds", {})
+    for world in worlds.values():
+        unknown |= set(world) - set(TUNED)
+    if unknown or not worlds:
+        raise ValueError(f"{path}: unknown thresholds {sorted(unknown)}; expected "
+                         f'{{"worlds": {{"<N>": {{{", ".join(TUNED)}}}}}, "run": ...}}')
+    for n, world in worlds.items():
+        old = THRESHOLDS.get(int(n), thresholds(int(n)))
+        THRESHOLDS[int(n)] = Thresholds(*(int(world.get(name, value))
+                                          for name, value in zip(TUNED, old)))
+    return THRESHOLDS
 
 
 if os.environ.get(TUNING_ENV):
@@ -166,16 +193,17 @@ PLANNED = {"allgather": (small.plan_for, small.allgather_all_reduce),
 
 def choose(algorithm: str, nbytes: int, group_size: int) -> str:
     """The algorithm asked for, or for ``auto`` the one for an array of ``nbytes``
-    at ``group_size`` ranks (the thresholds above)."""
+    at ``group_size`` ranks (``thresholds(group_size)``)."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown all_reduce algorithm {algorithm!r}; choose one of {ALGORITHMS}")
     if algorithm != "auto":
         return algorithm
-    if nbytes * (group_size - 1) <= GATHER_BYTES:
+    at = thresholds(group_size)
+    if nbytes * (group_size - 1) <= at.gather_bytes:
         return "allgather"
-    if nbytes < SMALL_BYTES:
+    if nbytes < at.small_bytes:
         return "recursive_doubling"
-    return "ring" if nbytes < DIRECT_BYTES else "direct"
+    return "ring" if nbytes < at.direct_bytes else "direct"
 
 
 def runnable(algorithm: str, nbytes: int, group) -> str:

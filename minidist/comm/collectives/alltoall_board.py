@@ -26,9 +26,12 @@ never posts; as with oneshot.py, the flight recorder shows it in this call
 without a post, and the ranks join the records-only check, so all raise.
 
 A call with the split sizes of an earlier call (a Ulysses layer, a loop of the
-same shapes) repeats its work: its ``SplitPlan``, kept per (shapes, dtype,
-splits), holds the counts to post, the offsets, and the S agreed last time
-with the slices of the slots to copy out. The posted counts are compared with
+same shapes) repeats its work: its ``SplitPlan``, kept per (shapes, dtypes,
+splits) where ``all_to_all_single`` looks first (api.py: the arrays' checks
+ran when it was made), holds the counts to post, the offsets, and the S
+agreed last time with the parts of the slots to copy out. Those parts, in
+rank order, are the caller's output: one ``concatenate`` into it (any
+strides) copies them all out, as one copy into the slot copies the input in. The posted counts are compared with
 that S byte for byte (the same-call check of the splits, still on every call)
 and parsed only when they differ. A rank that expects every input on the board
 offers no address (pid 0): if a peer's splits then say otherwise, the parts
@@ -40,8 +43,10 @@ import time
 from typing import Any
 
 from minidist import backend
+from minidist.backend import xp
 from minidist.comm.collectives import oneshot
 from minidist.comm.collectives.alltoall import offsets, parse_counts, split_sizes
+from minidist.comm.collectives.call import _flat
 from minidist.comm.collectives.check import (cached_plan, describe, encode, keep_plan,
                                              mismatch_error)
 from minidist.comm.transport.base import host_view
@@ -50,6 +55,10 @@ from minidist.trace import recorder as trace
 
 FITS, PID, ADDRESS = range(3)   # the words after the 2N counts
 MAX_SPLIT_PLANS = 16            # split plans kept per (dtype, row shape); a loop has a few
+# From this many input bytes, the part a rank keeps goes from its input to its
+# output in one copy instead of through its slot (two): below, the slicing that
+# takes costs more than the copy it saves (a 1 KiB call is a few microseconds).
+KEEP_DIRECT_BYTES = 32 * 1024
 
 
 def usable(group) -> bool:
@@ -87,18 +96,25 @@ class SplitPlan:
     the peers posted the last time a call with these splits agreed."""
 
     def __init__(self, group, plan: BoardAllToAllPlan, send: list[int], recv: list[int],
-                 row: int):
+                 row: int, in_shape: tuple):
         self.plan = plan
         self.send, self.recv, self.row = send, recv, row   # rows; elements per row
         self.in_edges, self.out_edges = offsets(send), offsets(recv)
         self.nbytes = self.in_edges[-1] * row * plan.dtype.itemsize       # my input
         self.fits = self.nbytes <= plan.room
-        self.my_input = plan.inputs[group.rank][:self.nbytes].view(plan.dtype) if self.fits \
-            else None                                      # my input, in my slot
+        self.my_input = (plan.inputs[group.rank][:self.nbytes].view(plan.dtype)
+                         .reshape(in_shape)) if self.fits else None   # my input, in my slot
+        # Large inputs on NumPy: only the parts for the peers go into the slot,
+        # the rows before and after the part I keep (rows keep[0]..keep[1]).
+        self.keep = (self.in_edges[group.rank], self.in_edges[group.rank + 1])
+        self.numpy = backend.get_backend() == "numpy"      # arrays are NumPy's
+        self.keep_direct = self.fits and self.nbytes >= KEEP_DIRECT_BYTES and self.numpy
         self.posted = plan.counts[group.rank].copy()       # the words I post (host int64)
         self.posted[:] = send + recv + [int(self.fits), 0, 0]
         self.seen: list[bytes] | None = None   # each peer's S row, column, fits, last agreed
         self.parts: list = []                  # (out lo, out hi, slot part) in rank order
+        self.blocks: list = []                 # the slot parts as (rows, *row_shape) arrays
+        self.row_shape = in_shape[1:]
         self.everyone_fits = False
         self.sends: list = []
         self.on_host = backend.get_backend() != "cupy"    # from_host: a view, or a copy
@@ -111,15 +127,16 @@ class SplitPlan:
         self.sends = sends
         self.everyone_fits = all(plan.counts[q][2 * n + FITS] for q in range(n))
         if not self.everyone_fits:
-            self.parts = []
+            self.parts, self.blocks = [], []
             return
         step = self.row * plan.dtype.itemsize              # bytes per row
-        self.parts = []
+        self.parts, self.blocks = [], []
         for q in range(n):
             lo = sum(sends[q][:r]) * step
             part = plan.inputs[q][lo:lo + sends[q][r] * step].view(plan.dtype)
             self.parts.append((self.out_edges[q] * self.row, self.out_edges[q + 1] * self.row,
                                backend.from_host(part) if self.on_host else part))
+            self.blocks.append(part.reshape((sends[q][r],) + self.row_shape))
         delta_sent = (self.in_edges[n] - (self.in_edges[r + 1] - self.in_edges[r])) * step
         delta_recv = (self.out_edges[n] - (self.out_edges[r + 1] - self.out_edges[r])) * step
         self.delta = (delta_sent, delta_recv, n - 1, n - 1)   # the stats of a call
@@ -130,33 +147,35 @@ def board_plan(group, dtype: Any, row_shape: tuple) -> BoardAllToAllPlan:
                        group, dtype, row_shape)
 
 
-def split_plan(group, input: Any, output: Any, input_split_sizes, output_split_sizes
-               ) -> SplitPlan:
-    """The SplitPlan of a call (made, and the splits checked, on first use),
-    kept in its BoardAllToAllPlan and, for the next call, in ``group.small_plans``
-    under the call's key (at most MAX_SPLIT_PLANS there per group)."""
-    key = ("all_to_all_single call", input.shape, output.shape, input.dtype,
-           None if input_split_sizes is None else tuple(input_split_sizes),
-           None if output_split_sizes is None else tuple(output_split_sizes))
-    found = group.small_plans.get(key)
-    if found is None:
-        plan = board_plan(group, input.dtype, tuple(input.shape[1:]))
-        send = split_sizes(input_split_sizes, input.shape[0], group.size, "input")
-        recv = split_sizes(output_split_sizes, output.shape[0], group.size, "output")
-        row = 1
-        for s in input.shape[1:]:
-            row *= s
-        if len(plan.split_plans) >= MAX_SPLIT_PLANS:   # splits that change every call
-            for old in plan.split_plans:
-                group.small_plans.pop(old, None)
-            plan.split_plans.clear()
-        found = plan.split_plans[key] = SplitPlan(group, plan, send, recv, row)
-        keep_plan(group, key, found)
-    return found
+def call_key(input: Any, output: Any, input_split_sizes, output_split_sizes) -> tuple:
+    """The key of a call's SplitPlan in ``group.small_plans``: what it depends on."""
+    return ("all_to_all_single call", input.shape, output.shape, input.dtype, output.dtype,
+            None if input_split_sizes is None else tuple(input_split_sizes),
+            None if output_split_sizes is None else tuple(output_split_sizes))
 
 
-def call(group, flat_out: Any, flat_in: Any, sp: SplitPlan, source_of, write_back,
-         move) -> None:
+def split_plan(group, key: tuple, input: Any, output: Any, input_split_sizes,
+               output_split_sizes) -> SplitPlan:
+    """Make the SplitPlan of a call (its splits checked against the arrays),
+    keep it in its BoardAllToAllPlan and, for the next call, in
+    ``group.small_plans`` under ``key`` (``call_key``; at most MAX_SPLIT_PLANS
+    there per group)."""
+    plan = board_plan(group, input.dtype, tuple(input.shape[1:]))
+    send = split_sizes(input_split_sizes, input.shape[0], group.size, "input")
+    recv = split_sizes(output_split_sizes, output.shape[0], group.size, "output")
+    row = 1
+    for s in input.shape[1:]:
+        row *= s
+    if len(plan.split_plans) >= MAX_SPLIT_PLANS:   # splits that change every call
+        for old in plan.split_plans:
+            group.small_plans.pop(old, None)
+        plan.split_plans.clear()
+    made = plan.split_plans[key] = SplitPlan(group, plan, send, recv, row, tuple(input.shape))
+    keep_plan(group, key, made)
+    return made
+
+
+def call(group, output: Any, input: Any, sp: SplitPlan, source_of, move) -> None:
     """``all_to_all_single`` through the board: number the call, run it, count it.
     ``source_of(group, flat_in, flat_out)``: my (pid, address) for single-copy
     reads (alltoall.py). ``move(group, flat_in, in_edges, flat_out, out_edges,
@@ -165,10 +184,8 @@ def call(group, flat_out: Any, flat_in: Any, sp: SplitPlan, source_of, write_bac
     tag = group.next_collective_tag()
     start = time.perf_counter()
     stats = group.stats
-    before = stats.snapshot()
-    fast = board_all_to_all(group, flat_out, flat_in, sp, source_of, group.calls, tag, move)
-    write_back()
-    if fast:
+    before = board_all_to_all(group, output, input, sp, source_of, group.calls, tag, move)
+    if before is None:
         stats.add("all_to_all_single", sp.plan.fields, sp.delta, time.perf_counter() - start)
     else:
         stats.record("all_to_all_single", before, sp.plan.fields, time.perf_counter() - start)
@@ -176,26 +193,19 @@ def call(group, flat_out: Any, flat_in: Any, sp: SplitPlan, source_of, write_bac
         trace.active.call("all_to_all_single", group.ranks, start, stats.last, group.group_desc)
 
 
-def board_all_to_all(group, flat_out: Any, flat_in: Any, sp: SplitPlan, source_of,
-                     number: int, tag: int, move) -> bool:
-    """Move part j of ``flat_in`` to rank j (the module docstring). True when
-    the parts came out of the slots (the stats are then ``sp.delta``)."""
+def board_all_to_all(group, output: Any, input: Any, sp: SplitPlan, source_of,
+                     number: int, tag: int, move) -> tuple | None:
+    """Move part j of ``input`` to rank j (the module docstring). None when
+    the parts came out of the slots (the stats are then ``sp.delta``), else
+    the stats' snapshot from before they moved the other way."""
     t = group.transport
     board = t.board
     plan = sp.plan
-    n, r = group.size, group.rank
     ticket = ticket_of(group.ctx, number)
     t.board_claim(plan.line)
-    mine = plan.counts[r]
-    mine[:] = sp.posted
-    if not (sp.seen is not None and sp.everyone_fits):   # an address is worth offering
-        mine[2 * n + PID:2 * n + ADDRESS + 1] = source_of(group, flat_in, flat_out)
-    if sp.fits:
-        sp.my_input[...] = backend.to_host(flat_in)
-    if board.posted_record is not plan.record:
-        board.records[plan.me][:] = host_view(plan.record)
-        board.posted_record = plan.record
-    t.board_post(ticket, sp.nbytes, 0, plan.peers)
+    # my part straight from my input to my output, unless they overlap
+    direct = sp.keep_direct and not xp.may_share_memory(input, output)
+    _post(group, sp, output, input, direct, source_of, ticket)
     t.record_begin(group.ctx, number, group.ranks, plan.line)  # after the post (oneshot.py)
     strays = t.board_wait(plan.peers, ticket, plan.line)
     if strays:
@@ -205,19 +215,58 @@ def board_all_to_all(group, flat_out: Any, flat_in: Any, sp: SplitPlan, source_o
         sources = _agree(group, sp)                            # raises on every rank
         if not sp.everyone_fits:
             board.ack(plan.peers)    # S and the addresses are read: the slots may change
-            move(group, flat_in, sp.in_edges, flat_out, sp.out_edges, sp.row, sp.sends,
-                 sources, tag, None)
+            before = group.stats.snapshot()
+            flat_out, write_back = _flat(output)
+            move(group, xp.ascontiguousarray(input).reshape(-1), sp.in_edges, flat_out,
+                 sp.out_edges, sp.row, sp.sends, sources, tag, None)
+            write_back()
             t.record_end()
-            return False
-    if sp.on_host:
-        for lo, hi, part in sp.parts:
-            flat_out[lo:hi] = part
-    else:
-        for lo, hi, part in sp.parts:
-            flat_out[lo:hi] = backend.from_host(part)
+            return before
+    _copy_out(group, sp, output, input, direct)
     board.ack(plan.peers)
     t.record_end()
-    return True
+    return None
+
+
+def _post(group, sp: SplitPlan, output: Any, input: Any, direct: bool, source_of,
+          ticket: int) -> None:
+    """Write my counts (and my address, while a call may need it), my record
+    and, when it fits, my input into my slot, then the ticket. ``direct``:
+    only the parts for the peers, not the one I keep."""
+    plan, board = sp.plan, group.transport.board
+    n = group.size
+    mine = plan.counts[group.rank]
+    mine[:] = sp.posted
+    if not (sp.seen is not None and sp.everyone_fits):   # an address is worth offering
+        flat_in = xp.ascontiguousarray(input).reshape(-1)
+        mine[2 * n + PID:2 * n + ADDRESS + 1] = source_of(group, flat_in, output)
+    if direct:               # copy in the parts for the peers, in any layout
+        lo, hi = sp.keep
+        sp.my_input[:lo] = input[:lo]
+        sp.my_input[hi:] = input[hi:]
+    elif sp.fits:                                         # copy in, in any layout
+        sp.my_input[...] = input if sp.numpy else backend.to_host(input)
+    if board.posted_record is not plan.record:
+        board.records[plan.me][:] = host_view(plan.record)
+        board.posted_record = plan.record
+    group.transport.board_post(ticket, sp.nbytes, 0, plan.peers)
+
+
+def _copy_out(group, sp: SplitPlan, output: Any, input: Any, direct: bool) -> None:
+    """x_out = [part r of rank 0's input | part r of rank 1's | ...]: the parts
+    fill the output in rank order, so on NumPy one concatenate copies them all
+    out of the slots (``direct``: mine from my input)."""
+    if direct:
+        blocks = list(sp.blocks)
+        blocks[group.rank] = input[sp.keep[0]:sp.keep[1]]
+        xp.concatenate(blocks, out=output)
+    elif sp.numpy:
+        xp.concatenate(sp.blocks, out=output)
+    else:     # CuPy, the guard: part by part, into a flat view
+        flat_out, write_back = _flat(output)
+        for lo, hi, part in sp.parts:
+            flat_out[lo:hi] = part if sp.on_host else backend.from_host(part)
+        write_back()
 
 
 def _check_records(group, plan: BoardAllToAllPlan) -> None:

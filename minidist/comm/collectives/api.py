@@ -74,10 +74,11 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | N
     """Reduce ``tensor`` in place across the group, the same bits on every rank,
     with the algorithm all_reduce.py names: the one asked for (ring, tree,
     recursive_doubling, naive, allgather, hierarchical, direct) or, for ``auto``
-    (the default), allgather while (N-1) * M <= 192 KiB, recursive doubling below
-    512 KiB, the ring below 4 MiB and direct from 4 MiB where the ranks can read
-    each other's memory (the ring where they cannot; an explicit ``direct`` there
-    raises, naming why). Its entry reduces a flat view of ``tensor`` after the
+    (the default), by size and world size (all_reduce.THRESHOLDS): at 2 ranks
+    allgather while M <= 256 KiB, recursive doubling below 1 MiB, the ring from
+    1 MiB; at 4 allgather while M <= 256 KiB, the ring below 4 MiB and direct from
+    4 MiB where the ranks can read each other's memory (the ring where they
+    cannot; an explicit ``direct`` there raises, naming why). Its entry reduces a flat view of ``tensor`` after the
     same-call check, which allgather and direct carry in their own first messages.
     On one machine an allgather that fits a rank's slot on the board is one post
     and N-1 reads in place (oneshot.py); its plan is kept per (shape, dtype, op,
@@ -250,12 +251,17 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
     from the peers' inputs (single copy); otherwise pairwise exchange (alltoall.py).
     """
     g = resolve(group)
-    if alltoall_board.usable(g):    # one machine: the splits and small inputs on the board
+    key = alltoall_board.call_key(input, output, input_split_sizes, output_split_sizes)
+    sp = g.small_plans.get(key)       # a call like an earlier one: straight to the board
+    if sp is None and alltoall_board.usable(g):  # one machine: splits, small inputs on the board
         _check_rows(input, output)
-        sp = alltoall_board.split_plan(g, input, output, input_split_sizes, output_split_sizes)
+        sp = alltoall_board.split_plan(g, key, input, output, input_split_sizes,
+                                       output_split_sizes)
+    if sp is not None:
         if async_op or not work.idle():
-            return work.submit(partial(_all_to_all_on_board, g, output, input, sp), async_op)
-        return _all_to_all_on_board(g, output, input, sp)
+            return work.submit(partial(alltoall_board.call, g, output, input, sp, source_of,
+                                       _move_parts), async_op)
+        return alltoall_board.call(g, output, input, sp, source_of, _move_parts)
     _check_rows(input, output)
     send = split_sizes(input_split_sizes, input.shape[0], g.size, "input")
     recv = split_sizes(output_split_sizes, output.shape[0], g.size, "output")
@@ -277,14 +283,6 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
         write_back()
     return _run(g, "all_to_all_single", plan.fields, body, async_op, checks_itself=True,
                 line=plan.line)
-
-
-def _all_to_all_on_board(g: ProcessGroup, output: Any, input: Any, sp) -> None:
-    """all_to_all_single through the board (alltoall_board.py), the split plan made."""
-    flat_in = input.reshape(-1) if input.flags.c_contiguous else \
-        xp.ascontiguousarray(input).reshape(-1)
-    flat_out, write_back = _flat(output)
-    alltoall_board.call(g, flat_out, flat_in, sp, source_of, write_back, _move_parts)
 
 
 def _check_rows(input: Any, output: Any) -> None:

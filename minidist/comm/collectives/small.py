@@ -42,13 +42,14 @@ from minidist.comm.collectives import oneshot
 from minidist.comm.collectives.check import CheckTable, cached_plan, describe
 from minidist.comm.transport.reduce_op import ReduceOp, combine_fn, fold_in_order
 
-# Only plans whose table is small are kept: every array that auto sends here
-# (N * M <= 2 * 192 KiB, all_reduce.GATHER_BYTES, plus N records), not an explicit
+# Only plans whose table is small are kept: every array that auto gathers off
+# the board (N * M <= N/(N-1) * gather_bytes of all_reduce.THRESHOLDS: 512 KiB at
+# world 2, 1 MiB at world 4, plus N records), not an explicit
 # algorithm="allgather" on big arrays, which makes its plan afresh. A kept table
 # saves making and zeroing it per call (17.5 us instead of 34 at 64 KiB, world 2),
 # and the cache (check.py's cached_plan, at most MAX_PLANS per group) stays under
-# 32 x 416 KiB.
-MAX_KEPT_TABLE_BYTES = 416 * 1024
+# 32 x 1 MiB.
+MAX_KEPT_TABLE_BYTES = (1 << 20) + 8 * 1024
 
 
 class SmallPlan:

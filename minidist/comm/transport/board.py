@@ -42,9 +42,11 @@ from minidist.comm.transport import flight
 from minidist.comm.transport.base import host_view
 from minidist.comm.transport.wait import Backoff
 
-BOARD_BYTES = 256 * 1024  # data bytes per rank (at most a channel's slot_bytes: shm.create);
-# 256 KiB: an all-to-all input of 64 KiB fits (one of 256 KiB, which single-copy
-# reads serve, does not: its counts take the first cache line)
+BOARD_BYTES = 1 << 20   # data bytes per rank (at most a channel's slot_bytes: shm.create);
+# 1 MiB: an all-to-all input of 256 KiB fits (one of 1 MiB, which single-copy
+# reads serve, does not: its counts take the first cache line). At 256 KiB, world
+# 2, the board took 33.0 us, single-copy reads 44.1 and the pairwise exchange
+# 35.7 (bench_alltoall's call, best of 4 alternating runs, load average 6)
 RECORD_BYTES = 128       # the same-call check's record (collectives/check.py)
 HEAD_BYTES = 64          # ticket, nbytes, dtype code: one cache line
 T_TICKET, T_NBYTES, T_CODE = range(3)

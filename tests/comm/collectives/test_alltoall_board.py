@@ -4,12 +4,12 @@ when any input does not fit, every rank moves the parts the other way, with
 the splits as posted. Either way the result is the NumPy reference's, on
 every rank, and a disagreement is refused on every rank."""
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from .. import cases
 from ..conftest import TEST_SLOT_BYTES
-from .test_alltoall import DTYPES, _expected, _run, split_matrix
+from .test_alltoall import DTYPES, _expected, _inputs, _run, split_matrix
 
 ROOM = TEST_SLOT_BYTES - 64   # a slot's room for the input: the counts take a cache line
 
@@ -153,3 +153,86 @@ def test_more_split_plans_than_are_kept_still_match_the_reference(worlds):
     for rank, got in enumerate(worlds.get(2).run(_sequence, cases)):
         for i, case in enumerate(cases):
             assert np.array_equal(got[i], _expected(case, rank)), f"rank {rank}, call {i}"
+
+
+def _kept_plan_against_pairwise(case, calls):
+    """``calls`` all-to-alls with the same splits (from the second on, the kept
+    split plan's way: one copy in, one concatenate out), on every other row of
+    larger arrays (strided input and output), then as many in place (output is
+    input) where every rank has as many rows in as out; then the pairwise exchange, the send/recv
+    oracle, on a contiguous copy of the same input. ``keep_direct``: the part a
+    rank keeps goes from input to output whatever its size."""
+    from minidist.comm.collectives import alltoall_board
+    saved = alltoall_board.KEEP_DIRECT_BYTES
+    if case["keep_direct"]:
+        alltoall_board.KEEP_DIRECT_BYTES = 0
+    try:
+        return _strided_in_place_and_oracle(case, calls)
+    finally:
+        alltoall_board.KEEP_DIRECT_BYTES = saved
+
+
+def _strided_in_place_and_oracle(case, calls):
+    import minidist.distributed as dist
+    from minidist import backend
+    from minidist.comm.collectives.alltoall import offsets, pairwise_all_to_all
+    from minidist.comm.group import resolve
+    r, n = dist.get_rank(), dist.get_world_size()
+    S, row_shape, dtype = case["S"], tuple(case["row_shape"]), case["dtype"]
+    col = [S[i][r] for i in range(n)]
+    x = _inputs(case, r)
+    wide_in = backend.xp.zeros((2 * len(x),) + row_shape, dtype=dtype)
+    wide_in[::2] = backend.from_host(x)
+    wide_out = backend.xp.zeros((2 * sum(col),) + row_shape, dtype=dtype)
+    strided, in_place = [], []
+    for _ in range(calls):
+        wide_out[...] = 0
+        dist.all_to_all_single(wide_out[::2], wide_in[::2], col, S[r])
+        strided.append(backend.to_host(wide_out).copy())
+    if all(sum(S[i]) == sum(S[j][i] for j in range(n)) for i in range(n)):  # rows in = out
+        same = backend.xp.zeros(x.shape, dtype=dtype)
+        for _ in range(calls):
+            same[...] = backend.from_host(x)
+            dist.all_to_all_single(same, same, col, S[r])
+            in_place.append(backend.to_host(same).copy())
+    g = resolve(None)
+    row = int(np.prod(row_shape))
+    oracle = backend.xp.zeros(sum(col) * row, dtype=dtype)
+    pairwise_all_to_all(g, backend.from_host(x.reshape(-1)), offsets(S[r]), oracle, offsets(col),
+                        row, g.next_collective_tag())
+    return strided, in_place, backend.to_host(oracle).reshape((sum(col),) + row_shape)
+
+
+@st.composite
+def kept_plan_case(draw):
+    n = draw(st.sampled_from([2, 3, 4]))
+    if draw(st.booleans()):
+        k = draw(st.integers(1, 6))
+        S = [[k] * n for _ in range(n)]
+    else:
+        S = [[draw(st.sampled_from([0, 1, 2, 5, 9])) for _ in range(n)] for _ in range(n)]
+    return dict(S=S, row_shape=tuple(draw(st.lists(st.integers(1, 3), max_size=2))),
+                dtype=draw(st.sampled_from(DTYPES)), seed=draw(st.integers(0, 999)),
+                keep_direct=draw(st.booleans()))
+
+
+@settings(max_examples=6, deadline=None)
+@given(case=kept_plan_case())
+# in place, the part rank 1 keeps at row 0 of its input and row 2 of its output
+@example(case=dict(S=[[1, 2, 0], [0, 1, 2], [2, 0, 1]], row_shape=(), dtype="float32", seed=1,
+                   keep_direct=True))
+def test_a_kept_plan_on_strided_and_aliased_arrays_equals_the_pairwise_exchange(worlds, case):
+    """The latency path of a repeated call (its parts concatenated out of the
+    slots into the caller's output, the part a rank keeps through its slot or
+    straight from its input) moves exactly what the pairwise exchange moves:
+    into every other row of a strided output and no other, and in place, at
+    worlds 2-4, uneven splits, every dtype."""
+    n = len(case["S"])
+    for rank, (strided, in_place, oracle) in enumerate(
+            worlds.get(n).run(_kept_plan_against_pairwise, case, 3)):
+        assert np.array_equal(oracle, _expected(case, rank)), f"rank {rank}: the oracle, {case}"
+        for i, wide in enumerate(strided):
+            assert np.array_equal(wide[::2], oracle), f"rank {rank}, call {i} of {case}"
+            assert not wide[1::2].any(), f"rank {rank}, call {i}: rows between were written"
+        for i, same in enumerate(in_place):
+            assert np.array_equal(same, oracle), f"rank {rank}, in-place call {i} of {case}"

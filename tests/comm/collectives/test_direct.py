@@ -4,7 +4,8 @@ order: for real-valued floats, where the order of additions shows, over worlds
 1-8, several pieces per chunk, every op. It counts 2(N-1)/N M bytes each way
 (equal chunks); when one rank cannot read its peers, ``auto`` takes the ring
 on every rank and an explicit direct raises naming why; it raises a mismatch
-against a rank that called another algorithm. ``auto`` takes it from DIRECT_BYTES."""
+against a rank that called another algorithm. ``auto`` takes it from its world size's
+direct_bytes (all_reduce.THRESHOLDS)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -54,6 +55,9 @@ def test_direct_all_reduce_has_the_bits_of_the_naive_one_on_every_rank(worlds, w
             assert sent == recv == ((count - chunk) + (n - 1) * chunk) * item
 
 
+DIRECT_HERE = 1 << 17   # bytes: these tests set auto to take direct from this size
+
+
 def _one_rank_cannot_read():
     """Rank 1's reads fail (as where the kernel forbids them): every rank must
     learn it at the first call, take the ring under auto and stop trying, and
@@ -61,10 +65,10 @@ def _one_rank_cannot_read():
     import minidist.distributed as dist
     from minidist.backend import xp
     from minidist.comm.collectives import all_reduce
-    from minidist.comm.collectives.all_reduce import DIRECT_BYTES
     from minidist.comm.group import resolve
     from minidist.comm.transport import cma
-    read = cma.read
+    read, table = cma.read, dict(all_reduce.THRESHOLDS)
+    all_reduce.THRESHOLDS[2] = all_reduce.Thresholds(0, 0, DIRECT_HERE)  # auto: direct from it
     if dist.get_rank() == 1:
         cma.read = lambda pid, address, out: False
     calls = []
@@ -76,7 +80,7 @@ def _one_rank_cannot_read():
     try:
         out = []
         for _ in range(2):
-            x = xp.arange(DIRECT_BYTES // 8, dtype="float64") * (dist.get_rank() + 1)
+            x = xp.arange(DIRECT_HERE // 8, dtype="float64") * (dist.get_rank() + 1)
             dist.all_reduce(x)                                 # auto: direct by size
             out.append(x[:6].tolist())
             algorithm = dist.get_stats().last["algorithm"]
@@ -88,6 +92,7 @@ def _one_rank_cannot_read():
         return out, calls, resolve(None).direct_reads, algorithm, why
     finally:
         cma.read, all_reduce.PLANNED["direct"] = read, planned
+        all_reduce.THRESHOLDS.update(table)
 
 
 def test_a_rank_that_cannot_read_makes_every_rank_take_the_ring():
@@ -116,11 +121,12 @@ def test_direct_over_an_emulated_link_and_without_the_check():
     def fn(check):
         import minidist.distributed as dist
         from minidist.backend import xp
-        from minidist.comm.collectives.all_reduce import DIRECT_BYTES
+        from minidist.comm.collectives import all_reduce
         from minidist.comm.group import new_group
         g = new_group([0, 1])
         g.check = check  # as in init_process_group(check=False)
-        count = 5000 if check else DIRECT_BYTES // 8
+        all_reduce.THRESHOLDS[2] = all_reduce.Thresholds(0, 0, DIRECT_HERE)  # auto: direct
+        count = 5000 if check else DIRECT_HERE // 8
         x = xp.arange(float(count)) + dist.get_rank()
         dist.all_reduce(x, algorithm="direct" if check else "auto", group=g)
         same = x.tolist() == (2 * np.arange(float(count)) + 1).tolist()
@@ -135,15 +141,20 @@ def test_direct_over_an_emulated_link_and_without_the_check():
         assert all(w.run(fn, True)) and all(w.run(fn, False))
 
 
-def test_auto_takes_direct_from_direct_bytes_and_the_ring_below():
-    from minidist.comm.collectives.all_reduce import (DIRECT_BYTES, GATHER_BYTES, SMALL_BYTES,
-                                                      choose)
-    assert choose("auto", GATHER_BYTES, 2) == "allgather"
-    assert choose("auto", GATHER_BYTES + 4, 2) == "recursive_doubling"
-    assert choose("auto", SMALL_BYTES - 4, 4) == "recursive_doubling"
-    assert choose("auto", SMALL_BYTES, 4) == "ring"
-    assert choose("auto", DIRECT_BYTES - 4, 4) == "ring"
-    assert choose("auto", DIRECT_BYTES, 4) == "direct"
-    assert choose("ring", DIRECT_BYTES, 4) == "ring"      # a named algorithm is kept
+def test_auto_takes_direct_from_direct_bytes_and_the_ring_below(monkeypatch):
+    from minidist.comm.collectives import all_reduce
+    from minidist.comm.collectives.all_reduce import Thresholds, choose
+    monkeypatch.setitem(all_reduce.THRESHOLDS, 2, Thresholds(4096, 1 << 16, 1 << 20))
+    monkeypatch.setitem(all_reduce.THRESHOLDS, 4, Thresholds(1024, 1 << 14, 1 << 62))
+    assert choose("auto", 4096, 2) == "allgather"
+    assert choose("auto", 4096 + 4, 2) == "recursive_doubling"
+    assert choose("auto", (1 << 16) - 4, 2) == "recursive_doubling"
+    assert choose("auto", 1 << 16, 2) == "ring"
+    assert choose("auto", (1 << 20) - 4, 3) == "ring"         # world 3: world 2's entry
+    assert choose("auto", 1 << 20, 3) == "direct"
+    assert choose("auto", 1 << 30, 4) == "ring"               # world 4: its own, no direct
+    assert choose("auto", 1 << 30, 8) == "ring"
+    assert choose("auto", 1024 // 3, 4) == "allgather"        # (N-1) * M <= gather_bytes
+    assert choose("ring", 1 << 30, 2) == "ring"               # a named algorithm is kept
     with pytest.raises(ValueError, match="unknown all_reduce algorithm"):
         choose("fastest", 8, 2)

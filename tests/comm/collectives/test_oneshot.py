@@ -6,7 +6,7 @@ on both sides of the slot's capacity (the test worlds' 4 KiB), every dtype
 and op, real-valued floats included (the fold order is the oracle's); calls on
 overlapping groups and asynchronous calls share the one slot per rank safely;
 a peer that never comes is named within the timeout, a mismatch refused; and
-auto, at each of its switches (the board's capacity, GATHER_BYTES, SMALL_BYTES),
+auto, at each of its switches (the board's capacity, gather_bytes, small_bytes),
 gives the same bits on every rank, the oracle's.
 """
 import numpy as np
@@ -146,12 +146,12 @@ def test_a_mismatch_on_the_board_is_refused_on_every_rank(check):
 @st.composite
 def across_auto_thresholds(draw, world):
     """An all-reduce whose size lies at one of auto's switches (the board's
-    capacity, GATHER_BYTES / (N-1), SMALL_BYTES), one element either side or on it."""
+    capacity, gather_bytes / (N-1), small_bytes at N), one element either side or on it."""
     from minidist.comm.collectives import all_reduce
     dtype = np.dtype(draw(st.sampled_from(cases.DTYPES)))
-    edge = draw(st.sampled_from([BOARD, all_reduce.GATHER_BYTES // (world - 1),
-                                 all_reduce.SMALL_BYTES]))
-    count = edge // dtype.itemsize + draw(st.sampled_from([-1, 0, 1]))
+    at = all_reduce.thresholds(world)
+    edge = draw(st.sampled_from([BOARD, at.gather_bytes // (world - 1), at.small_bytes]))
+    count = max(1, edge // dtype.itemsize + draw(st.sampled_from([-1, 0, 1])))
     return dict(collective="all_reduce", world=world, shape=(count,), dtype=dtype.name,
                 op=draw(st.sampled_from(cases.OPS)), real=draw(st.booleans()), strided=False,
                 seed=draw(st.integers(0, 2**30)))

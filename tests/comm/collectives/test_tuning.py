@@ -28,12 +28,22 @@ def _model_times(worlds=(2,), alpha=10e-6, beta=5e9):
 
 
 def test_fitted_thresholds_make_auto_the_fastest_on_alpha_beta_times():
-    times = _model_times()
+    times = _model_times(worlds=(2, 4))
     thresholds, ratios = _tune.fit(times)
     assert max(ratios.values()) == pytest.approx(1.0)
     for (n, m), r in ratios.items():
-        chosen = _tune.pick(n, m, *thresholds)
+        chosen = _tune.pick(n, m, *thresholds[n])
         assert times[(n, chosen, m)] == min(times[(n, a, m)] for a in MODELS)
+
+
+def test_each_world_size_gets_the_thresholds_of_its_own_crossings():
+    """World 4's ring costs more than world 2's on these times (a slower
+    link): its crossings move, and the fit follows each world on its own."""
+    times = {**_model_times(worlds=(2,)),
+             **{k: t for k, t in _model_times(worlds=(4,), beta=1e9).items()}}
+    thresholds, ratios = _tune.fit(times)
+    assert thresholds[2] != thresholds[4]
+    assert max(ratios.values()) == pytest.approx(1.0)
 
 
 def test_one_slow_measurement_does_not_move_a_threshold():
@@ -44,20 +54,25 @@ def test_one_slow_measurement_does_not_move_a_threshold():
     assert _tune.fit(spiked)[0] == calm
 
 
-def test_load_tuning_sets_auto_and_refuses_unknown_names(tmp_path):
-    saved = {name: getattr(all_reduce, name) for name in all_reduce.TUNED}
+def test_load_tuning_sets_auto_per_world_size_and_refuses_unknown_names(tmp_path):
+    saved = dict(all_reduce.THRESHOLDS)
     path = tmp_path / "tuned.json"
-    path.write_text(json.dumps(dict(GATHER_BYTES=1024, SMALL_BYTES=4096, DIRECT_BYTES=1 << 20,
-                                    run="a test")))
+    path.write_text(json.dumps(dict(worlds={
+        "2": dict(GATHER_BYTES=1024, SMALL_BYTES=4096, DIRECT_BYTES=1 << 20),
+        "4": dict(GATHER_BYTES=0, SMALL_BYTES=0, DIRECT_BYTES=1 << 62)}, run="a test")))
     try:
         all_reduce.load_tuning(str(path))
         assert all_reduce.choose("auto", 1024, 2) == "allgather"
         assert all_reduce.choose("auto", 2048, 2) == "recursive_doubling"
         assert all_reduce.choose("auto", 4096, 2) == "ring"
         assert all_reduce.choose("auto", 1 << 20, 2) == "direct"
-        path.write_text(json.dumps(dict(GATHER=1)))
+        assert all_reduce.choose("auto", 1 << 20, 3) == "direct"     # world 2's entry
+        for m in (1024, 1 << 20):
+            assert all_reduce.choose("auto", m, 4) == "ring"
+            assert all_reduce.choose("auto", m, 8) == "ring"        # world 4's entry
+        path.write_text(json.dumps(dict(worlds={"2": dict(GATHER=1)})))
         with pytest.raises(ValueError, match="unknown thresholds"):
             all_reduce.load_tuning(str(path))
     finally:
-        for name, value in saved.items():
-            setattr(all_reduce, name, value)
+        all_reduce.THRESHOLDS.clear()
+        all_reduce.THRESHOLDS.update(saved)
