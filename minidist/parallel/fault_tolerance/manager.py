@@ -275,8 +275,7 @@ class Manager:
         start, sent = seen.now(), 0
         if mine == source and healed:
             state = self._state()
-            for m in healed:
-                sent += heal.send_state(state, column[m], group)
+            sent = heal.send_state(state, [column[m] for m in healed], group)
             seen.healing(source, healed, sent // len(healed), True, start)
         elif mine in healed:
             received = heal.recv_state(column[source], group)
