@@ -30,8 +30,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from minidist import backend
 from minidist.backend import xp
 
@@ -84,7 +82,7 @@ def pack_state(state: Any) -> tuple[Any, int]:
     text = repr(skeleton).encode()
     base = _up(len(text))
     buffer = xp.zeros(base + end, dtype="uint8")                               # (len,)
-    buffer[:len(text)] = backend.from_host(np.frombuffer(text, dtype=np.uint8))
+    buffer[:len(text)] = backend.from_host(memoryview(text), dtype="uint8")
     for record, array in zip(records, arrays):
         start = base + record["offset"]
         buffer[start:start + int(array.nbytes)] = (
@@ -97,7 +95,7 @@ def unpack_state(buffer: Any, skeleton_bytes: int) -> Any:
     skeleton = ast.literal_eval(bytes(backend.to_host(buffer[:skeleton_bytes])).decode())
     base, arrays = _up(skeleton_bytes), []
     for record in _records(skeleton):
-        dtype = np.dtype(record["dtype"])
+        dtype = xp.dtype(record["dtype"])
         start = base + record["offset"]
         raw = buffer[start:start + dtype.itemsize * math.prod(record["shape"])]  # (n,) uint8
         arrays.append(raw.view(dtype.str).reshape(record["shape"]).copy())
