@@ -23,6 +23,10 @@ forward, backward, all-reduce, commit and the held-out loss the demo takes after
     per-step FT:  T_lost = T_step + T_detect + T_heal            (the dropped step, the transfer)
     restart:      T_lost = T_detect + T_start + T_reload + (s - c + 1) T_step
 
+T_heal runs from the source beginning to form the quorum that heals the spare (its
+groups, the exchange of steps, the sending) to the healed spare holding the state, loaded
+(``demo.heal_seconds``: each rank's ``QuorumChange.began`` / ``ended``, time.monotonic(),
+which on Linux is CLOCK_MONOTONIC, one clock for every process; perf_counter is not).
 T_detect is the operating system's: from the kill to the launcher seeing the death
 (``World.noticed``), which it can do only once the kernel has torn the killed process
 down and readied its sentinel; the survivors then see it at their next empty poll. The
@@ -60,12 +64,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         paths = {k: os.path.join(tmp, f"{k}.marks") for k in ("base", "ft", "restart")}
         demo.ft_run(args, (-1, -1), paths["base"])
-        ft = demo.ft_run(args, (1, args.kill_step), paths["ft"])[0]
+        survivors = demo.ft_run(args, (1, args.kill_step), paths["ft"])
+        ft = survivors[0]
         restart = demo.restart_run(args, os.path.join(tmp, "ckpt.minidist"),
                                    _as_uninterrupted(demo, paths["base"]), paths["restart"])
         marks = {k: demo.read_marks(p) for k, p in paths.items()}
     step, commit = demo.step_seconds(marks["base"]), demo.commit_seconds(marks["base"])
-    heal = max(c.seconds for c in ft["changes"] if c.healed and c.step > 0)
+    heal = demo.heal_seconds(survivors)
     detect = demo.detect_seconds(marks["ft"], ft["noticed"])
     detect_restart = demo.detect_seconds(marks["restart"], restart["noticed"])
     redo = args.kill_step - restart["resume"] + 1

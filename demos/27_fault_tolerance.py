@@ -157,6 +157,20 @@ def detect_seconds(marks, noticed):
     return min(noticed.values()) - kill_t
 
 
+def heal_seconds(results):
+    """T_heal: from the source beginning to form the quorum that heals the spare to the
+    last member of it done, the healed one holding the state (loaded), over every
+    survivor's ``QuorumChange`` of that quorum. Their ``began``/``ended`` are
+    time.monotonic(): one clock for every process on Linux (CLOCK_MONOTONIC), where
+    perf_counter's zero is each process's own. 0.0 if nobody healed after step 0."""
+    changes = [c for r in results for c in r["changes"] if c.healed and c.step > 0]
+    if not changes:
+        return 0.0
+    step = max(c.step for c in changes)                  # the last healing of the run
+    source = next(c for c in changes if c.step == step and c.bytes)
+    return max(c.ended for c in changes if c.step == step) - source.began
+
+
 def restart_run(args, ckpt, uninterrupted, marks=None):
     """The kill in a world that stops; then a new world from the last checkpoint. Its
     curve: the uninterrupted run's up to the kill (the same data, the same math), then
@@ -203,7 +217,7 @@ def report(args, runs, ft, detect):
         print(f"{label:<16}{r['losses'][-1][1]:>10.4f}{r['wall']:>8.2f}")
     times = runs["uninterrupted"]["times"]
     step_s = (times[-1] - times[0]) / (len(times) - 1)       # one step, world start left out
-    heal = max((c.seconds for c in ft[0]["changes"] if c.healed and c.step > 0), default=0.0)
+    heal = heal_seconds(ft)
     restart = runs["restart"]
     redo = args.kill_step - restart["resume"] + 1            # the failed step, and those before
     print(f"\nlost per failure, the goodput formula with the terms measured here "

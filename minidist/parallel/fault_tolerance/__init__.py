@@ -13,7 +13,8 @@ Files, in reading order:
 
 - quorum.py     the replicas along the mesh's replicate dimension, which are live, the
                 quorum's group in a context of its membership
-- heal.py       the state (skeleton + arrays) sent from a live peer to a healing one
+- pack.py       the state (skeleton + arrays) as one byte buffer
+- heal.py       that buffer sent from a live peer to a healing one, in one message
 - manager.py    ``Manager``: start_quorum, allreduce, should_commit, current_step
 - change.py     ``QuorumChange``: the line printed for each change of the quorum
 - seen.py       the trace's events: "step 7 failed", "quorum 3 of 4", "heal from replica 0

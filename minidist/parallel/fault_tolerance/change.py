@@ -20,6 +20,10 @@ class QuorumChange(NamedTuple):
     source: int           # the replica they received it from
     bytes: int            # healing bytes sent by this rank (0 unless it is the source)
     seconds: float        # how long forming it (and healing) took here
+    began: float = 0.0    # time.monotonic() when this rank began forming it, and when
+    ended: float = 0.0    # it was done (a healed one holding the state): one clock for
+                          # every process of the machine (CLOCK_MONOTONIC; perf_counter's
+                          # zero is per process), so ranks' stamps compare
 
     def __str__(self) -> str:
         lines = []

@@ -226,7 +226,7 @@ class Manager:
 
     def _reconfigure(self, members: list[int]) -> None:
         """The members' groups, their steps, and the healing of those behind."""
-        start = time.perf_counter()
+        start, began = time.perf_counter(), time.monotonic()
         group, everyone = quorum_groups(self.replicas, members, self.timeout)
         try:
             top, source, healed, sent = self._agree(group, everyone, members)
@@ -240,7 +240,8 @@ class Manager:
                                if codes[r] is not None))
                      for m in self._members or () if m not in members)
         change = QuorumChange(top, tuple(members), len(self.replicas.ranks), left, healed,
-                              source, sent, time.perf_counter() - start)
+                              source, sent, time.perf_counter() - start, began,
+                              time.monotonic())
         self.changes.append(change)
         seen.quorum_changed(change, start)                   # the trace's span
         if self.log and world_group().rank == self.replicas.ranks[source][0]:
@@ -275,8 +276,7 @@ class Manager:
         start, sent = seen.now(), 0
         if mine == source and healed:
             state = self._state()
-            for m in healed:
-                sent += heal.send_state(state, column[m], group)
+            sent = heal.send_state(state, [column[m] for m in healed], group)
             seen.healing(source, healed, sent // len(healed), True, start)
         elif mine in healed:
             received = heal.recv_state(column[source], group)

@@ -9,8 +9,8 @@ through them (recorded only while a trace records, trace/recorder.py):
                                          groups, the exchange of steps, the healing):
                                          {"step", "members", "left", "healed", "source"}
     X  "heal from replica 0 (N bytes)"   a span over the transfer itself, on the source
-                                         and on each replica it heals; N = 8 + len(skeleton)
-                                         + sum nbytes(array_i) per healed replica (heal.py),
+                                         and on each replica it heals; N = 16 + len(buffer)
+                                         per healed replica (heal.py, pack.py),
                                          {"source", "healed", "bytes", "sent"}
 
 The quorum's span holds the healing's; the failed step's instant comes just before it

@@ -13,7 +13,7 @@ from minidist.distributed.device_mesh import init_device_mesh
 from minidist.nn import Linear
 from minidist.optim import SGD
 from minidist.parallel.fault_tolerance import Manager, OptimizerWrapper
-from minidist.parallel.fault_tolerance.heal import join_state, split_state
+from minidist.parallel.fault_tolerance.pack import join_state, split_state
 
 
 @pytest.fixture

@@ -1,0 +1,120 @@
+"""The training state as one byte buffer, so that healing sends it in one message.
+
+The state is whatever the user's ``state_dict()`` returns (torchft's contract):
+nested dicts, lists and tuples whose leaves are arrays (parameters, optimizer
+moments) or plain values (the step, hyperparameters, an RNG's state, a sampler's
+epoch). ``pack_state`` lays it out as
+
+    buffer = skeleton | pad | array_0 | pad | array_1 | pad | ... | array_{n-1}
+
+- the skeleton: ``repr`` of the state with array i replaced by
+  ``{"__array__": i, "shape": ..., "dtype": ..., "offset": o_i}``, read back with
+  ``ast.literal_eval``: plain values only, never code, and every float exactly (repr
+  round-trips a float; inf and nan, which are no literals, travel as
+  ``{"__float__": "inf"}``).
+- array i: its bytes, C order, at up(len(skeleton)) + o_i. o_i counts from the first
+  array's start, so the skeleton's length does not depend on itself; every start is a
+  multiple of ALIGN, so the view of the bytes as the array's dtype is aligned (CuPy's
+  kernels and NumPy's fast paths want it).
+
+    o_0 = 0,  o_{i+1} = up(o_i + nbytes_i),  len(buffer) = up(len(skeleton)) + o_n
+    up(x) = ALIGN * ceil(x / ALIGN)
+
+``unpack_state(buffer, len(skeleton))`` gives the state back, each array a copy of its
+bytes: bit-identical to the packed one, owning its memory (nothing aliases the buffer).
+"""
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from minidist import backend
+from minidist.backend import xp
+
+ARRAY = "__array__"     # the key that marks an array's place in the skeleton
+FLOAT = "__float__"     # the key of a float that repr cannot write as a literal: inf, nan
+ALIGN = 16              # bytes: the widest itemsize (complex128)
+
+
+def split_state(state: Any, arrays: list) -> Any:
+    """The skeleton of ``state``: its arrays appended to ``arrays``, each replaced by
+    a record of its index, shape and dtype; mappings become plain dicts."""
+    if backend.is_array(state):
+        arrays.append(state)
+        return {ARRAY: len(arrays) - 1, "shape": tuple(state.shape), "dtype": state.dtype.str}
+    if isinstance(state, Mapping):
+        return {key: split_state(value, arrays) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(split_state(value, arrays) for value in state)
+    if isinstance(state, float) and not math.isfinite(state):
+        return {FLOAT: repr(state)}                       # 'inf', '-inf', 'nan'
+    return state
+
+
+def join_state(skeleton: Any, arrays: list) -> Any:
+    """The state ``split_state`` took apart: each array record replaced by its array."""
+    if isinstance(skeleton, dict):
+        if ARRAY in skeleton:
+            return arrays[skeleton[ARRAY]]
+        if FLOAT in skeleton:
+            return float(skeleton[FLOAT])
+        return {key: join_state(value, arrays) for key, value in skeleton.items()}
+    if isinstance(skeleton, (list, tuple)):
+        return type(skeleton)(join_state(value, arrays) for value in skeleton)
+    return skeleton
+
+
+def _up(x: int) -> int:
+    return -(-x // ALIGN) * ALIGN
+
+
+def pack_state(state: Any) -> tuple[Any, int]:
+    """(the buffer, uint8 (len,), the skeleton's length in bytes): ``state`` laid out
+    as the module docstring says."""
+    arrays: list = []
+    skeleton = split_state(state, arrays)
+    records = _records(skeleton)
+    end = 0                                  # offsets from the first array's start
+    for record, array in zip(records, arrays):
+        record["offset"], end = end, _up(end + int(array.nbytes))
+    text = repr(skeleton).encode()
+    base = _up(len(text))
+    buffer = xp.zeros(base + end, dtype="uint8")                               # (len,)
+    buffer[:len(text)] = backend.from_host(memoryview(text), dtype="uint8")
+    for record, array in zip(records, arrays):
+        start = base + record["offset"]
+        buffer[start:start + int(array.nbytes)] = (
+            xp.ascontiguousarray(array).reshape(-1).view("uint8"))
+    return buffer, len(text)
+
+
+def unpack_state(buffer: Any, skeleton_bytes: int) -> Any:
+    """The state ``pack_state`` laid out in ``buffer``; each array a copy of its bytes."""
+    skeleton = ast.literal_eval(bytes(backend.to_host(buffer[:skeleton_bytes])).decode())
+    base, arrays = _up(skeleton_bytes), []
+    for record in _records(skeleton):
+        dtype = xp.dtype(record["dtype"])
+        start = base + record["offset"]
+        raw = buffer[start:start + dtype.itemsize * math.prod(record["shape"])]  # (n,) uint8
+        arrays.append(raw.view(dtype.str).reshape(record["shape"]).copy())
+    return join_state(skeleton, arrays)
+
+
+def _records(skeleton: Any) -> list:
+    """The skeleton's array records, in the order of their indices."""
+    records: list = []
+    _array_records(skeleton, records)
+    return sorted(records, key=lambda r: r[ARRAY])
+
+
+def _array_records(skeleton: Any, out: list) -> None:
+    if isinstance(skeleton, dict):
+        if ARRAY in skeleton:
+            out.append(skeleton)
+            return
+        skeleton = list(skeleton.values())
+    if isinstance(skeleton, (list, tuple)):
+        for value in skeleton:
+            _array_records(value, out)
