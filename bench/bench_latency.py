@@ -225,18 +225,11 @@ def main() -> None:
     for n in args.worlds:
         if args.collective == "all_to_all_single":
             with World(n) as world:
-                best = slowest_rank(world.run(a2a_parts, args.size, args.iters))
-            print_a2a_parts(n, args.size, best)
-            continue
-        with World(n) as world:
-            best = slowest_rank(world.run(parts, args.size, args.iters))
-        rest = best["one-shot"] - best["flag round"] - best["copy in"] - best["fold"]
-        print(f"world {n}, all_reduce of {human(args.size)} float32, microseconds per call")
-        for key in ("all_reduce", "one-shot", "flag round", "copy in", "fold"):
-            print(f"  {key:<40} {best[key] * 1e6:7.2f}")
-        print(f"  {'Python of the one-shot call (the rest)':<40} {rest * 1e6:7.2f}")
-        print(f"  {'api.py dispatch (all_reduce - one-shot)':<40} "
-              f"{(best['all_reduce'] - best['one-shot']) * 1e6:7.2f}")
+                print_a2a_parts(n, args.size, slowest_rank(world.run(a2a_parts, args.size,
+                                                                     args.iters)))
+        else:
+            with World(n) as world:
+                print_parts(n, args.size, slowest_rank(world.run(parts, args.size, args.iters)))
         if n == 2:
             with World(n) as world:
                 solo = world.run(alone, args.size, args.iters)[0]
@@ -244,17 +237,33 @@ def main() -> None:
                   f"call path, no wait), {human(args.size)}, microseconds per call")
             for key, t in solo.items():
                 print(f"  {key:<40} {t * 1e6:7.2f}")
-        iters = max(1, args.iters // 4)
-        with World(n) as world:
-            alphas = slowest_rank(world.run(alpha_sweep, args.alpha_size, iters))
-        with World(n, env={"MINIDIST_BOARD": "0"}) as world:
-            channels = slowest_rank(world.run(alpha_sweep, args.alpha_size, iters))
-        print(f"world {n}, alpha: microseconds per all_reduce of {human(args.alpha_size)}")
-        print(f"  {'allgather, through the board':<40} {alphas['allgather'] * 1e6:7.2f}")
-        print(f"  {'allgather, through the channels':<40} {channels['allgather'] * 1e6:7.2f}")
-        for alg in ALPHA_ALGORITHMS[1:]:
-            print(f"  {alg:<40} {min(alphas[alg], channels[alg]) * 1e6:7.2f}")
+        if args.collective == "all_reduce":
+            print_alphas(n, args.alpha_size, max(1, args.iters // 4))
 
+
+def print_parts(n: int, size: int, best: dict) -> None:
+    from _collective_bench import human
+    rest = best["one-shot"] - best["flag round"] - best["copy in"] - best["fold"]
+    print(f"world {n}, all_reduce of {human(size)} float32, microseconds per call")
+    for key in ("all_reduce", "one-shot", "flag round", "copy in", "fold"):
+        print(f"  {key:<40} {best[key] * 1e6:7.2f}")
+    print(f"  {'Python of the one-shot call (the rest)':<40} {rest * 1e6:7.2f}")
+    print(f"  {'api.py dispatch (all_reduce - one-shot)':<40} "
+          f"{(best['all_reduce'] - best['one-shot']) * 1e6:7.2f}")
+
+
+def print_alphas(n: int, alpha_size: int, iters: int) -> None:
+    from minidist.comm import World
+    from _collective_bench import human, slowest_rank
+    with World(n) as world:
+        alphas = slowest_rank(world.run(alpha_sweep, alpha_size, iters))
+    with World(n, env={"MINIDIST_BOARD": "0"}) as world:
+        channels = slowest_rank(world.run(alpha_sweep, alpha_size, iters))
+    print(f"world {n}, alpha: microseconds per all_reduce of {human(alpha_size)}")
+    print(f"  {'allgather, through the board':<40} {alphas['allgather'] * 1e6:7.2f}")
+    print(f"  {'allgather, through the channels':<40} {channels['allgather'] * 1e6:7.2f}")
+    for alg in ALPHA_ALGORITHMS[1:]:
+        print(f"  {alg:<40} {min(alphas[alg], channels[alg]) * 1e6:7.2f}")
 
 if __name__ == "__main__":
     main()
