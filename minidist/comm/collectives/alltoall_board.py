@@ -30,13 +30,12 @@ same shapes) repeats its work: its ``SplitPlan``, kept per (shapes, dtypes,
 splits) where ``all_to_all_single`` looks first (api.py: the arrays' checks
 ran when it was made), holds the counts to post, the offsets, and the S
 agreed last time with the parts of the slots to copy out. Those parts, in
-rank order, are the caller's output: a slice copy per part puts them in it
-(any strides), as one copy into the slot copies the input in. Such a call
-(``SplitPlan.repeat``) writes its counts only when another call wrote over
-them in its slot, and compares each peer's record and counts with those of
-the last agreed call, byte for byte, in one pass (the same-call check, of the
-call and of its splits, still on every call); only when they differ are the
-records checked on their own and the counts parsed. A rank that expects
+rank order, are the caller's output: a slice copy each puts them in it (any
+strides). Such a call (``SplitPlan.repeat``) writes its counts only when
+another call wrote over them, and compares each peer's record and counts with
+those of the last agreed call byte for byte, in one pass (the same-call check
+of the call and its splits, on every call); only if they differ are the
+records checked alone and the counts parsed. A rank that expects
 every input on the board offers no address (pid 0): if a peer's splits then
 say otherwise, the parts move pairwise.
 """
@@ -121,7 +120,7 @@ class SplitPlan:
         self.keep_direct = self.fits and self.nbytes >= KEEP_DIRECT_BYTES and self.numpy
         self.posted = plan.counts[group.rank].copy()       # the words I post (host int64)
         self.posted[:] = send + recv + [int(self.fits), 0, 0]
-        self.posted_bytes = self.posted.tobytes()
+        self.posted_bytes = self.posted.tobytes()          # to see them still in my slot
         self.seen: list[bytes] | None = None   # each peer's S row, column, fits, last agreed
         self.parts: list = []                  # (out lo, out hi, slot part) in rank order
         self.blocks: list = []                 # OutputBlocks in rank order (NumPy's copy out)
@@ -137,6 +136,7 @@ class SplitPlan:
         """Keep S, as agreed by this call's posts, and the parts it puts in the slots."""
         plan, r, n = self.plan, group.rank, group.size
         self.seen = [w.tobytes() for w in plan.peer_words]   # mine: what I posted
+        self.expected = list(zip(plan.peer_records, plan.peer_words, self.seen))  # per peer
         self.sends = sends
         self.everyone_fits = all(plan.counts[q][2 * n + FITS] for q in range(n))
         self.repeat = self.everyone_fits and self.numpy and not self.keep_direct
@@ -217,15 +217,14 @@ def board_all_to_all(group, output: Any, input: Any, sp: SplitPlan, source_of,
     plan = sp.plan
     ticket = ticket_of(group.ctx, number)
     t.board_claim(plan.line)
+    direct = False
     if sp.repeat:        # as the last call with these splits: no address, no direct part
-        direct = False
         mine = plan.counts[group.rank]
         if mine.tobytes() != sp.posted_bytes:    # another call wrote over them since
             mine[:] = sp.posted
         sp.my_input[...] = input                           # copy in, in any layout
         _post_record(group, plan, ticket, sp.nbytes)
-    else:
-        # my part straight from my input to my output, unless they overlap
+    else:                # my part straight from my input to my output, unless they overlap
         direct = sp.keep_direct and not xp.may_share_memory(input, output)
         _post(group, sp, output, input, direct, source_of, ticket)
     t.record_begin(group.ctx, number, group.ranks, plan.line)  # after the post (oneshot.py)
@@ -242,8 +241,7 @@ def board_all_to_all(group, output: Any, input: Any, sp: SplitPlan, source_of,
 
 def _settle(group, output: Any, input: Any, sp: SplitPlan, direct: bool, tag: int,
             move) -> tuple | None:
-    """The rest of a call off the repeat path: check the records and S, then
-    move the parts, out of the slots or the other way."""
+    """A call off the repeat path, after the wait: check the records and S, move the parts."""
     t = group.transport
     board, plan = t.board, sp.plan
     _check_records(group, plan)                                # raises on every rank
@@ -286,8 +284,7 @@ def _post(group, sp: SplitPlan, output: Any, input: Any, direct: bool, source_of
 
 
 def _post_record(group, plan: BoardAllToAllPlan, ticket: int, nbytes: int) -> None:
-    """My record (unless my slot holds it already), then the ticket: the post."""
-    board = group.transport.board
+    board = group.transport.board    # my record (unless my slot holds it), then the ticket
     if board.posted_record is not plan.record:
         board.records[plan.me][:] = host_view(plan.record)
         board.posted_record = plan.record
@@ -301,9 +298,13 @@ def _copy_out(group, sp: SplitPlan, output: Any, input: Any, direct: bool) -> No
     part costs less than one ``concatenate`` of them (0.41 us against 0.61 at
     world 2, 1 KiB: concatenate's dispatch is the most of it)."""
     if sp.numpy:
-        mine = group.rank if direct else -1        # my part, when not in my slot
-        for q, (lo, hi, part) in enumerate(sp.blocks):
-            output[lo:hi] = input[sp.keep[0]:sp.keep[1]] if q == mine else part
+        blocks = sp.blocks
+        if direct:                                 # my part is not in my slot
+            lo, hi, _ = blocks[group.rank]
+            blocks = list(blocks)
+            blocks[group.rank] = OutputBlock(lo, hi, input[sp.keep[0]:sp.keep[1]])
+        for lo, hi, part in blocks:
+            output[lo:hi] = part
     else:     # CuPy, the guard: part by part, into a flat view
         flat_out, write_back = _flat(output)
         for lo, hi, part in sp.parts:
@@ -322,13 +323,12 @@ def _check_records(group, plan: BoardAllToAllPlan) -> None:
 
 
 def _as_agreed(sp: SplitPlan) -> bool:
-    """Did every peer post my record and the S (and fits) of the last call
-    with these splits that agreed, byte for byte?"""
-    seen = sp.seen
-    if seen is None or not sp.everyone_fits:
+    """Did every peer post my record and the S (and fits) of the last agreed
+    call with these splits, byte for byte? (peer, record, words, bytes agreed)"""
+    if sp.seen is None or not sp.everyone_fits:
         return False
     record = sp.plan.record
-    for rec, words, before in zip(sp.plan.peer_records, sp.plan.peer_words, seen):
+    for rec, words, before in sp.expected:
         if rec.tobytes() != record or words.tobytes() != before:
             return False
     return True
