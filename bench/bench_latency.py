@@ -1,7 +1,8 @@
-"""Where the time of a small all-reduce goes: the latency path, taken apart.
+"""Where the time of a small all-reduce (or all-to-all) goes: the latency path, taken apart.
 
     python bench/bench_latency.py                 # world 2, 1 KiB of float32
     python bench/bench_latency.py --worlds 2 4 --size 16K
+    python bench/bench_latency.py --collective all_to_all_single --size 4K
 
 On every rank of a local world it times, per call (best of 5 windows of
 ``--iters`` calls, each window timed by its slowest rank):
@@ -16,6 +17,15 @@ On every rank of a local world it times, per call (best of 5 windows of
 and prints the parts: the flag round is the wait (alpha); copy and fold are
 the bytes; what remains of the one-shot call is its Python (the flight
 recorder, the record check, the stats), and all_reduce's dispatch on top.
+
+With ``--collective all_to_all_single`` (N equal parts) the same for the
+all-to-all's path through the board (alltoall_board.py):
+
+    all_to_all_single  dist.all_to_all_single(y, x): the whole call
+    board call         alltoall_board.call: without api.py's lookup of the split plan
+    flag round         as above
+    copy in            x into my slot (one rank, no peer)
+    copy out           part r of every slot into y, in rank order (one rank, no peer)
 
 On a machine shared with other work every part that waits for a peer moves
 with the load. So at world 2 it also times rank 0 alone ("one rank alone"):
@@ -49,16 +59,29 @@ def _windows(fn, iters: int, barrier) -> list[float]:
     return out
 
 
+def flag_round(g, peers: list[int]):
+    """The board alone, for one call: claim, post, wait, acknowledge (no data)."""
+    from minidist.comm.transport.board import ticket_of
+    t = g.transport
+
+    def one_round():
+        g.next_collective_tag()
+        ticket = ticket_of(g.ctx, g.calls)
+        t.board_claim("flag round")
+        t.board_post(ticket, 0, 0, peers)
+        t.board_wait(peers, ticket, "flag round")
+        t.board.ack(peers)
+    return one_round
+
+
 def parts(size: int, iters: int) -> dict:
     import minidist.distributed as dist
     from minidist.backend import xp
     from minidist.comm.collectives import oneshot
     from minidist.comm.collectives.all_reduce import make_plan
     from minidist.comm.group import resolve
-    from minidist.comm.transport.board import ticket_of
     from minidist.comm.transport.reduce_op import fold_in_order
     g = resolve(None)
-    t = g.transport
     x = xp.zeros(size // 4, dtype="float32")   # zeros: sums that stay finite
     plan = make_plan(g, "allgather", x, dist.ReduceOp.SUM)
     if not oneshot.through_board(plan):
@@ -68,14 +91,7 @@ def parts(size: int, iters: int) -> dict:
     out = {"all_reduce": _windows(lambda: dist.all_reduce(x), iters, dist.barrier),
            "one-shot": _windows(lambda: oneshot.call(g, x, plan), iters, dist.barrier)}
 
-    def flag_round():
-        g.next_collective_tag()
-        ticket = ticket_of(g.ctx, g.calls)
-        t.board_claim("flag round")
-        t.board_post(ticket, plan.nbytes, plan.code, plan.peers)
-        t.board_wait(plan.peers, ticket, "flag round")
-        t.board.ack(plan.peers)
-    out["flag round"] = _windows(flag_round, iters, dist.barrier)
+    out["flag round"] = _windows(flag_round(g, plan.peers), iters, dist.barrier)
 
     def copy_in():
         plan.mine[...] = x
@@ -84,6 +100,41 @@ def parts(size: int, iters: int) -> dict:
     def fold():
         fold_in_order(plan.by_rank, x, plan.combine, plan.op)
     out["fold"] = _windows(fold, iters, dist.barrier)
+    return out
+
+
+def a2a_parts(size: int, iters: int) -> dict:
+    """The parts of an all_to_all_single of ``size`` bytes per rank, N equal parts."""
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    from minidist.comm.collectives import alltoall_board
+    from minidist.comm.collectives.alltoall import source_of
+    from minidist.comm.collectives.api import _move_parts
+    from minidist.comm.group import resolve
+    g = resolve(None)
+    n = g.size
+    count = size // 4 // n * n
+    x, y = xp.ones(count, dtype="float32"), xp.ones(count, dtype="float32")
+    splits = [count // n] * n
+    for _ in range(10):
+        dist.all_to_all_single(y, x, splits, splits)
+    key = alltoall_board.call_key(x, y, splits, splits)
+    sp = g.small_plans.get(key)
+    if sp is None or not sp.everyone_fits:
+        raise SystemExit(f"{size} bytes do not go through the board's slots here")
+    out = {"all_to_all_single": _windows(lambda: dist.all_to_all_single(y, x, splits, splits),
+                                         iters, dist.barrier),
+           "board call": _windows(lambda: alltoall_board.call(g, y, x, sp, source_of,
+                                                              _move_parts), iters, dist.barrier),
+           "flag round": _windows(flag_round(g, sp.plan.peers), iters, dist.barrier)}
+
+    def copy_in():
+        sp.my_input[...] = x
+    out["copy in"] = _windows(copy_in, iters, dist.barrier)
+
+    def copy_out():
+        alltoall_board._copy_out(g, sp, y, x, False)
+    out["copy out"] = _windows(copy_out, iters, dist.barrier)
     return out
 
 
@@ -148,25 +199,37 @@ def alpha_sweep(size: int, iters: int) -> dict:
     return out
 
 
+def print_a2a_parts(n: int, size: int, best: dict) -> None:
+    from _collective_bench import human
+    rest = best["board call"] - best["flag round"] - best["copy in"] - best["copy out"]
+    print(f"world {n}, all_to_all_single of {human(size)} float32 per rank, "
+          f"microseconds per call")
+    for key in ("all_to_all_single", "board call", "flag round", "copy in", "copy out"):
+        print(f"  {key:<40} {best[key] * 1e6:7.2f}")
+    print(f"  {'Python of the board call (the rest)':<40} {rest * 1e6:7.2f}")
+    print(f"  {'api.py dispatch (whole - board call)':<40} "
+          f"{(best['all_to_all_single'] - best['board call']) * 1e6:7.2f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worlds", type=positive_int, nargs="+", default=[2])
     p.add_argument("--size", type=byte_size, default=1 << 10)
     p.add_argument("--iters", type=positive_int, default=2000)
     p.add_argument("--alpha-size", type=byte_size, default=64)
+    p.add_argument("--collective", choices=("all_reduce", "all_to_all_single"),
+                   default="all_reduce", help="whose parts to time (the alpha sweep: all_reduce's)")
     args = p.parse_args()
     from minidist.comm import World
     from _collective_bench import human, slowest_rank
     for n in args.worlds:
-        with World(n) as world:
-            best = slowest_rank(world.run(parts, args.size, args.iters))
-        rest = best["one-shot"] - best["flag round"] - best["copy in"] - best["fold"]
-        print(f"world {n}, all_reduce of {human(args.size)} float32, microseconds per call")
-        for key in ("all_reduce", "one-shot", "flag round", "copy in", "fold"):
-            print(f"  {key:<40} {best[key] * 1e6:7.2f}")
-        print(f"  {'Python of the one-shot call (the rest)':<40} {rest * 1e6:7.2f}")
-        print(f"  {'api.py dispatch (all_reduce - one-shot)':<40} "
-              f"{(best['all_reduce'] - best['one-shot']) * 1e6:7.2f}")
+        if args.collective == "all_to_all_single":
+            with World(n) as world:
+                print_a2a_parts(n, args.size, slowest_rank(world.run(a2a_parts, args.size,
+                                                                     args.iters)))
+        else:
+            with World(n) as world:
+                print_parts(n, args.size, slowest_rank(world.run(parts, args.size, args.iters)))
         if n == 2:
             with World(n) as world:
                 solo = world.run(alone, args.size, args.iters)[0]
@@ -174,17 +237,33 @@ def main() -> None:
                   f"call path, no wait), {human(args.size)}, microseconds per call")
             for key, t in solo.items():
                 print(f"  {key:<40} {t * 1e6:7.2f}")
-        iters = max(1, args.iters // 4)
-        with World(n) as world:
-            alphas = slowest_rank(world.run(alpha_sweep, args.alpha_size, iters))
-        with World(n, env={"MINIDIST_BOARD": "0"}) as world:
-            channels = slowest_rank(world.run(alpha_sweep, args.alpha_size, iters))
-        print(f"world {n}, alpha: microseconds per all_reduce of {human(args.alpha_size)}")
-        print(f"  {'allgather, through the board':<40} {alphas['allgather'] * 1e6:7.2f}")
-        print(f"  {'allgather, through the channels':<40} {channels['allgather'] * 1e6:7.2f}")
-        for alg in ALPHA_ALGORITHMS[1:]:
-            print(f"  {alg:<40} {min(alphas[alg], channels[alg]) * 1e6:7.2f}")
+        if args.collective == "all_reduce":
+            print_alphas(n, args.alpha_size, max(1, args.iters // 4))
 
+
+def print_parts(n: int, size: int, best: dict) -> None:
+    from _collective_bench import human
+    rest = best["one-shot"] - best["flag round"] - best["copy in"] - best["fold"]
+    print(f"world {n}, all_reduce of {human(size)} float32, microseconds per call")
+    for key in ("all_reduce", "one-shot", "flag round", "copy in", "fold"):
+        print(f"  {key:<40} {best[key] * 1e6:7.2f}")
+    print(f"  {'Python of the one-shot call (the rest)':<40} {rest * 1e6:7.2f}")
+    print(f"  {'api.py dispatch (all_reduce - one-shot)':<40} "
+          f"{(best['all_reduce'] - best['one-shot']) * 1e6:7.2f}")
+
+
+def print_alphas(n: int, alpha_size: int, iters: int) -> None:
+    from minidist.comm import World
+    from _collective_bench import human, slowest_rank
+    with World(n) as world:
+        alphas = slowest_rank(world.run(alpha_sweep, alpha_size, iters))
+    with World(n, env={"MINIDIST_BOARD": "0"}) as world:
+        channels = slowest_rank(world.run(alpha_sweep, alpha_size, iters))
+    print(f"world {n}, alpha: microseconds per all_reduce of {human(alpha_size)}")
+    print(f"  {'allgather, through the board':<40} {alphas['allgather'] * 1e6:7.2f}")
+    print(f"  {'allgather, through the channels':<40} {channels['allgather'] * 1e6:7.2f}")
+    for alg in ALPHA_ALGORITHMS[1:]:
+        print(f"  {alg:<40} {min(alphas[alg], channels[alg]) * 1e6:7.2f}")
 
 if __name__ == "__main__":
     main()

@@ -77,6 +77,31 @@ def _sequence(cases):
     return [_run(case)[0] for case in cases]
 
 
+def _between_all_reduces(cases):
+    """``_sequence``, with an all-reduce through the board before each call:
+    it writes its array over the counts an all-to-all keeps in its slot."""
+    import minidist.distributed as dist
+    from minidist import backend
+    out = []
+    for case in cases:
+        x = backend.xp.full(64, dist.get_rank() - 7.0)   # 512 bytes: over the counts
+        dist.all_reduce(x)
+        out.append(_run(case)[0])
+    return out
+
+
+@settings(max_examples=3, deadline=None)
+@given(data=st.data())
+def test_a_repeated_call_after_an_all_reduce_on_its_slot_matches_the_reference(worlds,
+                                                                               data):
+    n = data.draw(st.sampled_from([2, 3]))
+    S, dtype = data.draw(split_matrix(n)), data.draw(st.sampled_from(DTYPES))
+    cases = [dict(S=S, row_shape=(3,), dtype=dtype, seed=k) for k in range(4)]
+    for rank, got in enumerate(worlds.get(n).run(_between_all_reduces, cases)):
+        for i, case in enumerate(cases):
+            assert np.array_equal(got[i], _expected(case, rank)), f"rank {rank}, call {i}"
+
+
 @st.composite
 def keeping_my_splits(draw, n):
     """Split matrices that differ only where the last rank neither sends nor
