@@ -92,15 +92,17 @@ class Thresholds(NamedTuple):
 #   the table before it in docs/collectives.md, 16-63%), while under load direct was 1.2-6x ahead from
 #   4 MiB (tune: 1506 against 1735 us, 8180 against 48090 at 64 MiB). auto
 #   follows the quiet machine; `--tune` refits it to yours.
-# world 4 (two ranks per core), the tune run: allgather while (N-1) * M <= 768
-#   KiB (M <= 256 KiB: 266.9 against the ring's 314.3), never recursive
-#   doubling (behind the ring at every larger size), the ring below 4 MiB and
-#   direct from 4 MiB (1730 against the ring's 1870 at 4 MiB, 3290 against 4528
-#   at 8 MiB).
+# world 4 (two ranks per core): allgather while (N-1) * M <= 3 MiB (M <= 1 MiB:
+#   266.9 against the ring's 314.3 at 256 KiB in the tune run; 399.5 against
+#   461.5 at 1 MiB in `bench_collectives.py --worlds 4` on the quiet VM,
+#   2026-11-27 04:15), never recursive doubling (behind the ring at every larger
+#   size), the ring below 4 MiB and direct from 4 MiB (1730 against the ring's
+#   1870 at 4 MiB, 3290 against 4528 at 8 MiB in the tune run; quiet, 1550
+#   against 1544 at 4 MiB).
 NEVER = 1 << 62   # a threshold no array reaches
 THRESHOLDS = {
     2: Thresholds(gather_bytes=256 * 1024, small_bytes=1024 * 1024, direct_bytes=NEVER),
-    4: Thresholds(gather_bytes=768 * 1024, small_bytes=0, direct_bytes=4 * 1024 * 1024),
+    4: Thresholds(gather_bytes=3 * 1024 * 1024, small_bytes=0, direct_bytes=4 * 1024 * 1024),
 }
 
 # `minidist bench collectives --tune` (bench/bench_collectives.py) measures every

@@ -44,12 +44,12 @@ from minidist.comm.transport.reduce_op import ReduceOp, combine_fn, fold_in_orde
 
 # Only plans whose table is small are kept: every array that auto gathers off
 # the board (N * M <= N/(N-1) * gather_bytes of all_reduce.THRESHOLDS: 512 KiB at
-# world 2, 1 MiB at world 4, plus N records), not an explicit
+# world 2, 4 MiB at world 4, plus N records), not an explicit
 # algorithm="allgather" on big arrays, which makes its plan afresh. A kept table
 # saves making and zeroing it per call (17.5 us instead of 34 at 64 KiB, world 2),
 # and the cache (check.py's cached_plan, at most MAX_PLANS per group) stays under
-# 32 x 1 MiB.
-MAX_KEPT_TABLE_BYTES = (1 << 20) + 8 * 1024
+# 32 x 4 MiB (a loop all-reduces a few shapes: one table each).
+MAX_KEPT_TABLE_BYTES = (4 << 20) + 8 * 1024
 
 
 class SmallPlan:
