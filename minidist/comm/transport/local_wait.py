@@ -95,7 +95,9 @@ class LocalWaits:
             with self._lock:
                 moved = self._progress()
             return moved or all(h.done for h in handles)
-        nap = 0.05 if self._link is None else self._link.seconds_to_next(0.05)
+
+        def nap() -> float:   # asked after the mark is read: a piece its ring announced
+            return 0.05 if self._link is None else self._link.seconds_to_next(0.05)
         self.wait_news(self.news_mark(), nap, news)
 
     def news_mark(self) -> int:
@@ -103,17 +105,21 @@ class LocalWaits:
         rank's return from a run (shm.mark_died, shm.finish_run), peers for each piece."""
         return self._bells.value(self.rank)
 
-    def wait_news(self, mark: int, timeout: float, news=None) -> None:
+    def wait_news(self, mark: int, timeout, news=None) -> None:
         """Sleep on our doorbell until it rings after ``mark`` was read (at once if it
         did), or ``timeout`` seconds: a wait with nothing to do (``_sleep``), a spare
         waiting for a member to die or finish. ``news()``, asked once the peers know we
-        may sleep: True if there is no need to."""
+        may sleep: True if there is no need to. ``timeout`` may be a function, asked
+        after ``news()``: a ring counted in ``mark`` may announce a piece still on the
+        emulated wire, which rings no more when it lands, so the nap must end by then."""
         bells, me = self._bells, self.rank
         with self._lock:
             bells.sleepers(me, +1)
         try:
-            if (news is None or not news()) and timeout > 0:
-                bells.wait(me, mark, timeout)
+            if news is None or not news():
+                seconds = timeout() if callable(timeout) else timeout
+                if seconds > 0:
+                    bells.wait(me, mark, seconds)
         finally:
             with self._lock:
                 bells.sleepers(me, -1)

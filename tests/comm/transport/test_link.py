@@ -125,10 +125,11 @@ def test_every_byte_a_collective_sends_is_counted_on_one_link(algorithm):
     assert want <= between <= want + 4 * records
 
 
-def _doorbell_nap_with_a_piece_on_the_wire(nbytes):
+def _doorbell_nap_with_a_piece_on_the_wire(nbytes, late=False):
     """Rank 1 sends ``nbytes``; rank 0 waits until the piece is published (its ring has
     come already), then sleeps on its doorbell: (when that sleep would end, when the
-    piece lands), ns."""
+    piece lands), ns. ``late``: rank 0 goes to sleep first, and the piece is published
+    while it reads its doorbell (rank 1 sends 50 ms after a barrier)."""
     import time
 
     import minidist.distributed as dist
@@ -136,22 +137,35 @@ def _doorbell_nap_with_a_piece_on_the_wire(nbytes):
     from minidist.comm.group import world_group
     from minidist.comm.transport.shm import S_ARRIVAL
     t = world_group().transport
+    if late:
+        dist.barrier()
     if dist.get_rank() == 1:
+        if late:
+            time.sleep(0.05)
         dist.send(xp.ones(nbytes // 8), dst=0)
         return None
     ch = t._in[1]
-    while t._words[ch.head_i] == ch.count:       # not yet published
-        time.sleep(1e-4)
-    arrival = t._words[ch.hdr_i[ch.count % t.nslots] + S_ARRIVAL]
+
+    def published():
+        while t._words[ch.head_i] == ch.count:   # not yet published
+            time.sleep(1e-4)
+        return t._words[ch.hdr_i[ch.count % t.nslots] + S_ARRIVAL]
+    arrival = None if late else published()
     out = xp.empty(nbytes // 8)
     handle = t.irecv(out, 1, tag=0)
-    naps, wait = [], t._bells.wait
+    naps, wait, mark = [], t._bells.wait, t.news_mark
     t._bells.wait = lambda rank, seen, timeout: naps.append(
         time.monotonic_ns() + int(timeout * 1e9))
+    if late:            # the peer publishes (and rings) just as the doorbell is read
+        def news_mark():
+            nonlocal arrival
+            arrival = published()
+            return mark()
+        t.news_mark = news_mark
     try:
         t._sleep([handle])                       # no peer will ring again
     finally:
-        t._bells.wait = wait
+        t._bells.wait, t.news_mark = wait, mark
     t.wait_all([handle])
     return naps, arrival
 
@@ -167,3 +181,12 @@ def test_a_doorbell_sleep_ends_when_the_piece_on_the_wire_lands():
     # 10 ms slack for a rank descheduled between reading the clock and sleeping; the
     # doorbell's own alarm would end 30 ms or more after the arrival
     assert all(end <= arrival + 10_000_000 for end in naps), (naps, arrival)
+
+
+def test_a_doorbell_sleep_ends_when_a_piece_published_as_it_reads_its_doorbell_lands():
+    """The same when the ring comes between the rank's look at the wire and its read of
+    the doorbell: the ring is counted in the mark it sleeps on, so its alarm must be set
+    after that read, by the piece then on the wire, not by the empty wire it saw before."""
+    with World(2, link_gbps=0.0004, timeout=20.0, run_timeout=60.0, check=False) as world:
+        naps, arrival = world.run(_doorbell_nap_with_a_piece_on_the_wire, 8_000, True)[0]
+    assert naps and all(end <= arrival + 10_000_000 for end in naps), (naps, arrival)
