@@ -10,7 +10,8 @@ arithmetic, the docs, the layering, a demo's usage error) is marked
 another backend's pass deselects it. A module marked ``launcher`` tests how worlds
 of processes start, stop, restart, time out and report (the launcher, the two-host
 link, a killed save): its arrays take the paths the math tests already take through
-every backend, so it too runs on the NumPy pass only.
+every backend, so it too runs on the NumPy pass only. Another backend's pass draws half
+the examples of each property test (``_halve_examples``).
 """
 import os
 
@@ -40,13 +41,27 @@ settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
 def pytest_collection_modifyitems(config, items):
-    """On a backend other than NumPy, deselect the ``host_only`` and ``launcher`` tests."""
+    """On a backend other than NumPy, deselect the ``host_only`` and ``launcher`` tests,
+    and draw half the examples of each property test (at least 2)."""
     if backend.get_backend() == "numpy":
         return
     numpy_only = [item for item in items if _numpy_pass_only(item)]
     if numpy_only:
         config.hook.pytest_deselected(items=numpy_only)
         items[:] = [item for item in items if not _numpy_pass_only(item)]
+    for test in {id(item.obj): item.obj for item in items if hasattr(item, "obj")}.values():
+        _halve_examples(test)          # once per function: a parametrized one has many items
+
+
+def _halve_examples(test) -> None:
+    """A property test's examples, halved on another backend's pass: what that pass
+    looks for (a host conversion the backend refuses) depends on the code path a call
+    takes, which the first half of the (derandomized, on CI) examples reaches as the
+    NumPy pass's whole does for the values; the NumPy pass keeps them all."""
+    given = getattr(test, "_hypothesis_internal_use_settings", None)
+    if given is not None and given.max_examples > 2:
+        test._hypothesis_internal_use_settings = settings(
+            given, max_examples=max(2, given.max_examples // 2))
 
 
 def _numpy_pass_only(item) -> bool:
