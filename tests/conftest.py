@@ -11,7 +11,7 @@ another backend's pass deselects it. A module marked ``launcher`` tests how worl
 of processes start, stop, restart, time out and report (the launcher, the two-host
 link, a killed save): its arrays take the paths the math tests already take through
 every backend, so it too runs on the NumPy pass only. Another backend's pass draws half
-the examples of each property test (``_halve_examples``).
+the examples of each property test (tests/halving.py).
 """
 import os
 
@@ -28,6 +28,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 from minidist import backend  # noqa: E402
+from halving import halve_examples  # noqa: E402
 from oracles.optional import hide_if_asked  # noqa: E402
 
 HIDDEN = hide_if_asked(backend.get_backend())
@@ -50,18 +51,7 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=numpy_only)
         items[:] = [item for item in items if not _numpy_pass_only(item)]
     for test in {id(item.obj): item.obj for item in items if hasattr(item, "obj")}.values():
-        _halve_examples(test)          # once per function: a parametrized one has many items
-
-
-def _halve_examples(test) -> None:
-    """A property test's examples, halved on another backend's pass: what that pass
-    looks for (a host conversion the backend refuses) depends on the code path a call
-    takes, which the first half of the (derandomized, on CI) examples reaches as the
-    NumPy pass's whole does for the values; the NumPy pass keeps them all."""
-    given = getattr(test, "_hypothesis_internal_use_settings", None)
-    if given is not None and given.max_examples > 2:
-        test._hypothesis_internal_use_settings = settings(
-            given, max_examples=max(2, given.max_examples // 2))
+        halve_examples(test)           # once per function: a parametrized one has many items
 
 
 def _numpy_pass_only(item) -> bool:

@@ -2,7 +2,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.conftest import _halve_examples
+from halving import halve_examples
 
 pytestmark = pytest.mark.host_only   # settings objects only: no backend array
 
@@ -13,12 +13,12 @@ def test_a_property_tests_examples_are_halved_but_never_below_two(asked, drawn):
     @given(st.integers())
     def prop(x):
         pass
-    _halve_examples(prop)
+    halve_examples(prop)
     assert prop._hypothesis_internal_use_settings.max_examples == drawn
 
 
 def test_a_plain_test_is_left_alone():
     def plain():
         pass
-    _halve_examples(plain)
+    halve_examples(plain)
     assert not hasattr(plain, "_hypothesis_internal_use_settings")
