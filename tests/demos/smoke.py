@@ -10,7 +10,7 @@ DEMOS = pathlib.Path(__file__).resolve().parents[2] / "demos"
 
 # demo file -> the short arguments used in CI (defaults must stay runnable too)
 SMOKE_ARGS = {
-    "01_autograd.py": ["--steps", "120", "--n-embd", "64", "--dropout", "0"],
+    "01_autograd.py": ["--steps", "60", "--n-embd", "64", "--dropout", "0"],
     "02_collectives.py": [],
     "03_ring_allreduce.py": ["--mib", "1", "--max-mib", "1"],
     "04_ddp.py": ["-n", "2", "--steps", "3", "--width", "64"],
@@ -18,7 +18,7 @@ SMOKE_ARGS = {
     "06_tensor_parallel.py": ["-n", "2", "--n-layer", "1", "--n-embd", "16"],
     "07_pipeline.py": ["-p", "2", "-m", "4"],
     "08_3d_parallel.py": ["--steps", "2"],
-    "09_mixed_precision.py": ["--steps", "40", "--n-embd", "32"],
+    "09_mixed_precision.py": ["--steps", "16", "--n-embd", "32"],
     "10_flash_attention.py": ["--lengths", "256", "512"],
     "11_ring_attention.py": ["-n", "2", "--length", "256"],
     "12_checkpoints.py": ["--width", "8", "--steps", "4", "--save-at", "2"],
