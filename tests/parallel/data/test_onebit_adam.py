@@ -156,3 +156,20 @@ def test_a_changed_set_of_gradients_after_the_warm_up_is_refused():
     import minidist
     with pytest.raises(RankFailedError, match=r"zero_grad\(set_to_none=False\)"):
         minidist.launch(_drop_a_gradient, 2)
+
+
+def test_a_compressed_step_sends_what_calc_diloco_counts(world):
+    """One compressed all-reduce of the flat momentum: calc's 2(N-1)/N * M/32 bytes of
+    signs (M the float32 bytes, so one bit a number; here padded to n') plus the workers'
+    and the servers' scales, and calc's 4(N-1) messages (an all-to-all, three all-gathers),
+    for two parameters as for one."""
+    from minidist.calc.diloco import diloco_costs
+    from minidist.parallel.data.onebit import padded_size
+    N, n, steps = world.world_size, 64 * 64, 2
+    got = world.run(run_onebit, 0, [(32, 64), (32, 64)], steps, 0)[0]    # one vector
+    onebit = diloco_costs(4 * n, N, 1, 1, 32, 0.0, bandwidth=1.0)[5]
+    scales = 2 * (N - 1) * 8                           # float64 s_i and t_j, all-gathered
+    signs = onebit.bytes_per_step * padded_size(n, N) / n
+    assert got["sent"] == pytest.approx(steps * (signs + scales), abs=1e-6)
+    latency_only = diloco_costs(4 * n, N, 1, 1, 32, 0.0, bandwidth=float("inf"), latency=1.0)[5]
+    assert got["msgs"] == steps * latency_only.exposed_seconds
