@@ -11,7 +11,9 @@ An optimizer owns two things, laid out as in PyTorch:
 The arithmetic lives elsewhere: each optimizer file has a plain function over
 arrays (``sgd_update``, ``adamw_update``, ...) that updates one parameter in
 place. ``step()`` only walks the groups and calls it. ZeRO calls the same
-functions on flat shards of parameters, so the math is written once.
+functions on flat shards of parameters, so the math is written once. An optimizer
+that needs a param group whole (1-bit Adam's one compressed all-reduce of the flat
+momentum) writes ``_update_group`` instead of the per-parameter ``_update``.
 """
 from __future__ import annotations
 
