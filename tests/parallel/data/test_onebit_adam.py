@@ -173,3 +173,12 @@ def test_a_compressed_step_sends_what_calc_diloco_counts(world):
     assert got["sent"] == pytest.approx(steps * (signs + scales), abs=1e-6)
     latency_only = diloco_costs(4 * n, N, 1, 1, 32, 0.0, bandwidth=float("inf"), latency=1.0)[5]
     assert got["msgs"] == steps * latency_only.exposed_seconds
+
+
+def test_a_param_group_of_two_dtypes_is_refused():
+    """One flat vector holds one dtype; the message names the fix."""
+    from minidist import backend
+    from minidist.parallel.data.onebit_adam import flatten
+    mixed = [backend.from_host(np.ones(3, dtype=np.float32)), backend.from_host(np.ones(2))]
+    with pytest.raises(ValueError, match="param group of their own"):
+        flatten(mixed)
