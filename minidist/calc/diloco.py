@@ -12,7 +12,9 @@ tau the fragment delay and b the bits per outer-gradient number:
     quantised    an all-gather of the b-bit codes: (N-1) * M / F * b / 32
                  (= Streaming's bytes x b / 32 x N / 2: the codes are gathered, not added)
     Top-K        every step   (N-1) * k * (8 + s)                k = density * n, s = 4
-    1-bit Adam   every step   ~2(N-1)/N * M / 32                 after the warm-up
+    1-bit Adam   every step   ~2(N-1)/N * M / 32                 after the warm-up: one
+                 compressed all-reduce of the flat momentum (onebit_adam.py), an
+                 all-to-all and three all-gathers, 4(N-1) messages: 4(N-1) * alpha
 
 Step time (mean over a round): c + exposed wire seconds / steps between syncs, with
 wire(X) = X / beta + 2(N-1) * alpha for an all-reduce (calc/comm.py) and

@@ -11,7 +11,9 @@ An optimizer owns two things, laid out as in PyTorch:
 The arithmetic lives elsewhere: each optimizer file has a plain function over
 arrays (``sgd_update``, ``adamw_update``, ...) that updates one parameter in
 place. ``step()`` only walks the groups and calls it. ZeRO calls the same
-functions on flat shards of parameters, so the math is written once.
+functions on flat shards of parameters, so the math is written once. An optimizer
+that needs a param group whole (1-bit Adam's one compressed all-reduce of the flat
+momentum) writes ``_update_group`` instead of the per-parameter ``_update``.
 """
 from __future__ import annotations
 
@@ -118,22 +120,28 @@ class Optimizer:
                 loss = closure()
         start = trace.active.now() if trace.active is not None else 0.0
         for group in self.param_groups:
-            for p in group["params"]:
-                # A parameter unused in this forward has no gradient: leave it and
-                # its state alone, exactly as PyTorch does.
-                if p.grad is None:
-                    continue
+            # A parameter unused in this forward has no gradient: leave it and its
+            # state alone, exactly as PyTorch does.
+            params = [p for p in group["params"] if p.grad is not None]
+            for p in params:
                 if p.grad.shape != p.data.shape or p.grad.dtype != p.data.dtype:
                     # In-place updates would silently cast a float64 gradient into a
                     # float32 parameter; mixed precision casts explicitly, before this.
                     raise ValueError(f"gradient {tuple(p.grad.shape)} {p.grad.dtype} does not "
                                      f"match parameter {tuple(p.data.shape)} {p.data.dtype}")
-                self._update(p, group, self.state.setdefault(p, {}))
+            self._update_group(group, params)
         if trace.active is not None:   # the step's span (trace/)
             trace.active.span(f"{type(self).__name__}.step", "optim", start, trace.active.now())
         for hook in list(self._step_post_hooks):
             hook(self, (closure,), {})
         return loss
+
+    def _update_group(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        """Update a group's parameters that have a gradient (``params``, in the group's
+        order): one at a time here. An optimizer that needs the group whole (1-bit
+        Adam's one compressed all-reduce of the flat momentum) writes this instead."""
+        for p in params:
+            self._update(p, group, self.state.setdefault(p, {}))
 
     def _update(self, p: Tensor, group: dict[str, Any], state: dict[str, Any]) -> None:
         """Update one parameter in place (``p.data``) from ``p.grad``; subclasses write it."""

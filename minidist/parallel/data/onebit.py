@@ -1,7 +1,8 @@
 """The 1-bit compressed all-reduce of 1-bit Adam: signs and one scale, errors kept twice.
 
 Tang et al. 2021 (arXiv 2102.02888), as DeepSpeed's ``NcclBackend.compressed_allreduce``
-does it. A tensor of n numbers is padded to n' (a multiple of 8 N, so each of the N
+does it. A tensor of n numbers (1-bit Adam's: the model's flattened momentum,
+onebit_adam.py) is padded to n' (a multiple of 8 N, so each of the N
 chunks packs into whole bytes) and averaged in two compressed halves:
 
     worker (every rank i, the whole tensor):

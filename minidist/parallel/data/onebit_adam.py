@@ -16,6 +16,18 @@ gradient g_i of rank i, betas (beta1, beta2), eps, lr, weight decay lambda:
     both:
         w  <- w - lr * (m / (sqrt(v) + eps) + lambda w)
 
+The vectors are the model's flattened momentum and gradient: each param group's
+parameters that have a gradient, back to back in the group's order (n numbers), as
+the paper runs the algorithm on the model's whole vector and DeepSpeed runs it on its
+fp16 optimizer's one flat buffer. So a step is ONE all-reduce of the flat gradient
+during the warm-up (one bucket) and ONE compressed all-reduce of the flat momentum
+after it, per param group, whatever the number of parameters: one scale per worker
+for the whole vector, one per server chunk, and the fixed cost of a message paid
+4(N-1) times a step, not that many times per parameter (``minidist calc diloco``
+counts the same). The error feedback is laid out over that flat vector: ``errors``
+holds, per param group, one worker error (n',) and one server error (n'/N,), n'
+being n padded as onebit.py needs.
+
 Adam's variance settles early in training; once frozen, Adam is a momentum SGD
 with a fixed per-coordinate step size, and momentum SGD tolerates 1-bit compression
 with error feedback. The bytes of the compression stage are about 1/32 of the
@@ -34,13 +46,33 @@ import minidist.distributed as dist
 from minidist.backend import xp
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.optim.optimizer import Optimizer, check_non_negative
-from minidist.parallel.data.onebit import compressed_allreduce, new_errors
+from minidist.parallel.data.onebit import OneBitErrors, compressed_allreduce, new_errors
+
+
+def flatten(arrays: list[Any]) -> Any:
+    """The arrays back to back in one new flat vector (n,), of their one dtype."""
+    dtypes = {str(a.dtype) for a in arrays}
+    if len(dtypes) != 1:
+        raise ValueError(f"1-bit Adam flattens each param group into one vector of one "
+                         f"dtype, got {sorted(dtypes)}: put the parameters of each dtype "
+                         f"in a param group of their own")
+    return xp.concatenate([a.reshape(-1) for a in arrays])
+
+
+def views(flat: Any, like: list[Any]) -> list[Any]:
+    """Pieces of ``flat`` shaped like the arrays of ``like``, in order (no copy)."""
+    out, off = [], 0
+    for a in like:
+        out.append(flat[off:off + a.size].reshape(a.shape))
+        off += a.size
+    return out
 
 
 class OnebitAdam(Optimizer):
-    """1-bit Adam (module docstring). State per parameter: ``'step'``, ``'exp_avg'``,
-    ``'exp_avg_sq'``; the error-feedback buffers are in ``errors`` (id of the parameter ->
-    ``OneBitErrors``), made at the first compressed step."""
+    """1-bit Adam (module docstring). State per parameter, as Adam's: ``'step'``,
+    ``'exp_avg'``, ``'exp_avg_sq'``. ``errors``: param group index -> the group's
+    ``OneBitErrors`` (worker (n',), server (n'/N,)) over its flat momentum, made at its
+    first compressed step."""
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
@@ -55,43 +87,68 @@ class OnebitAdam(Optimizer):
         self.group = group
         self.steps = 0                           # step() calls so far
         self.frozen = freeze_step == 0           # in the compression stage?
-        self.errors: dict = {}                   # id(parameter) -> OneBitErrors
+        self.errors: dict[int, OneBitErrors] = {}    # param group index -> flat errors
+        self._laid_out: dict[int, list[int]] = {}    # ... -> ids the errors are laid out over
         src = 0 if group is None else group.ranks[0]
         for g in self.param_groups:
             for p in g["params"]:
                 dist.broadcast(p.data, src=src, group=group)
 
     def step(self, closure: Any = None) -> Any:
-        if not self.frozen:                      # warm-up: average the gradients first
-            for g in self.param_groups:
-                for p in g["params"]:
-                    if p.grad is not None:
-                        dist.all_reduce(p.grad, op=ReduceOp.AVG, group=self.group)
-        loss = super().step(closure)
+        loss = super().step(closure)             # _update_group, once per param group
         self.steps += 1
         if self.steps >= self.freeze_step:
             self.frozen = True
         return loss
 
-    def _update(self, p, group, state) -> None:
-        if not state:
-            state["step"] = 0
-            state["exp_avg"] = xp.zeros_like(p.data)
-            state["exp_avg_sq"] = xp.zeros_like(p.data)
-        state["step"] += 1
+    def _update_group(self, group, params) -> None:
+        if not params:
+            return
+        states = [self.state.setdefault(p, {}) for p in params]
+        for p, state in zip(params, states):
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = xp.zeros_like(p.data)
+                state["exp_avg_sq"] = xp.zeros_like(p.data)
+            state["step"] += 1
         beta1, beta2 = group["betas"]
-        m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
-        m *= beta1
-        m += (1 - beta1) * g                                     # m = b1 m + (1 - b1) g
-        if not self.frozen:
-            v *= beta2
-            v += (1 - beta2) * g * g                             # v = b2 v + (1 - b2) g^2
-        else:
-            if id(p) not in self.errors:
-                self.errors[id(p)] = new_errors(m.size, dist.get_world_size(self.group), m.dtype)
-            m[...] = compressed_allreduce(m.reshape(-1), self.errors[id(p)],
-                                          self.group).reshape(m.shape)
-        update = m / (xp.sqrt(v) + group["eps"])
-        if group["weight_decay"] > 0:
-            update += group["weight_decay"] * p.data
-        p.data -= group["lr"] * update
+        if not self.frozen:                      # one bucket: the flat gradient, averaged
+            flat = flatten([p.grad for p in params])                        # (n,)
+            dist.all_reduce(flat, op=ReduceOp.AVG, group=self.group)
+            for state, g in zip(states, views(flat, [p.grad for p in params])):
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m *= beta1
+                m += (1 - beta1) * g                                 # m = b1 m + (1 - b1) g
+                v *= beta2
+                v += (1 - beta2) * g * g                             # v = b2 v + (1 - b2) g^2
+        else:                                    # the flat local momentum, compressed
+            local = flatten([beta1 * s["exp_avg"] + (1 - beta1) * p.grad   # (n,) m_i
+                             for p, s in zip(params, states)])
+            m = compressed_allreduce(local, self._errors_of(group, params), self.group)
+            for state, piece in zip(states, views(m, [p.data for p in params])):
+                state["exp_avg"][...] = piece
+        for p, state in zip(params, states):
+            update = state["exp_avg"] / (xp.sqrt(state["exp_avg_sq"]) + group["eps"])
+            if group["weight_decay"] > 0:
+                update += group["weight_decay"] * p.data
+            p.data -= group["lr"] * update
+
+    def _errors_of(self, group: dict, params: list) -> OneBitErrors:
+        """The group's flat error buffers, made at its first compressed step; they are
+        laid out over the parameters that had a gradient then, so every later step must
+        have gradients for the same ones."""
+        index = next(i for i, g in enumerate(self.param_groups) if g is group)
+        ids = [id(p) for p in params]
+        if index not in self.errors:
+            n = sum(p.data.size for p in params)
+            self.errors[index] = new_errors(n, dist.get_world_size(self.group),
+                                            params[0].data.dtype)
+            self._laid_out[index] = ids
+        elif self._laid_out[index] != ids:
+            raise ValueError(
+                f"1-bit Adam's error feedback of param group {index} is laid out over the "
+                f"flat momentum of the {len(self._laid_out[index])} parameters that had a "
+                f"gradient at its first compressed step; this step has gradients for "
+                f"{len(ids)} parameters, not the same ones: give the same parameters a gradient at every step "
+                f"(zero_grad(set_to_none=False) keeps them as zeros)")
+        return self.errors[index]

@@ -1,11 +1,12 @@
-"""1-bit Adam: Adam during the warm-up, then the paper's algorithm (signs with one scale
-per tensor, worker and server error feedback), against a one-process simulation."""
+"""1-bit Adam: Adam during the warm-up, then the paper's algorithm on the model's flattened
+momentum (signs with one scale for the whole vector, worker and server error feedback),
+against a one-process simulation."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minidist.comm import World
+from minidist.comm import RankFailedError, World
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"world{n}")
@@ -38,40 +39,45 @@ def run_onebit(seed, shapes, steps, freeze_step):
     params = [Tensor(backend.from_host(w + rank), requires_grad=True)
               for w in start(seed, shapes)]
     opt = OnebitAdam(params, freeze_step=freeze_step, **HYPER)
-    before = dist.get_stats().bytes_sent
+    before, msgs = dist.get_stats().bytes_sent, dist.get_stats().msgs_sent
     out = []
     for step in range(steps):
         for p, g in zip(params, grad(seed, step, rank, shapes)):
             p.grad = backend.from_host(g)
         opt.step()
         out.append([backend.to_host(p.data).copy() for p in params])
-    return dict(params=out, sent=dist.get_stats().bytes_sent - before)
+    return dict(params=out, sent=dist.get_stats().bytes_sent - before,
+                msgs=dist.get_stats().msgs_sent - msgs)
 
 
 def simulate(seed, shapes, steps, freeze_step, N):
-    """N workers in one process: shared w, m, v; each worker's and server's errors."""
+    """N workers in one process: shared w, m, v; the algorithm on the flattened vector
+    (every parameter back to back), each worker's error and each server chunk's error
+    laid out over it."""
     lr, (b1, b2), eps, wd = HYPER["lr"], HYPER["betas"], HYPER["eps"], HYPER["weight_decay"]
-    w = start(seed, shapes)
-    m = [np.zeros(s) for s in shapes]
-    v = [np.zeros(s) for s in shapes]
+    sizes = [int(np.prod(s)) for s in shapes]
+    w = np.concatenate([x.reshape(-1) for x in start(seed, shapes)])     # (n,)
+    m, v = np.zeros(w.size), np.zeros(w.size)
     worker_err, server_err = {}, {}
     out = []
     for step in range(steps):
-        gs = [grad(seed, step, r, shapes) for r in range(N)]
-        for k in range(len(shapes)):
-            if step < freeze_step:                      # Adam on the mean gradient
-                g = sum(gs[r][k] for r in range(N)) / N
-                m[k] = b1 * m[k] + (1 - b1) * g
-                v[k] = b2 * v[k] + (1 - b2) * g * g
-            else:
-                local = [b1 * m[k] + (1 - b1) * gs[r][k] for r in range(N)]
-                m[k] = one_bit_average(local, k, worker_err, server_err, N).reshape(shapes[k])
-            w[k] = w[k] - lr * (m[k] / (np.sqrt(v[k]) + eps) + wd * w[k])
-        out.append([x.copy() for x in w])
+        gs = [np.concatenate([g.reshape(-1) for g in grad(seed, step, r, shapes)])
+              for r in range(N)]                                         # (n,) each
+        if step < freeze_step:                          # Adam on the mean gradient
+            g = sum(gs) / N
+            m = b1 * m + (1 - b1) * g
+            v = b2 * v + (1 - b2) * g * g
+        else:
+            local = [b1 * m + (1 - b1) * gs[r] for r in range(N)]
+            m = one_bit_average(local, worker_err, server_err, N)
+        w = w - lr * (m / (np.sqrt(v) + eps) + wd * w)
+        pieces = np.split(w, np.cumsum(sizes)[:-1])
+        out.append([x.reshape(s) for x, s in zip(pieces, shapes)])
     return out
 
 
-def one_bit_average(local, k, worker_err, server_err, N):
+def one_bit_average(local, worker_err, server_err, N):
+    """Tang et al.'s compressed average of the flat vectors ``local`` (one per worker)."""
     n = local[0].size
     size = -(-n // (8 * N)) * 8 * N
     chunk = size // N
@@ -79,23 +85,24 @@ def one_bit_average(local, k, worker_err, server_err, N):
     xs, scales = [], []
     for r in range(N):
         x = np.zeros(size)
-        x[:n] = local[r].reshape(-1)
-        x += worker_err.get((k, r), 0.0)
-        s = np.sqrt(np.sum(x * x) / size)
-        worker_err[(k, r)] = x - s * sign(x)
+        x[:n] = local[r]
+        x += worker_err.get(r, 0.0)
+        s = np.sqrt(np.sum(x * x) / size)               # one scale for the whole vector
+        worker_err[r] = x - s * sign(x)
         xs.append(sign(x))
         scales.append(s)
     out = np.zeros(size)
     for j in range(N):
         part = slice(j * chunk, (j + 1) * chunk)
-        y = sum(scales[r] * xs[r][part] for r in range(N)) / N + server_err.get((k, j), 0.0)
+        y = sum(scales[r] * xs[r][part] for r in range(N)) / N + server_err.get(j, 0.0)
         t = np.sqrt(np.sum(y * y) / chunk)
-        server_err[(k, j)] = y - t * sign(y)
+        server_err[j] = y - t * sign(y)
         out[part] = t * sign(y)
     return out[:n]
 
 
-shapes_st = st.lists(st.tuples(st.integers(1, 6), st.integers(1, 7)), min_size=1, max_size=3)
+# two or more parameters: one scale for the flat vector differs from one per parameter
+shapes_st = st.lists(st.tuples(st.integers(1, 6), st.integers(1, 7)), min_size=2, max_size=4)
 
 
 @settings(max_examples=5, deadline=None)
@@ -118,3 +125,60 @@ def test_compressed_stage_sends_a_bit_per_number_where_warm_up_sends_64(world):
     n = world.world_size
     assert warm >= 2 * 2 * (n - 1) / n * 64 * 64 * 8
     assert compressed * 32 < warm
+
+
+@pytest.mark.parametrize("freeze_step", [100, 0], ids=["warm-up", "compressed"])
+def test_a_step_is_one_all_reduce_of_the_flat_vector_whatever_the_parameter_count(
+        world, freeze_step):
+    one = world.run(run_onebit, 0, [(8, 8)], 2, freeze_step)[0]
+    eight = world.run(run_onebit, 0, [(2, 4)] * 8, 2, freeze_step)[0]     # the same 64
+    assert eight["msgs"] == one["msgs"]
+    assert eight["sent"] == one["sent"]
+
+
+def _drop_a_gradient():
+    """A compressed step with gradients for both parameters, then one for the first only."""
+    from minidist import backend
+    from minidist.autograd import Tensor
+    from minidist.parallel.data.onebit_adam import OnebitAdam
+    params = [Tensor(backend.from_host(np.ones(4)), requires_grad=True) for _ in range(2)]
+    opt = OnebitAdam(params, freeze_step=0)
+    for p in params:
+        p.grad = backend.from_host(np.ones(4))
+    opt.step()
+    params[1].grad = None
+    opt.step()
+
+
+def test_a_changed_set_of_gradients_after_the_warm_up_is_refused():
+    """The error feedback is laid out over the flat momentum: the same parameters must
+    travel at every compressed step."""
+    import minidist
+    with pytest.raises(RankFailedError, match=r"zero_grad\(set_to_none=False\)"):
+        minidist.launch(_drop_a_gradient, 2)
+
+
+def test_a_compressed_step_sends_what_calc_diloco_counts(world):
+    """One compressed all-reduce of the flat momentum: calc's 2(N-1)/N * M/32 bytes of
+    signs (M the float32 bytes, so one bit a number; here padded to n') plus the workers'
+    and the servers' scales, and calc's 4(N-1) messages (an all-to-all, three all-gathers),
+    for two parameters as for one."""
+    from minidist.calc.diloco import diloco_costs
+    from minidist.parallel.data.onebit import padded_size
+    N, n, steps = world.world_size, 64 * 64, 2
+    got = world.run(run_onebit, 0, [(32, 64), (32, 64)], steps, 0)[0]    # one vector
+    onebit = diloco_costs(4 * n, N, 1, 1, 32, 0.0, bandwidth=1.0)[5]
+    scales = 2 * (N - 1) * 8                           # float64 s_i and t_j, all-gathered
+    signs = onebit.bytes_per_step * padded_size(n, N) / n
+    assert got["sent"] == pytest.approx(steps * (signs + scales), abs=1e-6)
+    latency_only = diloco_costs(4 * n, N, 1, 1, 32, 0.0, bandwidth=float("inf"), latency=1.0)[5]
+    assert got["msgs"] == steps * latency_only.exposed_seconds
+
+
+def test_a_param_group_of_two_dtypes_is_refused():
+    """One flat vector holds one dtype; the message names the fix."""
+    from minidist import backend
+    from minidist.parallel.data.onebit_adam import flatten
+    mixed = [backend.from_host(np.ones(3, dtype=np.float32)), backend.from_host(np.ones(2))]
+    with pytest.raises(ValueError, match="param group of their own"):
+        flatten(mixed)
