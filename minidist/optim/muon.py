@@ -217,27 +217,23 @@ class Muon(Optimizer):
         """The matrices parameter ``p`` holds, with their U_t: here p itself, whole."""
         return [MatrixUpdate(p.data, update, tuple(p.shape), None)]
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        # the base class checks each gradient and calls _update (phase 1, per parameter)
-        self._pending: dict[int, list[MatrixUpdate]] = {}
-        loss = super().step(closure)
-        for group in self.param_groups:
-            items = self._pending.get(id(group), [])
-            orthos = self._orthogonalize(items, group)                       # phase 2
-            for item, ortho in zip(items, orthos):                           # phase 3
-                apply_muon(item.target, ortho, lr=group["lr"],
-                           weight_decay=group["weight_decay"],
-                           adjusted=adjusted_lr(group["lr"], group["adjust_lr_fn"], item.shape))
-        self._pending = {}
-        return loss
+    def _update_group(self, group: dict[str, Any], params: list) -> None:
+        """The three phases over one group, inside the base class's ``step`` (so its step
+        post-hooks, DiLoCo's outer sync among them, see the parameters updated)."""
+        items = []
+        for p in params:                                                     # phase 1
+            items.extend(self.matrices(p, self._momentum(p, group, self.state.setdefault(p, {}))))
+        orthos = self._orthogonalize(items, group)                           # phase 2
+        for item, ortho in zip(items, orthos):                               # phase 3
+            apply_muon(item.target, ortho, lr=group["lr"], weight_decay=group["weight_decay"],
+                       adjusted=adjusted_lr(group["lr"], group["adjust_lr_fn"], item.shape))
 
-    def _update(self, p, group, state) -> None:
-        """Phase 1, per parameter: the momentum; the iteration waits for the group."""
+    def _momentum(self, p, group, state) -> Any:
+        """Phase 1, per parameter: the momentum, and U_t; the iteration waits for the group."""
         if not state:
             state["momentum_buffer"] = xp.zeros_like(p.data)
-        update = muon_direction(p.grad, state["momentum_buffer"], momentum=group["momentum"],
-                                nesterov=group["nesterov"])
-        self._pending.setdefault(id(group), []).extend(self.matrices(p, update))
+        return muon_direction(p.grad, state["momentum_buffer"], momentum=group["momentum"],
+                              nesterov=group["nesterov"])
 
     def _orthogonalize(self, items: list[MatrixUpdate], group: dict) -> list:
         """Phase 2: O_t for each matrix of a group (here: each on its own, whole)."""

@@ -4,7 +4,7 @@ import pytest
 
 from minidist import backend
 from minidist.autograd import Tensor
-from minidist.optim import LAMB, LARS, SGD, Adam, AdamW
+from minidist.optim import LAMB, LARS, SGD, Adam, AdamW, Muon
 from optim_helpers import host, make_params, set_grads
 
 ALL = [SGD, Adam, AdamW, LAMB, LARS]
@@ -120,3 +120,18 @@ def test_step_hooks_run_before_and_after_the_update_until_removed():
     post.remove()
     opt.step()
     assert seen == [("pre", 1.0), ("post", 0.5)]
+
+
+@pytest.mark.parametrize("cls", [SGD, Adam, AdamW, LAMB, LARS, Muon])
+def test_a_step_post_hook_sees_every_parameter_already_updated(cls):
+    """As torch's: post hooks run after the whole update (DiLoCo's outer sync is one, and
+    must average the parameters of the inner step just taken), for an optimizer that
+    updates a group whole (Muon orthogonalises after every momentum) too."""
+    (w,) = make_params([np.arange(12.0).reshape(3, 4) / 7])
+    opt = cls([w], lr=0.1)
+    seen = []
+    opt.register_step_post_hook(lambda o, a, k: seen.append(host([w])[0]))
+    set_grads([w], [np.ones((3, 4))])
+    opt.step()
+    assert np.array_equal(seen[0], host([w])[0])
+    assert not np.array_equal(seen[0], np.arange(12.0).reshape(3, 4) / 7)

@@ -21,19 +21,19 @@ import numpy as np
 from minidist import backend
 from minidist.autograd import Tensor
 from minidist.nn import Linear, Module
-from minidist.optim import SGD, AdamW
+from minidist.optim import SGD, AdamW, Muon
 from minidist.precision import get_format, quantize
 
 LAYERS = ("fc1", "fc2", "fc3")
 
 
 class Net(Module):
-    def __init__(self, d_in, hidden, d_out, seed):
+    def __init__(self, d_in, hidden, d_out, seed, bias=True):
         super().__init__()
         gen = backend.Generator(seed)
-        self.fc1 = Linear(d_in, hidden, dtype="float64", generator=gen)
-        self.fc2 = Linear(hidden, hidden, dtype="float64", generator=gen)
-        self.fc3 = Linear(hidden, d_out, dtype="float64", generator=gen)
+        self.fc1 = Linear(d_in, hidden, bias=bias, dtype="float64", generator=gen)
+        self.fc2 = Linear(hidden, hidden, bias=bias, dtype="float64", generator=gen)
+        self.fc3 = Linear(hidden, d_out, bias=bias, dtype="float64", generator=gen)
 
     def forward(self, x):
         return self.fc3(self.fc2(self.fc1(x).tanh()).tanh())
@@ -58,12 +58,16 @@ def batch(case, step, replica, parts=1, part=0):
 
 
 def make_model(case, seed_offset=0):
-    return Net(case["d_in"], case["hidden"], case["d_out"], case["seed"] + seed_offset)
+    """The case's Net; without biases under an inner Muon (it takes matrices only)."""
+    return Net(case["d_in"], case["hidden"], case["d_out"], case["seed"] + seed_offset,
+               bias=case["inner"] != "muon")
 
 
 def make_inner(case, params):
     if case["inner"] == "sgd":
         return SGD(params, lr=case["inner_lr"])
+    if case["inner"] == "muon":
+        return Muon(params, lr=case["inner_lr"])
     return AdamW(params, lr=case["inner_lr"], weight_decay=0.01)
 
 

@@ -33,6 +33,16 @@ def test_diloco_matches_algorithm_1_after_syncs_and_between(world, seed, H, inne
             assert_close(got[rank][step], want[step][rank])
 
 
+def test_diloco_over_an_inner_muon_matches_algorithm_1(world):
+    """Muon updates a group whole (orthogonalising after every momentum): the outer sync,
+    a step post-hook of the inner optimizer, must see its update already applied."""
+    case = case_of(world=world.world_size, seed=11, H=2, steps=5, inner="muon")
+    got, want = world.run(train_on_rank, case), simulate(case)
+    for step in range(case["steps"]):
+        for rank in range(world.world_size):
+            assert_close(got[rank][step], want[step][rank])
+
+
 def test_diloco_replicas_are_bitwise_equal_right_after_a_sync(world):
     case = case_of(world=world.world_size, seed=3, H=2, steps=6)
     got = world.run(train_on_rank, case)
