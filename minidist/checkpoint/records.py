@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np  # the file format is NumPy's .npy
 
+from minidist.backend.dtypes import named_dtype
 from minidist.checkpoint.tree import FormatError, flatten, unflatten
 from minidist.untrusted import MAX_JSON_BYTES, Refused, element_count, read_capped
 
@@ -71,18 +72,9 @@ def restore_dtype(array: np.ndarray, name: str) -> np.ndarray:
     if array.dtype.name == name:
         return array
     try:
-        dtype = np.dtype(name)          # known once ml_dtypes is imported
-    except TypeError:
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise FormatError(f"a record has dtype {name!r}, which needs the ml_dtypes "
-                              "package: pip install ml_dtypes") from None
-        found = getattr(ml_dtypes, name, None) if name.isidentifier() else None
-        if not isinstance(found, type):
-            raise FormatError(f"a record has dtype {name!r}, which neither NumPy nor "
-                              "ml_dtypes knows") from None
-        dtype = np.dtype(found)
+        dtype = named_dtype(name)
+    except ValueError as e:
+        raise FormatError(f"a record's {e}") from None
     if dtype.hasobject or dtype.itemsize != array.dtype.itemsize:
         raise FormatError(f"a record of {array.dtype.name} cannot hold {name}")
     return array.view(dtype)

@@ -8,7 +8,8 @@ epoch). ``pack_state`` lays it out as
     buffer = skeleton | pad | array_0 | pad | array_1 | pad | ... | array_{n-1}
 
 - the skeleton: ``repr`` of the state with array i replaced by
-  ``{"__array__": i, "shape": ..., "dtype": ..., "offset": o_i}``, read back with
+  ``{"__array__": i, "shape": ..., "dtype": ..., "offset": o_i}`` (the dtype by its
+  name, so that ml_dtypes' bfloat16 and float8 come back as themselves), read back with
   ``ast.literal_eval``: plain values only, never code, and every float exactly (repr
   round-trips a float; inf and nan, which are no literals, travel as
   ``{"__float__": "inf"}``).
@@ -31,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from minidist import backend
+from minidist.backend.dtypes import named_dtype
 from minidist.backend import xp
 
 ARRAY = "__array__"     # the key that marks an array's place in the skeleton
@@ -43,7 +45,7 @@ def split_state(state: Any, arrays: list) -> Any:
     a record of its index, shape and dtype; mappings become plain dicts."""
     if backend.is_array(state):
         arrays.append(state)
-        return {ARRAY: len(arrays) - 1, "shape": tuple(state.shape), "dtype": state.dtype.str}
+        return {ARRAY: len(arrays) - 1, "shape": tuple(state.shape), "dtype": state.dtype.name}
     if isinstance(state, Mapping):
         return {key: split_state(value, arrays) for key, value in state.items()}
     if isinstance(state, (list, tuple)):
@@ -95,10 +97,10 @@ def unpack_state(buffer: Any, skeleton_bytes: int) -> Any:
     skeleton = ast.literal_eval(bytes(backend.to_host(buffer[:skeleton_bytes])).decode())
     base, arrays = _up(skeleton_bytes), []
     for record in _records(skeleton):
-        dtype = xp.dtype(record["dtype"])
+        dtype = named_dtype(record["dtype"])     # by name: bfloat16's dtype.str is '<V2'
         start = base + record["offset"]
         raw = buffer[start:start + dtype.itemsize * math.prod(record["shape"])]  # (n,) uint8
-        arrays.append(raw.view(dtype.str).reshape(record["shape"]).copy())
+        arrays.append(raw.view(dtype).reshape(record["shape"]).copy())
     return join_state(skeleton, arrays)
 
 

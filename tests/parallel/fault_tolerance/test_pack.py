@@ -4,6 +4,7 @@ the arrays it gives back own their memory. The oracle: the arrays' own bytes."""
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -67,3 +68,14 @@ def test_the_unpacked_arrays_own_their_memory(state):
         assert backend.to_host(a).tobytes() == backend.to_host(b).tobytes()
         host = backend.to_host(a)
         assert math.prod(host.shape) == 0 or host.flags.c_contiguous
+
+
+@pytest.mark.skipif(backend.get_backend() != "numpy", reason="ml_dtypes arrays are NumPy's")
+@pytest.mark.parametrize("name", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_ml_dtypes_arrays_come_back_as_themselves_not_as_raw_bytes(name):
+    """bfloat16's dtype.str is '<V2' and float8's '<f1': the record names the dtype, so a
+    healed bfloat16 moment is bfloat16 again, not void."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    sent = np.linspace(-3, 3, 10).astype(getattr(ml_dtypes, name)).reshape(2, 5)
+    back = unpack_state(*pack_state({"m": sent}))["m"]
+    assert back.dtype == sent.dtype and back.tobytes() == sent.tobytes()
