@@ -3,6 +3,7 @@
     python bench/bench_latency.py                 # world 2, 1 KiB of float32
     python bench/bench_latency.py --worlds 2 4 --size 16K
     python bench/bench_latency.py --collective all_to_all_single --size 4K
+    python bench/bench_latency.py --ab 9          # the call notes: before / now, in turn
 
 On every rank of a local world it times, per call (best of 5 windows of
 ``--iters`` calls, each window timed by its slowest rank):
@@ -35,6 +36,13 @@ record and counts as rank 0's own, so ``dist.all_reduce`` and
 ``dist.all_to_all_single`` run their whole path without waiting: what is left
 is one rank's own work (Python, copy, fold), which a burst of load elsewhere
 lengthens far less than a wait for a peer.
+
+With ``--ab ROUNDS`` it only compares the call notes (the flight record and
+the thread's call state, transport/flight.py and local_wait.py) of before
+(``notes_before``) and of now, switched round by round in the same processes:
+dist.all_reduce, dist.all_to_all_single and a send / recv round trip on both
+ranks, and rank 0 alone; it prints the best round of each and the median of
+now / before per round (on a loaded machine only the ratio counts).
 
 Then the alpha of each algorithm (``--alpha-size``, 64 bytes: the time of a call
 that moves next to nothing), ``allgather`` both through the board and, in a
