@@ -3,6 +3,7 @@
     python bench/bench_latency.py                 # world 2, 1 KiB of float32
     python bench/bench_latency.py --worlds 2 4 --size 16K
     python bench/bench_latency.py --collective all_to_all_single --size 4K
+    python bench/bench_latency.py --ab 9          # the call notes: before / now, in turn
 
 On every rank of a local world it times, per call (best of 5 windows of
 ``--iters`` calls, each window timed by its slowest rank):
@@ -35,6 +36,13 @@ record and counts as rank 0's own, so ``dist.all_reduce`` and
 ``dist.all_to_all_single`` run their whole path without waiting: what is left
 is one rank's own work (Python, copy, fold), which a burst of load elsewhere
 lengthens far less than a wait for a peer.
+
+With ``--ab ROUNDS`` it only compares the call notes (the flight record and
+the thread's call state, transport/flight.py and local_wait.py) of before
+(``notes_before``) and of now, switched round by round in the same processes:
+dist.all_reduce, dist.all_to_all_single and a send / recv round trip on both
+ranks, and rank 0 alone; it prints the best round of each and the median of
+now / before per round (on a loaded machine only the ratio counts).
 
 Then the alpha of each algorithm (``--alpha-size``, 64 bytes: the time of a call
 that moves next to nothing), ``allgather`` both through the board and, in a
@@ -138,9 +146,11 @@ def a2a_parts(size: int, iters: int) -> dict:
     return out
 
 
-def alone(size: int, iters: int) -> dict:
+def alone(size: int, iters: int, rounds: int = 0) -> dict:
     """Rank 0's whole all_reduce and all_to_all_single of ``size`` bytes, rank 1's
-    part played by rank 0 (the module docstring); rank 1 waits meanwhile."""
+    part played by rank 0 (the module docstring); rank 1 waits meanwhile.
+    With ``rounds``: each call timed ``rounds`` times with the call notes of
+    before and of now in turn (``NOTES``), as ``"name (notes)": [seconds per round]``."""
     import minidist.distributed as dist
     from minidist.backend import xp
     from minidist.comm.collectives.alltoall_board import board_plan
@@ -177,11 +187,134 @@ def alone(size: int, iters: int) -> dict:
                 as_rank_1()
                 call()
             no_barrier = lambda: None      # noqa: E731  (rank 1 is not in these calls)
-            whole = min(_windows(both, iters, no_barrier))
-            out[name] = whole - min(_windows(as_rank_1, iters, no_barrier))
+            if not rounds:
+                whole = min(_windows(both, iters, no_barrier))
+                out[name] = whole - min(_windows(as_rank_1, iters, no_barrier))
+                continue
+            for _ in range(rounds):
+                for notes, use in NOTES.items():
+                    use(g.transport)
+                    whole = min(_windows(both, iters, no_barrier))
+                    out.setdefault(f"{name} ({notes})", []).append(
+                        whole - min(_windows(as_rank_1, iters, no_barrier)))
+            notes_now(g.transport)
         g._calls = number
     dist.barrier()
     return out
+
+
+def recorder_before(buf, offset: int, rank: int):
+    """flight.py's Recorder as it was before the call notes were cut down (mask
+    and text written when they change; the other words on every call, read back
+    at ``end``): the "before" of ``--ab``."""
+    import time as clock
+    from minidist.comm.transport import flight
+
+    class RecorderBefore(flight.NaiveRecorder):
+        def __init__(self, buf, offset, rank):
+            super().__init__(buf, offset, rank)
+            self._last_ranks, self._last_key, self._last_text = None, (), None
+
+        def begin(self, ctx, number, ranks, text):
+            w = self._words
+            w[1] = 0
+            if ranks is not self._last_ranks and tuple(ranks) != self._last_key:
+                self._last_ranks, self._last_key = ranks, tuple(ranks)
+                flight.write_ranks(w, ranks)
+            if text is not self._last_text:
+                self._last_text = text
+                data = text.encode()[:flight.TEXT_MAX]
+                self._text[:len(data)] = data
+                w[6] = len(data)
+            self._calls += 1
+            w[0], w[2], w[3], w[4], w[5] = self._calls, ctx, number, clock.time_ns() // 1000, 0
+            w[1] = flight.IN_CALL
+    return RecorderBefore(buf, offset, rank)      # end: NaiveRecorder's, as it was
+
+
+def notes_before(t) -> None:
+    """Put back on transport ``t`` the call notes of before: ``recorder_before``,
+    and the call's state as one attribute of a threading.local per field (as
+    local.py did). A bench stand-in: the waits still read the new state, which
+    it leaves alone (nothing dies in a bench)."""
+    import threading
+    import types
+    from minidist.comm.transport import shm
+    t._flight = recorder_before(t._seg.buf, shm.flight_offset(t.world_size), t.rank)
+    local = threading.local()
+
+    def record_begin(self, ctx, number, ranks, text):
+        self._flight.begin(ctx, number, ranks, text)
+        local.ranks = self._watched.get(ctx, ranks) if number >= 0 else []
+        local.call = (ctx, number)
+        local.deaths = 0
+
+    def record_end(self):
+        self._flight.end()
+        local.ranks = None
+        local.call = (None, -1)
+    t.record_begin = types.MethodType(record_begin, t)
+    t.record_end = types.MethodType(record_end, t)
+
+
+def notes_now(t) -> None:
+    """The call notes of now on transport ``t``: flight.Recorder and local.py's methods."""
+    from minidist.comm.transport import flight, shm
+    t._flight = flight.Recorder(t._seg.buf, shm.flight_offset(t.world_size), t.rank)
+    t.__dict__.pop("record_begin", None)
+    t.__dict__.pop("record_end", None)
+
+
+NOTES = {"before": notes_before, "now": notes_now}
+
+
+def ab_calls(size: int, iters: int, rounds: int) -> dict:
+    """dist.all_reduce, dist.all_to_all_single (N equal parts) and a send / recv
+    round trip of ``size`` bytes, on every rank, timed ``rounds`` times with the
+    call notes of before and of now in turn (both ranks switch together)."""
+    import minidist.distributed as dist
+    from minidist.backend import xp
+    from minidist.comm.group import resolve
+    g = resolve(None)
+    n, me = g.size, g.rank
+    x, y = xp.zeros(size // 4 // n * n, dtype="float32"), xp.zeros(size // 4 // n * n,
+                                                                    dtype="float32")
+    parts = [x.size // n] * n
+    peer = 1 - me
+
+    def round_trip():      # rank 0 sends first, rank 1 answers: two messages, one each way
+        if me == 0:
+            dist.send(x, peer)
+            dist.recv(y, peer)
+        elif me == 1:
+            dist.recv(y, peer)
+            dist.send(x, peer)
+    calls = {"all_reduce": lambda: dist.all_reduce(x),
+             "all_to_all_single": lambda: dist.all_to_all_single(y, x, parts, parts),
+             "send/recv round trip": round_trip}
+    out: dict = {}
+    for name, call in calls.items():
+        for _ in range(10):
+            call()
+        for _ in range(rounds):
+            for notes, use in NOTES.items():
+                use(g.transport)
+                out.setdefault(f"{name} ({notes})", []).append(
+                    min(_windows(call, iters, dist.barrier)))
+    notes_now(g.transport)
+    return out
+
+
+def print_ab(title: str, per_key: dict) -> None:
+    """The best round of each variant, and now / before per round (loaded: only the ratio counts)."""
+    print(title)
+    names = list(dict.fromkeys(k.rsplit(" (", 1)[0] for k in per_key))   # in order
+    for name in names:
+        before, now = per_key[f"{name} (before)"], per_key[f"{name} (now)"]
+        ratios = sorted(a / b for a, b in zip(now, before))
+        print(f"  {name:<28} before {min(before) * 1e6:6.2f}  now {min(now) * 1e6:6.2f}  "
+              f"now/before per round: median {ratios[len(ratios) // 2]:.3f} "
+              f"[{ratios[0]:.3f}, {ratios[-1]:.3f}]")
 
 
 ALPHA_ALGORITHMS = ("allgather", "recursive_doubling", "tree", "ring", "naive", "direct")
@@ -217,11 +350,16 @@ def main() -> None:
     p.add_argument("--size", type=byte_size, default=1 << 10)
     p.add_argument("--iters", type=positive_int, default=2000)
     p.add_argument("--alpha-size", type=byte_size, default=64)
+    p.add_argument("--ab", type=positive_int, default=0, metavar="ROUNDS",
+                   help="only the A/B of the call notes (before / now), ROUNDS rounds in turn")
     p.add_argument("--collective", choices=("all_reduce", "all_to_all_single"),
                    default="all_reduce", help="whose parts to time (the alpha sweep: all_reduce's)")
     args = p.parse_args()
     from minidist.comm import World
     from _collective_bench import human, slowest_rank
+    if args.ab:
+        run_ab(args)
+        return
     for n in args.worlds:
         if args.collective == "all_to_all_single":
             with World(n) as world:
@@ -239,6 +377,20 @@ def main() -> None:
                 print(f"  {key:<40} {t * 1e6:7.2f}")
         if args.collective == "all_reduce":
             print_alphas(n, args.alpha_size, max(1, args.iters // 4))
+
+
+def run_ab(args) -> None:
+    """The A/B of the call notes: world 2, one process per rank, before and now in turn."""
+    from minidist.comm import World
+    from _collective_bench import human
+    with World(2) as world:
+        per_rank = world.run(ab_calls, args.size, args.iters, args.ab)
+    rounds = {k: [max(r[k][i] for r in per_rank) for i in range(args.ab)] for k in per_rank[0]}
+    print_ab(f"world 2, {human(args.size)}, microseconds per call (slowest rank; best round)",
+             rounds)
+    with World(2) as world:
+        solo = world.run(alone, args.size, args.iters, args.ab)[0]
+    print_ab(f"world 2, one rank alone, {human(args.size)}, microseconds per call", solo)
 
 
 def print_parts(n: int, size: int, best: dict) -> None:

@@ -16,7 +16,7 @@ One record per rank, ``RECORD_BYTES`` each, int64 words then text::
     word 2  ctx        the group's context (ctx 0 is the world)
     word 3  number     the call's number in its group (all ranks number alike)
     word 4  started    wall-clock time the call started, in microseconds
-    word 5  ended      ... and ended (0 while in the call)
+    word 5  ended      ... and ended (read only once the state is FINISHED)
     word 6  length     bytes of the text
     words 8..15        the group's ranks as a bit mask (at most MAX_RANKS)
     word 16 done_ctx   the context of the last collective the rank finished
@@ -48,36 +48,26 @@ def region_bytes(world_size: int) -> int:
     return world_size * RECORD_BYTES
 
 
-class Recorder:
-    """The writing side, held by one rank: ``begin`` before a call, ``end`` after."""
+class NaiveRecorder:
+    """The writing side, held by one rank: ``begin`` before a call, ``end`` after.
+
+    The plain version: every word of the record written on every call, in the
+    order of the layout above. Kept as the oracle of ``Recorder`` (the one the
+    transport uses), which must leave the same record after every call."""
 
     def __init__(self, buf, offset: int, rank: int):
         start = offset + rank * RECORD_BYTES
         self._words = buf[start:start + TEXT_OFFSET].cast("q")
         self._text = buf[start + TEXT_OFFSET:start + RECORD_BYTES]
-        self._last_ranks: list | None = None   # the group's list, and its ranks as a tuple
-        self._last_key: tuple = ()
-        self._last_text: str | None = None
         self._calls = 0
 
     def begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
-        # A few stores into shared memory per call: the group's mask and the text
-        # are written again only when they change (a loop repeats the same call).
         w = self._words
-        w[1] = 0  # the record is being written
-        if ranks is not self._last_ranks and tuple(ranks) != self._last_key:
-            self._last_ranks, self._last_key = ranks, tuple(ranks)
-            mask = [0] * MASK_WORDS
-            for r in ranks:
-                if r < MAX_RANKS:
-                    mask[r // 64] |= 1 << (r % 64)
-            for i, m in enumerate(mask):
-                w[MASK_WORD + i] = m - (1 << 64) if m >= 1 << 63 else m  # as int64
-        if text is not self._last_text:
-            self._last_text = text
-            data = text.encode()[:TEXT_MAX]
-            self._text[:len(data)] = data
-            w[6] = len(data)
+        w[1] = 0  # the record is being written: a reader sees no state
+        write_ranks(w, ranks)
+        data = text.encode()[:TEXT_MAX]
+        self._text[:len(data)] = data
+        w[6] = len(data)
         self._calls += 1
         w[0], w[2], w[3], w[4], w[5] = self._calls, ctx, number, time.time_ns() // 1000, 0
         w[1] = IN_CALL
@@ -92,6 +82,67 @@ class Recorder:
     def close(self) -> None:
         self._words.release()
         self._text.release()
+
+
+class Recorder(NaiveRecorder):
+    """``NaiveRecorder`` at the price of a few stores per call: the record of a
+    small collective is written on every call (every call is named in a hang
+    report), and what repeats is not written again.
+
+    A loop repeats the same call of the same group, so the group's mask, the
+    text and the context are written only when they change (an identity test
+    of the caller's list and string first: the plan of a small collective
+    passes the same objects every time), and the words ``end`` needs (context,
+    number) are kept in Python, not read back from shared memory. What is left,
+    per call: state, calls, number, start time at ``begin``; end time, the last
+    finished collective and state at ``end``. ``ended`` is not cleared at
+    ``begin``: a reader uses it only once the state is FINISHED."""
+
+    def __init__(self, buf, offset: int, rank: int):
+        super().__init__(buf, offset, rank)
+        self._last_ranks: list | None = None   # the group's list, and its ranks as a tuple
+        self._last_key: tuple = ()
+        self._last_text: str | None = None
+        self._ctx = self._done_ctx = None        # words 2 and 16 as written
+        self._number = -1                        # word 3 as written
+
+    def begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
+        w = self._words
+        w[1] = 0  # the record is being written: a reader sees no state
+        if ranks is not self._last_ranks and tuple(ranks) != self._last_key:
+            self._last_ranks, self._last_key = ranks, tuple(ranks)
+            write_ranks(w, ranks)
+        if text is not self._last_text:
+            self._last_text = text
+            data = text.encode()[:TEXT_MAX]
+            self._text[:len(data)] = data
+            w[6] = len(data)
+        if ctx != self._ctx:
+            self._ctx = w[2] = ctx
+        self._calls += 1
+        self._number = w[3] = number
+        w[0] = self._calls
+        w[4] = time.time_ns() // 1000
+        w[1] = IN_CALL
+
+    def end(self) -> None:
+        w = self._words
+        w[5] = time.time_ns() // 1000
+        if self._number >= 0:    # a collective (point-to-point calls have no shared number)
+            if self._ctx != self._done_ctx:
+                self._done_ctx = w[DONE_WORD] = self._ctx
+            w[DONE_WORD + 1] = self._number + 1
+        w[1] = FINISHED
+
+
+def write_ranks(words, ranks: list[int]) -> None:
+    """The group's ranks as a bit mask into words 8..15 of a record."""
+    mask = [0] * MASK_WORDS
+    for r in ranks:
+        if r < MAX_RANKS:
+            mask[r // 64] |= 1 << (r % 64)
+    for i, m in enumerate(mask):
+        words[MASK_WORD + i] = m - (1 << 64) if m >= 1 << 63 else m  # as int64
 
 
 @dataclass

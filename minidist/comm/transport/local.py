@@ -53,7 +53,7 @@ from minidist.comm.transport.shm import S_ARRIVAL, S_BYTES, S_CODE, S_OFFSET, S_
 from minidist.comm.transport.link import EmulatedLink
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.comm.transport.pending import SMALL_COPY, TAG_BITS, Channel, Recv, Send, Unexpected
-from minidist.comm.transport.local_wait import LocalWaits
+from minidist.comm.transport.local_wait import InCall, LocalWaits
 from minidist.comm.transport.short_way import ShortWays
 from minidist.comm.transport.replace import Replacements
 from minidist.comm.transport.base import Handle, Transport, dtype_code, host_bytes, host_view
@@ -98,7 +98,7 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Replacements, Transport):
         self._unexpected: dict[int, list] = {}   # src -> messages stashed early
         self._open_link_and_board(link_bps)
         self._lock = threading.RLock()
-        self._in_call = threading.local()   # .ranks: the ranks of the call in progress
+        self._in_call = InCall()   # .state: each thread's call in progress (local_wait.py)
         self._watched: dict[int, list] = {}   # ctx -> ranks whose death ends its calls
         self._posts = 0  # receives posted so far (see exchange)
         self._next_ctx = 1
@@ -295,16 +295,16 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Replacements, Transport):
 
     def record_begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
         self._flight.begin(ctx, number, ranks, text)
-        # whose death ends this call's waits (local_wait.py): a collective's ranks, or
-        # those its context watches; a send or receive: its peer only (_check_peers)
-        self._in_call.ranks = self._watched.get(ctx, ranks) if number >= 0 else []
-        self._in_call.call = (ctx, number)
-        self._in_call.deaths = 0   # deaths in the world: check them at the first empty pass
+        # whose death ends this call's waits (local_wait.py's _check_abort): a
+        # collective's ranks, or those its context watches; a send or receive: its
+        # peer only (_check_peers). Deaths in the world: checked at the first empty pass.
+        state = self._in_call.state
+        state.ctx, state.number, state.ranks, state.deaths = ctx, number, ranks, 0
 
     def record_end(self) -> None:
         self._flight.end()
-        self._in_call.ranks = None
-        self._in_call.call = (None, -1)
+        state = self._in_call.state
+        state.ranks, state.number = None, -1
 
     # -- groups and shutdown -------------------------------------------------
     def new_context(self, ranks: list[int]) -> int:

@@ -31,10 +31,12 @@ about 3 ms for an interpreter with NumPy and minidist on a 2-core VM, more under
 T_detect in docs/fault_tolerance.md).
 
 It uses the transport's ``_lock``, ``_progress``, ``_sends``, ``_ranks``, ``_bells``,
-``_words``, ``_in``, ``_seg``, ``_link``, ``spin_s``, ``free_polls`` and ``timeout``.
+``_words``, ``_in``, ``_seg``, ``_link``, ``_in_call`` (an ``InCall``), ``_watched``,
+``spin_s``, ``free_polls`` and ``timeout``.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from minidist.comm.errors import (TIMEOUT_HINT, CommTimeoutError, PeerDiedError,
@@ -42,6 +44,29 @@ from minidist.comm.errors import (TIMEOUT_HINT, CommTimeoutError, PeerDiedError,
 from minidist.comm.transport import flight, shm
 from minidist.comm.transport.wait import Backoff, in_background_thread
 from minidist.trace import recorder as trace
+
+
+class CallState:
+    """The call a thread of this rank is in, as its waits need it: whose death
+    ends it and what it is (``record_begin``), and the count of deaths its last
+    check saw. Plain slots, written on every call of the latency path."""
+    __slots__ = ("ctx", "number", "ranks", "deaths")
+
+    def __init__(self) -> None:
+        self.ctx: int | None = None   # the group's context
+        self.number = -1              # the collective's number (-1: a send / recv, or none)
+        self.ranks: list | None = None   # the group's ranks; None: no call (or given up)
+        self.deaths = 0               # shm.W_DEATHS as this thread last checked it
+
+
+class InCall(threading.local):
+    """Each thread's ``CallState`` (the background thread of collectives/work.py
+    runs calls beside the main thread's), made at the thread's first look: a
+    call reads one attribute of the thread-local (``state``) and then writes
+    plain slots, not one thread-local attribute per field."""
+
+    def __init__(self) -> None:
+        self.state = CallState()
 
 
 class LocalWaits:
@@ -134,18 +159,19 @@ class LocalWaits:
     def _death_unseen(self) -> bool:
         """Has the launcher marked a death since this thread's last check (``_check_abort``)
         in this call? One read of a word: cheap enough for every empty pass of a wait."""
-        return self._words[shm.W_DEATHS] != getattr(self._in_call, "deaths", 0)
+        return self._words[shm.W_DEATHS] != self._in_call.state.deaths
 
     def _check_abort(self) -> None:
         # the count first: mark_died writes the rank's word before it counts the death
-        self._in_call.deaths = self._words[shm.W_DEATHS]
+        state = self._in_call.state
+        state.deaths = self._words[shm.W_DEATHS]
         if self._words[shm.W_ABORT]:
             failed, msg = shm.abort_reason(self._seg)
             who = "the launcher" if failed < 0 else f"rank {failed}"
             raise WorldAbortedError(f"rank {self.rank}: stopping because {who} failed: {msg}")
-        ranks = getattr(self._in_call, "ranks", None)
-        if ranks is not None:
-            self._check_died(ranks, "the collective it is in")
+        if state.ranks is not None:   # a collective: its ranks, or those its context watches
+            watched = self._watched.get(state.ctx, state.ranks) if state.number >= 0 else []
+            self._check_died(watched, "the collective it is in")
 
     def failed_ranks(self) -> list[int]:
         """The ranks seen dead by a launcher that lets the world go on without them."""
@@ -162,7 +188,7 @@ class LocalWaits:
         for r in ranks:
             died = self._ranks[r * stride + shm.R_DIED]
             if died and not self._had_finished(r):
-                self._in_call.ranks = None   # the call is given up: watch nothing after it
+                self._in_call.state.ranks = None   # the call is given up: watch nothing after it
                 raise PeerDiedError(f"rank {self.rank}: rank {r} of {what} has died (exit "
                                     f"code {died - shm.DIED_BASE}): nothing more will come from it", r)
 
@@ -172,10 +198,10 @@ class LocalWaits:
         must not fail a survivor that is slower through the same call: also where it
         died in a call of another group after it (its last finished collective,
         flight.py), as a victim that voted and died in the next step's all-reduce."""
-        ctx, number = getattr(self._in_call, "call", (None, -1))
-        if number < 0:
+        state = self._in_call.state
+        if state.number < 0:
             return False
-        return self._flight_records()[r].finished(ctx, number)
+        return self._flight_records()[r].finished(state.ctx, state.number)
 
     def _check_peers(self, handles: list) -> None:
         """A long wait on a peer that has finished the run this rank is in (it counts
@@ -199,7 +225,7 @@ class LocalWaits:
                     f"skipped a call the others make)")
 
     def _timeout_error(self, handles, timeout, what) -> CommTimeoutError:
-        self._in_call.ranks = None   # the call is given up (PeerDiedError's case too)
+        self._in_call.state.ranks = None   # the call is given up (PeerDiedError's case too)
         pending = [h.describe() for h in handles if not h.done]
         where = f" in {what}" if what else ""
         report = flight.hang_report(self._flight_records(), self.rank)

@@ -1,4 +1,7 @@
 """The flight recorder: records read back as written, and the ranks missing from a call."""
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from minidist.comm.transport import flight
 
 WORLD = 4
@@ -69,3 +72,37 @@ def test_a_repeated_call_keeps_its_text_and_a_new_one_replaces_it():
     got = flight.read(memoryview(buf), 0, 1)[0]
     assert (got.text, got.number, got.calls) == ("barrier", 3, 4)
     rec.close()
+
+
+_calls = st.lists(st.tuples(st.integers(0, 3), st.integers(-1, 40),
+                            st.sampled_from([[0, 1], [0, 1, 2, 3], [2]]),
+                            st.sampled_from(["all_reduce op=SUM", "barrier", "send to rank 1 tag=0"]),
+                            st.booleans()), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_calls)
+def test_the_recorder_leaves_the_naive_recorders_record_after_every_step(calls):
+    """Recorder writes only what changed; after every begin and end a reader sees
+    what NaiveRecorder (every word, every call) leaves, the clock words aside."""
+    fast_buf, naive_buf = _buffer(), _buffer()
+    fast, naive = flight.Recorder(fast_buf, 0, 1), flight.NaiveRecorder(naive_buf, 0, 1)
+    lists = {}
+    for ctx, number, ranks, text, ends in calls:
+        ranks = lists.setdefault(tuple(ranks), list(ranks))   # the same list, as a plan passes
+        for rec in (fast, naive):
+            rec.begin(ctx, number, ranks, text)
+        assert _without_clock(fast_buf) == _without_clock(naive_buf)
+        if ends:
+            fast.end()
+            naive.end()
+            assert _without_clock(fast_buf, ended=True) == _without_clock(naive_buf, ended=True)
+    fast.close()
+    naive.close()
+
+
+def _without_clock(buf, ended: bool = False):
+    """Each record as read, its start time dropped (and its end time, but while finished)."""
+    return [(r.calls, r.state, r.ctx, r.number, r.ranks, r.text, r.done_ctx, r.done,
+             r.ended > 0 if ended or r.state == flight.FINISHED else None)
+            for r in flight.read(buf, 0, WORLD)]
