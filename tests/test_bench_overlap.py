@@ -1,6 +1,7 @@
 """bench/bench_overlap.py at a tiny size: every pair runs on the emulated link and prints
-its table, with exposed communication read off a trace, and its verdict lines (the wire
-time of the traffic the overlap acts on, the old whole-wire figure beside it). (What the
+its table, with exposed communication read off a trace (for the FSDP gathers, their own
+waits), and its verdict lines (the wire time of the traffic the overlap acts on, the old
+whole-wire figure beside it). (What the
 figures are is the benchmark's to print; no time is asserted here.) And the benchmark's
 accounting of that traffic, on a trace made by hand."""
 import os
@@ -36,6 +37,10 @@ def test_bench_overlap_prints_every_pair_with_its_exposed_communication():
                  "the all-gather bytes saved:", "the all-to-alls it starts async:"):
         assert f"(it acts on {what}" in out, out
     assert out.count("the old figure, every call's wire time") == 6, out
+    # the gathers' bar reads their own waits, the whole step's exposed time beside it
+    assert "exposed in the gathers' waits (FSDP gather unit k spans), per step, median " \
+        "over the rounds: float32 " in out, out
+    assert out.count("  bfloat16 vs float32: gathers' exposed ") == 1 and "(whole step " in out
     assert "CPU floor" in out
     assert "== the bars, one line per overlap" in out, out
     bars = out.split("== the bars")[1]
