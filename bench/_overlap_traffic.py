@@ -31,7 +31,8 @@ def from_trace(path: str, steps: int) -> dict:
     """Per step, read off the trace as ``minidist trace summary`` reads it: ``exposed``
     (seconds), ``gathers_exposed`` (seconds: the part of it inside the ``FSDP gather unit
     k`` spans, the units' waits for their weights) and ``sent`` / ``gathered`` (bytes),
-    each the largest over the ranks, and
+    each the largest over the ranks, ``gathers_own`` (seconds: the gathers' exposed time
+    without the waits for a late peer, ``gathers_own``), and
     ``traffic``: kind -> {rank: bytes it sent per step} for the kinds an overlap acts on
     (``traffic_of``)."""
     from minidist.trace import load
@@ -42,8 +43,19 @@ def from_trace(path: str, steps: int) -> dict:
     gathers = max(row["exposed_by"].get(GATHER_WAIT, 0) for row in ranks)
     traffic = {k: {pid: n / steps for pid, n in v.items()} for k, v in traffic_of(trace).items()}
     return dict(exposed=exposed * 1e-6 / steps, gathers_exposed=gathers * 1e-6 / steps,
+                gathers_own=gathers_own(ranks) * 1e-6 / steps,
                 sent=max(traffic["all"].values(), default=0),
                 gathered=max(traffic["gathered"].values(), default=0), traffic=traffic)
+
+
+def gathers_own(ranks) -> float:
+    """The gathers' own exposed time (microseconds): at each FSDP gather (the k-th
+    ``FSDP gather unit`` span of every rank: each rank waits for the same gathers in the
+    same order) the least over the ranks, summed. The rank that came last to a gather
+    waited for the gather alone (wire, copies); the others waited for that rank as well,
+    which is its compute or the scheduler, not the gather's bytes."""
+    per_rank = [row["exposed_in_waits"].get(GATHER_WAIT, []) for row in ranks]
+    return sum(min(each) for each in zip(*per_rank)) if per_rank else 0.0
 
 
 KINDS = ("all", "gathered", "all_gather", "reduce_scatter", "all_to_all", "sends",

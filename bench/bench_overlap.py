@@ -31,9 +31,11 @@ trace by ``minidist trace summary``: communication that no compute on the main t
 hid, a blocking ``wait()`` included (trace/summary.py), per step, the largest over the
 ranks; its median over the rounds. For ``fsdp`` also the part of it inside the units'
 ``FSDP gather unit k`` spans (how long each unit still waited for its weights: the
-summary's cut by unit wait), per step, the largest over the ranks, its median over the
-rounds: the gathers' exposed time, which the fsdp bar reads (the whole step's beside it:
-the reduce-scatters' waits and a peer's lateness elsewhere in the step move it by more
+summary's cut by unit wait), per step: the gathers' own exposed time, at each gather the
+least over the ranks (the rank that came last waited for the gather alone, the others
+for that rank too: its compute, the scheduler), summed, its median over the rounds,
+which the fsdp bar reads; beside it the largest rank's gather waits and the whole step's
+exposed time (the reduce-scatters' waits and a late peer move the whole step's by more
 than the gathers' bytes, 3.1-6.9 ms from run to run on a quiet machine, against a bar
 of 0.4-0.6 ms). ``MB sent`` is one rank's bytes per step (every call's ``bytes_sent``),
 ``wire`` their time on the link.
@@ -280,11 +282,12 @@ def time_variant(pair: str, variant: str, a, path: str | None) -> tuple[float, f
     return statistics.median(wall), statistics.median(cpu)
 
 def measure_pair(world, pair: str, a, folder: str) -> dict:
-    """variant -> dict(step, cpu, floor, exposed, gathers_exposed, sent, gathered,
-    traffic): step and CPU the medians over rounds of the slowest rank's; floor the CPU
-    floor, the larger of that rank's CPU time and every rank's together over the cores
-    (4 ranks share 2); exposed and gathers_exposed (FSDP's gather waits alone) the medians
-    over the rounds' traces, per step; the bytes from the first round's."""
+    """variant -> dict(step, cpu, floor, exposed, gathers_exposed, gathers_own, sent,
+    gathered, traffic): step and CPU the medians over rounds of the slowest rank's; floor
+    the CPU floor, the larger of that rank's CPU time and every rank's together over the
+    cores (4 ranks share 2); exposed, gathers_exposed (FSDP's gather waits alone) and
+    gathers_own (less the waits for a late peer) the medians over the rounds' traces, per
+    step; the bytes from the first round's."""
     per_round: dict = {v: [] for v in PAIRS[pair]}
     rows: dict = {}
     for r in range(a.rounds):
@@ -294,14 +297,15 @@ def measure_pair(world, pair: str, a, folder: str) -> dict:
             traced = from_trace(path, a.trace_steps)
             per_round[v].append((max(t for t, _ in ranks), max(c for _, c in ranks),
                                  sum(c for _, c in ranks) / CORES, traced["exposed"],
-                                 traced["gathers_exposed"]))
+                                 traced["gathers_exposed"], traced["gathers_own"]))
             rows.setdefault(v, traced)          # the bytes: the same in every round
     for v, times in per_round.items():
         rows[v].update(step=statistics.median(t[0] for t in times),
                        cpu=statistics.median(t[1] for t in times),
                        floor=statistics.median(max(t[1], t[2]) for t in times),
                        exposed=statistics.median(t[3] for t in times),
-                       gathers_exposed=statistics.median(t[4] for t in times))
+                       gathers_exposed=statistics.median(t[4] for t in times),
+                       gathers_own=statistics.median(t[5] for t in times))
     return rows
 
 

@@ -33,7 +33,10 @@ without its unit: "FSDP gather")::
     exposed by f = |(C \\ K) n W_f|          elsewhere = exposed comm - sum_f exposed by f
 
 so a low-precision gather or a prefetch, which act on the gathers, are read off the
-gathers' waits alone, not off the reduce-scatters' or a peer's lateness elsewhere.
+gathers' waits alone, not off the reduce-scatters' or a peer's lateness elsewhere. Per
+span as well (``exposed_in_waits``: family -> one figure per span, in order): every rank
+waits for the same gathers in the same order, and at each the rank that came last waited
+for the gather itself (its wire time, its copies), the others for that rank too.
 
 Per mesh dimension (a span's ``mesh_dim``: the group came from a device mesh), the
 bytes each rank sent on it: how much of a composed step each dimension moves.
@@ -102,14 +105,17 @@ def waiting_family(name: str) -> str:
     return re.sub(r" unit -?\d+.*$", "", name)
 
 
-def exposed_by_wait(exposed: list[tuple[float, float]], rows: list[dict]) -> dict:
-    """family -> the part of ``exposed`` inside the main thread's unit-wait spans of that
-    family (module docstring), for one rank's spans ``rows``."""
+def exposed_in_waits(exposed: list[tuple[float, float]], rows: list[dict]) -> dict:
+    """family -> [the part of ``exposed`` inside each of the main thread's unit-wait spans
+    of that family, in the order they began] (module docstring), for one rank's spans
+    ``rows``. A family's spans follow one another on the main thread, so their sum is the
+    family's exposed time."""
     waits = defaultdict(list)
-    for e in rows:
+    for e in sorted(rows, key=lambda e: e["ts"]):
         if e["cat"] == WAITING and e["tid"] == 0:
-            waits[waiting_family(e["name"])].append((e["ts"], e["ts"] + e["dur"]))
-    return {family: length(within(exposed, union(spans))) for family, spans in waits.items()}
+            waits[waiting_family(e["name"])].append(
+                length(within(exposed, [(e["ts"], e["ts"] + e["dur"])])))
+    return dict(waits)
 
 
 def summarize(trace: dict) -> dict:
@@ -137,7 +143,9 @@ def summarize(trace: dict) -> dict:
         exposed = minus(comm, union(compute))
         ranks[pid] = dict(name=names.get(pid, f"pid {pid}"), window=window, busy=busy,
                           idle=window - busy, comm=length(comm), exposed_comm=length(exposed),
-                          exposed_by=exposed_by_wait(exposed, rows))
+                          exposed_in_waits=exposed_in_waits(exposed, rows))
+        ranks[pid]["exposed_by"] = {family: sum(each) for family, each in
+                                    ranks[pid]["exposed_in_waits"].items()}
     largest = sorted((e for e in spans if e["cat"] == COMM), key=lambda e: -e["dur"])[:5]
     return dict(ranks=ranks, largest=largest, bubbles=pipeline_bubbles(spans),
                 ddp_hidden=ddp_hidden_fractions(events), bytes_by_mesh_dim=bytes_by_mesh_dim(spans))

@@ -77,6 +77,7 @@ def test_exposed_communication_is_cut_by_the_unit_wait_it_fell_in():
     ]
     row = summarize({"traceEvents": ev})["ranks"][0]
     assert row["exposed_by"] == {"FSDP gather": 6 + 4, "FSDP reduce-scatter": 3}
+    assert row["exposed_in_waits"] == {"FSDP gather": [6, 4], "FSDP reduce-scatter": [3]}
     assert row["exposed_comm"] == 6 + 4 + 3 + 4
     assert "FSDP gather 0.01, FSDP reduce-scatter 0.00, elsewhere 0.00" in render(
         summarize({"traceEvents": ev}))
