@@ -3,7 +3,8 @@
 Prefetch: the order of collectives and computes in a step of three units (a log that
 the collectives' observer hook and the units' forwards write into) is the one FSDP2's
 prefetch gives: unit i+1's all-gather is issued before unit i computes in forward, and
-unit i-1's before unit i recomputes in backward; the trained parameters are the same
+unit i-1's before unit i recomputes in backward, and the last unit's before the root's
+head computes its backward (the root's pre-backward); the trained parameters are the same
 bits with prefetch as without, and with an explicit prefetch list. The trace's span of
 each unit's wait says whether its gather was prefetched.
 
@@ -123,6 +124,81 @@ def test_prefetch_issues_the_next_units_gather_before_this_unit_computes(world):
     for log, spans in world.run(order_case, False):
         assert log == without
         assert spans == list(zip(waits, [False] * 6))
+
+
+def root_order_case():
+    """A step of a root that holds a head of its own (applied after three units, its
+    backward noting ("C", "head backward")) as ('AG' | 'RS', unit or "root") / ('C', i),
+    and the trace's spans of the units' backward gathers."""
+    from minidist.autograd.function import Function
+    from minidist.autograd.tensor import Tensor
+    from minidist.distributed.fsdp import fully_shard
+    from minidist.distributed.tensor import _collectives
+    from minidist.nn import Linear
+    from minidist.trace import recorder as trace
+    import minidist.distributed as dist
+
+    class NoteBackward(Function):
+        """y = x; backward notes that the head's backward runs."""
+        @staticmethod
+        def forward(ctx, x):
+            return x
+
+        @staticmethod
+        def backward(ctx, grad):
+            LOG.append(("compute", "head backward"))
+            return grad
+    n = dist.get_world_size()
+    backend.manual_seed(0)
+    widths = [3, 4, 6, 8]
+    model = _unit_chain(widths)
+    model.head = Linear(8, 5, dtype="float64")        # the root's own parameters
+    chain = type(model).forward
+    type(model).forward = lambda self, x: NoteBackward.apply(self.head(chain(self, x)))
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    ag = {8 * -(-b // n) * (a + 1): i for i, (a, b) in enumerate(zip(widths, widths[1:]))}
+    ag[8 * -(-5 // n) * 9] = "root"
+    x = Tensor(backend.from_host(np.linspace(-1, 1, 2 * 3).reshape(2, 3)))
+    LOG.clear()
+    observer = _Observer()
+    _collectives.OBSERVED.modes.append(observer)
+    folder = tempfile.mkdtemp()
+    rec = trace.start(os.path.join(folder, "step.json"))
+    try:
+        loss = model(x).sum()
+        LOG.append("backward")
+        loss.backward()
+    finally:
+        _collectives.OBSERVED.modes.remove(observer)
+        trace.stop()
+        type(model).forward = chain
+    events, _ = read_part(rec.part)
+    shutil.rmtree(folder)
+    spans = [(e["name"], e["args"]["prefetched"]) for e in events
+             if e.get("name", "").startswith("FSDP gather") and "backward" in e["name"]]
+    named = []
+    for event in LOG[LOG.index("backward") + 1:]:
+        if event[0] == "compute":
+            named.append(("C", event[1]))
+        elif event[0] == "all_gather_into_tensor":
+            named.append(("AG", ag[event[2]]))
+        else:
+            named.append(("RS", ag[event[2] // n]))
+    return named, spans
+
+
+def test_the_root_prefetches_the_last_units_gather_before_the_heads_backward(world):
+    """FSDP2's pre-backward of the root (which kept its parameters): the first gradient to
+    reach its output issues the last unit's gather, which then travels while the head's
+    backward computes; that unit's wait is a prefetched one."""
+    AG, RS, C = (lambda i, k=k: (k, i) for k in ("AG", "RS", "C"))
+    backward = [AG(2), C("head backward"), AG(1), C(2), RS(2), AG(0), C(1), RS(1), C(0),
+                RS(0), RS("root")]
+    for log, spans in world.run(root_order_case):
+        assert log == backward
+        assert spans == [(f"FSDP gather unit {i} (backward)", True) for i in (3, 2, 1)]
 
 
 def training_case(case):
