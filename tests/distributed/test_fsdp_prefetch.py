@@ -37,9 +37,23 @@ class _Observer:
         LOG.append((name, group_size, nbytes))
 
 
-def _unit_chain(widths):
-    """A parameterless root of Linears, each its own unit, each noting its compute."""
+def _unit_chain(widths, head=None):
+    """A root of Linears, each its own unit, each noting its compute; parameterless, or
+    with a head of its own (Linear(widths[-1], head)) whose backward notes
+    ("compute", "head backward")."""
+    from minidist.autograd.function import Function
     from minidist.nn import Linear, Module, ModuleList
+
+    class NoteBackward(Function):
+        """y = x; backward notes that the head's backward runs."""
+        @staticmethod
+        def forward(ctx, x):
+            return x
+
+        @staticmethod
+        def backward(ctx, grad):
+            LOG.append(("compute", "head backward"))
+            return grad
 
     class Noted(Linear):
         def forward(self, x):
@@ -53,17 +67,21 @@ def _unit_chain(widths):
                                       for a, b in zip(widths, widths[1:])])
             for i, layer in enumerate(self.layers):
                 layer.index = i
+            if head is not None:
+                self.head = Linear(widths[-1], head, dtype="float64")
 
         def forward(self, x):
             for layer in self.layers:
                 x = layer(x).tanh()
-            return x
+            return x if head is None else NoteBackward.apply(self.head(x))
     return Chain()
 
 
-def order_case(prefetch):
-    """The log of one step, collectives named by unit: ('AG', i) / ('RS', i) / ('C', i),
-    with 'backward' where backward begins."""
+def _logged_step(prefetch=True, head=None):
+    """The log of one step of _unit_chain(widths, head) under fully_shard per layer and at
+    the root, collectives named by unit: ('AG', i) / ('RS', i) / ('C', i), with 'backward'
+    where backward begins ("root" for the root's own collectives); and the trace's spans
+    of the units' gathers, (name, prefetched)."""
     import minidist.distributed as dist
     from minidist.autograd.tensor import Tensor
     from minidist.distributed.fsdp import fully_shard
@@ -72,7 +90,7 @@ def order_case(prefetch):
     n = dist.get_world_size()
     backend.manual_seed(0)
     widths = [3, 4, 6, 8]
-    model = _unit_chain(widths)
+    model = _unit_chain(widths, head)
     for layer in model.layers:
         fully_shard(layer)
         if not prefetch:
@@ -81,6 +99,8 @@ def order_case(prefetch):
     fully_shard(model)
     # a unit's bytes in: its pieces (ceil(rows / n) rows of weight and bias), float64
     ag = {8 * -(-b // n) * (a + 1): i for i, (a, b) in enumerate(zip(widths, widths[1:]))}
+    if head is not None:
+        ag[8 * -(-head // n) * (widths[-1] + 1)] = "root"
     x = Tensor(backend.from_host(np.linspace(-1, 1, 2 * 3).reshape(2, 3)))
     LOG.clear()
     observer = _Observer()
@@ -109,6 +129,11 @@ def order_case(prefetch):
     return named, spans
 
 
+def order_case(prefetch):
+    """One step of a parameterless root of three units (_logged_step)."""
+    return _logged_step(prefetch)
+
+
 def test_prefetch_issues_the_next_units_gather_before_this_unit_computes(world):
     AG, RS, C = (lambda i, k=k: (k, i) for k in ("AG", "RS", "C"))
     with_prefetch = [AG(0), AG(1), C(0), AG(2), C(1), C(2), "backward",
@@ -127,66 +152,11 @@ def test_prefetch_issues_the_next_units_gather_before_this_unit_computes(world):
 
 
 def root_order_case():
-    """A step of a root that holds a head of its own (applied after three units, its
-    backward noting ("C", "head backward")) as ('AG' | 'RS', unit or "root") / ('C', i),
-    and the trace's spans of the units' backward gathers."""
-    from minidist.autograd.function import Function
-    from minidist.autograd.tensor import Tensor
-    from minidist.distributed.fsdp import fully_shard
-    from minidist.distributed.tensor import _collectives
-    from minidist.nn import Linear
-    from minidist.trace import recorder as trace
-    import minidist.distributed as dist
-
-    class NoteBackward(Function):
-        """y = x; backward notes that the head's backward runs."""
-        @staticmethod
-        def forward(ctx, x):
-            return x
-
-        @staticmethod
-        def backward(ctx, grad):
-            LOG.append(("compute", "head backward"))
-            return grad
-    n = dist.get_world_size()
-    backend.manual_seed(0)
-    widths = [3, 4, 6, 8]
-    model = _unit_chain(widths)
-    model.head = Linear(8, 5, dtype="float64")        # the root's own parameters
-    chain = type(model).forward
-    type(model).forward = lambda self, x: NoteBackward.apply(self.head(chain(self, x)))
-    for layer in model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    ag = {8 * -(-b // n) * (a + 1): i for i, (a, b) in enumerate(zip(widths, widths[1:]))}
-    ag[8 * -(-5 // n) * 9] = "root"
-    x = Tensor(backend.from_host(np.linspace(-1, 1, 2 * 3).reshape(2, 3)))
-    LOG.clear()
-    observer = _Observer()
-    _collectives.OBSERVED.modes.append(observer)
-    folder = tempfile.mkdtemp()
-    rec = trace.start(os.path.join(folder, "step.json"))
-    try:
-        loss = model(x).sum()
-        LOG.append("backward")
-        loss.backward()
-    finally:
-        _collectives.OBSERVED.modes.remove(observer)
-        trace.stop()
-        type(model).forward = chain
-    events, _ = read_part(rec.part)
-    shutil.rmtree(folder)
-    spans = [(e["name"], e["args"]["prefetched"]) for e in events
-             if e.get("name", "").startswith("FSDP gather") and "backward" in e["name"]]
-    named = []
-    for event in LOG[LOG.index("backward") + 1:]:
-        if event[0] == "compute":
-            named.append(("C", event[1]))
-        elif event[0] == "all_gather_into_tensor":
-            named.append(("AG", ag[event[2]]))
-        else:
-            named.append(("RS", ag[event[2] // n]))
-    return named, spans
+    """One step of a root that holds a head of its own, applied after its three units:
+    the backward's log and the units' backward gathers (_logged_step)."""
+    named, spans = _logged_step(head=5)
+    return (named[named.index("backward") + 1:],
+            [span for span in spans if "(backward)" in span[0]])
 
 
 def test_the_root_prefetches_the_last_units_gather_before_the_heads_backward(world):
