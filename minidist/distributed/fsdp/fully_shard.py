@@ -25,7 +25,7 @@ FSDP2's lifecycle, one named step each (a breakpoint per idea):
     reshard               FSDPState.reshard         the forward is done: the pieces again
     pre-backward          FSDPState.pre_backward    a kept unit's (the root's) output gets
                                                 its first gradient: issue the gathers of
-                                                the units before it (_PreBackward)
+                                                the units before it (pre_backward.py)
     gather for backward   FSDPState.gather("backward")  a resharded unit's backward starts
     reduce gradients      FSDPState.reduce_or_keep  its backward is done: issue the
                                                 reduce-scatter, left in flight while the
@@ -85,6 +85,7 @@ from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.distributed._shared_tokens import share_tokens
 from minidist.distributed.fsdp.hsdp import data_parallel_mesh
+from minidist.distributed.fsdp.pre_backward import with_pre_backward
 from minidist.distributed.fsdp.state import FSDPParam, FSDPState, MixedPrecisionPolicy
 from minidist.distributed.tensor._api import DTensor, distribute_tensor
 from minidist.distributed.tensor._collectives import backward_phase
@@ -275,37 +276,8 @@ def _sharded_forward(module: Module, state: FSDPState) -> Callable[..., Any]:
             out = inner(*args, **kwargs)
         finally:
             state.reshard()
-        return _with_pre_backward(out, state)
+        return with_pre_backward(out, state)
     return forward
-
-
-class _PreBackward(Function):
-    """y = x; backward: the unit's pre-backward (state.pre_backward: the gathers of the
-    units before it issued), then the gradient unchanged. On the outputs of a unit that
-    kept its parameters (torch's pre-backward hook on a module's outputs)."""
-
-    @staticmethod
-    def forward(ctx, x, state=None):
-        ctx.state = state
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        with backward_phase():              # the gathers it issues are the backward's
-            ctx.state.pre_backward()
-        return grad
-
-
-def _with_pre_backward(out: Any, state: FSDPState) -> Any:
-    """``out`` (a Tensor, or a tuple / list holding some) with each Tensor that a backward
-    will reach passed through _PreBackward; the first to get its gradient fires it."""
-    def hooked(value: Any) -> Any:
-        if type(value) is Tensor and value.requires_grad and is_grad_enabled():
-            return _PreBackward.apply(value, state=state)
-        return value
-    if type(out) in (tuple, list):
-        return type(out)(hooked(value) for value in out)
-    return hooked(out)
 
 
 def _recomputes(state: FSDPState, side_outputs: bool, args: tuple, kwargs: dict) -> bool:
