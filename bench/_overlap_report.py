@@ -1,6 +1,7 @@
 """bench_overlap.py's report: each pair's table and, per overlap, its bars.
 
-    removed  = exposed(plain) - exposed(overlapped)          (from the traces)
+    removed  = exposed(plain) - exposed(overlapped)          (from the traces; fsdp: the
+                                          gathers' waits alone, the least rank's at each)
     allowed  = min(wire time of the traffic it acts on, exposed(plain))
     target:    removed >= allowed / 2
     room     = step(plain) - CPU floor(overlapped);   saved = step(plain) - step(overlapped)
@@ -31,6 +32,11 @@ def report(pair: str, variants: list, rows: dict, gbps: float) -> list[str]:
         print("  all-gathered per step and rank: " + ", ".join(
             f"{v} {row['gathered'] / 1e6:.3f} MB ({row['gathered'] / base['gathered']:.2f} x)"
             for v, row in rows.items()))
+        print("  exposed in the gathers' waits (FSDP gather unit k spans), per step, median "
+              "over the rounds, at each gather the least over the ranks (the largest rank's "
+              "waits): " + ", ".join(f"{v} {1e3 * row['gathers_own']:.2f} ms "
+                                     f"({1e3 * row['gathers_exposed']:.2f})"
+                                     for v, row in rows.items()))
     if pair == "pipeline_ep":   # which mesh dimension carries what
         print("  MB sent per step (largest rank) on pp / ep: " + ", ".join(
             f"{v} {most((1, row['traffic']['pp'])) / 1e6:.3f} / "
@@ -38,7 +44,8 @@ def report(pair: str, variants: list, rows: dict, gbps: float) -> list[str]:
     bars = []
     for v in overlapped:
         bars.append(f"{pair + ':':<13}"
-                    + verdict(v, plain, rows[v], base, gbps, targeted(pair, rows[v], base)))
+                    + verdict(v, plain, rows[v], base, gbps, targeted(pair, rows[v], base),
+                              EXPOSED.get(pair, "exposed")))
         if pair in ("fsdp", "moe"):
             break_even(v, rows[v], base, gbps)
     return bars
@@ -69,25 +76,36 @@ def break_even(v: str, row: dict, base: dict, gbps: float) -> None:
               f"slower than {saved_bytes / extra_cpu / 1e9:.2f} GB/s (--link-gbps)")
 
 
+EXPOSED = {"fsdp": "gathers_own"}   # pair -> the exposed figure its bar reads
+
+
 def verdict(v: str, plain: str, row: dict, base: dict, gbps: float,
-            target: tuple[float, str]) -> str:
+            target: tuple[float, str], key: str = "exposed") -> str:
     """Three lines: the exposed communication removed against what the wire allows this
     overlap to hide (the wire time of the traffic it acts on, ``target``, no more than
     the plain variant exposed), the old whole-wire figure beside it, and the step time
-    saved against the CPU floor. Returns the one-line form for the closing summary."""
-    removed = base["exposed"] - row["exposed"]
+    saved against the CPU floor. ``key``: the exposed figure the bar reads ("exposed",
+    the whole step's, or "gathers_own", the FSDP gathers' own waits, with the largest
+    rank's gather waits and the whole step's beside it). Returns the one-line form for
+    the closing summary."""
+    removed = base[key] - row[key]
     acted, what = target
-    allowed = min(acted / (gbps * 1e9), base["exposed"])
-    whole = min(base["sent"] / (gbps * 1e9), base["exposed"])
+    allowed = min(acted / (gbps * 1e9), base[key])
+    whole = min(base["sent"] / (gbps * 1e9), base[key])
     pad = " " * (len(v) + 6)
     ok = allowed > 0 and removed >= 0.5 * allowed
     met = (f"target >= half {'met' if ok else 'NOT met'}" if allowed > 0
            else "nothing it acts on to hide")
-    print(f"  {v} vs {plain}: exposed {1e3 * base['exposed']:.1f} -> {1e3 * row['exposed']:.1f} "
-          f"ms, removed {1e3 * removed:.1f} ms of the {1e3 * allowed:.1f} ms the wire allows "
-          f"hiding: {met}")
+    d = 1 if key == "exposed" else 2       # the gathers' bar is a few tenths of a ms
+    name = "exposed" if key == "exposed" else "gathers' exposed"
+    step = ("" if key == "exposed" else f" (largest rank's gather waits "
+            f"{1e3 * base['gathers_exposed']:.1f} -> {1e3 * row['gathers_exposed']:.1f} ms, "
+            f"whole step {1e3 * base['exposed']:.1f} -> {1e3 * row['exposed']:.1f} ms)")
+    print(f"  {v} vs {plain}: {name} {1e3 * base[key]:.{d}f} -> {1e3 * row[key]:.{d}f} ms"
+          f"{step}, removed {1e3 * removed:.{d}f} ms of the {1e3 * allowed:.{d}f} ms the wire "
+          f"allows hiding: {met}")
     print(f"{pad}(it acts on {what}: {acted / 1e6:.3f} MB, "
-          f"{1e3 * acted / (gbps * 1e9):.1f} ms on the wire;")
+          f"{1e3 * acted / (gbps * 1e9):.{d}f} ms on the wire;")
     print(f"{pad} the old figure, every call's wire time up to the plain exposed: "
           f"{1e3 * whole:.1f} ms" + (f", removed {removed / whole:.2f} x it)" if whole > 0
                                      else ")"))
@@ -100,9 +118,9 @@ def verdict(v: str, plain: str, row: dict, base: dict, gbps: float,
     shared = ": all ranks' CPU over the cores" if row["floor"] > row["cpu"] else ""
     line = (f"{pad}step saved {1e3 * saved:.1f} ms of the {1e3 * room:.1f} ms above the CPU "
             f"floor ({1e3 * row['floor']:.1f} ms{shared})")
-    summary = (f"{v + ' vs ' + plain + ':':<30} exposed {1e3 * base['exposed']:.1f} -> "
-               f"{1e3 * row['exposed']:.1f} ms, removed {1e3 * removed:.1f} of "
-               f"{1e3 * allowed:.1f} ms allowed ({met}; whole wire {1e3 * whole:.1f} ms); "
+    summary = (f"{v + ' vs ' + plain + ':':<30} {name} {1e3 * base[key]:.{d}f} -> "
+               f"{1e3 * row[key]:.{d}f} ms{step}, removed {1e3 * removed:.{d}f} of "
+               f"{1e3 * allowed:.{d}f} ms allowed ({met}; whole wire {1e3 * whole:.1f} ms); "
                f"step {1e3 * base['step']:.1f} -> {1e3 * row['step']:.1f} ms, CPU floor "
                f"{1e3 * row['floor']:.1f} ms")
     if room <= 0:

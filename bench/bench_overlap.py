@@ -29,8 +29,16 @@ round, so a burst of load hits all of them), the slowest rank's; in each round, 
 timed steps, ``--trace-steps`` steps recorded (trace/) and ``exposed`` read off that
 trace by ``minidist trace summary``: communication that no compute on the main thread
 hid, a blocking ``wait()`` included (trace/summary.py), per step, the largest over the
-ranks; its median over the rounds. ``MB sent`` is one rank's bytes per step (every
-call's ``bytes_sent``), ``wire`` their time on the link.
+ranks; its median over the rounds. For ``fsdp`` also the part of it inside the units'
+``FSDP gather unit k`` spans (how long each unit still waited for its weights: the
+summary's cut by unit wait), per step: the gathers' own exposed time, at each gather the
+least over the ranks (the rank that came last waited for the gather alone, the others
+for that rank too: its compute, the scheduler), summed, its median over the rounds,
+which the fsdp bar reads; beside it the largest rank's gather waits and the whole step's
+exposed time (the reduce-scatters' waits and a late peer move the whole step's by more
+than the gathers' bytes, 3.1-6.9 ms from run to run on a quiet machine, against a bar
+of 0.4-0.6 ms). ``MB sent`` is one rank's bytes per step (every call's ``bytes_sent``),
+``wire`` their time on the link.
 
 What each overlap can hide: the wire time of the traffic it acts on, no more (the copies
 in and out of the link run on the cores, which compute too), and no more than the plain
@@ -45,7 +53,8 @@ variant exposed. Read off the traces, per rank, from each call's bytes and kind 
     dispatch      dispatch's; the combine, the backward's and the gradient all-reduce
                   stay blocking in both variants, so are not counted
     low-precision the all-gather bytes saved (float32's minus the variant's): these
-    gathers       gathers hide nothing, they send less
+    gathers       gathers hide nothing, they send less; read against the gathers'
+                  exposed time, not the whole step's
 
 The first line under each pair states the exposed communication removed against half
 of that figure ("target >= half met" or "NOT met"); the next line prints the traffic's
@@ -273,10 +282,12 @@ def time_variant(pair: str, variant: str, a, path: str | None) -> tuple[float, f
     return statistics.median(wall), statistics.median(cpu)
 
 def measure_pair(world, pair: str, a, folder: str) -> dict:
-    """variant -> dict(step, cpu, floor, exposed, sent, gathered, traffic): step and CPU
-    the medians over rounds of the slowest rank's; floor the CPU floor, the larger of
-    that rank's CPU time and every rank's together over the cores (4 ranks share 2);
-    exposed the median over the rounds' traces; the bytes from the first round's."""
+    """variant -> dict(step, cpu, floor, exposed, gathers_exposed, gathers_own, sent,
+    gathered, traffic): step and CPU the medians over rounds of the slowest rank's; floor
+    the CPU floor, the larger of that rank's CPU time and every rank's together over the
+    cores (4 ranks share 2); exposed, gathers_exposed (FSDP's gather waits alone) and
+    gathers_own (less the waits for a late peer) the medians over the rounds' traces, per
+    step; the bytes from the first round's."""
     per_round: dict = {v: [] for v in PAIRS[pair]}
     rows: dict = {}
     for r in range(a.rounds):
@@ -285,13 +296,16 @@ def measure_pair(world, pair: str, a, folder: str) -> dict:
             ranks = world.run(time_variant, pair, v, a, path)
             traced = from_trace(path, a.trace_steps)
             per_round[v].append((max(t for t, _ in ranks), max(c for _, c in ranks),
-                                 sum(c for _, c in ranks) / CORES, traced["exposed"]))
+                                 sum(c for _, c in ranks) / CORES, traced["exposed"],
+                                 traced["gathers_exposed"], traced["gathers_own"]))
             rows.setdefault(v, traced)          # the bytes: the same in every round
     for v, times in per_round.items():
         rows[v].update(step=statistics.median(t[0] for t in times),
                        cpu=statistics.median(t[1] for t in times),
                        floor=statistics.median(max(t[1], t[2]) for t in times),
-                       exposed=statistics.median(t[3] for t in times))
+                       exposed=statistics.median(t[3] for t in times),
+                       gathers_exposed=statistics.median(t[4] for t in times),
+                       gathers_own=statistics.median(t[5] for t in times))
     return rows
 
 
@@ -323,8 +337,8 @@ def main() -> None:
     from minidist.comm import World
     print(f"world 2 (pipeline_ep: 4) on an emulated {a.link_gbps:g} GB/s link; {a.layers} "
           f"layers, hidden {a.width}, {a.seq} tokens x {a.batch} sequences; median of "
-          f"{a.rounds} rounds x {a.steps} steps; exposed: median over the rounds of a trace "
-          f"of {a.trace_steps} steps")
+          f"{a.rounds} rounds x {a.steps} steps; exposed: per step, median over the rounds of "
+          f"a trace of {a.trace_steps} steps (fsdp: also the gathers' waits alone)")
     bars, worlds = [], {}
     with tempfile.TemporaryDirectory() as folder, ExitStack() as open_worlds:
         for pair in pairs:

@@ -1,6 +1,7 @@
 """bench/bench_overlap.py at a tiny size: every pair runs on the emulated link and prints
-its table, with exposed communication read off a trace, and its verdict lines (the wire
-time of the traffic the overlap acts on, the old whole-wire figure beside it). (What the
+its table, with exposed communication read off a trace (for the FSDP gathers, their own
+waits), and its verdict lines (the wire time of the traffic the overlap acts on, the old
+whole-wire figure beside it). (What the
 figures are is the benchmark's to print; no time is asserted here.) And the benchmark's
 accounting of that traffic, on a trace made by hand."""
 import os
@@ -36,6 +37,12 @@ def test_bench_overlap_prints_every_pair_with_its_exposed_communication():
                  "the all-gather bytes saved:", "the all-to-alls it starts async:"):
         assert f"(it acts on {what}" in out, out
     assert out.count("the old figure, every call's wire time") == 6, out
+    # the gathers' bar reads their own waits, the whole step's exposed time beside it
+    assert "exposed in the gathers' waits (FSDP gather unit k spans), per step, median " \
+        "over the rounds, at each gather the least over the ranks (the largest rank's " \
+        "waits): float32 " in out, out
+    assert out.count("  bfloat16 vs float32: gathers' exposed ") == 1, out
+    assert "(largest rank's gather waits " in out and ", whole step " in out, out
     assert "CPU floor" in out
     assert "== the bars, one line per overlap" in out, out
     bars = out.split("== the bars")[1]
@@ -94,6 +101,15 @@ def test_each_pair_counts_the_traffic_its_overlap_acts_on_on_the_busiest_rank(pa
     row = dict(traffic=_overlap_traffic.traffic_of(HAND_MADE))
     acted, what = _overlap_traffic.targeted(pair, row, row)
     assert acted == expected and what
+
+
+def test_the_gathers_own_exposed_time_is_the_least_rank_at_each_gather():
+    """Rank 0 came late to the first gather (rank 1 waited 5 for it), rank 1 to the
+    second: each gather's own exposure is what the last to arrive waited."""
+    ranks = [dict(exposed_in_waits={"FSDP gather": [1, 7], "FSDP reduce-scatter": [9]}),
+             dict(exposed_in_waits={"FSDP gather": [6, 2]})]
+    assert _overlap_traffic.gathers_own(ranks) == 1 + 2
+    assert _overlap_traffic.gathers_own([dict(exposed_in_waits={})]) == 0
 
 
 def test_the_low_precision_gathers_are_credited_with_the_bytes_they_save():

@@ -24,6 +24,20 @@ is: both are taken out of K (otherwise the F&B span would hide them)::
 
     K = |main thread's other spans| \\ (comm spans of the main thread and of TURN_THREAD)
 
+Exposed communication by the unit wait it fell in: ZeRO-3 and FSDP record on the main
+thread how long a unit still waited for its weights or its gradients (spans of cat
+"zero": ``FSDP gather unit k (forward)``, ``FSDP reduce-scatter unit k``, ``ZeRO-3
+gather unit k (backward)``). With W_f the union of the spans of one family (the name
+without its unit: "FSDP gather")::
+
+    exposed by f = |(C \\ K) n W_f|          elsewhere = exposed comm - sum_f exposed by f
+
+so a low-precision gather or a prefetch, which act on the gathers, are read off the
+gathers' waits alone, not off the reduce-scatters' or a peer's lateness elsewhere. Per
+span as well (``exposed_in_waits``: family -> one figure per span, in order): every rank
+waits for the same gathers in the same order, and at each the rank that came last waited
+for the gather itself (its wire time, its copies), the others for that rank too.
+
 Per mesh dimension (a span's ``mesh_dim``: the group came from a device mesh), the
 bytes each rank sent on it: how much of a composed step each dimension moves.
 
@@ -39,11 +53,13 @@ trace alone (the tests hold them equal on the same run):
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 from minidist.trace.merge import NO_RANK_PID, WORLD_PID
 
 COMM = "comm"
+WAITING = "zero"               # the spans of how long a unit waited (ZeRO-3, FSDP)
 TURN_THREAD = "second half"    # the thread that takes turns with the main thread (F&B ops)
 
 
@@ -79,6 +95,29 @@ def minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tu
     return out
 
 
+def within(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points of the union ``a`` that are in the union ``b`` (both disjoint and sorted)."""
+    return minus(a, minus(a, b))
+
+
+def waiting_family(name: str) -> str:
+    """"FSDP gather unit 2 (backward)" -> "FSDP gather": a unit-wait span's name less its unit."""
+    return re.sub(r" unit -?\d+.*$", "", name)
+
+
+def exposed_in_waits(exposed: list[tuple[float, float]], rows: list[dict]) -> dict:
+    """family -> [the part of ``exposed`` inside each of the main thread's unit-wait spans
+    of that family, in the order they began] (module docstring), for one rank's spans
+    ``rows``. A family's spans follow one another on the main thread, so their sum is the
+    family's exposed time."""
+    waits = defaultdict(list)
+    for e in sorted(rows, key=lambda e: e["ts"]):
+        if e["cat"] == WAITING and e["tid"] == 0:
+            waits[waiting_family(e["name"])].append(
+                length(within(exposed, [(e["ts"], e["ts"] + e["dur"])])))
+    return dict(waits)
+
+
 def summarize(trace: dict) -> dict:
     """The numbers of the summary (times in microseconds): ``ranks`` (pid -> row),
     ``largest`` (the largest communication calls), ``bubbles``, ``ddp_hidden``."""
@@ -101,9 +140,12 @@ def summarize(trace: dict) -> dict:
         start = min(e["ts"] for e in rows)
         window = max(e["ts"] + e["dur"] for e in rows) - start
         busy = length(union(comm + compute))
+        exposed = minus(comm, union(compute))
         ranks[pid] = dict(name=names.get(pid, f"pid {pid}"), window=window, busy=busy,
-                          idle=window - busy, comm=length(comm),
-                          exposed_comm=length(minus(comm, union(compute))))
+                          idle=window - busy, comm=length(comm), exposed_comm=length(exposed),
+                          exposed_in_waits=exposed_in_waits(exposed, rows))
+        ranks[pid]["exposed_by"] = {family: sum(each) for family, each in
+                                    ranks[pid]["exposed_in_waits"].items()}
     largest = sorted((e for e in spans if e["cat"] == COMM), key=lambda e: -e["dur"])[:5]
     return dict(ranks=ranks, largest=largest, bubbles=pipeline_bubbles(spans),
                 ddp_hidden=ddp_hidden_fractions(events), bytes_by_mesh_dim=bytes_by_mesh_dim(spans))
@@ -175,6 +217,13 @@ def render(summary: dict) -> str:
         lines.append(f"{row['name']:<34} {row['busy'] * ms:9.2f} {row['idle'] * ms:9.2f} "
                      f"{row['comm'] * ms:9.2f} {row['exposed_comm'] * ms:10.2f}")
     lines.append("(exposed: communication that no compute on the main thread hid)")
+    for row in summary["ranks"].values():
+        if row.get("exposed_by"):
+            cut = ", ".join(f"{family} {us * ms:.2f}" for family, us in
+                            sorted(row["exposed_by"].items()))
+            rest = row["exposed_comm"] - sum(row["exposed_by"].values())
+            lines.append(f"  {row['name'].split(' (')[0]} exposed ms, by the unit wait it fell "
+                         f"in: {cut}, elsewhere {rest * ms:.2f}")
     if summary["largest"]:
         lines.append("largest communication calls:")
         names = {pid: row["name"].split(" (")[0] for pid, row in summary["ranks"].items()}

@@ -3,7 +3,8 @@
 Prefetch: the order of collectives and computes in a step of three units (a log that
 the collectives' observer hook and the units' forwards write into) is the one FSDP2's
 prefetch gives: unit i+1's all-gather is issued before unit i computes in forward, and
-unit i-1's before unit i recomputes in backward; the trained parameters are the same
+unit i-1's before unit i recomputes in backward, and the last unit's before the root's
+head computes its backward (the root's pre-backward); the trained parameters are the same
 bits with prefetch as without, and with an explicit prefetch list. The trace's span of
 each unit's wait says whether its gather was prefetched.
 
@@ -36,9 +37,23 @@ class _Observer:
         LOG.append((name, group_size, nbytes))
 
 
-def _unit_chain(widths):
-    """A parameterless root of Linears, each its own unit, each noting its compute."""
+def _unit_chain(widths, head=None):
+    """A root of Linears, each its own unit, each noting its compute; parameterless, or
+    with a head of its own (Linear(widths[-1], head)) whose backward notes
+    ("compute", "head backward")."""
+    from minidist.autograd.function import Function
     from minidist.nn import Linear, Module, ModuleList
+
+    class NoteBackward(Function):
+        """y = x; backward notes that the head's backward runs."""
+        @staticmethod
+        def forward(ctx, x):
+            return x
+
+        @staticmethod
+        def backward(ctx, grad):
+            LOG.append(("compute", "head backward"))
+            return grad
 
     class Noted(Linear):
         def forward(self, x):
@@ -52,17 +67,21 @@ def _unit_chain(widths):
                                       for a, b in zip(widths, widths[1:])])
             for i, layer in enumerate(self.layers):
                 layer.index = i
+            if head is not None:
+                self.head = Linear(widths[-1], head, dtype="float64")
 
         def forward(self, x):
             for layer in self.layers:
                 x = layer(x).tanh()
-            return x
+            return x if head is None else NoteBackward.apply(self.head(x))
     return Chain()
 
 
-def order_case(prefetch):
-    """The log of one step, collectives named by unit: ('AG', i) / ('RS', i) / ('C', i),
-    with 'backward' where backward begins."""
+def _logged_step(prefetch=True, head=None):
+    """The log of one step of _unit_chain(widths, head) under fully_shard per layer and at
+    the root, collectives named by unit: ('AG', i) / ('RS', i) / ('C', i), with 'backward'
+    where backward begins ("root" for the root's own collectives); and the trace's spans
+    of the units' gathers, (name, prefetched)."""
     import minidist.distributed as dist
     from minidist.autograd.tensor import Tensor
     from minidist.distributed.fsdp import fully_shard
@@ -71,7 +90,7 @@ def order_case(prefetch):
     n = dist.get_world_size()
     backend.manual_seed(0)
     widths = [3, 4, 6, 8]
-    model = _unit_chain(widths)
+    model = _unit_chain(widths, head)
     for layer in model.layers:
         fully_shard(layer)
         if not prefetch:
@@ -80,6 +99,8 @@ def order_case(prefetch):
     fully_shard(model)
     # a unit's bytes in: its pieces (ceil(rows / n) rows of weight and bias), float64
     ag = {8 * -(-b // n) * (a + 1): i for i, (a, b) in enumerate(zip(widths, widths[1:]))}
+    if head is not None:
+        ag[8 * -(-head // n) * (widths[-1] + 1)] = "root"
     x = Tensor(backend.from_host(np.linspace(-1, 1, 2 * 3).reshape(2, 3)))
     LOG.clear()
     observer = _Observer()
@@ -108,6 +129,11 @@ def order_case(prefetch):
     return named, spans
 
 
+def order_case(prefetch):
+    """One step of a parameterless root of three units (_logged_step)."""
+    return _logged_step(prefetch)
+
+
 def test_prefetch_issues_the_next_units_gather_before_this_unit_computes(world):
     AG, RS, C = (lambda i, k=k: (k, i) for k in ("AG", "RS", "C"))
     with_prefetch = [AG(0), AG(1), C(0), AG(2), C(1), C(2), "backward",
@@ -123,6 +149,26 @@ def test_prefetch_issues_the_next_units_gather_before_this_unit_computes(world):
     for log, spans in world.run(order_case, False):
         assert log == without
         assert spans == list(zip(waits, [False] * 6))
+
+
+def root_order_case():
+    """One step of a root that holds a head of its own, applied after its three units:
+    the backward's log and the units' backward gathers (_logged_step)."""
+    named, spans = _logged_step(head=5)
+    return (named[named.index("backward") + 1:],
+            [span for span in spans if "(backward)" in span[0]])
+
+
+def test_the_root_prefetches_the_last_units_gather_before_the_heads_backward(world):
+    """FSDP2's pre-backward of the root (which kept its parameters): the first gradient to
+    reach its output issues the last unit's gather, which then travels while the head's
+    backward computes; that unit's wait is a prefetched one."""
+    AG, RS, C = (lambda i, k=k: (k, i) for k in ("AG", "RS", "C"))
+    backward = [AG(2), C("head backward"), AG(1), C(2), RS(2), AG(0), C(1), RS(1), C(0),
+                RS(0), RS("root")]
+    for log, spans in world.run(root_order_case):
+        assert log == backward
+        assert spans == [(f"FSDP gather unit {i} (backward)", True) for i in (3, 2, 1)]
 
 
 def training_case(case):

@@ -7,6 +7,8 @@
                     reduce-scattered inside a replica and all-reduced across replicas
     state.py        FSDPState (a unit's pieces, gathers and reduce), the prefetch of the next
                     unit, MixedPrecisionPolicy, the smaller group of reshard_after_forward=k
+    pre_backward.py  a kept unit's (the root's) first output gradient issues the backward
+                    gather of the unit before it: the last block's travels during the head's
     post_backward.py  the gradients' reduce-scatter left in flight while the units before
                     compute, waited in issue order, written into .grad when backward ends
     gather_format.py  the parameters' all-gather in a low-precision format: cast before it

@@ -23,6 +23,9 @@ FSDP2's lifecycle, one named step each (a breakpoint per idea):
     shard parameters      shard_parameters          at fully_shard: keep this rank's pieces
     gather for forward    FSDPState.gather("forward")   the unit's forward starts
     reshard               FSDPState.reshard         the forward is done: the pieces again
+    pre-backward          FSDPState.pre_backward    a kept unit's (the root's) output gets
+                                                its first gradient: issue the gathers of
+                                                the units before it (pre_backward.py)
     gather for backward   FSDPState.gather("backward")  a resharded unit's backward starts
     reduce gradients      FSDPState.reduce_or_keep  its backward is done: issue the
                                                 reduce-scatter, left in flight while the
@@ -82,6 +85,7 @@ from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
 from minidist.distributed._shared_tokens import share_tokens
 from minidist.distributed.fsdp.hsdp import data_parallel_mesh
+from minidist.distributed.fsdp.pre_backward import with_pre_backward
 from minidist.distributed.fsdp.state import FSDPParam, FSDPState, MixedPrecisionPolicy
 from minidist.distributed.tensor._api import DTensor, distribute_tensor
 from minidist.distributed.tensor._collectives import backward_phase
@@ -269,9 +273,10 @@ def _sharded_forward(module: Module, state: FSDPState) -> Callable[..., Any]:
         gathered = _GatheredParameters.apply(*state.shards(), state=state)  # kept to backward
         state.put(list(gathered) if isinstance(gathered, tuple) else [gathered])
         try:
-            return inner(*args, **kwargs)
+            out = inner(*args, **kwargs)
         finally:
             state.reshard()
+        return with_pre_backward(out, state)
     return forward
 
 

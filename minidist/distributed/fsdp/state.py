@@ -11,6 +11,8 @@ be issued before the unit needs it and travel while another unit computes:
         encodes unit i+1's pieces while unit i's gather is still in flight
         (gather_format.py), so only the issue sits between the wait and the compute
     backward (the reverse order)
+        the root (which kept its parameters) issues the last unit's gather as soon as
+        the first gradient reaches its output, before the head's backward computes;
         unit i gathers again for its recompute, then issues unit i-1's gather,
         then recomputes, backpropagates, and issues its gradients' reduce-scatter,
         left in flight while unit i-1 computes (post_backward.py)
@@ -18,7 +20,8 @@ be issued before the unit needs it and travel while another unit computes:
 So the order of collectives in a step of root + 2 blocks (reshard_after_forward) is
 
     forward:   AG root, AG b0, AG b1                 (AG b0 issued before the embeddings run)
-    backward:  AG b1, AG b0, RS b1, RS b0, RS root   (AG b0 issued before b1's recompute;
+    backward:  AG b1, AG b0, RS b1, RS b0, RS root   (AG b1 issued before the head's
+                                                      backward; AG b0 before b1's recompute;
                                                       RS b1 travels while b0 computes)
 
 ``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` name the
@@ -229,7 +232,8 @@ class FSDPState:
     def prefetch_targets(self, phase: str) -> list["FSDPState"]:
         """The units whose gathers to issue, asynchronously, after this one's: those named
         by set_modules_to_*_prefetch, else the next (forward) / previous (backward) unit,
-        less those already under way."""
+        less those already under way. The root's forward ends after every unit inside it
+        (FSDP2's post-forward order), so in backward its previous unit is the last one."""
         if phase == "forward":
             targets = self.forward_prefetch
             if targets is None:
@@ -237,9 +241,18 @@ class FSDPState:
         else:
             targets = self.backward_prefetch
             if targets is None:
-                targets = self.schedule.neighbour(self, -1)
+                targets = self.schedule.sequence()[-1:] if self.is_root \
+                    else self.schedule.neighbour(self, -1)
             targets = [t for t in targets if t.awaits_backward]
         return [t for t in targets if t.pending is None and t is not self]
+
+    def pre_backward(self) -> None:
+        """FSDP2's pre-backward of a unit that kept its parameters from forward (the root,
+        or reshard_after_forward=False): the first gradient to reach its output issues the
+        backward gathers of the units before it, so that the last block's gather travels
+        while the head's backward computes instead of after it."""
+        for target in self.prefetch_targets("backward"):
+            target.pending = ("backward", target._start("backward", True))
 
     def drop_pending(self) -> None:
         if self.pending is not None:
