@@ -67,3 +67,25 @@ def test_the_unpacked_arrays_own_their_memory(state):
         assert backend.to_host(a).tobytes() == backend.to_host(b).tobytes()
         host = backend.to_host(a)
         assert math.prod(host.shape) == 0 or host.flags.c_contiguous
+
+
+@settings(max_examples=20, deadline=None)
+@given(state=states())
+def test_unpacked_views_are_each_arrays_own_bytes_of_the_buffer(state):
+    """copy=False (what a healed replica loads): each array a view of the buffer, bit
+    for bit the packed one, and no two share a byte (writing one leaves the rest)."""
+    buffer, skeleton_bytes = pack_state(state)
+    sent = [x for x in _leaves(state) if backend.is_array(x)]
+    got = [x for x in _leaves(unpack_state(buffer, skeleton_bytes, copy=False))
+           if backend.is_array(x)]
+    for a, b in zip(got, sent):
+        assert backend.to_host(a).tobytes() == backend.to_host(b).tobytes()
+    buffer[skeleton_bytes:] = 255                  # every array's bytes, through the buffer
+    for a in got:
+        assert all(byte == 255 for byte in backend.to_host(a).tobytes())
+    for i, a in enumerate(got):
+        if a.size:
+            a.reshape(-1).view("uint8")[:] = 0     # one array's bytes; the others keep theirs
+            others = [x for j, x in enumerate(got) if j != i]
+            assert all(byte == 255 for x in others for byte in backend.to_host(x).tobytes())
+            a.reshape(-1).view("uint8")[:] = 255
