@@ -11,9 +11,10 @@ directly, from time stamps on one clock for every process (rank 0's step starts 
 commits, the victim's kill): from the kill to the first commit that takes the run past
 where it was (the next step's, per-step FT; the failed step's, redone, restart), and
 
-    lost = that commit's time - the failed step's start - T_commit
+    lost = that commit's time - rank 0's commit of the step before the failed one - T_step
 
-(T_commit: the median start-to-commit of a step, the part of the step that commit did).
+(without the failure the next commit would have come one step later; not from the failed
+step's start, which rank 0 may reach after the victim, ahead of it in the loop, died).
 Beside it, the goodput formula (docs/fault_tolerance.md) with its terms measured in the
 same run, T_step being one pass of the training loop (the median start-to-next-start:
 quorum, forward, backward, all-reduce, commit and the held-out loss the demo takes):
@@ -95,15 +96,13 @@ def one_kill(demo, args, kill_step: int) -> dict:
         restart = demo.restart_run(args, os.path.join(tmp, "ckpt.minidist"),
                                    _no_curve(args.steps), restart_path)
         ft_marks, restart_marks = demo.read_marks(ft_path), demo.read_marks(restart_path)
-    step, commit = demo.step_seconds(ft_marks), demo.commit_seconds(ft_marks)
-    restart_step = demo.step_seconds(restart_marks)
+    step, restart_step = demo.step_seconds(ft_marks), demo.step_seconds(restart_marks)
     return dict(kill_step=kill_step, step=step,
-                lost=demo.time_lost(ft_marks, commit)[1],
+                lost=demo.time_lost(ft_marks, step)[1],
                 detect=demo.detect_seconds(ft_marks, survivors[0]["noticed"]),
                 heal=demo.heal_seconds(survivors),
                 restart_step=restart_step,
-                restart_lost=demo.time_lost(restart_marks,
-                                            demo.commit_seconds(restart_marks))[1],
+                restart_lost=demo.time_lost(restart_marks, restart_step)[1],
                 terms=demo.restart_terms(restart_marks, restart),
                 redo=kill_step - restart["resume"] + 1)
 

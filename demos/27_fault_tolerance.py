@@ -127,31 +127,24 @@ def step_seconds(marks):
     return spans[len(spans) // 2]
 
 
-def commit_seconds(marks):
-    """The median time from a step's start to its commit, on rank 0 (what ``time_lost``
-    takes off for the step that the commit after the kill did)."""
-    latest, spans = {}, []          # step -> its latest start (a restart redoes steps)
-    for what, step, t in marks:     # in time order
-        if what == "start":
-            latest[step] = t
-        elif what == "commit" and step in latest:
-            spans.append(t - latest[step])
-    return sorted(spans)[len(spans) // 2]
-
-
-def time_lost(marks, commit_s):
+def time_lost(marks, step_s):
     """Measured from the marks, from the kill on: (kill -> the first commit that takes
-    the run past where it was, lost). ``lost`` = that commit's time - the failed step's
-    start - ``commit_s`` (the step that commit did, from its start: ``commit_seconds``):
+    the run past where it was, lost). Without the failure, the step after rank 0's
+    commit of step s-1 (s the failed step) would have committed ``step_s`` (T_step,
+    commit to commit) later, so
+
+        lost = that commit's time - rank 0's commit of step s-1 - T_step
+
     the failed step's pass of the loop, the detection, the new quorum or world, the
-    reload and any recomputed steps."""
+    reload and any recomputed steps. (Not from the failed step's start: rank 0 may
+    start it after the victim, which is ahead in the loop, has died.)"""
     kill_t, killed = next((t, s) for w, s, t in marks if w == "kill")
-    began = max(t for w, s, t in marks if w == "start" and t < kill_t)
+    before = next(t for w, s, t in marks if w == "commit" and s == killed - 1)
     # per-step FT: the first commit after the kill, of the next step (the failed one is
     # dropped); restart: the commit of the failed step, redone by the new world after the
     # steps since the checkpoint
     again = next(t for w, s, t in marks if w == "commit" and t > kill_t and s >= killed)
-    return again - kill_t, again - began - commit_s
+    return again - kill_t, again - before - step_s
 
 
 def detect_seconds(marks, noticed):
@@ -287,11 +280,11 @@ if __name__ == "__main__":
         marks = {k: read_marks(p) for k, p in paths.items()}
     report(args, runs, ft, {"ft": detect_seconds(marks["ft"], ft[0]["noticed"]),
                             "restart": restart_terms(marks["restart"], runs["restart"])})
-    commit_s = commit_seconds(marks["base"])
+    step_s = step_seconds(marks["base"])
     print("measured from the kill (time stamps on one clock; lost = the first commit past "
-          "where the run was - the failed step's start - that step's start to commit):")
+          "where the run was - the commit before the failed step - one step):")
     for label, key in (("per-step FT", "ft"), ("restart", "restart")):
-        interval, lost = time_lost(marks[key], commit_s)
+        interval, lost = time_lost(marks[key], step_s)
         print(f"  {label + ':':<13}kill -> commit {interval:.3f} s, lost {lost:.3f} s")
     if args.figure:
         from _figures import fault_tolerance_runs
