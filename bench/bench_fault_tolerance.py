@@ -34,9 +34,9 @@ reload left out (T_init: the model built, the first quorum), reading the checkpo
 
 The default width is 256 so that one step is clearly longer than the OS's part: a
 spawned interpreter with NumPy and minidist imported, SIGKILLed, is reported 2.6 to
-3.5 ms after the kill on the 2-core VM (more under load), while a step at width 64
-takes about 4 ms, as long as the teardown, and one at width 256 about 11 ms (the
-state healed then is 2.4 MB, 2.4 ms on the 1 GB/s link). Single kills scatter by a
+3.9 ms after the kill on the 2-core VM (up to 10 ms when it is busy), while a step
+takes about 4 ms at width 64, as long as the teardown, and about 11 ms at width 256
+(the state healed then is 2.4 MB, 2.4 ms on the 1 GB/s link). Single kills scatter by a
 scheduler's wake-up of a few ms on a shared machine, so the bench draws several and
 checks the bar on the medians: per-step FT loses at most one step plus the healing
 transfer, T_detect shown beside (median lost <= median T_step + median T_detect +
