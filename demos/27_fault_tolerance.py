@@ -27,6 +27,7 @@ import signal
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 from minidist.comm import RankFailedError, World
 from _args import positive, positive_int
@@ -119,33 +120,31 @@ def read_marks(path):
 def step_seconds(marks):
     """T_step: the median time from a step's start to the next step's start, on rank 0:
     one pass of the loop (quorum, forward, backward, all-reduce, commit, the held-out
-    loss), what a dropped or redone step costs."""
-    starts = sorted((s, t) for w, s, t in marks if w == "start")
+    loss), what a dropped or redone step costs. Starts next in time whose steps follow
+    on (a restart's first step after the kill does not, nor one after a dropped step)."""
+    starts = [(s, t) for w, s, t in marks if w == "start"]          # in time order
     spans = sorted(b - a for (s, a), (n, b) in zip(starts, starts[1:]) if n == s + 1)
     return spans[len(spans) // 2]
 
 
-def commit_seconds(marks):
-    """The median time from a step's start to its commit, on rank 0 (what ``time_lost``
-    takes off for the step that the commit after the kill did)."""
-    starts = {s: t for w, s, t in marks if w == "start"}
-    spans = sorted(t - starts[s] for w, s, t in marks if w == "commit" and s in starts)
-    return spans[len(spans) // 2]
-
-
-def time_lost(marks, commit_s):
+def time_lost(marks, step_s):
     """Measured from the marks, from the kill on: (kill -> the first commit that takes
-    the run past where it was, lost). ``lost`` = that commit's time - the failed step's
-    start - ``commit_s`` (the step that commit did, from its start: ``commit_seconds``):
+    the run past where it was, lost). Without the failure, the step after rank 0's
+    commit of step s-1 (s the failed step) would have committed ``step_s`` (T_step,
+    commit to commit) later, so
+
+        lost = that commit's time - rank 0's commit of step s-1 - T_step
+
     the failed step's pass of the loop, the detection, the new quorum or world, the
-    reload and any recomputed steps."""
+    reload and any recomputed steps. (Not from the failed step's start: rank 0 may
+    start it after the victim, which is ahead in the loop, has died.)"""
     kill_t, killed = next((t, s) for w, s, t in marks if w == "kill")
-    began = max(t for w, s, t in marks if w == "start" and t < kill_t)
+    before = next(t for w, s, t in marks if w == "commit" and s == killed - 1)
     # per-step FT: the first commit after the kill, of the next step (the failed one is
     # dropped); restart: the commit of the failed step, redone by the new world after the
     # steps since the checkpoint
     again = next(t for w, s, t in marks if w == "commit" and t > kill_t and s >= killed)
-    return again - kill_t, again - began - commit_s
+    return again - kill_t, again - before - step_s
 
 
 def detect_seconds(marks, noticed):
@@ -174,19 +173,23 @@ def heal_seconds(results):
 def restart_run(args, ckpt, uninterrupted, marks=None):
     """The kill in a world that stops; then a new world from the last checkpoint. Its
     curve: the uninterrupted run's up to the kill (the same data, the same math), then
-    the new world's from the checkpoint on, after its start and the reload."""
+    the new world's from the checkpoint on, after its start and the reload. Also
+    returns, on time.monotonic(): when the launcher saw the death (``noticed``), when
+    the stopped world was gone (``stopped``: its survivors ended, its segment removed)
+    and when the new world was up (``started``)."""
     begin = time.perf_counter()
     try:
         with World(3, timeout=30.0) as world:
             first = time.perf_counter()              # training from here: the first start out
             world.run(train_rank, args, (1, args.kill_step), 0, ckpt, marks)
     except RankFailedError as e:
+        stopped = time.monotonic()                   # run() raises once the world is closed
         print(f"restart run: rank {e.rank} failed ({e.exc_type}); starting a new world")
         noticed = world.noticed                      # when the launcher saw the death
     resume = (args.kill_step // args.ckpt_every) * args.ckpt_every
     again = time.perf_counter()
     with World(3, timeout=30.0) as world:
-        start_s = time.perf_counter() - again
+        start_s, started = time.perf_counter() - again, time.monotonic()
         result = world.run(train_rank, args, (-1, -1), resume, ckpt, marks)[0]
     killed_at = uninterrupted["times"][args.kill_step]        # the failed step's end, about
     shift = killed_at + start_s + result["load_s"]
@@ -194,8 +197,35 @@ def restart_run(args, ckpt, uninterrupted, marks=None):
                                                                    result["times"]]
     result["losses"] = uninterrupted["losses"][:args.kill_step] + result["losses"]
     result.update(wall=time.perf_counter() - begin, resume=resume, start_s=start_s,
-                  train_s=time.perf_counter() - first, noticed=noticed)
+                  train_s=time.perf_counter() - first, noticed=noticed, stopped=stopped,
+                  started=started)
     return result
+
+
+class RestartTerms(NamedTuple):
+    """The restart's lost time, term by term, measured in its run (seconds)."""
+    detect: float    # the kill -> the launcher sees the death (the OS's teardown)
+    stop: float      # -> the stopped world gone: its survivors ended, joined, its segment
+                     # removed (World.close after a failure)
+    start: float     # -> the new world up: 3 interpreters spawned, minidist imported,
+                     # the process group initialised
+    init: float      # -> its first step's start, the reload left out: the run sent to
+                     # the ranks, the model and optimizer built, the first quorum (which
+                     # makes every replica alike: a transfer of the state)
+    reload: float    # reading the checkpoint (rank 0's)
+
+    def total(self, redo: int, step: float) -> float:
+        """T_detect + T_stop + T_start + T_init + T_reload + redo x T_step."""
+        return self.detect + self.stop + self.start + self.init + self.reload + redo * step
+
+
+def restart_terms(marks, restart) -> RestartTerms:
+    """The terms of ``restart_run``'s lost time, from its marks and its stamps."""
+    first = next(t for w, s, t in marks if w == "start" and t > restart["started"])
+    return RestartTerms(detect_seconds(marks, restart["noticed"]),
+                        restart["stopped"] - min(restart["noticed"].values()),
+                        restart["started"] - restart["stopped"],
+                        first - restart["started"] - restart["load_s"], restart["load_s"])
 
 
 def ft_run(args, kill_at, marks=None):
@@ -210,7 +240,7 @@ def ft_run(args, kill_at, marks=None):
 
 def report(args, runs, ft, detect):
     """Each run's wall time, and the goodput formula with the terms measured here
-    (``detect``: T_detect of the FT run and of the restart run)."""
+    (``detect``: T_detect of the FT run, and the restart run's ``RestartTerms``)."""
     print(f"\n{'run':<16}{'last loss':>10}{'wall s':>8}   (world starts included; on a "
           f"loaded machine their difference is noise)")
     for label, r in runs.items():
@@ -218,16 +248,15 @@ def report(args, runs, ft, detect):
     times = runs["uninterrupted"]["times"]
     step_s = (times[-1] - times[0]) / (len(times) - 1)       # one step, world start left out
     heal = heal_seconds(ft)
-    restart = runs["restart"]
+    restart, terms = runs["restart"], detect["restart"]
     redo = args.kill_step - restart["resume"] + 1            # the failed step, and those before
     print(f"\nlost per failure, the goodput formula with the terms measured here "
           f"(load average {os.getloadavg()[0]:.1f}):")
     print(f"  per-step FT: one step + detection + healing = {step_s:.3f} + "
           f"{detect['ft']:.3f} + {heal:.3f} = {step_s + detect['ft'] + heal:.3f} s")
-    print(f"  restart:     detection + start + reload + {redo} steps = "
-          f"{detect['restart']:.3f} + {restart['start_s']:.3f} + {restart['load_s']:.3f} + "
-          f"{redo * step_s:.3f} = "
-          f"{detect['restart'] + restart['start_s'] + restart['load_s'] + redo * step_s:.3f} s")
+    print(f"  restart:     detection + stop + start + init + reload + {redo} steps = "
+          f"{terms.detect:.3f} + {terms.stop:.3f} + {terms.start:.3f} + {terms.init:.3f} + "
+          f"{terms.reload:.3f} + {redo * step_s:.3f} = {terms.total(redo, step_s):.3f} s")
 
 
 if __name__ == "__main__":
@@ -250,13 +279,12 @@ if __name__ == "__main__":
                                       runs["uninterrupted"], paths["restart"])
         marks = {k: read_marks(p) for k, p in paths.items()}
     report(args, runs, ft, {"ft": detect_seconds(marks["ft"], ft[0]["noticed"]),
-                            "restart": detect_seconds(marks["restart"],
-                                                      runs["restart"]["noticed"])})
-    commit_s = commit_seconds(marks["base"])
+                            "restart": restart_terms(marks["restart"], runs["restart"])})
+    step_s = step_seconds(marks["base"])
     print("measured from the kill (time stamps on one clock; lost = the first commit past "
-          "where the run was - the failed step's start - that step's start to commit):")
+          "where the run was - the commit before the failed step - one step):")
     for label, key in (("per-step FT", "ft"), ("restart", "restart")):
-        interval, lost = time_lost(marks[key], commit_s)
+        interval, lost = time_lost(marks[key], step_s)
         print(f"  {label + ':':<13}kill -> commit {interval:.3f} s, lost {lost:.3f} s")
     if args.figure:
         from _figures import fault_tolerance_runs

@@ -26,3 +26,8 @@ def named_dtype(name: str) -> np.dtype:
     if not isinstance(found, type):
         raise ValueError(f"dtype {name!r} is known neither to NumPy nor to ml_dtypes") from None
     return np.dtype(found)
+
+
+def is_numpy_scalar(value: object) -> bool:
+    """A NumPy scalar (np.float64(1.5), np.int64(3)): no plain Python value, no array."""
+    return isinstance(value, np.generic)

@@ -157,7 +157,7 @@ class Module:
                                  f"{p.shape} in the model")
             if not backend.is_array(value):
                 value = backend.from_host(value)
-            p.data[...] = value.astype(p.dtype)
+            p.data[...] = value.astype(p.dtype, copy=False)   # the assignment copies
 
     def to_dtype(self, dtype: Any) -> "Module":
         """Cast every parameter (in place of its data) to ``dtype``."""

@@ -55,4 +55,6 @@ def recv_state(src: int, group: ProcessGroup) -> Received:
     skeleton_bytes, length = (int(v) for v in backend.to_host(sizes))
     buffer = xp.empty(length, dtype="uint8")                                   # (len,)
     recv(buffer, src, group)
-    return Received(unpack_state(buffer, skeleton_bytes), SIZES_BYTES + length)
+    # the arrays as views of ``buffer``, which only this call holds: load_state_dict
+    # copies them into the parameters and the optimizer's state
+    return Received(unpack_state(buffer, skeleton_bytes, copy=False), SIZES_BYTES + length)

@@ -79,3 +79,41 @@ def test_ml_dtypes_arrays_come_back_as_themselves_not_as_raw_bytes(name):
     sent = np.linspace(-3, 3, 10).astype(getattr(ml_dtypes, name)).reshape(2, 5)
     back = unpack_state(*pack_state({"m": sent}))["m"]
     assert back.dtype == sent.dtype and back.tobytes() == sent.tobytes()
+
+
+@settings(max_examples=20, deadline=None)
+@given(state=states())
+def test_unpacked_views_are_each_arrays_own_bytes_of_the_buffer(state):
+    """copy=False (what a healed replica loads): each array a view of the buffer, bit
+    for bit the packed one, and no two share a byte (writing one leaves the rest)."""
+    buffer, skeleton_bytes = pack_state(state)
+    sent = [x for x in _leaves(state) if backend.is_array(x)]
+    got = [x for x in _leaves(unpack_state(buffer, skeleton_bytes, copy=False))
+           if backend.is_array(x)]
+    for a, b in zip(got, sent):
+        assert backend.to_host(a).tobytes() == backend.to_host(b).tobytes()
+    buffer[skeleton_bytes:] = 255                  # every array's bytes, through the buffer
+    for a in got:
+        assert all(byte == 255 for byte in backend.to_host(a).tobytes())
+    for i, a in enumerate(got):
+        if a.size:
+            a.reshape(-1).view("uint8")[:] = 0     # one array's bytes; the others keep theirs
+            others = [x for j, x in enumerate(got) if j != i]
+            assert all(byte == 255 for x in others for byte in backend.to_host(x).tobytes())
+            a.reshape(-1).view("uint8")[:] = 255
+
+
+def test_numpy_scalars_come_back_as_the_same_scalars():
+    """A step or a loss scale kept as a NumPy scalar: neither a plain value marshal
+    writes nor an array; it travels as a 0-d array and comes back its own type."""
+    sent = {"step": np.int64(7), "scale": np.float64(2.0 ** 16), "half": np.float16(0.1)}
+    back = unpack_state(*pack_state(sent))
+    for key, value in sent.items():
+        assert type(back[key]) is type(value) and back[key].tobytes() == value.tobytes()
+
+
+def test_a_value_the_buffer_cannot_carry_is_refused_naming_where_it_is():
+    class Sampler:
+        pass
+    with pytest.raises(TypeError, match=r"state\['data'\]\[1\]\['sampler'\] is a Sampler"):
+        pack_state({"model": {}, "data": [3, {"sampler": Sampler()}]})
