@@ -33,6 +33,13 @@ with a fixed per-coordinate step size, and momentum SGD tolerates 1-bit compress
 with error feedback. The bytes of the compression stage are about 1/32 of the
 warm-up's (``minidist calc diloco`` counts both).
 
+Saving: ``state_dict()`` holds, beside Adam's buffers, the step count (whether the
+variance is frozen yet) and this rank's error feedback under ``'onebit'``, so that a run
+saved and loaded mid-way takes the uninterrupted run's steps bit for bit. The worker
+error is this rank's own: save one file per rank (``save_checkpoint(...,
+rank0_only=False)``) and load each rank its own, at the same world size. (DeepSpeed
+drops the errors on load instead and restarts the feedback from zero.)
+
 The optimizer does its own communication (as DeepSpeed's engine turns its backward
 all-reduce off for it): use it on a model that is *not* wrapped in DDP. It starts
 every rank from the group's first rank's parameters. ``group``: the ranks to average
@@ -43,6 +50,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import minidist.distributed as dist
+from minidist import backend
 from minidist.backend import xp
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.optim.optimizer import Optimizer, check_non_negative
@@ -132,6 +140,53 @@ class OnebitAdam(Optimizer):
             if group["weight_decay"] > 0:
                 update += group["weight_decay"] * p.data
             p.data -= group["lr"] * update
+
+    def state_dict(self) -> dict[str, Any]:
+        """Adam's state dict, and under ``'onebit'`` the step count and each param group's
+        error feedback with the parameters (their indices in the state dict) it is laid
+        out over: ``{'steps': int, 'errors': {group: {'worker': (n',), 'server':
+        (n'/N,), 'params': [indices]}}}`` (live arrays, as the buffers)."""
+        saved = super().state_dict()
+        index = {id(p): i for i, p in enumerate(
+            p for g in self.param_groups for p in g["params"])}
+        errors = {g: {"worker": e.worker, "server": e.server,
+                      "params": [index[i] for i in self._laid_out[g]]}
+                  for g, e in self.errors.items()}
+        saved["onebit"] = {"steps": self.steps, "errors": errors}
+        return saved
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore Adam's buffers, the step count and the error feedback (copied)."""
+        if "onebit" not in state_dict:
+            raise ValueError("not a 1-bit Adam state dict: no 'onebit' entry (the step "
+                             "count and the error feedback); it was saved from another "
+                             "optimizer")
+        onebit = state_dict["onebit"]
+        params = [p for g in self.param_groups for p in g["params"]]
+        world = dist.get_world_size(self.group)
+        errors, laid_out = {}, {}
+        for g, saved in onebit["errors"].items():
+            g = int(g)
+            if not 0 <= g < len(self.param_groups):
+                raise ValueError(f"1-bit Adam's state dict has error feedback for param "
+                                 f"group {g}; this optimizer has {len(self.param_groups)}")
+            ps = [params[int(i)] for i in saved["params"]]
+            want = new_errors(sum(p.data.size for p in ps), world, ps[0].data.dtype)
+            if saved["worker"].shape != want.worker.shape or \
+                    saved["server"].shape != want.server.shape:
+                raise ValueError(
+                    f"1-bit Adam's error feedback of param group {g} was saved at another "
+                    f"world size (server error {tuple(saved['server'].shape)}, this world "
+                    f"of {world} needs {tuple(want.server.shape)}): resume at the same "
+                    f"world size")
+            errors[g] = OneBitErrors(backend.from_host(saved["worker"]).astype(
+                want.worker.dtype, copy=True), backend.from_host(saved["server"]).astype(
+                want.server.dtype, copy=True))
+            laid_out[g] = [id(p) for p in ps]
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "onebit"})
+        self.steps = int(onebit["steps"])
+        self.frozen = self.steps >= self.freeze_step
+        self.errors, self._laid_out = errors, laid_out
 
     def _errors_of(self, group: dict, params: list) -> OneBitErrors:
         """The group's flat error buffers, made at its first compressed step; they are

@@ -182,3 +182,49 @@ def test_a_param_group_of_two_dtypes_is_refused():
     mixed = [backend.from_host(np.ones(3, dtype=np.float32)), backend.from_host(np.ones(2))]
     with pytest.raises(ValueError, match="param group of their own"):
         flatten(mixed)
+
+
+def run_resumed(seed, shapes, steps, freeze_step, stop, directory):
+    """Like ``run_onebit``, but after ``stop`` steps each rank saves a checkpoint of its
+    own (the error feedback is this rank's), and a new model and optimizer load it and
+    take the remaining steps: the parameters after the last step."""
+    from minidist import backend, nn
+    from minidist.autograd import Tensor
+    import minidist.distributed as dist
+    from minidist.checkpoint import load_checkpoint, save_checkpoint
+    from minidist.parallel.data.onebit_adam import OnebitAdam
+
+    class Weights(nn.Module):
+        def __init__(self, arrays):
+            super().__init__()
+            for i, a in enumerate(arrays):
+                setattr(self, f"w{i}", nn.Parameter(Tensor(backend.from_host(a))))
+
+    rank = dist.get_rank()
+    path = f"{directory}/rank{rank}.ckpt"
+    model = Weights([w + rank for w in start(seed, shapes)])
+    opt = OnebitAdam(model.parameters(), freeze_step=freeze_step, **HYPER)
+    for step in range(steps):
+        if step == stop:
+            save_checkpoint(path, model, opt, rank0_only=False)
+            model = Weights([np.zeros(s) for s in shapes])
+            opt = OnebitAdam(model.parameters(), freeze_step=freeze_step, **HYPER)
+            load_checkpoint(path, model, opt)
+        for p, g in zip(model.parameters(), grad(seed, step, rank, shapes)):
+            p.grad = backend.from_host(g)
+        opt.step()
+    return [backend.to_host(p.data).copy() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("stop", [1, 4], ids=["saved-in-warm-up", "saved-compressed"])
+def test_a_run_resumed_from_a_checkpoint_takes_the_uninterrupted_runs_steps(
+        world, tmp_path, stop):
+    """The step count (when the variance freezes) and both error-feedback buffers are
+    in the optimizer's state dict: a run saved and loaded mid-way ends on the same bits
+    as the run that never stopped."""
+    shapes, steps, freeze_step = [(3, 5), (4,)], 7, 2
+    whole = [r["params"][-1] for r in world.run(run_onebit, 0, shapes, steps, freeze_step)]
+    resumed = world.run(run_resumed, 0, shapes, steps, freeze_step, stop, str(tmp_path))
+    for want, got in zip(whole, resumed):
+        for w, g in zip(want, got):
+            assert np.array_equal(w, g)
