@@ -32,6 +32,9 @@ post-hook, so the parameters it leaves are the synchronised ones)::
 the world, or one dimension of a mesh, so that a replica may itself be DDP / TP over
 the other dimension. Each replica's inner optimizer keeps its state across rounds,
 and so does the outer optimizer (its momentum), one buffer per parameter.
+``state_dict()`` / ``load_state_dict()`` save and restore DiLoCo's own part of a
+checkpoint (theta_global, the outer optimizer, the inner step count), beside the model
+and the inner optimizer, so that a resumed run takes the uninterrupted run's steps.
 
 ``shard_group``: for a replica that is DDP inside (its ranks hold the same parameters),
 the process group (or 1-D DeviceMesh) of this rank's replica. Rank j of the L ranks then
@@ -59,6 +62,7 @@ from minidist.nn import Module
 from minidist.parallel.diloco import outer_grad, over_quorum
 from minidist.parallel.diloco.schedule import check_schedule, fragment_starting_at
 from minidist.parallel.diloco.shard import replica_slices
+from minidist import backend
 from minidist.backend import xp
 from minidist.trace import recorder as trace
 
@@ -210,11 +214,45 @@ class DiLoCo:
                               {"bytes": int(frag.wire.nbytes), "merge_step": frag.merge_at})
 
 
+    # -- saving and resuming -------------------------------------------------------
+    def state_dict(self) -> dict:
+        """DiLoCo's own state, beside the model's and the inner optimizer's: the inner
+        step count t, theta_global of each fragment and the outer optimizer's state (its
+        momentum): ``{'local_step': t, 'global': [[array, ...] per fragment], 'outer':
+        outer.state_dict()}`` (live arrays). Each replica saves its own (its model is
+        its own between syncs). Refused while a fragment's outer gradient is on the wire
+        (``fragment_sync_delay`` > 0): that cannot be saved."""
+        busy = [f for f, frag in enumerate(self.fragments) if frag.pending is not None]
+        if busy:
+            raise RuntimeError(
+                f"fragment(s) {busy} are synchronising (their outer gradient is in flight "
+                f"until inner step {self.fragments[busy[0]].merge_at}; this is step "
+                f"{self.local_step}): save at a step where no synchronisation is in flight")
+        return {"local_step": self.local_step,
+                "global": [list(frag.global_params) for frag in self.fragments],
+                "outer": self.outer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` saved (arrays copied). Load it after building
+        DiLoCo: its construction broadcasts the first replica's parameters, which would
+        overwrite a model loaded before."""
+        saved = state["global"]
+        shapes = [[tuple(g.shape) for g in frag.global_params] for frag in self.fragments]
+        if [[tuple(a.shape) for a in arrays] for arrays in saved] != shapes:
+            raise ValueError("DiLoCo's state dict holds theta_global of other fragments or "
+                             "shapes than this DiLoCo's: build it with the same model and "
+                             "fragments")
+        self.outer.load_state_dict(state["outer"])
+        self.local_step = int(state["local_step"])
+        for frag, arrays in zip(self.fragments, saved):
+            for g, a in zip(frag.global_params, arrays):
+                g[...] = backend.from_host(a)
+
     def _ft_state(self) -> dict:
-        return over_quorum.state_dict(self)
+        return self.state_dict()
 
     def _load_ft_state(self, state: dict) -> None:
-        over_quorum.load_state_dict(self, state)
+        self.load_state_dict(state)
 
     def _bounds(self, frag: Fragment) -> tuple[int, int | None]:
         """[lo, hi) of the fragment's values this rank sends (all without a shard_group)."""

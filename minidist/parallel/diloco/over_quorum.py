@@ -20,7 +20,7 @@ one failed all-reduce; the survivors keep their inner steps. (torchft's DiLoCo d
 round instead: every survivor goes back to theta_global and redoes its H steps.)
 
 The state a healing replica receives is the caller's (model, inner optimizer, sampler)
-and DiLoCo's own, registered with the manager under "diloco" (``state_dict``):
+and DiLoCo's own, registered with the manager under "diloco" (``DiLoCo.state_dict``):
 theta_global of each fragment, the outer optimizer's state (its momentum) and the inner
 step count. The manager's first quorum makes every replica alike (init_sync), as the
 broadcast from the group's first rank does without a manager.
@@ -74,17 +74,3 @@ def sync_over_quorum(diloco: Any, f: int) -> None:
     frag.history.append((diloco.local_step, diloco.local_step))
     diloco.outer_step(frag, wire)
 
-
-def state_dict(diloco: Any) -> dict:
-    """DiLoCo's part of the healed state: theta_global, the outer optimizer, the step."""
-    return {"local_step": diloco.local_step,
-            "global": [list(frag.global_params) for frag in diloco.fragments],
-            "outer": diloco.outer.state_dict()}
-
-
-def load_state_dict(diloco: Any, state: dict) -> None:
-    diloco.local_step = state["local_step"]
-    for frag, arrays in zip(diloco.fragments, state["global"]):
-        for g, a in zip(frag.global_params, arrays):
-            g[...] = a
-    diloco.outer.load_state_dict(state["outer"])
