@@ -36,9 +36,19 @@ class DistributedDataParallel(Module):
         return self.module(*args, **kwargs)
 
     def sync_gradients(self) -> None:
-        for p in self.module.parameters():
-            if p.grad is not None:
-                self._manager.allreduce(p.grad)
+        """Average every gradient over the quorum, one all-reduce per parameter in the
+        model's order. Every parameter that requires a gradient must have one on every
+        replica (as data/ddp.py asks): the replicas pair their all-reduces by order, so
+        one replica's missing gradient would pair the next parameter with it."""
+        params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        missing = [n for n, p in params if p.grad is None]
+        if missing:
+            raise RuntimeError(f"DistributedDataParallel: parameters {missing} received no "
+                               "gradient in this backward; every parameter must take part "
+                               "in the loss on every replica (unused parameters are not "
+                               "supported: the quorum's all-reduces pair by order)")
+        for _, p in params:
+            self._manager.allreduce(p.grad)
 
 
 class OptimizerWrapper:
