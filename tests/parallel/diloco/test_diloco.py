@@ -132,3 +132,46 @@ def test_diloco_over_a_mesh_dimension_composes_with_sharded_replicas(shape):
     for step in range(case["steps"]):
         for rank in range(world):
             assert_close(got[rank][step], want[step][rank // (world // 2)])
+
+
+def train_with_a_scaler(case, skip_at):
+    """DiLoCo whose inner steps go through a GradScaler; at iteration ``skip_at`` (None:
+    none) every replica's loss is NaN, so the scaler skips that step. Returns the
+    parameters at the end and DiLoCo's inner step count."""
+    import minidist.distributed as dist
+    from minidist import backend
+    from minidist.autograd import Tensor
+    from minidist.optim import SGD
+    from minidist.parallel.diloco import DiLoCo
+    from minidist.precision import GradScaler
+    from parallel.diloco.diloco_cases import batch, make_inner, make_model, snapshot
+    rank = dist.get_rank()
+    model = make_model(case, seed_offset=rank)
+    inner = make_inner(case, model.parameters())
+    outer = SGD(model.parameters(), **case["outer"])
+    scaler = GradScaler(init_scale=2.0 ** 4)
+    batches = [batch(case, step, rank) for step in range(case["steps"])]
+    if skip_at is not None:
+        x, y = batches[skip_at]
+        batches.insert(skip_at, (x * np.nan, y))
+    with DiLoCo(model, inner, outer, sync_every=case["H"]) as diloco:
+        for x, y in batches:
+            out = model(Tensor(backend.from_host(x)))
+            diff = out - Tensor(backend.from_host(y))
+            scaler.scale((diff * diff).mean()).backward()
+            scaler.step(inner)
+            scaler.update()
+            inner.zero_grad()
+    return snapshot(model), diloco.local_step
+
+
+def test_a_step_the_grad_scaler_skips_is_no_inner_step_of_diloco(world):
+    """A skipped step (inf / NaN gradients) leaves the parameters and DiLoCo's count of
+    inner steps alone: the run equals the one without that iteration, syncs included."""
+    case = case_of(world=world.world_size, seed=2, H=2, steps=5)
+    clean = world.run(train_with_a_scaler, case, None)
+    skipped = world.run(train_with_a_scaler, case, 1)
+    for (want, t_want), (got, t_got) in zip(clean, skipped):
+        assert t_got == t_want == case["steps"]
+        for name in want:
+            assert np.array_equal(want[name], got[name]), name
