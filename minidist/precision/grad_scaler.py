@@ -23,11 +23,15 @@ two give the same scale trajectory and skip the same steps.
 Across ranks (ZeRO, sharded gradients) each rank only sees its own gradients, so
 all must agree on "found inf" or they would step differently. Pass
 ``found_inf_reduce``: a callable taking the local flag (a 0-d float32 array,
-1.0 if this rank found inf / NaN) and returning the flag combined over ranks,
-e.g. ``lambda f: dist.all_reduce(f, op=ReduceOp.MAX)``. It runs in ``unscale_``.
+1.0 if this rank found inf / NaN) and returning the flag combined over ranks:
+``minidist.parallel.found_inf_reduce(group)``, the MAX over the group. It runs in
+``unscale_``.
 Parameters that ``fully_shard`` or ``parallelize_module`` cut need none: their
 flag is max-combined over the ranks holding the other pieces (autograd/pieces.py),
-as torch's GradScaler does for DTensor gradients.
+as torch's GradScaler does for DTensor gradients. Nor does an optimizer that sends
+each rank's own gradients itself (1-bit Adam: no DDP averaged them, so one rank's
+inf is that rank's alone): it says so with a method ``combine_found_inf(flag)``,
+which ``unscale_`` calls, as DeepSpeed's engine max-reduces its overflow flag.
 """
 from __future__ import annotations
 
@@ -95,6 +99,9 @@ class GradScaler:
                 p.grad *= inv_scale.astype(p.grad.dtype)
         for layout, _ in piece_kinds(params)[1]:   # pieces: their holders agree
             found_inf = xp.asarray(layout.combine(float(found_inf), math.inf), dtype=xp.float32)
+        combine = getattr(optimizer, "combine_found_inf", None)
+        if combine is not None:     # an optimizer that sends rank-local gradients itself
+            found_inf = combine(found_inf)
         if self._found_inf_reduce is not None:
             found_inf = self._found_inf_reduce(found_inf)
         state["found_inf"] = found_inf

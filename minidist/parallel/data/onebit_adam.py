@@ -54,6 +54,7 @@ from minidist import backend
 from minidist.backend import xp
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.optim.optimizer import Optimizer, check_non_negative
+from minidist.parallel.data.naive import found_inf_reduce
 from minidist.parallel.data.onebit import OneBitErrors, compressed_allreduce, new_errors
 
 
@@ -101,6 +102,12 @@ class OnebitAdam(Optimizer):
         for g in self.param_groups:
             for p in g["params"]:
                 dist.broadcast(p.data, src=src, group=group)
+
+    def combine_found_inf(self, found_inf: Any) -> Any:
+        """GradScaler's found-inf flag over the group (``unscale_`` calls this): each rank
+        holds its own gradient, so an inf on one rank must skip the step on all, or the
+        rank that skipped would pair its next all-reduce with the others' current one."""
+        return found_inf_reduce(self.group)(found_inf)
 
     def step(self, closure: Any = None) -> Any:
         loss = super().step(closure)             # _update_group, once per param group

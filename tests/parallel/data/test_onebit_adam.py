@@ -228,3 +228,47 @@ def test_a_run_resumed_from_a_checkpoint_takes_the_uninterrupted_runs_steps(
     for want, got in zip(whole, resumed):
         for w, g in zip(want, got):
             assert np.array_equal(w, g)
+
+
+def run_scaled(seed, shapes, steps, freeze_step, inf_at):
+    """run_onebit under a GradScaler (each gradient times the scale, as a scaled loss
+    gives: powers of two, exact), with an inf in rank 1's gradient alone at iteration
+    ``inf_at`` (None: nowhere), after which the batches go on where they left off."""
+    from minidist import backend
+    from minidist.autograd import Tensor
+    import minidist.distributed as dist
+    from minidist.parallel.data.onebit_adam import OnebitAdam
+    from minidist.precision import GradScaler
+    rank = dist.get_rank()
+    params = [Tensor(backend.from_host(w + rank), requires_grad=True)
+              for w in start(seed, shapes)]
+    opt = OnebitAdam(params, freeze_step=freeze_step, **HYPER)
+    scaler = GradScaler(init_scale=4.0, growth_interval=1000)
+    out = []
+    for step in range(steps):
+        batch = step if inf_at is None or step <= inf_at else step - 1
+        for p, g in zip(params, grad(seed, batch, rank, shapes)):
+            g = g * scaler.get_scale()
+            if step == inf_at and rank == 1:
+                g.reshape(-1)[0] = np.inf
+            p.grad = backend.from_host(g)
+        scaler.step(opt)
+        scaler.update()
+        out.append([backend.to_host(p.data).copy() for p in params])
+    return out
+
+
+@pytest.mark.parametrize("freeze_step", [5, 1], ids=["inf-in-warm-up", "inf-compressed"])
+def test_an_inf_on_one_rank_alone_skips_the_step_on_every_rank(world, freeze_step):
+    """No DDP averages 1-bit Adam's gradients, so GradScaler's flag must be combined over
+    the ranks (combine_found_inf): the run with an inf on rank 1 at step 2 equals the
+    run without it, that step repeated as a skip. Without the combining, rank 1 alone
+    skipped and its next all-reduce met the others' current one."""
+    shapes = [(3, 2), (4,)]
+    clean = world.run(run_scaled, 3, shapes, 5, freeze_step, None)
+    hit = world.run(run_scaled, 3, shapes, 6, freeze_step, 2)
+    for rank in range(world.world_size):
+        got = hit[rank][:2] + hit[rank][3:]              # step 2 skipped: parameters kept
+        for a, b in zip(hit[rank][2], hit[rank][1]):
+            assert np.array_equal(a, b)
+        assert all(np.array_equal(x, y) for g, w in zip(got, clean[rank]) for x, y in zip(g, w))
