@@ -3,7 +3,7 @@
     python bench/bench_latency.py                 # world 2, 1 KiB of float32
     python bench/bench_latency.py --worlds 2 4 --size 16K
     python bench/bench_latency.py --collective all_to_all_single --size 4K
-    python bench/bench_latency.py --ab 9          # the call notes: before / now, in turn
+    python bench/bench_latency.py --ab 9          # the call path: before / now, in turn
 
 On every rank of a local world it times, per call (best of 5 windows of
 ``--iters`` calls, each window timed by its slowest rank):
@@ -37,9 +37,11 @@ record and counts as rank 0's own, so ``dist.all_reduce`` and
 is one rank's own work (Python, copy, fold), which a burst of load elsewhere
 lengthens far less than a wait for a peer.
 
-With ``--ab ROUNDS`` it only compares the call notes (the flight record and
-the thread's call state, transport/flight.py and local_wait.py) of before
-(``notes_before``) and of now, switched round by round in the same processes:
+With ``--ab ROUNDS`` it only compares the call path of the latency path
+before its last cuts (``calls_before``: the flight recorder reading its own
+clock, the stats added counter by counter, each record copied to compare it,
+the copy in through backend.to_host) and of now, switched round by round in
+the same processes:
 dist.all_reduce, dist.all_to_all_single and a send / recv round trip on both
 ranks, and rank 0 alone; it prints the best round of each and the median of
 now / before per round (on a loaded machine only the ratio counts).
@@ -54,6 +56,14 @@ import argparse
 import time
 
 from _args import byte_size, positive_int
+
+# What the call path of before (``calls_before``) uses, imported once here: an
+# import inside a function costs a microsecond per call.
+from minidist import backend
+from minidist.comm.collectives import alltoall_board, oneshot
+from minidist.comm.transport.board import ticket_of
+from minidist.comm.transport.reduce_op import finish
+from minidist.trace import recorder as trace
 
 
 def _windows(fn, iters: int, barrier) -> list[float]:
@@ -149,7 +159,7 @@ def a2a_parts(size: int, iters: int) -> dict:
 def alone(size: int, iters: int, rounds: int = 0) -> dict:
     """Rank 0's whole all_reduce and all_to_all_single of ``size`` bytes, rank 1's
     part played by rank 0 (the module docstring); rank 1 waits meanwhile.
-    With ``rounds``: each call timed ``rounds`` times with the call notes of
+    With ``rounds``: each call timed ``rounds`` times with the call path of
     before and of now in turn (``NOTES``), as ``"name (notes)": [seconds per round]``."""
     import minidist.distributed as dist
     from minidist.backend import xp
@@ -197,25 +207,21 @@ def alone(size: int, iters: int, rounds: int = 0) -> dict:
                     whole = min(_windows(both, iters, no_barrier))
                     out.setdefault(f"{name} ({notes})", []).append(
                         whole - min(_windows(as_rank_1, iters, no_barrier)))
-            notes_now(g.transport)
+            calls_now(g.transport)
         g._calls = number
     dist.barrier()
     return out
 
 
 def recorder_before(buf, offset: int, rank: int):
-    """flight.py's Recorder as it was before the call notes were cut down (mask
-    and text written when they change; the other words on every call, read back
-    at ``end``): the "before" of ``--ab``."""
+    """flight.py's Recorder as it was before the latency path shared its clock
+    readings (the "before" of ``--ab``): ``begin`` and ``end`` read the wall clock
+    themselves (time.time_ns, microseconds into the int64 words 4, 5)."""
     import time as clock
     from minidist.comm.transport import flight
 
-    class RecorderBefore(flight.NaiveRecorder):
-        def __init__(self, buf, offset, rank):
-            super().__init__(buf, offset, rank)
-            self._last_ranks, self._last_key, self._last_text = None, (), None
-
-        def begin(self, ctx, number, ranks, text):
+    class Before(flight.Recorder):
+        def begin(self, ctx, number, ranks, text, now=None):
             w = self._words
             w[1] = 0
             if ranks is not self._last_ranks and tuple(ranks) != self._last_key:
@@ -226,52 +232,110 @@ def recorder_before(buf, offset: int, rank: int):
                 data = text.encode()[:flight.TEXT_MAX]
                 self._text[:len(data)] = data
                 w[6] = len(data)
+            if ctx != self._ctx:
+                self._ctx = w[2] = ctx
             self._calls += 1
-            w[0], w[2], w[3], w[4], w[5] = self._calls, ctx, number, clock.time_ns() // 1000, 0
+            self._number = w[3] = number
+            w[0] = self._calls
+            w[4] = clock.time_ns() // 1000
             w[1] = flight.IN_CALL
-    return RecorderBefore(buf, offset, rank)      # end: NaiveRecorder's, as it was
+
+        def end(self, now=None):
+            w = self._words
+            w[5] = clock.time_ns() // 1000
+            if self._number >= 0:
+                if self._ctx != self._done_ctx:
+                    self._done_ctx = w[flight.DONE_WORD] = self._ctx
+                w[flight.DONE_WORD + 1] = self._number + 1
+            w[1] = flight.FINISHED
+    return Before(buf, offset, rank)
 
 
-def notes_before(t) -> None:
-    """Put back on transport ``t`` the call notes of before: ``recorder_before``,
-    and the call's state as one attribute of a threading.local per field (as
-    local.py did). A bench stand-in: the waits still read the new state, which
-    it leaves alone (nothing dies in a bench)."""
-    import threading
-    import types
+def oneshot_call_before(group, tensor, plan) -> None:
+    """oneshot.call as it was: its own clock readings in the recorder, the
+    stats added counter by counter (stats.add), each peer's record copied to
+    compare it (oneshot._check), the copy in through backend.to_host."""
+    tag = group.next_collective_tag()
+    start = time.perf_counter()
+    number = group.calls
+    t = group.transport
+    board = t.board
+    ticket = ticket_of(group.ctx, number)
+    t.board_claim(plan.line)
+    plan.mine[...] = backend.to_host(tensor)
+    if plan.record is not None and board.posted_record is not plan.record:
+        board.records[plan.me][:] = backend.to_host(memoryview(plan.record))
+        board.posted_record = plan.record
+    t.board_post(ticket, plan.nbytes, plan.code, plan.peers)
+    t.record_begin(group.ctx, number, group.ranks, plan.line)
+    strays = t.board_wait(plan.peers, ticket, plan.line)
+    if strays:
+        oneshot.another_way(group, plan, strays, tag)
+    oneshot._check(group, plan)
+    xs = plan.by_rank if plan.on_host else [backend.from_host(x) for x in plan.by_rank]
+    combine = plan.combine
+    combine(xs[0], xs[1], tensor)
+    for x in xs[2:]:
+        combine(tensor, x, tensor)
+    if plan.avg:
+        finish(plan.op, tensor, len(xs))
+    board.ack(plan.peers)
+    t.record_end()
+    stats = group.stats
+    stats.add("all_reduce", plan.fields, plan.delta, time.perf_counter() - start)
+    if trace.active is not None:
+        trace.active.call("all_reduce", group.ranks, start, stats.last, group.group_desc)
+
+
+def alltoall_call_before(group, output, input, sp, source_of, move) -> None:
+    """alltoall_board.call as it was: the recorder's own clock readings, stats.add."""
+    tag = group.next_collective_tag()
+    start = time.perf_counter()
+    stats = group.stats
+    before = alltoall_board.board_all_to_all(group, output, input, sp, source_of, group.calls,
+                                             tag, move)
+    group.transport.record_end()
+    if before is None:
+        stats.add("all_to_all_single", sp.plan.fields, sp.tally.delta,
+                  time.perf_counter() - start)
+    else:
+        stats.record("all_to_all_single", before, sp.plan.fields, time.perf_counter() - start)
+    if trace.active is not None:
+        trace.active.call("all_to_all_single", group.ranks, start, stats.last, group.group_desc)
+
+
+_NOW: dict = {}   # the module attributes that ``calls_before`` replaces, as they are
+
+
+def calls_before(t) -> None:
+    """Put back, in this process, the call path of before (on transport ``t``):
+    ``recorder_before``, ``oneshot_call_before``, ``alltoall_call_before``.
+    A bench stand-in: nothing reads the records' times in a bench."""
+    from minidist.comm.collectives import alltoall_board, oneshot
     from minidist.comm.transport import shm
+    _NOW.setdefault("oneshot", oneshot.call)
+    _NOW.setdefault("alltoall", alltoall_board.call)
     t._flight = recorder_before(t._seg.buf, shm.flight_offset(t.world_size), t.rank)
-    local = threading.local()
-
-    def record_begin(self, ctx, number, ranks, text):
-        self._flight.begin(ctx, number, ranks, text)
-        local.ranks = self._watched.get(ctx, ranks) if number >= 0 else []
-        local.call = (ctx, number)
-        local.deaths = 0
-
-    def record_end(self):
-        self._flight.end()
-        local.ranks = None
-        local.call = (None, -1)
-    t.record_begin = types.MethodType(record_begin, t)
-    t.record_end = types.MethodType(record_end, t)
+    oneshot.call = oneshot_call_before
+    alltoall_board.call = alltoall_call_before
 
 
-def notes_now(t) -> None:
-    """The call notes of now on transport ``t``: flight.Recorder and local.py's methods."""
+def calls_now(t) -> None:
+    """The call path of now: flight.Recorder on ``t``, oneshot.call, alltoall_board.call."""
+    from minidist.comm.collectives import alltoall_board, oneshot
     from minidist.comm.transport import flight, shm
     t._flight = flight.Recorder(t._seg.buf, shm.flight_offset(t.world_size), t.rank)
-    t.__dict__.pop("record_begin", None)
-    t.__dict__.pop("record_end", None)
+    oneshot.call = _NOW.get("oneshot", oneshot.call)
+    alltoall_board.call = _NOW.get("alltoall", alltoall_board.call)
 
 
-NOTES = {"before": notes_before, "now": notes_now}
+NOTES = {"before": calls_before, "now": calls_now}
 
 
 def ab_calls(size: int, iters: int, rounds: int) -> dict:
     """dist.all_reduce, dist.all_to_all_single (N equal parts) and a send / recv
     round trip of ``size`` bytes, on every rank, timed ``rounds`` times with the
-    call notes of before and of now in turn (both ranks switch together)."""
+    call path of before and of now in turn (both ranks switch together)."""
     import minidist.distributed as dist
     from minidist.backend import xp
     from minidist.comm.group import resolve
@@ -301,7 +365,7 @@ def ab_calls(size: int, iters: int, rounds: int) -> dict:
                 use(g.transport)
                 out.setdefault(f"{name} ({notes})", []).append(
                     min(_windows(call, iters, dist.barrier)))
-    notes_now(g.transport)
+    calls_now(g.transport)
     return out
 
 
@@ -351,7 +415,7 @@ def main() -> None:
     p.add_argument("--iters", type=positive_int, default=2000)
     p.add_argument("--alpha-size", type=byte_size, default=64)
     p.add_argument("--ab", type=positive_int, default=0, metavar="ROUNDS",
-                   help="only the A/B of the call notes (before / now), ROUNDS rounds in turn")
+                   help="only the A/B of the call path (before / now), ROUNDS rounds in turn")
     p.add_argument("--collective", choices=("all_reduce", "all_to_all_single"),
                    default="all_reduce", help="whose parts to time (the alpha sweep: all_reduce's)")
     args = p.parse_args()
@@ -380,7 +444,7 @@ def main() -> None:
 
 
 def run_ab(args) -> None:
-    """The A/B of the call notes: world 2, one process per rank, before and now in turn."""
+    """The A/B of the call path: world 2, one process per rank, before and now in turn."""
     from minidist.comm import World
     from _collective_bench import human
     with World(2) as world:

@@ -74,16 +74,16 @@ class ProcessGroup:
 
     # -- point to point, in group ranks ---------------------------------------
     def isend(self, arr: Any, dst: int, tag: int) -> Handle:
-        self.stats.bytes_sent += arr.nbytes
-        self.stats.msgs_sent += 1
+        self.stats.counted.bytes_sent += arr.nbytes
+        self.stats.counted.msgs_sent += 1
         if trace.active is not None:   # the flow arrow to the receive (trace/recorder.py)
             trace.active.sent(self.transport.rank, self.ranks[dst], self.ctx, tag, arr.nbytes)
         return self.transport.isend(arr, self.ranks[dst], tag, self.ctx)
 
     def irecv(self, arr: Any, src: int, tag: int, op: Any = None) -> Handle:
         """Receive into ``arr``; with ``op``, reduce into it instead (arr = op(arr, incoming))."""
-        self.stats.bytes_recv += arr.nbytes
-        self.stats.msgs_recv += 1
+        self.stats.counted.bytes_recv += arr.nbytes
+        self.stats.counted.msgs_recv += 1
         handle = self.transport.irecv(arr, self.ranks[src], tag, self.ctx, op)
         if trace.active is not None:
             trace.active.receiving(handle, self.ranks[src], self.transport.rank, self.ctx, tag)
@@ -102,10 +102,10 @@ class ProcessGroup:
         neighbours that both send first would wait for each other forever once
         the message no longer fits in the channel.
         """
-        self.stats.bytes_sent += send_arr.nbytes
-        self.stats.bytes_recv += recv_arr.nbytes
-        self.stats.msgs_sent += 1
-        self.stats.msgs_recv += 1
+        self.stats.counted.bytes_sent += send_arr.nbytes
+        self.stats.counted.bytes_recv += recv_arr.nbytes
+        self.stats.counted.msgs_sent += 1
+        self.stats.counted.msgs_recv += 1
         if trace.active is not None:
             trace.active.sent(self.transport.rank, self.ranks[dst], self.ctx, tag, send_arr.nbytes)
         self.transport.sendrecv(send_arr, self.ranks[dst], recv_arr, self.ranks[src], tag,

@@ -9,7 +9,8 @@ Files, in reading order:
                    all_reduce, all_gather, reduce_scatter, gather, scatter, all_to_all,
                    all_to_all_single, barrier; each checks, runs and counts its call
 - call.py          one call from issue to bytes: tag, same-call check, stats, async or not
-- stats.py         CommStats: the bytes and messages a rank moved, per collective and last
+- stats.py         CommStats: the bytes and messages a rank moved, per collective and last;
+                   a Tally per plan of the latency path (its calls, multiplied out on read)
 - check.py         the same-call check: every rank made the same call, or all raise
 - ring.py          ring reduce-scatter and all-gather, the two halves of ring all-reduce
 - tree.py          binomial trees and recursive doubling, the log(N)-step algorithms

@@ -217,7 +217,7 @@ def single_copy_all_to_all(group, flat_in: Any, in_edges: list[int], flat_out: A
         _offered["single_copy"] = False  # this process cannot read its peers: stop trying
     if not reads_done(group, ok, tag, done):
         return False
-    stats = group.stats
+    stats = group.stats.counted   # counted as it moved (stats.py)
     stats.bytes_sent += (in_edges[n] - (in_edges[r + 1] - in_edges[r])) * step
     stats.bytes_recv += (out_edges[n] - (out_edges[r + 1] - out_edges[r])) * step
     stats.msgs_sent += n - 1

@@ -51,6 +51,7 @@ from minidist.comm.collectives.alltoall import offsets, parse_counts, split_size
 from minidist.comm.collectives.call import _flat
 from minidist.comm.collectives.check import (cached_plan, describe, encode, keep_plan,
                                              mismatch_error)
+from minidist.comm.collectives.stats import Tally
 from minidist.comm.transport.base import host_view
 from minidist.comm.transport.board import ticket_of
 from minidist.trace import recorder as trace
@@ -130,7 +131,7 @@ class SplitPlan:
         self.repeat = False      # my part through my slot (no address, no direct copy)
         self.sends: list = []
         self.on_host = backend.get_backend() != "cupy"    # from_host: a view, or a copy
-        self.delta = (0, 0, 0, 0)                          # the stats of a call off the slots
+        self.tally: Tally | None = None        # the calls off the slots (stats.py), once agreed
 
     def agree(self, group, sends: list[list[int]]) -> None:
         """Keep S, as agreed by this call's posts, and the parts it puts in the slots."""
@@ -154,7 +155,7 @@ class SplitPlan:
                                            part.reshape((sends[q][r],) + self.row_shape)))
         delta_sent = (self.in_edges[n] - (self.in_edges[r + 1] - self.in_edges[r])) * step
         delta_recv = (self.out_edges[n] - (self.out_edges[r + 1] - self.out_edges[r])) * step
-        self.delta = (delta_sent, delta_recv, n - 1, n - 1)   # the stats of a call
+        self.tally = Tally("all_to_all_single", plan.fields, (delta_sent, delta_recv, n - 1, n - 1))
 
 
 def board_plan(group, dtype: Any, row_shape: tuple) -> BoardAllToAllPlan:
@@ -197,22 +198,24 @@ def call(group, output: Any, input: Any, sp: SplitPlan, source_of, move) -> None
     row, S, sources, tag, None)`` moves the parts when some input is not on the
     board (api.py)."""
     tag = group.next_collective_tag()
-    start = time.perf_counter()
+    start = time.perf_counter()   # one reading for the flight record, stats and trace
     stats = group.stats
-    before = board_all_to_all(group, output, input, sp, source_of, group.calls, tag, move)
+    before = board_all_to_all(group, output, input, sp, source_of, group.calls, tag, move, start)
+    end = time.perf_counter()
+    group.transport.record_end(end)
     if before is None:
-        stats.add("all_to_all_single", sp.plan.fields, sp.delta, time.perf_counter() - start)
+        stats.count(sp.tally, end - start)
     else:
-        stats.record("all_to_all_single", before, sp.plan.fields, time.perf_counter() - start)
+        stats.record("all_to_all_single", before, sp.plan.fields, end - start)
     if trace.active is not None:
         trace.active.call("all_to_all_single", group.ranks, start, stats.last, group.group_desc)
 
 
 def board_all_to_all(group, output: Any, input: Any, sp: SplitPlan, source_of,
-                     number: int, tag: int, move) -> tuple | None:
-    """Move part j of ``input`` to rank j (the module docstring). None when
-    the parts came out of the slots (the stats are then ``sp.delta``), else
-    the stats' snapshot from before they moved the other way."""
+                     number: int, tag: int, move, start: float | None = None) -> tuple | None:
+    """Move part j of ``input`` to rank j (the module docstring; the flight record:
+    begun at ``start``, ended by the caller). None when the parts came out of the
+    slots (``sp.tally`` counts the call), else the stats' snapshot from before."""
     t = group.transport
     plan = sp.plan
     ticket = ticket_of(group.ctx, number)
@@ -227,14 +230,13 @@ def board_all_to_all(group, output: Any, input: Any, sp: SplitPlan, source_of,
     else:                # my part straight from my input to my output, unless they overlap
         direct = sp.keep_direct and not xp.may_share_memory(input, output)
         _post(group, sp, output, input, direct, source_of, ticket)
-    t.record_begin(group.ctx, number, group.ranks, plan.line)  # after the post (oneshot.py)
+    t.record_begin(group.ctx, number, group.ranks, plan.line, start)  # after the post (oneshot.py)
     strays = t.board_wait(plan.peers, ticket, plan.line)
     if strays:
         oneshot.another_way(group, plan, strays, tag)          # raises on every rank
     if sp.repeat and _as_agreed(sp):                           # the latency path's end
         _copy_out(group, sp, output, input, False)
         t.board.ack(plan.peers)
-        t.record_end()
         return None
     return _settle(group, output, input, sp, direct, tag, move)
 
@@ -254,11 +256,9 @@ def _settle(group, output: Any, input: Any, sp: SplitPlan, direct: bool, tag: in
             move(group, xp.ascontiguousarray(input).reshape(-1), sp.in_edges, flat_out,
                  sp.out_edges, sp.row, sp.sends, sources, tag, None)
             write_back()
-            t.record_end()
             return before
     _copy_out(group, sp, output, input, direct)
     board.ack(plan.peers)
-    t.record_end()
     return None
 
 

@@ -222,7 +222,7 @@ def _count(group, flat: Any, plan: DirectPlan) -> None:
     n, r = group.size, group.rank
     lo, hi = plan.bounds[r]
     moved = ((flat.size - (hi - lo)) + (n - 1) * (hi - lo)) * flat.itemsize
-    stats = group.stats
+    stats = group.stats.counted   # counted as it moved (stats.py)
     stats.bytes_sent += moved
     stats.bytes_recv += moved
     stats.msgs_sent += 2 * (n - 1)

@@ -24,7 +24,14 @@ A call does nothing else: its plan (made once per group, shape, dtype and op,
 kept for the next call as ``all_reduce`` finds it, api.py) holds the views of
 every slot as arrays of the caller's shape, the record, the stats fields; a
 call copies in, posts, waits, compares N-1 records, folds and acknowledges.
-docs/collectives.md ("The latency path") shows where its time goes.
+Its bookkeeping is cut to what it buys: the clock is read once as the call
+begins and once as it ends, for the flight record, the stats and the trace
+alike; the stats count the call in the plan's Tally (stats.py: one more call,
+its seconds); the records are compared in place, word by word (``_same_call``;
+``_check`` copies them out, the plain way and the oracle); on NumPy the
+caller's array is copied in as it is (the guard and CuPy go through
+backend.to_host). docs/collectives.md ("The latency path") shows where its
+time goes.
 
 A rank that made another call takes another way and never posts. Every way
 records the call in the flight recorder first (flight.py) -- this one right
@@ -42,6 +49,7 @@ from typing import Any
 
 from minidist import backend
 from minidist.comm.collectives.check import describe, encode, mismatch_error, verify_same_call
+from minidist.comm.collectives.stats import Tally
 from minidist.comm.errors import CollectiveMismatchError, MessageMismatchError
 from minidist.comm.transport.base import dtype_code, dtype_name, host_view
 from minidist.comm.transport.board import ticket_of
@@ -83,6 +91,12 @@ class OneShotPlan:
         self.mine = host[group.rank]
         self.records = [board.records[q] for q in group.ranks]      # (128,) uint8 each
         self.peer_records = [board.records[q] for q in self.peers]
+        # The same records as 16 int64 words, to compare without a copy (``_same_call``)
+        self.peer_words = [memoryview(rec).cast("Q") for rec in self.peer_records]
+        self.record_words = memoryview(self.record).cast("Q") if group.check else None
+        # On NumPy the caller's array is a host array: it is copied in as it is.
+        # The guard and CuPy copy through backend.to_host (explicitly, or to the host).
+        self.numpy = backend.get_backend() == "numpy"
         # On the CPU backends from_host gives a view, made once here; on CuPy it
         # copies to the device, so it must happen on every call.
         self.on_host = backend.get_backend() != "cupy"
@@ -92,35 +106,41 @@ class OneShotPlan:
         self.messages = n - 1                        # one post, read by N-1 peers
         moved = (n - 1) * self.nbytes                # read by each of N-1 peers; N-1 read here
         self.delta = (moved, moved, self.messages, self.messages)   # the stats of a call
+        self.tally = Tally("all_reduce", self.fields, self.delta)    # its calls (stats.py)
 
 
 def call(group, tensor: Any, plan: OneShotPlan) -> None:
-    """``all_reduce(tensor)`` through the board: number the call, run it, count it."""
+    """``all_reduce(tensor)`` through the board: number the call, run it, count it.
+    One clock reading as it begins and one as it ends serve the flight record,
+    the stats and the trace alike."""
     tag = group.next_collective_tag()     # every rank numbers its calls alike
     start = time.perf_counter()
-    board_all_reduce(group, tensor, plan, group.calls, tag)
+    end = board_all_reduce(group, tensor, plan, group.calls, tag, start)
     stats = group.stats
-    stats.add("all_reduce", plan.fields, plan.delta, time.perf_counter() - start)
+    stats.count(plan.tally, end - start)  # as stats.add(.., plan.delta, ..), in three stores
     if trace.active is not None:   # its span, with the bytes it moved (trace/)
         trace.active.call("all_reduce", group.ranks, start, stats.last, group.group_desc)
 
 
-def board_all_reduce(group, tensor: Any, plan: OneShotPlan, number: int, tag: int) -> None:
-    """Reduce ``tensor`` in place across ``group`` (the module docstring)."""
+def board_all_reduce(group, tensor: Any, plan: OneShotPlan, number: int, tag: int,
+                     start: float | None = None) -> float:
+    """Reduce ``tensor`` in place across ``group`` (the module docstring). ``start``:
+    time.perf_counter() as the call began (None: read here); returns it as it ended."""
     t = group.transport
     board = t.board
     ticket = ticket_of(group.ctx, number)
     t.board_claim(plan.line)                         # my last post has been read by all
-    plan.mine[...] = backend.to_host(tensor)         # copy in
+    plan.mine[...] = tensor if plan.numpy else backend.to_host(tensor)   # copy in
     if plan.record is not None and board.posted_record is not plan.record:
         board.records[plan.me][:] = host_view(plan.record)
         board.posted_record = plan.record
     t.board_post(ticket, plan.nbytes, plan.code, plan.peers)
-    t.record_begin(group.ctx, number, group.ranks, plan.line)   # after the post: see above
+    t.record_begin(group.ctx, number, group.ranks, plan.line, start)   # after the post: see above
     strays = t.board_wait(plan.peers, ticket, plan.line)
     if strays:
         another_way(group, plan, strays, tag)        # raises on every rank
-    _check(group, plan)                              # raises on every rank
+    if not _same_call(plan):
+        _check(group, plan)                          # raises on every rank
     xs = plan.by_rank if plan.on_host else [backend.from_host(x) for x in plan.by_rank]
     # x = op(x_0, x_1, ..., x_{N-1}), straight out of the slots, in rank order: the
     # fold of reduce_op.fold_in_order, written out (a call less on the latency path)
@@ -131,7 +151,22 @@ def board_all_reduce(group, tensor: Any, plan: OneShotPlan, number: int, tag: in
     if plan.avg:
         finish(plan.op, tensor, len(xs))
     board.ack(plan.peers)                            # they may post again
-    t.record_end()
+    end = time.perf_counter()
+    t.record_end(end)
+    return end
+
+
+def _same_call(plan: OneShotPlan) -> bool:
+    """Does every peer's record equal mine, word for word? (False without the
+    check: then ``_check`` compares the posts' sizes.) ``_check``'s first loop
+    is the plain version, and the oracle: it copies each record to compare it."""
+    record = plan.record_words
+    if record is None:
+        return False
+    for rec in plan.peer_words:
+        if rec != record:
+            return False
+    return True
 
 
 def _check(group, plan: OneShotPlan) -> None:

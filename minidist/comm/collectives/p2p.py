@@ -124,8 +124,8 @@ def recv(tensor: Any, src: int, group: ProcessGroup | None = None, tag: int = 0)
         g.transport.record_begin(g.ctx, -1, g.ranks, what)
         g.transport.recv(tensor, src, _check_tag(tag), g.ctx, g.timeout, what)
         g.transport.record_end()
-        g.stats.bytes_recv += tensor.nbytes
-        g.stats.msgs_recv += 1
+        g.stats.counted.bytes_recv += tensor.nbytes
+        g.stats.counted.msgs_recv += 1
         return src
     start = trace.active.now()
     h = g.irecv(tensor, g.group_rank(src), _check_tag(tag))

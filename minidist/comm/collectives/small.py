@@ -101,7 +101,7 @@ def allgather_all_reduce(group, flat: Any, plan: SmallPlan, tag: int) -> None:
     the call check, then fold them in rank order (formula in the module docstring)."""
     plan.mine[...] = backend.to_host(flat)        # our block's array part
     plan.check.gather(group, tag, "small all-reduce")  # raises on every rank on a mismatch
-    stats = group.stats
+    stats = group.stats.counted   # counted as it moved (stats.py)
     stats.bytes_sent += plan.bytes_moved
     stats.bytes_recv += plan.bytes_moved
     stats.msgs_sent += plan.messages

@@ -159,11 +159,13 @@ class Transport:
         seconds; here, with nobody to say so: ``timeout`` seconds."""
         time.sleep(timeout)
 
-    def record_begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
-        """Note the call that starts (the flight recorder, flight.py); here: nowhere."""
+    def record_begin(self, ctx: int, number: int, ranks: list[int], text: str,
+                     now: float | None = None) -> None:
+        """Note the call that starts at ``now`` (time.perf_counter(); None: read it
+        there) in the flight recorder (flight.py); here: nowhere."""
 
-    def record_end(self) -> None:
-        """Note that the call noted last has finished."""
+    def record_end(self, now: float | None = None) -> None:
+        """Note that the call noted last has finished (at ``now``, as above)."""
 
     def new_context(self, ranks: list[int]) -> int:
         """A fresh context for a group of ``ranks``. Called by every rank of the

@@ -15,7 +15,7 @@ One record per rank, ``RECORD_BYTES`` each, int64 words then text::
     word 1  state      IN_CALL while the call runs, FINISHED after
     word 2  ctx        the group's context (ctx 0 is the world)
     word 3  number     the call's number in its group (all ranks number alike)
-    word 4  started    wall-clock time the call started, in microseconds
+    word 4  started    when the call started: time.perf_counter(), seconds, as a float64
     word 5  ended      ... and ended (read only once the state is FINISHED)
     word 6  length     bytes of the text
     words 8..15        the group's ranks as a bit mask (at most MAX_RANKS)
@@ -29,6 +29,12 @@ or its last finished collective is of that group and numbered k or more: a rank 
 died in a call of another group after finishing ours (fault tolerance's vote, then the
 next step's all-reduce) sent all it was to send in ours (local_wait.py). Like NCCL's flight recorder and PyTorch's
 ``TORCH_NCCL_DUMP_ON_TIMEOUT``, only in a few words: one record, the last call.
+
+The times are read on ``time.perf_counter``, the clock the stats and the trace
+time a call with: a call of the latency path reads it once as it begins and
+once as it ends, and passes each reading to the recorder (``now``). Every
+reader of a record is on the writer's machine, where that clock is one clock
+for every process (on Linux, CLOCK_MONOTONIC: seconds since boot).
 """
 from __future__ import annotations
 
@@ -58,10 +64,14 @@ class NaiveRecorder:
     def __init__(self, buf, offset: int, rank: int):
         start = offset + rank * RECORD_BYTES
         self._words = buf[start:start + TEXT_OFFSET].cast("q")
+        self._times = buf[start:start + TEXT_OFFSET].cast("d")   # words 4, 5 as float64
         self._text = buf[start + TEXT_OFFSET:start + RECORD_BYTES]
         self._calls = 0
 
-    def begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
+    def begin(self, ctx: int, number: int, ranks: list[int], text: str,
+              now: float | None = None) -> None:
+        """Note call ``number`` of group ``ctx`` (ranks, its line), begun at ``now``
+        (time.perf_counter(); None: read here)."""
         w = self._words
         w[1] = 0  # the record is being written: a reader sees no state
         write_ranks(w, ranks)
@@ -69,18 +79,21 @@ class NaiveRecorder:
         self._text[:len(data)] = data
         w[6] = len(data)
         self._calls += 1
-        w[0], w[2], w[3], w[4], w[5] = self._calls, ctx, number, time.time_ns() // 1000, 0
+        w[0], w[2], w[3], w[5] = self._calls, ctx, number, 0
+        self._times[4] = time.perf_counter() if now is None else now
         w[1] = IN_CALL
 
-    def end(self) -> None:
+    def end(self, now: float | None = None) -> None:
+        """The call noted last ended at ``now`` (as ``begin``'s)."""
         w = self._words
-        w[5] = time.time_ns() // 1000
+        self._times[5] = time.perf_counter() if now is None else now
         if w[3] >= 0:    # a collective (point-to-point calls have no shared number)
             w[DONE_WORD], w[DONE_WORD + 1] = w[2], w[3] + 1
         w[1] = FINISHED
 
     def close(self) -> None:
         self._words.release()
+        self._times.release()
         self._text.release()
 
 
@@ -106,7 +119,8 @@ class Recorder(NaiveRecorder):
         self._ctx = self._done_ctx = None        # words 2 and 16 as written
         self._number = -1                        # word 3 as written
 
-    def begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
+    def begin(self, ctx: int, number: int, ranks: list[int], text: str,
+              now: float | None = None) -> None:
         w = self._words
         w[1] = 0  # the record is being written: a reader sees no state
         if ranks is not self._last_ranks and tuple(ranks) != self._last_key:
@@ -122,12 +136,12 @@ class Recorder(NaiveRecorder):
         self._calls += 1
         self._number = w[3] = number
         w[0] = self._calls
-        w[4] = time.time_ns() // 1000
+        self._times[4] = time.perf_counter() if now is None else now
         w[1] = IN_CALL
 
-    def end(self) -> None:
+    def end(self, now: float | None = None) -> None:
         w = self._words
-        w[5] = time.time_ns() // 1000
+        self._times[5] = time.perf_counter() if now is None else now
         if self._number >= 0:    # a collective (point-to-point calls have no shared number)
             if self._ctx != self._done_ctx:
                 self._done_ctx = w[DONE_WORD] = self._ctx
@@ -153,7 +167,7 @@ class Record:
     state: int
     ctx: int
     number: int
-    started: float      # seconds since the epoch
+    started: float      # time.perf_counter() of the writer (one clock per machine)
     ended: float
     ranks: list
     text: str
@@ -174,7 +188,7 @@ class Record:
         """``all_reduce #12 of [0, 1, 2] op=SUM ...: in it for 60.1 s`` (or finished ... ago)."""
         if self.calls == 0:
             return "no call yet"
-        now = time.time() if now is None else now
+        now = time.perf_counter() if now is None else now
         name, _, rest = self.text.partition(" ")
         number = f" #{self.number}" if self.number >= 0 else ""  # point-to-point: none
         call = f"{name}{number} of group {self.ranks}" + (f" {rest}" if rest else "")
@@ -191,19 +205,22 @@ def read(buf, offset: int, world_size: int) -> list[Record]:
         w = buf[start:start + TEXT_OFFSET].cast("q")
         words = list(w)
         w.release()
+        t = buf[start:start + TEXT_OFFSET].cast("d")
+        started, ended = t[4], t[5]
+        t.release()
         length = max(0, min(words[6], TEXT_MAX))
         text = bytes(buf[start + TEXT_OFFSET:start + TEXT_OFFSET + length]).decode(
             "utf-8", "replace")
         ranks = [i for i in range(min(world_size, MAX_RANKS))
                  if (words[MASK_WORD + i // 64] >> (i % 64)) & 1]
-        out.append(Record(r, words[0], words[1], words[2], words[3], words[4] / 1e6,
-                          words[5] / 1e6, ranks, text, words[DONE_WORD], words[DONE_WORD + 1]))
+        out.append(Record(r, words[0], words[1], words[2], words[3], started,
+                          ended, ranks, text, words[DONE_WORD], words[DONE_WORD + 1]))
     return out
 
 
 def table(records: list[Record], now: float | None = None) -> str:
     """The flight-recorder table: one line per rank, its last call."""
-    now = time.time() if now is None else now
+    now = time.perf_counter() if now is None else now
     lines = ["last call of every rank (flight recorder):"]
     lines += [f"  rank {r.rank}: {r.describe(now)}" for r in records]
     return "\n".join(lines)

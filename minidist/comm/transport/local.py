@@ -293,16 +293,17 @@ class LocalTransport(LocalWaits, ShortWays, BoardWays, Replacements, Transport):
         """Every rank's last call, read from the segment now."""
         return shm.flight_records(self._seg)
 
-    def record_begin(self, ctx: int, number: int, ranks: list[int], text: str) -> None:
-        self._flight.begin(ctx, number, ranks, text)
+    def record_begin(self, ctx: int, number: int, ranks: list[int], text: str,
+                     now: float | None = None) -> None:
+        self._flight.begin(ctx, number, ranks, text, now)
         # whose death ends this call's waits (local_wait.py's _check_abort): a
         # collective's ranks, or those its context watches; a send or receive: its
         # peer only (_check_peers). Deaths in the world: checked at the first empty pass.
         state = self._in_call.state
         state.ctx, state.number, state.ranks, state.deaths = ctx, number, ranks, 0
 
-    def record_end(self) -> None:
-        self._flight.end()
+    def record_end(self, now: float | None = None) -> None:
+        self._flight.end(now)
         state = self._in_call.state
         state.ranks, state.number = None, -1
 

@@ -178,3 +178,26 @@ def test_auto_across_its_thresholds_is_bit_identical_on_every_rank(worlds, n, da
         assert algorithm == taken and cases.same(got, first), f"rank {rank} of {case}"
     if not case["real"] or taken == "allgather":
         assert cases.same(first, want), f"{taken} on {case}:\n got {first}\n want {want}"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(min_size=128, max_size=128), st.lists(st.binary(min_size=128, max_size=128),
+                                                       min_size=1, max_size=3),
+       st.integers(0, 3), st.integers(0, 127))
+def test_the_same_call_check_word_by_word_agrees_with_comparing_copies(mine, peers, same, at):
+    """oneshot._same_call compares the records in place, as 16 int64 words; the
+    plain check (oneshot._check) copies each one out (tobytes) and compares:
+    the oracle. Some peers post my record, one maybe with one byte changed."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from minidist.comm.collectives import oneshot
+    peers = [mine if i < same else p for i, p in enumerate(peers)]
+    if at < 128 and same and peers:   # one byte off in the first peer that copies mine
+        changed = bytearray(peers[0])
+        changed[at] ^= 0xFF
+        peers[0] = bytes(changed)
+    records = [np.frombuffer(bytearray(p), dtype=np.uint8) for p in peers]
+    plan = SimpleNamespace(record_words=memoryview(mine).cast("Q"),
+                           peer_words=[memoryview(r).cast("Q") for r in records])
+    assert oneshot._same_call(plan) == all(r.tobytes() == mine for r in records)

@@ -106,3 +106,30 @@ def _without_clock(buf, ended: bool = False):
     return [(r.calls, r.state, r.ctx, r.number, r.ranks, r.text, r.done_ctx, r.done,
              r.ended > 0 if ended or r.state == flight.FINISHED else None)
             for r in flight.read(buf, 0, WORLD)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(0.0, 1e6), st.floats(0.0, 60.0), st.booleans())
+def test_a_call_begun_and_ended_at_a_clock_reading_reads_back_those_times(start, took, naive):
+    """The latency path passes its own time.perf_counter() readings (``now``); the
+    record holds them as they were, and a call without one reads the same clock."""
+    import time
+    buf = _buffer()
+    rec = (flight.NaiveRecorder if naive else flight.Recorder)(buf, 0, 3)
+    rec.begin(0, 7, [0, 3], "all_reduce op=SUM", start)
+    assert flight.read(buf, 0, WORLD)[3].started == start
+    rec.end(start + took)
+    assert flight.read(buf, 0, WORLD)[3].ended == start + took
+    before = time.perf_counter()
+    rec.begin(0, 8, [0, 3], "all_reduce op=SUM")
+    assert before <= flight.read(buf, 0, WORLD)[3].started <= time.perf_counter()
+    rec.close()
+
+
+def test_a_record_describes_how_long_its_call_has_run_on_the_writers_clock():
+    import time
+    buf = _buffer()
+    rec = flight.Recorder(buf, 0, 0)
+    rec.begin(0, 1, [0, 1], "barrier", time.perf_counter() - 60.0)
+    assert "in it for 60." in flight.read(buf, 0, WORLD)[0].describe()
+    rec.close()
