@@ -64,7 +64,7 @@ from _collective_bench import (SIZES, best_of, gloo_available, human, iterations
                                run_gloo, run_mpi, slowest_rank, usable_cores, windows)
 
 LATENCY_SIZE = 1 << 10
-ALGORITHMS = ("auto", "allgather", "recursive_doubling", "ring", "direct")
+ALGORITHMS = ("auto", "allgather", "twoshot", "recursive_doubling", "ring", "direct")
 # The largest size each algorithm is timed at (None: every size): allgather sends
 # (N-1) * M bytes and recursive doubling log2(N) * M, far behind beyond these.
 LARGEST = {"allgather": 1 << 20, "recursive_doubling": 4 << 20}

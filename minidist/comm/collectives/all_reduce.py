@@ -56,7 +56,7 @@ import json
 import os
 from typing import Any, NamedTuple
 
-from minidist.comm.collectives import direct, small
+from minidist.comm.collectives import direct, small, twoshot
 from minidist.comm.collectives.hierarchical import hierarchical_all_reduce
 from minidist.comm.collectives.ring import chunk_bounds, ring_all_gather, ring_reduce_scatter
 from minidist.comm.collectives.tree import (binomial_broadcast, binomial_reduce,
@@ -64,7 +64,7 @@ from minidist.comm.collectives.tree import (binomial_broadcast, binomial_reduce,
 from minidist.comm.transport.reduce_op import ReduceOp, finish
 
 ALGORITHMS = ("auto", "ring", "tree", "recursive_doubling", "naive", "allgather",
-              "hierarchical", "direct")
+              "hierarchical", "direct", "twoshot")
 
 
 class Thresholds(NamedTuple):
@@ -72,6 +72,7 @@ class Thresholds(NamedTuple):
     gather_bytes: int   # allgather while (N-1) * M <= this
     small_bytes: int    # recursive doubling below this
     direct_bytes: int   # the ring below this, direct from it
+    twoshot_bytes: int = 0   # past allgather, two-shot below this (before the others)
 
 
 # The thresholds of auto per world size: where the algorithms cross depends on
@@ -112,7 +113,7 @@ THRESHOLDS = {
 # rank that chose otherwise would be caught by the same-call check, which
 # compares the algorithm).
 TUNING_ENV = "MINIDIST_ALL_REDUCE_TUNING"
-TUNED = ("GATHER_BYTES", "SMALL_BYTES", "DIRECT_BYTES")   # the names in the file
+TUNED = ("GATHER_BYTES", "SMALL_BYTES", "DIRECT_BYTES", "TWOSHOT_BYTES")   # the names in the file
 
 
 def thresholds(group_size: int) -> Thresholds:
@@ -203,6 +204,8 @@ def choose(algorithm: str, nbytes: int, group_size: int) -> str:
     at = thresholds(group_size)
     if nbytes * (group_size - 1) <= at.gather_bytes:
         return "allgather"
+    if nbytes < at.twoshot_bytes:
+        return "twoshot"
     if nbytes < at.small_bytes:
         return "recursive_doubling"
     return "ring" if nbytes < at.direct_bytes else "direct"
@@ -210,23 +213,30 @@ def choose(algorithm: str, nbytes: int, group_size: int) -> str:
 
 def runnable(algorithm: str, nbytes: int, group) -> str:
     """``choose``'s algorithm where it can run on ``group``. ``direct`` needs ranks
-    that read each other's memory: where they cannot, ``auto`` takes the ring
-    and an explicit ``direct`` raises ValueError naming why."""
+    that read each other's memory, ``twoshot`` the board: where they cannot,
+    ``auto`` takes the ring and an explicit ``direct`` or ``twoshot`` raises
+    ValueError naming why."""
     name = choose(algorithm, nbytes, group.size)
-    if name != "direct" or group.size == 1:
+    if name not in ("direct", "twoshot") or group.size == 1:
         return name
-    why = direct.cannot_run(group)  # the first time, all ranks learn it together
+    # direct: the first time, all ranks learn it together
+    why = direct.cannot_run(group) if name == "direct" else twoshot.cannot_run(group)
     if why is None:
         return name
     if algorithm == "auto":
         return "ring"
-    raise ValueError(f"all_reduce(algorithm='direct') cannot run on this group: {why}. "
+    raise ValueError(f"all_reduce(algorithm={name!r}) cannot run on this group: {why}. "
                      f"algorithm='auto' takes the ring here")
 
 
 def make_plan(group, algorithm: str, tensor: Any, op: ReduceOp):
-    """The plan of an algorithm in PLANNED (kept per group), else None."""
-    if algorithm not in PLANNED or group.size == 1:
+    """The plan of an algorithm in PLANNED or of the two-shot (kept per group),
+    else None."""
+    if group.size == 1:
+        return None
+    if algorithm == "twoshot":   # its own call path, as the one-shot's (api.py)
+        return twoshot.plan_for(group, tensor, op)
+    if algorithm not in PLANNED:
         return None
     return PLANNED[algorithm][0](group, tensor, op)
 

@@ -60,6 +60,24 @@ def through_board(plan) -> bool:
     return isinstance(plan, OneShotPlan)
 
 
+def describe_post(plan, group, shape: tuple, dtype: Any, op: ReduceOp, algorithm: str) -> None:
+    """Set on ``plan`` what an all-reduce's post on the board and ``check_posts``
+    need: the call's fields (for the stats), line and record (for the check),
+    its bytes M and dtype code, my global rank, my peers', and every record's view."""
+    board = group.transport.board
+    plan.fields = dict(op=op.name, algorithm=algorithm, dtype=dtype.name, shape=shape)
+    plan.line = describe("all_reduce", **plan.fields)
+    plan.record = encode(plan.line) if group.check else None    # 128 B, or no check
+    count = 1
+    for s in shape:
+        count *= s
+    plan.nbytes, plan.code = count * dtype.itemsize, dtype_code(dtype)   # M
+    plan.me = group.transport.rank
+    plan.peers = [q for q in group.ranks if q != plan.me]            # global ranks
+    plan.records = [board.records[q] for q in group.ranks]          # (128,) uint8 each
+    plan.peer_records = [board.records[q] for q in plan.peers]
+
+
 class OneShotPlan:
     """What a one-shot all-reduce of one (shape, dtype, op) on one group needs."""
 
@@ -68,21 +86,10 @@ class OneShotPlan:
         n = group.size
         # The call, as the stats record it and the check compares it: the
         # algorithm is small.py's all-gather, gathered through the board.
-        self.fields = dict(op=op.name, algorithm="allgather", dtype=dtype.name, shape=shape)
-        self.line = describe("all_reduce", **self.fields)
-        self.record = encode(self.line) if group.check else None    # 128 B, or no check
-        count = 1
-        for s in shape:
-            count *= s
-        self.nbytes, self.code = count * dtype.itemsize, dtype_code(dtype)   # M
-        me = group.transport.rank
-        self.me = me
-        self.peers = [q for q in group.ranks if q != me]             # global ranks
+        describe_post(self, group, shape, dtype, op, "allgather")
         # Rank q's slot as an array of the caller's shape, in group rank order.
         host = [board.data[q][:self.nbytes].view(dtype).reshape(shape) for q in group.ranks]
         self.mine = host[group.rank]
-        self.records = [board.records[q] for q in group.ranks]      # (128,) uint8 each
-        self.peer_records = [board.records[q] for q in self.peers]
         # On the CPU backends from_host gives a view, made once here; on CuPy it
         # copies to the device, so it must happen on every call.
         self.on_host = backend.get_backend() != "cupy"
@@ -120,7 +127,7 @@ def board_all_reduce(group, tensor: Any, plan: OneShotPlan, number: int, tag: in
     strays = t.board_wait(plan.peers, ticket, plan.line)
     if strays:
         another_way(group, plan, strays, tag)        # raises on every rank
-    _check(group, plan)                              # raises on every rank
+    check_posts(group, plan)                         # raises on every rank
     xs = plan.by_rank if plan.on_host else [backend.from_host(x) for x in plan.by_rank]
     # x = op(x_0, x_1, ..., x_{N-1}), straight out of the slots, in rank order: the
     # fold of reduce_op.fold_in_order, written out (a call less on the latency path)
@@ -134,10 +141,12 @@ def board_all_reduce(group, tensor: Any, plan: OneShotPlan, number: int, tag: in
     t.record_end()
 
 
-def _check(group, plan: OneShotPlan) -> None:
+def check_posts(group, plan) -> None:
     """Every peer's record equals mine (or, without the check, its block has my
     size and dtype); otherwise raise, having read what the error names and then
-    acknowledged every post: every rank sees the same posts, so every rank raises."""
+    acknowledged every post: every rank sees the same posts, so every rank raises.
+    ``plan``: a board plan (here, twoshot.py) with the call's record, records,
+    peer_records, nbytes, code, line, me and peers."""
     board = group.transport.board
     if plan.record is not None:
         record = plan.record
