@@ -73,12 +73,13 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | N
                async_op: bool = False, algorithm: str = "auto"):
     """Reduce ``tensor`` in place across the group, the same bits on every rank,
     with the algorithm all_reduce.py names: the one asked for (ring, tree,
-    recursive_doubling, naive, allgather, hierarchical, direct) or, for ``auto``
+    recursive_doubling, naive, allgather, hierarchical, direct, twoshot) or, for ``auto``
     (the default), by size and world size (all_reduce.THRESHOLDS): at 2 ranks
     allgather while M <= 256 KiB, recursive doubling below 1 MiB, the ring from
-    1 MiB; at 4 allgather while M <= 256 KiB, the ring below 4 MiB and direct from
-    4 MiB where the ranks can read each other's memory (the ring where they
-    cannot; an explicit ``direct`` there raises, naming why). Its entry reduces a flat view of ``tensor`` after the
+    1 MiB; at 4 allgather while M <= 128 KiB, twoshot below 64 MiB and direct from
+    64 MiB where the ranks can read each other's memory (the ring where they
+    cannot, or have no board; an explicit ``direct`` or ``twoshot`` there raises,
+    naming why). Its entry reduces a flat view of ``tensor`` after the
     same-call check, which allgather and direct carry in their own first messages.
     On one machine an allgather that fits a rank's slot on the board is one post
     and N-1 reads in place (oneshot.py), and ``twoshot`` reduces a chunk per rank

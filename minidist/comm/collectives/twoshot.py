@@ -27,9 +27,11 @@ Bytes per rank, for an array of M bytes at N ranks (one piece):
     copied out (N-1)/N * M                     -- about half the one-shot's traffic
     T_twoshot = 2 alpha_board * ceil(M / C) + (M + M + 2(N-1)/N * M) / beta_mem
 
-with C the slot's capacity (1 MiB) and alpha_board the board's flag, measured
-at 64 bytes (all_reduce.py's table): 9.4 us at N=2, 52 us at N=4 (two ranks per
-core), about two one-shot posts.
+with C the slot's capacity (1 MiB) and alpha_board the board's flag. Its
+alpha, measured at 64 bytes beside the one-shot's in the same run (all_reduce.py,
+load average 5.7: indicative): 10.7 against 5.8 us at N=2, 240 against 130 at
+N=4 (two ranks per core): two posts' worth. So auto takes it only where the
+bytes dominate: from 256 KiB at N=4 (all_reduce.THRESHOLDS).
 
 Every chunk is folded once, by its owner, in rank order 0..N-1, and copied:
 every rank gets the same bits, those of the naive all-reduce and of the
