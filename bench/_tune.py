@@ -3,6 +3,7 @@
 ``auto`` (comm/collectives/all_reduce.py, ``choose``) takes
 
     allgather           while (N-1) * M <= GATHER_BYTES
+    twoshot             while M < TWOSHOT_BYTES
     recursive_doubling  while M < SMALL_BYTES
     ring                while M < DIRECT_BYTES
     direct              from DIRECT_BYTES
@@ -25,10 +26,12 @@ import math
 INF = float("inf")
 
 
-def pick(n: int, size: int, gather: int, small: int, direct: int) -> str:
+def pick(n: int, size: int, gather: int, small: int, direct: int, twoshot: int = 0) -> str:
     """What ``choose('auto', size, n)`` takes under these thresholds."""
     if size * (n - 1) <= gather:
         return "allgather"
+    if size < twoshot:
+        return "twoshot"
     if size < small:
         return "recursive_doubling"
     return "ring" if size < direct else "direct"
@@ -46,7 +49,7 @@ def fastest(times: dict) -> dict:
 def ratios(times: dict, thresholds: dict, best: dict | None = None) -> dict:
     """{(n, size): time of auto's pick / time of the fastest} for every point of
     ``times``; inf where the pick was not measured. ``thresholds``: {n: (gather,
-    small, direct)}; ``best``: ``fastest(times)``."""
+    small, direct[, twoshot])}; ``best``: ``fastest(times)``."""
     best = fastest(times) if best is None else best
     return {(n, size): times.get((n, pick(n, size, *thresholds[n]), size), INF) / t
             for (n, size), t in best.items()}
@@ -66,7 +69,7 @@ def monotone(times: dict) -> dict:
 
 
 def fit(times: dict) -> tuple[dict, dict]:
-    """{n: the thresholds (GATHER_BYTES, SMALL_BYTES, DIRECT_BYTES) that keep
+    """{n: the thresholds (GATHER_BYTES, SMALL_BYTES, DIRECT_BYTES, TWOSHOT_BYTES) that keep
     auto nearest the fastest at world size n} over ``times`` (after
     ``monotone``): the least sum of log(auto / fastest) over that world's
     points, then the least worst ratio; and the ratios they give."""
@@ -77,20 +80,23 @@ def fit(times: dict) -> tuple[dict, dict]:
     return chosen, ratios(times, chosen, least)
 
 
-def _fit_world(times: dict, n: int) -> tuple[int, int, int]:
+def _fit_world(times: dict, n: int) -> tuple[int, int, int, int]:
     """``fit`` at one world size n (``times``: that world's points only)."""
     sizes = sorted({size for _, _, size in times})
     # A threshold between two measured sizes behaves like the lower one.
     gathers = [0] + [s * (n - 1) for s in sizes]
     smalls = [0] + sizes + [sizes[-1] * 2]
     directs = sizes + [1 << 62]
+    # the two-shot, where it was measured (twoshot.py: the board, worlds >= 3)
+    measured = any(alg == "twoshot" for _, alg, _ in times)
+    twoshots = [0] + sizes + [sizes[-1] * 2] if measured and n >= 3 else [0]
     least = fastest(times)
     chosen, chosen_key = None, None
-    for g, s, d in itertools.product(gathers, smalls, directs):
+    for g, s, d, t in itertools.product(gathers, smalls, directs, twoshots):
         if s > d:
             continue
-        r = ratios(times, {n: (g, s, d)}, least)
+        r = ratios(times, {n: (g, s, d, t)}, least)
         key = (sum(math.log(v) for v in r.values()), max(r.values()))
         if chosen_key is None or key < chosen_key:
-            chosen, chosen_key = (g, s, d), key
+            chosen, chosen_key = (g, s, d, t), key
     return chosen

@@ -42,7 +42,7 @@ holds in this run: the 1 KiB all-reduce against MPICH's, auto's bus bandwidth
 against MPICH's per size, auto against the fastest algorithm per size,
 all-to-all against MPICH's per size, and minidist against gloo.
 
-``--tune`` sweeps allgather, recursive doubling, ring and direct over 1 KiB ..
+``--tune`` sweeps allgather, twoshot, recursive doubling, ring and direct over 1 KiB ..
 64 MiB (powers of 2), fits the thresholds that keep auto nearest the fastest at every size
 and world (_tune.py), prints them with the ratio they give at each point, and
 writes them to ``--tune-file``, for a world started with
@@ -64,7 +64,7 @@ from _collective_bench import (SIZES, best_of, gloo_available, human, iterations
                                run_gloo, run_mpi, slowest_rank, usable_cores, windows)
 
 LATENCY_SIZE = 1 << 10
-ALGORITHMS = ("auto", "allgather", "recursive_doubling", "ring", "direct")
+ALGORITHMS = ("auto", "allgather", "twoshot", "recursive_doubling", "ring", "direct")
 # The largest size each algorithm is timed at (None: every size): allgather sends
 # (N-1) * M bytes and recursive doubling log2(N) * M, far behind beyond these.
 LARGEST = {"allgather": 1 << 20, "recursive_doubling": 4 << 20}
@@ -239,9 +239,9 @@ def tune(worlds: list[int], repeats: int, path: str) -> None:
         print(f"{n:>5} {human(size):>8} | {cells} | {_tune.pick(n, size, *fitted[n]):<18}"
               f" {ratios[(n, size)]:8.2f}x | {_tune.pick(n, size, *now[n]):<18} "
               f"{before[(n, size)]:8.2f}x")
-    for n, (gather, small, direct) in fitted.items():
+    for n, (gather, small, direct, twoshot) in fitted.items():
         print(f"tuned, world {n}: gather_bytes={gather} small_bytes={small} "
-              f"direct_bytes={direct}")
+              f"direct_bytes={direct} twoshot_bytes={twoshot}")
     print(f"auto within {(max(ratios.values()) - 1) * 100:.1f}% of the fastest at every point "
           f"(the thresholds in all_reduce.py: {(max(before.values()) - 1) * 100:.1f}%)")
     print(f"written to {path}; use them with {TUNING_ENV}={path}")

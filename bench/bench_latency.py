@@ -254,7 +254,7 @@ def recorder_before(buf, offset: int, rank: int):
 def oneshot_call_before(group, tensor, plan) -> None:
     """oneshot.call as it was: its own clock readings in the recorder, the
     stats added counter by counter (stats.add), each peer's record copied to
-    compare it (oneshot._check), the copy in through backend.to_host."""
+    compare it (oneshot.check_posts), the copy in through backend.to_host."""
     tag = group.next_collective_tag()
     start = time.perf_counter()
     number = group.calls
@@ -271,7 +271,7 @@ def oneshot_call_before(group, tensor, plan) -> None:
     strays = t.board_wait(plan.peers, ticket, plan.line)
     if strays:
         oneshot.another_way(group, plan, strays, tag)
-    oneshot._check(group, plan)
+    oneshot.check_posts(group, plan)
     xs = plan.by_rank if plan.on_host else [backend.from_host(x) for x in plan.by_rank]
     combine = plan.combine
     combine(xs[0], xs[1], tensor)

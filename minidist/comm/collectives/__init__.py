@@ -14,12 +14,14 @@ Files, in reading order:
 - check.py         the same-call check: every rank made the same call, or all raise
 - ring.py          ring reduce-scatter and all-gather, the two halves of ring all-reduce
 - tree.py          binomial trees and recursive doubling, the log(N)-step algorithms
-- all_reduce.py    all-reduce seven ways in one place: every algorithm's entry (naive,
-                   tree, recursive doubling, ring, allgather, hierarchical, direct),
+- all_reduce.py    all-reduce eight ways in one place: every algorithm's entry (naive,
+                   tree, recursive doubling, ring, allgather, hierarchical, direct, twoshot),
                    ``choose`` (auto by size) and its measured thresholds
 - small.py         the allgather all-reduce, which travels inside the same-call check
 - oneshot.py       the latency path: the allgather all-reduce as one post on the board
                    and N-1 reads in place (transport/board.py), called straight from api.py
+- twoshot.py       the two-shot all-reduce on the board: each rank reduces its chunk of
+                   every post, raises a second flag, and copies the others' chunks out
 - direct.py        the direct all-reduce: one-copy reads of the peers' arrays, and the
                    probe that learns whether the ranks may read each other
 - hierarchical.py  two-level all-reduce: ring in the node, ring between nodes on 1/L

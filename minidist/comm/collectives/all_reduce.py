@@ -1,4 +1,4 @@
-"""All-reduce, seven ways, and which one runs: every entry, ``choose`` and its thresholds.
+"""All-reduce, eight ways, and which one runs: every entry, ``choose`` and its thresholds.
 
 Every rank starts with an array x_r and ends with op(x_0, ..., x_{N-1}), the
 same bits on every rank. The algorithms differ in how many steps they take
@@ -27,6 +27,10 @@ same bits on every rank. The algorithms differ in how many steps they take
     direct  each rank reads its chunk of every peer's array and folds it, then
             reads every other chunk from its owner (direct.py; one machine):
             T = 3 ceil(log2 N) * alpha + 2(N-1)/N * M/beta, each byte copied once
+    twoshot every rank posts its array on the board, folds its chunk of all N
+            posts, flags it, and copies the other chunks out (twoshot.py; one
+            machine): T = 2 alpha_board * ceil(M/C) + (2 + 2(N-1)/N) * M/beta_mem,
+            about half the one-shot's memory traffic (C: a slot, 1 MiB)
 
 The alpha of each, measured here (bench/bench_latency.py: an all-reduce of 64
 bytes on the 2-core VM, load average 0.2, best of 5 windows; world 4 is two
@@ -40,6 +44,11 @@ ranks per core; docs/collectives.md, "The latency path"), in microseconds:
     * after the latency path's cuts (oneshot.py: the fold written out, the
       stats counted from the plan; api.py: a kept plan goes straight to it),
       load average 6-9 from other work on the VM.
+
+    twoshot, 64 bytes (its two flags), beside allgather:board in the same run
+    (bench_collectives' minidist sweep, load average 5.7 from other work:
+    indicative): 10.7 against 5.8 us at world 2, 240 against 130 at world 4;
+    about two one-shot posts.
 
 ``naive`` is the oracle the others are tested against. ``choose`` names the
 algorithm: the one asked for, or for ``auto`` one by size, as NCCL and MPI
@@ -56,7 +65,7 @@ import json
 import os
 from typing import Any, NamedTuple
 
-from minidist.comm.collectives import direct, small
+from minidist.comm.collectives import direct, small, twoshot
 from minidist.comm.collectives.hierarchical import hierarchical_all_reduce
 from minidist.comm.collectives.ring import chunk_bounds, ring_all_gather, ring_reduce_scatter
 from minidist.comm.collectives.tree import (binomial_broadcast, binomial_reduce,
@@ -64,7 +73,7 @@ from minidist.comm.collectives.tree import (binomial_broadcast, binomial_reduce,
 from minidist.comm.transport.reduce_op import ReduceOp, finish
 
 ALGORITHMS = ("auto", "ring", "tree", "recursive_doubling", "naive", "allgather",
-              "hierarchical", "direct")
+              "hierarchical", "direct", "twoshot")
 
 
 class Thresholds(NamedTuple):
@@ -72,6 +81,7 @@ class Thresholds(NamedTuple):
     gather_bytes: int   # allgather while (N-1) * M <= this
     small_bytes: int    # recursive doubling below this
     direct_bytes: int   # the ring below this, direct from it
+    twoshot_bytes: int = 0   # past allgather, two-shot below this (before the others)
 
 
 # The thresholds of auto per world size: where the algorithms cross depends on
@@ -99,10 +109,26 @@ class Thresholds(NamedTuple):
 #   size), the ring below 4 MiB and direct from 4 MiB (1730 against the ring's
 #   1870 at 4 MiB, 3290 against 4528 at 8 MiB in the tune run; quiet, 1550
 #   against 1544 at 4 MiB).
+#   Then the two-shot (twoshot.py) took every size from 256 KiB to 32 MiB, in
+#   `bench_collectives.py --worlds 4 --algorithms allgather twoshot ring direct`
+#   and a sweep of the sizes between (2026-11-27 06:48, load average 4-5 from
+#   other work: indicative), microseconds, allgather / twoshot / ring / direct:
+#     64 KiB   72.7 /  102.0 /  428 /  461      128 KiB 103.6 /  118.2 / 504 /  536
+#     256 KiB  138 /    116 /  302 /  328       (the sweep: 185 / 146 / 633 / 708)
+#     512 KiB  293 /    205 /  892 / 1097       1 MiB    413 /    256 /  461 /  635
+#     4 MiB      - /   1088 / 1744 / 1489
+#     16 MiB     - /   5104 / 7652 / 8654       32 MiB     - /  14057 / 29215 / 15280
+#     64 MiB     - /  56623 / 59358 / 29804
+#   so: allgather while M <= 128 KiB, the two-shot below 64 MiB, direct from it.
+#   At world 3 (3 ranks on 2 cores, same load) the two-shot lost to the
+#   all-gather at 256 KiB and 1 MiB (295 against 146, 623 against 383 us) and
+#   won only at 16 MiB (8675 against the ring's 11108): world 3 keeps world 2's
+#   thresholds until a quiet sweep says otherwise.
 NEVER = 1 << 62   # a threshold no array reaches
 THRESHOLDS = {
     2: Thresholds(gather_bytes=256 * 1024, small_bytes=1024 * 1024, direct_bytes=NEVER),
-    4: Thresholds(gather_bytes=3 * 1024 * 1024, small_bytes=0, direct_bytes=4 * 1024 * 1024),
+    4: Thresholds(gather_bytes=3 * 128 * 1024, small_bytes=0, direct_bytes=4 * 1024 * 1024,
+                  twoshot_bytes=64 * 1024 * 1024),
 }
 
 # `minidist bench collectives --tune` (bench/bench_collectives.py) measures every
@@ -112,7 +138,7 @@ THRESHOLDS = {
 # rank that chose otherwise would be caught by the same-call check, which
 # compares the algorithm).
 TUNING_ENV = "MINIDIST_ALL_REDUCE_TUNING"
-TUNED = ("GATHER_BYTES", "SMALL_BYTES", "DIRECT_BYTES")   # the names in the file
+TUNED = ("GATHER_BYTES", "SMALL_BYTES", "DIRECT_BYTES", "TWOSHOT_BYTES")   # the names in the file
 
 
 def thresholds(group_size: int) -> Thresholds:
@@ -203,6 +229,8 @@ def choose(algorithm: str, nbytes: int, group_size: int) -> str:
     at = thresholds(group_size)
     if nbytes * (group_size - 1) <= at.gather_bytes:
         return "allgather"
+    if nbytes < at.twoshot_bytes:
+        return "twoshot"
     if nbytes < at.small_bytes:
         return "recursive_doubling"
     return "ring" if nbytes < at.direct_bytes else "direct"
@@ -210,23 +238,30 @@ def choose(algorithm: str, nbytes: int, group_size: int) -> str:
 
 def runnable(algorithm: str, nbytes: int, group) -> str:
     """``choose``'s algorithm where it can run on ``group``. ``direct`` needs ranks
-    that read each other's memory: where they cannot, ``auto`` takes the ring
-    and an explicit ``direct`` raises ValueError naming why."""
+    that read each other's memory, ``twoshot`` the board: where they cannot,
+    ``auto`` takes the ring and an explicit ``direct`` or ``twoshot`` raises
+    ValueError naming why."""
     name = choose(algorithm, nbytes, group.size)
-    if name != "direct" or group.size == 1:
+    if name not in ("direct", "twoshot") or group.size == 1:
         return name
-    why = direct.cannot_run(group)  # the first time, all ranks learn it together
+    # direct: the first time, all ranks learn it together
+    why = direct.cannot_run(group) if name == "direct" else twoshot.cannot_run(group)
     if why is None:
         return name
     if algorithm == "auto":
         return "ring"
-    raise ValueError(f"all_reduce(algorithm='direct') cannot run on this group: {why}. "
+    raise ValueError(f"all_reduce(algorithm={name!r}) cannot run on this group: {why}. "
                      f"algorithm='auto' takes the ring here")
 
 
 def make_plan(group, algorithm: str, tensor: Any, op: ReduceOp):
-    """The plan of an algorithm in PLANNED (kept per group), else None."""
-    if algorithm not in PLANNED or group.size == 1:
+    """The plan of an algorithm in PLANNED or of the two-shot (kept per group),
+    else None."""
+    if group.size == 1:
+        return None
+    if algorithm == "twoshot":   # its own call path, as the one-shot's (api.py)
+        return twoshot.plan_for(group, tensor, op)
+    if algorithm not in PLANNED:
         return None
     return PLANNED[algorithm][0](group, tensor, op)
 

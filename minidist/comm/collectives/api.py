@@ -29,7 +29,7 @@ from functools import partial
 from typing import Any
 
 from minidist.backend import xp
-from minidist.comm.collectives import alltoall_board, oneshot, work
+from minidist.comm.collectives import alltoall_board, oneshot, twoshot, work
 from minidist.comm.collectives.all_reduce import make_plan, runnable
 from minidist.comm.collectives.all_reduce import run as run_all_reduce
 from minidist.comm.collectives.alltoall import (check_splits, offsets, pairwise_all_to_all,
@@ -73,16 +73,18 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | N
                async_op: bool = False, algorithm: str = "auto"):
     """Reduce ``tensor`` in place across the group, the same bits on every rank,
     with the algorithm all_reduce.py names: the one asked for (ring, tree,
-    recursive_doubling, naive, allgather, hierarchical, direct) or, for ``auto``
+    recursive_doubling, naive, allgather, hierarchical, direct, twoshot) or, for ``auto``
     (the default), by size and world size (all_reduce.THRESHOLDS): at 2 ranks
     allgather while M <= 256 KiB, recursive doubling below 1 MiB, the ring from
-    1 MiB; at 4 allgather while M <= 256 KiB, the ring below 4 MiB and direct from
-    4 MiB where the ranks can read each other's memory (the ring where they
-    cannot; an explicit ``direct`` there raises, naming why). Its entry reduces a flat view of ``tensor`` after the
+    1 MiB; at 4 allgather while M <= 128 KiB, twoshot below 64 MiB and direct from
+    64 MiB where the ranks can read each other's memory (the ring where they
+    cannot, or have no board; an explicit ``direct`` or ``twoshot`` there raises,
+    naming why). Its entry reduces a flat view of ``tensor`` after the
     same-call check, which allgather and direct carry in their own first messages.
     On one machine an allgather that fits a rank's slot on the board is one post
-    and N-1 reads in place (oneshot.py); its plan is kept per (shape, dtype, op,
-    algorithm), and the next such call goes straight to it.
+    and N-1 reads in place (oneshot.py), and ``twoshot`` reduces a chunk per rank
+    and gathers the chunks through the board (twoshot.py); their plans are kept
+    per (shape, dtype, op, algorithm), and the next such call goes straight to them.
 
     Runs now, or in the background with ``async_op=True`` (a ``Work`` to wait on)."""
     g = resolve(group)
@@ -91,12 +93,13 @@ def all_reduce(tensor: Any, op: ReduceOp = ReduceOp.SUM, group: ProcessGroup | N
     if plan is None:
         name = runnable(algorithm, tensor.nbytes, g)
         plan = make_plan(g, name, tensor, op)  # allgather, direct: their check's table
-        if not oneshot.through_board(plan):
+        if not (oneshot.through_board(plan) or twoshot.through_board(plan)):
             return _planned_all_reduce(g, tensor, op, name, plan, async_op)
         keep_plan(g, key, plan)            # next time, straight here (oneshot.py)
+    call = twoshot.call if twoshot.through_board(plan) else oneshot.call
     if async_op or not work.idle():
-        return work.submit(partial(oneshot.call, g, tensor, plan), async_op)
-    return oneshot.call(g, tensor, plan)
+        return work.submit(partial(call, g, tensor, plan), async_op)
+    return call(g, tensor, plan)
 
 
 def _planned_all_reduce(g: ProcessGroup, tensor: Any, op: ReduceOp, name: str, plan: Any,

@@ -28,7 +28,7 @@ Its bookkeeping is cut to what it buys: the clock is read once as the call
 begins and once as it ends, for the flight record, the stats and the trace
 alike; the stats count the call in the plan's Tally (stats.py: one more call,
 its seconds); the records are compared in place, word by word (``_same_call``;
-``_check`` copies them out, the plain way and the oracle); on NumPy the
+``check_posts`` copies them out, the plain way and the oracle); on NumPy the
 caller's array is copied in as it is (the guard and CuPy go through
 backend.to_host). docs/collectives.md ("The latency path") shows where its
 time goes.
@@ -68,6 +68,24 @@ def through_board(plan) -> bool:
     return isinstance(plan, OneShotPlan)
 
 
+def describe_post(plan, group, shape: tuple, dtype: Any, op: ReduceOp, algorithm: str) -> None:
+    """Set on ``plan`` what an all-reduce's post on the board and ``check_posts``
+    need: the call's fields (for the stats), line and record (for the check),
+    its bytes M and dtype code, my global rank, my peers', and every record's view."""
+    board = group.transport.board
+    plan.fields = dict(op=op.name, algorithm=algorithm, dtype=dtype.name, shape=shape)
+    plan.line = describe("all_reduce", **plan.fields)
+    plan.record = encode(plan.line) if group.check else None    # 128 B, or no check
+    count = 1
+    for s in shape:
+        count *= s
+    plan.nbytes, plan.code = count * dtype.itemsize, dtype_code(dtype)   # M
+    plan.me = group.transport.rank
+    plan.peers = [q for q in group.ranks if q != plan.me]            # global ranks
+    plan.records = [board.records[q] for q in group.ranks]          # (128,) uint8 each
+    plan.peer_records = [board.records[q] for q in plan.peers]
+
+
 class OneShotPlan:
     """What a one-shot all-reduce of one (shape, dtype, op) on one group needs."""
 
@@ -76,21 +94,10 @@ class OneShotPlan:
         n = group.size
         # The call, as the stats record it and the check compares it: the
         # algorithm is small.py's all-gather, gathered through the board.
-        self.fields = dict(op=op.name, algorithm="allgather", dtype=dtype.name, shape=shape)
-        self.line = describe("all_reduce", **self.fields)
-        self.record = encode(self.line) if group.check else None    # 128 B, or no check
-        count = 1
-        for s in shape:
-            count *= s
-        self.nbytes, self.code = count * dtype.itemsize, dtype_code(dtype)   # M
-        me = group.transport.rank
-        self.me = me
-        self.peers = [q for q in group.ranks if q != me]             # global ranks
+        describe_post(self, group, shape, dtype, op, "allgather")
         # Rank q's slot as an array of the caller's shape, in group rank order.
         host = [board.data[q][:self.nbytes].view(dtype).reshape(shape) for q in group.ranks]
         self.mine = host[group.rank]
-        self.records = [board.records[q] for q in group.ranks]      # (128,) uint8 each
-        self.peer_records = [board.records[q] for q in self.peers]
         # The same records as 16 int64 words, to compare without a copy (``_same_call``)
         self.peer_words = [memoryview(rec).cast("Q") for rec in self.peer_records]
         self.record_words = memoryview(self.record).cast("Q") if group.check else None
@@ -140,7 +147,7 @@ def board_all_reduce(group, tensor: Any, plan: OneShotPlan, number: int, tag: in
     if strays:
         another_way(group, plan, strays, tag)        # raises on every rank
     if not _same_call(plan):
-        _check(group, plan)                          # raises on every rank
+        check_posts(group, plan)                     # raises on every rank
     xs = plan.by_rank if plan.on_host else [backend.from_host(x) for x in plan.by_rank]
     # x = op(x_0, x_1, ..., x_{N-1}), straight out of the slots, in rank order: the
     # fold of reduce_op.fold_in_order, written out (a call less on the latency path)
@@ -158,7 +165,7 @@ def board_all_reduce(group, tensor: Any, plan: OneShotPlan, number: int, tag: in
 
 def _same_call(plan: OneShotPlan) -> bool:
     """Does every peer's record equal mine, word for word? (False without the
-    check: then ``_check`` compares the posts' sizes.) ``_check``'s first loop
+    check: then ``check_posts`` compares the posts' sizes.) ``check_posts``'s first loop
     is the plain version, and the oracle: it copies each record to compare it."""
     record = plan.record_words
     if record is None:
@@ -169,10 +176,12 @@ def _same_call(plan: OneShotPlan) -> bool:
     return True
 
 
-def _check(group, plan: OneShotPlan) -> None:
+def check_posts(group, plan) -> None:
     """Every peer's record equals mine (or, without the check, its block has my
     size and dtype); otherwise raise, having read what the error names and then
-    acknowledged every post: every rank sees the same posts, so every rank raises."""
+    acknowledged every post: every rank sees the same posts, so every rank raises.
+    ``plan``: a board plan (here, twoshot.py) with the call's record, records,
+    peer_records, nbytes, code, line, me and peers."""
     board = group.transport.board
     if plan.record is not None:
         record = plan.record

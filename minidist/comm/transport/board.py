@@ -7,7 +7,7 @@ a slot header, a bell, a poll and a copy out. For a block of a few kilobytes
 that is the whole cost (docs/collectives.md, "The latency path"). The board
 lets a rank write its block once, where every peer reads it in place:
 
-    slot of rank r:  [ticket, nbytes, dtype code | acks: one word per rank |
+    slot of rank r:  [ticket, nbytes, dtype code, done | acks: one word per rank |
                       record (128 B) | data (capacity bytes)]
 
     claim    wait until every peer that was to read r's last post has said so
@@ -17,6 +17,12 @@ lets a rank write its block once, where every peer reads it in place:
     read     wait until a peer's ticket is this call's, then read its record
              and data straight out of its slot (the fold of small.py, say)
     ack      acks[q] += 1 in my slot: I am done with q's post
+
+A collective in two steps (the two-shot all-reduce, collectives/twoshot.py)
+raises a second flag in the same post: ``done``, set to the post's ticket once
+the rank has written its step's result into its slot; a peer waits for it as
+for the ticket (``board_wait(..., word=T_DONE)``). The ticket stays as it was,
+so a slow peer still sees the post it waits for.
 
 One writer per word: a rank writes only its own slot (its ticket, its data,
 its row of acks), so no lock is needed, and on x86 stores become visible in
@@ -48,8 +54,8 @@ BOARD_BYTES = 1 << 20   # data bytes per rank (at most a channel's slot_bytes: s
 # 2, the board took 33.0 us, single-copy reads 44.1 and the pairwise exchange
 # 35.7 (bench_alltoall's call, best of 4 alternating runs, load average 6)
 RECORD_BYTES = 128       # the same-call check's record (collectives/check.py)
-HEAD_BYTES = 64          # ticket, nbytes, dtype code: one cache line
-T_TICKET, T_NBYTES, T_CODE = range(3)
+HEAD_BYTES = 64          # ticket, nbytes, dtype code, done: one cache line
+T_TICKET, T_NBYTES, T_CODE, T_DONE = range(4)
 ACK_NAP_S = 1e-3         # a long wait for acks naps this long (readers do not ring)
 
 
@@ -113,18 +119,19 @@ class Board:
                 return False
         return True
 
-    def all_posted(self, peers: list[int], ticket: int) -> bool:
-        """Does every slot of ``peers`` hold ``ticket``? (``waiting_for`` is empty.)"""
+    def all_posted(self, peers: list[int], ticket: int, word: int = T_TICKET) -> bool:
+        """Does every slot of ``peers`` hold ``ticket`` (in ``word``: T_TICKET, the
+        post, or T_DONE, its second flag)? (``waiting_for`` is empty.)"""
         w, head = self._words, self.head
         for q in peers:
-            if w[head[q]] != ticket:
+            if w[head[q] + word] != ticket:
                 return False
         return True
 
-    def waiting_for(self, peers: list[int], ticket: int) -> list[int]:
-        """The ranks among ``peers`` whose slot does not hold ``ticket`` yet."""
+    def waiting_for(self, peers: list[int], ticket: int, word: int = T_TICKET) -> list[int]:
+        """The ranks among ``peers`` whose slot does not hold ``ticket`` (in ``word``) yet."""
         w, head = self._words, self.head
-        return [q for q in peers if w[head[q]] != ticket]
+        return [q for q in peers if w[head[q] + word] != ticket]
 
     def publish(self, ticket: int, nbytes: int, code: int, readers: list[int]) -> None:
         """Post what the caller wrote into ``data[rank]`` (and the record): the
@@ -135,6 +142,11 @@ class Board:
         self.readers = readers
         w[h + T_NBYTES], w[h + T_CODE] = nbytes, code
         w[h + T_TICKET] = ticket
+
+    def flag_done(self, ticket: int) -> None:
+        """Raise my post's second flag: what I wrote into my slot after reading
+        the peers' posts of ``ticket`` is complete (twoshot.py)."""
+        self._words[self.head[self.rank] + T_DONE] = ticket
 
     def forgive(self, q: int) -> None:
         """Rank q will not read my last post after all (it took another way)."""
@@ -185,17 +197,26 @@ class BoardWays:
         for q in readers:
             ring(q)
 
-    def board_wait(self, peers: list[int], ticket: int, what: str) -> list[int]:
-        """Wait until every rank in ``peers`` (global) posted ``ticket``. Returns []
-        then, or the peers that entered this very call (flight recorder) without
-        posting: they took another way (a different call; the caller checks)."""
+    def board_done(self, ticket: int, readers: list[int]) -> None:
+        """Raise my post's second flag (``Board.flag_done``) and ring the readers' bells."""
+        self.board.flag_done(ticket)
+        ring = self._bells.ring
+        for q in readers:
+            ring(q)
+
+    def board_wait(self, peers: list[int], ticket: int, what: str,
+                   word: int = T_TICKET) -> list[int]:
+        """Wait until every rank in ``peers`` (global) posted ``ticket`` (or, with
+        ``word=T_DONE``, raised the post's second flag). Returns [] then, or the
+        peers that entered this very call (flight recorder) without posting: they
+        took another way (a different call; the caller checks)."""
         board = self.board
-        if board.all_posted(peers, ticket):
+        if board.all_posted(peers, ticket, word):
             return []
         pending = peers
         backoff = Backoff(self.spin_s, self.reply_polls)
         while True:
-            pending = board.waiting_for(pending, ticket)
+            pending = board.waiting_for(pending, ticket, word)
             if not pending:
                 return []
             if not backoff.idle():
@@ -203,13 +224,15 @@ class BoardWays:
                     self._check_abort()
                 continue
             self._check_abort()
-            strays = self._strays(pending, ticket)
-            if strays is not None:
-                return strays
+            if word == T_TICKET:      # a peer past its post is in this call: no stray
+                strays = self._strays(pending, ticket)
+                if strays is not None:
+                    return strays
             if backoff.idle_seconds() > self.timeout:
-                raise self._board_timeout(f"waiting for the posts of ranks {pending} on the "
-                                          f"board", what)
-            self._board_sleep(pending, ticket)
+                waiting = "posts" if word == T_TICKET else "second flags"
+                raise self._board_timeout(f"waiting for the {waiting} of ranks {pending} on "
+                                          f"the board", what)
+            self._board_sleep(pending, ticket, word)
 
     def _strays(self, pending: list[int], ticket: int) -> list[int] | None:
         """If every pending peer entered the call of ``ticket`` (flight recorder)
@@ -222,13 +245,13 @@ class BoardWays:
             return self.board.waiting_for(pending, ticket) or None
         return None
 
-    def _board_sleep(self, pending: list[int], ticket: int) -> None:
+    def _board_sleep(self, pending: list[int], ticket: int, word: int = T_TICKET) -> None:
         """Sleep on my doorbell until a peer rings (a post rings it), at most 50 ms."""
         bells, me = self._bells, self.rank
         seen = bells.value(me)
         bells.sleepers(me, +1)
         try:
-            if all(self.board.ticket(q) != ticket for q in pending):
+            if self.board.waiting_for(pending, ticket, word) == pending:
                 bells.wait(me, seen, 0.05)
         finally:
             bells.sleepers(me, -1)

@@ -186,7 +186,7 @@ def test_auto_across_its_thresholds_is_bit_identical_on_every_rank(worlds, n, da
        st.integers(0, 3), st.integers(0, 127))
 def test_the_same_call_check_word_by_word_agrees_with_comparing_copies(mine, peers, same, at):
     """oneshot._same_call compares the records in place, as 16 int64 words; the
-    plain check (oneshot._check) copies each one out (tobytes) and compares:
+    plain check (oneshot.check_posts) copies each one out (tobytes) and compares:
     the oracle. Some peers post my record, one maybe with one byte changed."""
     from types import SimpleNamespace
 

@@ -59,7 +59,8 @@ def test_load_tuning_sets_auto_per_world_size_and_refuses_unknown_names(tmp_path
     path = tmp_path / "tuned.json"
     path.write_text(json.dumps(dict(worlds={
         "2": dict(GATHER_BYTES=1024, SMALL_BYTES=4096, DIRECT_BYTES=1 << 20),
-        "4": dict(GATHER_BYTES=0, SMALL_BYTES=0, DIRECT_BYTES=1 << 62)}, run="a test")))
+        "4": dict(GATHER_BYTES=0, SMALL_BYTES=0, DIRECT_BYTES=1 << 62, TWOSHOT_BYTES=0),
+        "16": dict(GATHER_BYTES=0, TWOSHOT_BYTES=1 << 20)}, run="a test")))
     try:
         all_reduce.load_tuning(str(path))
         assert all_reduce.choose("auto", 1024, 2) == "allgather"
@@ -70,6 +71,8 @@ def test_load_tuning_sets_auto_per_world_size_and_refuses_unknown_names(tmp_path
         for m in (1024, 1 << 20):
             assert all_reduce.choose("auto", m, 4) == "ring"
             assert all_reduce.choose("auto", m, 8) == "ring"        # world 4's entry
+        assert all_reduce.choose("auto", (1 << 20) - 1, 16) == "twoshot"
+        assert all_reduce.choose("auto", 1 << 20, 16) == "ring"     # world 4's others
         path.write_text(json.dumps(dict(worlds={"2": dict(GATHER=1)})))
         with pytest.raises(ValueError, match="unknown thresholds"):
             all_reduce.load_tuning(str(path))
