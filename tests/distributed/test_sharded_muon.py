@@ -50,8 +50,8 @@ def _cut(case, model):
         return ShardedMuon(model.parameters(), fully_shard_pieces(model), scheme, **HYPER), \
             True, None
     if case["layout"] in ("zero1", "zero2"):
-        zero = (Zero1 if case["layout"] == "zero1" else Zero2)(model, Muon, scheme=scheme,
-                                                                **HYPER)
+        zero = (Zero1 if case["layout"] == "zero1" else Zero2)(
+            model, Muon, scheme=scheme, max_grad_norm=case.get("clip"), **HYPER)
         return zero.optimizer, True, zero
     mesh = init_device_mesh(backend.device_type(), (case["world"],), mesh_dim_names=("tp",))
     parallelize_module(model, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
@@ -74,25 +74,36 @@ def sharded_muon_case(case):
     from minidist.optim import Muon
     widths = WIDTHS if case["layout"] != "tensor_parallel" else [(6, 4 * case["world"]), (4 * case["world"], 5)]
     single, model = _stack(case["seed"], widths), _stack(case["seed"], widths)
+    from minidist.optim import clip_grad_norm_
+    from minidist.parallel import found_inf_reduce
+    from minidist.precision import GradScaler
     reference = Muon(single.parameters(), **HYPER)
     opt, split_batch, zero = _cut(case, model)
     n, r = dist.get_world_size(), dist.get_rank()
     batch = 2 * n
     rng = np.random.default_rng(case["seed"])
+    clip, scaled = case.get("clip"), case.get("scaler", False)
+    # a power of two: scaling and unscaling are exact, so the oracle is the same bits
+    scalers = [GradScaler(init_scale=2.0 ** 8, enabled=scaled),
+               GradScaler(init_scale=2.0 ** 8, enabled=scaled,
+                          found_inf_reduce=found_inf_reduce() if zero is not None else None)]
     for _ in range(STEPS):
         x = rng.standard_normal((batch, widths[0][0]))
         mine = slice(r * 2, r * 2 + 2) if split_batch else slice(None)
-        for m, rows in ((single, slice(None)), (model, mine)):
+        for m, rows, scaler in ((single, slice(None), scalers[0]), (model, mine, scalers[1])):
             out = m(Tensor(backend.from_host(x[rows])))
-            (out ** 2).mean().backward()
-        reference.step()
-        reference.zero_grad()
-        if zero is not None:
-            zero.step()
-            zero.zero_grad()
-        else:
-            opt.step()
-            opt.zero_grad()
+            scaler.scale((out ** 2).mean()).backward()
+        for o, m, scaler in ((reference, single, scalers[0]), (opt, model, scalers[1])):
+            if o is opt and zero is not None:
+                zero.step(scaler if scaled else None)       # it unscales and clips itself
+                zero.zero_grad()
+            else:
+                scaler.unscale_(o)
+                if clip is not None:
+                    clip_grad_norm_(m.parameters(), clip)
+                scaler.step(o)
+                o.zero_grad()
+            scaler.update()
     theirs = {name: backend.to_host(q.data) for name, q in single.named_parameters()}
     err = max(float(np.abs(a.reshape(theirs[name].shape) - theirs[name]).max())
               for name, a in _whole(case, model).items())
@@ -122,3 +133,11 @@ def test_sharded_muon_trains_to_one_process_and_counts_iterations(worlds, case):
 @pytest.mark.parametrize("scheme", ["gather", "round_robin"])
 def test_each_layout_and_scheme_at_world_3(worlds, layout, scheme):
     _check(worlds, dict(layout=layout, scheme=scheme, world=3, seed=5))
+
+
+@pytest.mark.parametrize("layout", ["fully_shard", "zero1", "zero2", "tensor_parallel"])
+def test_a_gradient_clip_and_a_grad_scaler_before_sharded_muon_match_one_process(worlds, layout):
+    """The clip's norm over the pieces is the whole gradient's, and the scaler unscales
+    every piece: the sharded run is one process's run with the same clip and scaler."""
+    _check(worlds, dict(layout=layout, scheme="round_robin", world=2, seed=3, clip=0.05,
+                        scaler=True))

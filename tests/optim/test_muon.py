@@ -139,3 +139,46 @@ def test_muon_param_groups_give_hidden_matrices_to_muon_and_the_rest_to_adamw():
                and p.ndim == 2 for p in muon)
     assert len(muon) == 7   # q, k, v, o, gate, up, down
     Muon(muon)              # accepted: every one is a matrix
+
+
+@PROPERTY
+@given(seed=seeds, stop=st.integers(0, 4), ns_dtype=st.sampled_from([None, "bfloat16"]))
+def test_muon_resumed_from_a_checkpoint_mid_run_takes_the_uninterrupted_runs_steps(
+        tmp_path_factory, seed, stop, ns_dtype):
+    """The momentum buffers and each group's hyperparameters (a second group with its
+    own lr, nesterov and adjust_lr_fn) go through save_checkpoint / load_checkpoint: the
+    resumed run ends on the same bits as the run that never stopped."""
+    from minidist.checkpoint import load_checkpoint, save_checkpoint
+    rng = np.random.default_rng(seed)
+    shapes = [(3, 5), (4, 2)]
+    start = [rng.standard_normal(s) for s in shapes]
+    grads = [[rng.standard_normal(s) for s in shapes] for _ in range(5)]
+
+    def build(arrays):
+        model = nn.Sequential(*[nn.Linear(s[1], s[0], bias=False, dtype="float64")
+                                for s in shapes])
+        for p, a in zip(model.parameters(), arrays):
+            p.data[...] = backend.from_host(a)
+        first, second = model.parameters()
+        opt = Muon([{"params": [first]},
+                    {"params": [second], "lr": 0.02, "nesterov": False,
+                     "adjust_lr_fn": "match_rms_adamw"}], lr=0.01, ns_dtype=ns_dtype)
+        return model, opt
+
+    def train(model, opt, rounds):
+        for round_ in rounds:
+            for p, g in zip(model.parameters(), round_):
+                p.grad = backend.from_host(g)
+            opt.step()
+
+    whole = build(start)
+    train(*whole, grads)
+    path = str(tmp_path_factory.mktemp("muon") / "ckpt")
+    model, opt = build(start)
+    train(model, opt, grads[:stop])
+    save_checkpoint(path, model, opt)
+    model, opt = build([np.zeros(s) for s in shapes])
+    load_checkpoint(path, model, opt)
+    train(model, opt, grads[stop:])
+    for a, b in zip(model.parameters(), whole[0].parameters()):
+        assert np.array_equal(backend.to_host(a.data), backend.to_host(b.data))

@@ -24,7 +24,13 @@ during the warm-up (one bucket) and ONE compressed all-reduce of the flat moment
 after it, per param group, whatever the number of parameters: one scale per worker
 for the whole vector, one per server chunk, and the fixed cost of a message paid
 4(N-1) times a step, not that many times per parameter (``minidist calc diloco``
-counts the same). The error feedback is laid out over that flat vector: ``errors``
+counts the same). The vectors are averaged by position, so every rank must give a
+gradient to the same parameters: the warm-up's all-reduce carries, before the flat
+gradient, each rank's mask of the group's P parameters (1 where it has a gradient), and
+an average strictly between 0 and 1 is refused on every rank (P numbers more, no
+message more); the compression stage checks the mask once, in one all-reduce at its
+first step, and after it each rank checks that the same parameters as then have one.
+The error feedback is laid out over that flat vector: ``errors``
 holds, per param group, one worker error (n',) and one server error (n'/N,), n'
 being n padded as onebit.py needs.
 
@@ -77,6 +83,32 @@ def views(flat: Any, like: list[Any]) -> list[Any]:
     return out
 
 
+def gradient_mask(group: dict, params: list) -> Any:
+    """(P,) over the group's P parameters: 1 where the parameter is among ``params``
+    (those with a gradient on this rank), else 0; in the group's dtype."""
+    with_grad = {id(p) for p in params}
+    first = group["params"][0].data
+    return backend.from_host([1.0 if id(p) in with_grad else 0.0 for p in group["params"]],
+                             dtype=first.dtype)
+
+
+def refuse_left_out(index: int, group: dict, averaged: Any) -> None:
+    """Raise, on every rank alike, if the ranks' gradient masks differ: ``averaged`` is
+    their mean (the same bits everywhere), and a slot strictly between 0 and 1 is a
+    parameter some ranks have a gradient for and others not. The flat vectors are
+    averaged by position, so such a step would add one parameter's gradient to
+    another's, silently where the sizes match."""
+    left_out = [j for j, x in enumerate(backend.to_host(averaged).tolist()) if 0 < x < 1]
+    if left_out:
+        shapes = [tuple(group["params"][j].shape) for j in left_out]
+        raise ValueError(
+            f"1-bit Adam: parameters {left_out} of param group {index} (shapes {shapes}) "
+            f"have a gradient on some ranks and not on others; the group's flat vector is "
+            f"averaged by position, so it would pair different parameters' numbers: give "
+            f"every parameter a gradient on every rank (zero_grad(set_to_none=False) "
+            f"keeps them as zeros)")
+
+
 class OnebitAdam(Optimizer):
     """1-bit Adam (module docstring). State per parameter, as Adam's: ``'step'``,
     ``'exp_avg'``, ``'exp_avg_sq'``. ``errors``: param group index -> the group's
@@ -117,8 +149,7 @@ class OnebitAdam(Optimizer):
         return loss
 
     def _update_group(self, group, params) -> None:
-        if not params:
-            return
+        index = next(i for i, g in enumerate(self.param_groups) if g is group)
         states = [self.state.setdefault(p, {}) for p in params]
         for p, state in zip(params, states):
             if not state:
@@ -127,19 +158,24 @@ class OnebitAdam(Optimizer):
                 state["exp_avg_sq"] = xp.zeros_like(p.data)
             state["step"] += 1
         beta1, beta2 = group["betas"]
-        if not self.frozen:                      # one bucket: the flat gradient, averaged
-            flat = flatten([p.grad for p in params])                        # (n,)
+        if not self.frozen:                      # one bucket: the mask, the flat gradient
+            have = gradient_mask(group, params)                             # (P,)
+            flat = flatten([have] + [p.grad for p in params])               # (P + n,)
             dist.all_reduce(flat, op=ReduceOp.AVG, group=self.group)
-            for state, g in zip(states, views(flat, [p.grad for p in params])):
+            refuse_left_out(index, group, flat[:have.size])
+            for state, g in zip(states, views(flat[have.size:], [p.grad for p in params])):
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 m *= beta1
                 m += (1 - beta1) * g                                 # m = b1 m + (1 - b1) g
                 v *= beta2
                 v += (1 - beta2) * g * g                             # v = b2 v + (1 - b2) g^2
         else:                                    # the flat local momentum, compressed
+            errors = self._errors_of(index, group, params)
+            if errors is None:                   # no gradient in this group on any rank
+                return
             local = flatten([beta1 * s["exp_avg"] + (1 - beta1) * p.grad   # (n,) m_i
                              for p, s in zip(params, states)])
-            m = compressed_allreduce(local, self._errors_of(group, params), self.group)
+            m = compressed_allreduce(local, errors, self.group)
             for state, piece in zip(states, views(m, [p.data for p in params])):
                 state["exp_avg"][...] = piece
         for p, state in zip(params, states):
@@ -195,17 +231,21 @@ class OnebitAdam(Optimizer):
         self.frozen = self.steps >= self.freeze_step
         self.errors, self._laid_out = errors, laid_out
 
-    def _errors_of(self, group: dict, params: list) -> OneBitErrors:
-        """The group's flat error buffers, made at its first compressed step; they are
-        laid out over the parameters that had a gradient then, so every later step must
-        have gradients for the same ones."""
-        index = next(i for i, g in enumerate(self.param_groups) if g is group)
+    def _errors_of(self, index: int, group: dict, params: list) -> OneBitErrors | None:
+        """The group's flat error buffers (None when it has no gradient), made at its first
+        compressed step, on every rank at once: there the ranks check (one all-reduce of
+        the mask) that they lay them out over the same parameters. Every later step must
+        have gradients for those same ones."""
         ids = [id(p) for p in params]
-        if index not in self.errors:
-            n = sum(p.data.size for p in params)
-            self.errors[index] = new_errors(n, dist.get_world_size(self.group),
-                                            params[0].data.dtype)
+        if index not in self._laid_out:
+            have = gradient_mask(group, params)                             # (P,)
+            dist.all_reduce(have, op=ReduceOp.AVG, group=self.group)
+            refuse_left_out(index, group, have)
             self._laid_out[index] = ids
+            if params:
+                n = sum(p.data.size for p in params)
+                self.errors[index] = new_errors(n, dist.get_world_size(self.group),
+                                                params[0].data.dtype)
         elif self._laid_out[index] != ids:
             raise ValueError(
                 f"1-bit Adam's error feedback of param group {index} is laid out over the "
@@ -213,4 +253,4 @@ class OnebitAdam(Optimizer):
                 f"gradient at its first compressed step; this step has gradients for "
                 f"{len(ids)} parameters, not the same ones: give the same parameters a gradient at every step "
                 f"(zero_grad(set_to_none=False) keeps them as zeros)")
-        return self.errors[index]
+        return self.errors.get(index)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from minidist.nn.module import Module
+from minidist.optim.optimizer import Optimizer
 from minidist.parallel.fault_tolerance.manager import Manager
 
 
@@ -51,13 +52,23 @@ class DistributedDataParallel(Module):
             self._manager.allreduce(p.grad)
 
 
-class OptimizerWrapper:
+class OptimizerWrapper(Optimizer):
     """``optimizer``, stepping only when ``manager.should_commit()``; ``zero_grad`` starts
     the step's quorum. With ``model``, every parameter it updates must be the model's:
     a replica healed with the model's state but stepping other arrays would part from
-    its peers without a word."""
+    its peers without a word.
+
+    torchft's surface: an ``Optimizer`` whose ``param_groups`` and ``state`` are the
+    wrapped optimizer's own (not copies), so that what reads or writes them through
+    the wrapper reaches the optimizer that steps: an LR scheduler writing
+    ``group['lr']``, ``GradScaler.unscale_`` dividing the gradients. Under a
+    ``GradScaler`` a step with an inf / NaN gradient calls no ``step()``, hence no vote:
+    the gradients were averaged over the quorum first, so every member sees the inf and
+    skips alike. Put the scaler's ``state_dict()`` in the manager's state too: a healed
+    replica with another scale would average gradients scaled differently."""
 
     def __init__(self, manager: Manager, optimizer: Any, model: Module | None = None):
+        # no Optimizer.__init__: the groups, state and defaults are the wrapped one's
         if model is not None:
             ours = {id(p) for p in model.parameters()}
             stray = [i for i, p in enumerate(_params(optimizer)) if id(p) not in ours]
@@ -67,6 +78,21 @@ class OptimizerWrapper:
                                  f" build it over model.parameters()")
         self.manager, self.optimizer = manager, optimizer
 
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> dict:
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    def add_param_group(self, group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(group)
+
     def zero_grad(self, set_to_none: bool = True) -> bool:
         """Start the step's quorum, then clear the gradients. False: a spare that was
         never needed (the run is over)."""
@@ -74,8 +100,12 @@ class OptimizerWrapper:
         self.optimizer.zero_grad(set_to_none)
         return joined
 
-    def step(self) -> bool:
-        """Step if every member finished the step; True if it did."""
+    def step(self, closure: Any = None) -> bool:
+        """Step if every member finished the step; True if it did. No closure (as in
+        torchft): it would recompute gradients after the quorum averaged them."""
+        if closure is not None:
+            raise ValueError("OptimizerWrapper.step takes no closure: the gradients must be "
+                             "the ones averaged over the quorum (sync_gradients) before it")
         if not self.manager.should_commit():
             return False
         self.optimizer.step()

@@ -1,6 +1,8 @@
 """1-bit Adam: Adam during the warm-up, then the paper's algorithm on the model's flattened
 momentum (signs with one scale for the whole vector, worker and server error feedback),
 against a one-process simulation."""
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -130,10 +132,17 @@ def test_compressed_stage_sends_a_bit_per_number_where_warm_up_sends_64(world):
 @pytest.mark.parametrize("freeze_step", [100, 0], ids=["warm-up", "compressed"])
 def test_a_step_is_one_all_reduce_of_the_flat_vector_whatever_the_parameter_count(
         world, freeze_step):
-    one = world.run(run_onebit, 0, [(8, 8)], 2, freeze_step)[0]
-    eight = world.run(run_onebit, 0, [(2, 4)] * 8, 2, freeze_step)[0]     # the same 64
-    assert eight["msgs"] == one["msgs"]
-    assert eight["sent"] == one["sent"]
+    one = world.run(run_onebit, 0, [(8, 8)], 2, freeze_step)
+    eight = world.run(run_onebit, 0, [(2, 4)] * 8, 2, freeze_step)     # the same 64
+    assert [r["msgs"] for r in eight] == [r["msgs"] for r in one]
+    # the same bytes, but for the mask of which parameters have a gradient: one number
+    # more per parameter, in every warm-up all-reduce, once in the compression stage
+    N, steps = world.world_size, 2
+    masks = 1 if freeze_step == 0 else steps
+    # over all ranks, at most N - 1 copies of each rank's mask (the one-shot all-reduce
+    # of small vectors; the ring sends 2(N-1)/N)
+    mask = masks * N * (N - 1) * 7 * 8
+    assert 0 < sum(r["sent"] for r in eight) - sum(r["sent"] for r in one) <= mask
 
 
 def _drop_a_gradient():
@@ -158,6 +167,44 @@ def test_a_changed_set_of_gradients_after_the_warm_up_is_refused():
         minidist.launch(_drop_a_gradient, 2)
 
 
+def _gradients_for_other_parameters(freeze_step, two_groups):
+    """Two parameters of one shape; rank r gives a gradient to parameter r alone, so the
+    flat vectors have one size everywhere. ``two_groups``: each in a param group of its
+    own (rank 0's step then has nothing in group 1, rank 1's nothing in group 0)."""
+    from minidist import backend
+    from minidist.autograd import Tensor
+    import minidist.distributed as dist
+    from minidist.parallel.data.onebit_adam import OnebitAdam
+    params = [Tensor(backend.from_host(np.ones(4)), requires_grad=True) for _ in range(2)]
+    groups = [{"params": [p]} for p in params] if two_groups else params
+    opt = OnebitAdam(groups, freeze_step=freeze_step)
+    params[dist.get_rank()].grad = backend.from_host(np.ones(4))
+    opt.step()
+
+
+@pytest.mark.parametrize("two_groups", [False, True], ids=["one-group", "two-groups"])
+@pytest.mark.parametrize("freeze_step", [100, 0], ids=["warm-up", "compressed"])
+def test_gradients_for_different_parameters_on_different_ranks_are_refused_on_every_rank(
+        freeze_step, two_groups):
+    """The flat vectors are averaged by position: rank 0's gradient of parameter 0 would
+    be averaged with rank 1's of parameter 1 (the same size), silently. The ranks' masks
+    of which parameters have a gradient travel with the warm-up's all-reduce (and once at
+    the first compressed step): every rank refuses, naming the parameter. Across two
+    param groups, a rank with no gradient in a group skipped its all-reduce, pairing
+    rank 0's group 0 with rank 1's group 1; now every group's mask travels."""
+    with World(2, timeout=20.0, run_timeout=60.0) as w:
+        with pytest.raises(RankFailedError) as info:
+            w.run(_gradients_for_other_parameters, freeze_step, two_groups)
+    assert sorted(info.value.failures) == [0, 1]
+    for exc_type, text in info.value.failures.values():
+        if two_groups and freeze_step > 0:   # each group's mask travels: sizes differ
+            assert exc_type == "CollectiveMismatchError"
+            continue
+        assert exc_type == "ValueError"
+        assert re.search(r"parameters \[[\d, ]+\] of param group \d .*on some ranks and not "
+                         r"on others", text, re.S)
+
+
 def test_a_compressed_step_sends_what_calc_diloco_counts(world):
     """One compressed all-reduce of the flat momentum: calc's 2(N-1)/N * M/32 bytes of
     signs (M the float32 bytes, so one bit a number; here padded to n') plus the workers'
@@ -166,7 +213,10 @@ def test_a_compressed_step_sends_what_calc_diloco_counts(world):
     from minidist.calc.diloco import diloco_costs
     from minidist.parallel.data.onebit import padded_size
     N, n, steps = world.world_size, 64 * 64, 2
-    got = world.run(run_onebit, 0, [(32, 64), (32, 64)], steps, 0)[0]    # one vector
+    # the steps after the first (which also checks the ranks' masks, once)
+    first = world.run(run_onebit, 0, [(32, 64), (32, 64)], 1, 0)[0]
+    runs = world.run(run_onebit, 0, [(32, 64), (32, 64)], 1 + steps, 0)[0]    # one vector
+    got = {k: runs[k] - first[k] for k in ("sent", "msgs")}
     onebit = diloco_costs(4 * n, N, 1, 1, 32, 0.0, bandwidth=1.0)[5]
     scales = 2 * (N - 1) * 8                           # float64 s_i and t_j, all-gathered
     signs = onebit.bytes_per_step * padded_size(n, N) / n

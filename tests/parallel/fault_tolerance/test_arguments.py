@@ -53,6 +53,24 @@ def test_an_optimizer_over_other_parameters_is_refused(one_process):
         OptimizerWrapper(_manager(), optimizer, model)
 
 
+def test_the_wrapper_has_torchfts_surface_the_wrapped_optimizers_own(one_process):
+    """param_groups, state, defaults and add_param_group reach the wrapped optimizer
+    (torchft's OptimizerWrapper); a closure, which would recompute the gradients after
+    the quorum averaged them, is refused."""
+    from minidist.optim import Optimizer
+    model = Linear(2, 2, dtype="float64")
+    inner = SGD([model.weight], lr=0.1)
+    optimizer = OptimizerWrapper(_manager(), inner, model)
+    assert isinstance(optimizer, Optimizer)
+    assert optimizer.param_groups is inner.param_groups
+    assert optimizer.state is inner.state and optimizer.defaults is inner.defaults
+    optimizer.add_param_group({"params": [model.bias], "lr": 0.5})
+    assert inner.param_groups[1]["params"] == [model.bias]
+    assert optimizer.state_dict()["param_groups"] == inner.state_dict()["param_groups"]
+    with pytest.raises(ValueError, match="takes no closure"):
+        optimizer.step(lambda: None)
+
+
 plain = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
     lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner)

@@ -1,6 +1,6 @@
 """Async TP's fused ops equal the plain collective-then-matmul, forward and backward; the
-TP GPT and Llama with ``async_tp`` train to one process's parameters; a split the ring
-cannot make is refused clearly.
+TP GPT and Llama with ``async_tp`` train to one process's parameters, also under a
+GradScaler and a gradient clip; a split the ring cannot make is refused clearly.
 
 The oracle of the fused ops is the plain path in the same world: sequence parallelism's
 all-gather (reduce-scatter) of mappings.py and a Tensor matmul, through autograd. The
@@ -296,3 +296,49 @@ def test_the_rings_take_n_minus_1_steps_one_way_and_n_over_2_both_ways(worlds, t
     round, 2 both ways (the reduce-scatter's two arcs side by side, not one after the other)."""
     for steps, valid in worlds(4).run(_traced_rings, str(tmp_path)):
         assert valid and steps == {False: 3 + 3, True: 2 + 2}, steps
+
+
+def _scaled_clipped(kind, seed, parallel, batches, inf_at=None):
+    """AdamW under a GradScaler and a clip of the whole model's norm, one step per batch
+    of ``batches`` (indices into one stream of batches); at step ``inf_at`` an inf in
+    rank 1's piece of one sliced weight's gradient. The parameters after the last step."""
+    from minidist import backend
+    import minidist.distributed as dist
+    from minidist.autograd.pieces import piece_layout
+    from minidist.optim import AdamW, clip_grad_norm_
+    from minidist.precision import GradScaler
+    model = _model(kind, seed, parallel)
+    opt, scaler = AdamW(model.parameters(), lr=0.01), GradScaler(init_scale=2.0 ** 8)
+    rng = np.random.default_rng(seed)
+    stream = [rng.integers(0, 16, (2, 8)) for _ in range(max(batches) + 1)]
+    for step, b in enumerate(batches):
+        idx = stream[b]
+        _, loss = model(backend.from_host(idx), backend.from_host(np.roll(idx, -1, axis=1)))
+        scaler.scale(loss).backward()
+        if step == inf_at and dist.get_rank() == 1:
+            sliced = next(p for p in model.parameters() if piece_layout(p) is not None)
+            sliced.grad.reshape(-1)[0] = np.inf
+        scaler.unscale_(opt)
+        clip_grad_norm_(model.parameters(), 0.05)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    return {k: backend.to_host(p.data).copy() for k, p in model.named_parameters()}
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")   # clipping the inf step
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_async_tp_under_a_grad_scaler_and_a_clip_trains_to_one_process(worlds, kind):
+    """The clip's norm and the scaler's inf check reach over the tensor-parallel pieces:
+    the run equals one process's with the same scaler and clip (1e-12), and an inf in
+    one rank's piece alone skips the step on every rank (the run equals the one without
+    that step)."""
+    world, seed = worlds(2), 7
+    dense = _scaled_clipped(kind, seed, False, [0, 1, 2])
+    wants = world.run(_shards, kind, seed, dense)
+    clean = world.run(_scaled_clipped, kind, seed, True, [0, 1, 2])
+    skipped = world.run(_scaled_clipped, kind, seed, True, [0, 1, 1, 2], 1)
+    for rank in range(2):
+        for name, want in wants[rank].items():
+            assert np.abs(clean[rank][name] - want).max() <= TOL, (rank, name)
+            assert np.array_equal(skipped[rank][name], clean[rank][name]), (rank, name)
