@@ -34,18 +34,9 @@ reading, without waiting for anything, so the claim is nearly always free.
 Each process runs one collective at a time (collectives/work.py runs a
 synchronous call only after the queued ones), so one slot per rank serves
 every group. The waits (``BoardWays``, mixed into LocalTransport) follow
-wait.py: poll, yield, then sleep on the doorbell, which a post rings; they end
-as the channels' waits do (local_wait.py), with the same checks: the world
-aborted (WorldAbortedError); a rank of the call dead in a world that goes on
-(PeerDiedError naming it, at the first empty poll after the launcher's mark);
-a peer that returned from the run without posting or acknowledging
-(PeerFinishedError); nothing for the timeout (CommTimeoutError with the flight
-recorder's report). A claim does not wait for a dead reader (it will read
-nothing more): the call goes on, and fails in its wait for posts if the dead
-rank is one of its ranks, while a group without it (the survivors' quorum)
-goes on. A rank whose wait for posts fails still acknowledges the posts that
-came, and owes an ack to each peer that had not posted, paid when its post
-appears (``Board.debts``): the peers' next claims wait for those acks.
+wait.py: poll, yield, then sleep on the doorbell, which a post rings; a wait
+checks the abort word and raises CommTimeoutError with the flight recorder's
+report after the timeout, like every wait of the transport.
 ``MINIDIST_BOARD=0`` leaves the board out (bench_latency.py compares both ways).
 """
 from __future__ import annotations
@@ -105,9 +96,6 @@ class Board:
         self.owed = [0] * n      # posts of mine each rank is to have read (acked) by now
         self.readers: list[int] = []   # the ranks that were to read my last post
         self.posted_record = None   # the record bytes in my slot now (written when they change)
-        # Acks I owe: rank q -> the tickets of calls I gave up on before q posted
-        # in them (BoardWays._give_up), in call order; paid when q's slot shows one.
-        self.debts: dict[int, list[int]] = {}
 
     def ticket(self, q: int) -> int:
         return self._words[self.head[q] + T_TICKET]
@@ -164,24 +152,6 @@ class Board:
         """Rank q will not read my last post after all (it took another way)."""
         self.owed[q] -= 1
 
-    def let_off(self, q: int) -> None:
-        """Rank q has died: it reads none of my posts, nor do I owe it acks. Its
-        acks of my posts stop where they are (a replacement goes on from there)."""
-        self.owed[q] = self._words[self.acks[q] + self.rank]
-        self.debts.pop(q, None)
-
-    def pay_debts(self) -> None:
-        """Acknowledge each post I owe an ack for, once it is there: rank q's slot
-        shows one of the tickets I owe it. It cannot post again before I ack, so a
-        later ticket of the list there means it never posted the earlier ones."""
-        for q, tickets in list(self.debts.items()):
-            now = self.ticket(q)
-            if now in tickets:
-                self.ack([q])
-                del tickets[:tickets.index(now) + 1]
-                if not tickets:
-                    del self.debts[q]
-
     def ack(self, peers: list[int]) -> None:
         """I am done with the posts of ``peers``."""
         w, row = self._words, self.acks[self.rank]
@@ -198,17 +168,13 @@ class BoardWays:
     doorbells, abort word, timeout and flight recorder."""
 
     def board_claim(self, what: str) -> None:
-        """Wait until every reader of my last post has acknowledged it, or died
-        (``_let_off_the_dead``)."""
+        """Wait until every reader of my last post has acknowledged it."""
         board = self.board
-        if board.debts:           # a call I gave up on (``_give_up``): ack what came since
-            board.pay_debts()
         if board.all_read():      # nearly always: readers acknowledge as they finish
             return
         # A reader microseconds from its ack: spin as long as for a reply before
         # yielding (wait.py), or a yield may cost a time slice per call.
         backoff = Backoff(self.spin_s, self.reply_polls)
-        self._in_call.state.deaths = 0   # deaths so far: looked at on the first empty pass
         while True:
             late = board.unacked()
             if not late:
@@ -216,36 +182,13 @@ class BoardWays:
             if not backoff.idle():
                 if self._death_unseen():   # a death marked: check it now (local_wait.py)
                     self._check_abort()
-                    self._let_off_the_dead(late)
                 continue
             self._check_abort()
-            self._let_off_the_dead(late)
-            self._check_returned(late, lambda q: q in board.unacked(), what)
-            if board.debts:
-                board.pay_debts()
             if backoff.idle_seconds() > self.timeout:
                 raise self._board_timeout(
                     f"ranks {late} have not finished reading this rank's last post on "
                     f"the board", what)
             self._bells.wait(self.rank, self._bells.value(self.rank), ACK_NAP_S)
-
-    def _let_off_the_dead(self, late: list[int]) -> None:
-        """A dead reader will never acknowledge: stop waiting for it. The claim
-        goes on; if the dead rank is in the call, the wait for its post fails at
-        its first look (``PeerDiedError``, local_wait.py), and a call without it
-        (the survivors' quorum) is not held up by a post of an earlier call."""
-        failed = self.failed_ranks()
-        for q in late:
-            if q in failed:
-                self.board.let_off(q)
-
-    def _check_returned(self, ranks: list[int], missing, what: str) -> None:
-        """A rank that returned from the run while ``missing(q)`` (its ack, or its
-        post) will never send it: ``PeerFinishedError`` naming it. ``missing`` is
-        asked after the run count: a rank acknowledges and posts before it returns."""
-        for q in ranks:
-            if self.has_returned(q) and missing(q):
-                raise self._finished_error(what or "a call on the board", q)
 
     def board_post(self, ticket: int, nbytes: int, code: int, readers: list[int]) -> None:
         """Publish my post (data and record written) and ring the readers' bells."""
@@ -266,21 +209,11 @@ class BoardWays:
         """Wait until every rank in ``peers`` (global) posted ``ticket`` (or, with
         ``word=T_DONE``, raised the post's second flag). Returns [] then, or the
         peers that entered this very call (flight recorder) without posting: they
-        took another way (a different call; the caller checks).
-        Ends in an error as a wait of the channels does (local_wait.py), having
-        acknowledged the posts that came and owing the others (``_give_up``)."""
+        took another way (a different call; the caller checks)."""
         board = self.board
         if board.all_posted(peers, ticket, word):
             return []
-        try:
-            return self._wait_for_posts(peers, ticket, what, word)
-        except Exception:
-            self._give_up(peers, ticket)
-            raise
-
-    def _wait_for_posts(self, pending: list[int], ticket: int, what: str,
-                        word: int) -> list[int]:
-        board = self.board
+        pending = peers
         backoff = Backoff(self.spin_s, self.reply_polls)
         while True:
             pending = board.waiting_for(pending, ticket, word)
@@ -291,11 +224,6 @@ class BoardWays:
                     self._check_abort()
                 continue
             self._check_abort()
-            self._check_died(pending, "the collective it is in")
-            self._check_returned(pending, lambda q: bool(board.waiting_for([q], ticket, word)),
-                                 what)
-            if board.debts:
-                board.pay_debts()
             if word == T_TICKET:      # a peer past its post is in this call: no stray
                 strays = self._strays(pending, ticket)
                 if strays is not None:
@@ -305,20 +233,6 @@ class BoardWays:
                 raise self._board_timeout(f"waiting for the {waiting} of ranks {pending} on "
                                           f"the board", what)
             self._board_sleep(pending, ticket, word)
-
-    def _give_up(self, peers: list[int], ticket: int) -> None:
-        """The wait for the posts of ``ticket`` ended in an error: acknowledge the
-        posts that came (their ranks' next claims wait for it) and owe an ack to
-        each peer that has not posted yet, paid if it does (``Board.pay_debts``):
-        acknowledging a post before it is there would let its rank post over a
-        later one while I read it."""
-        self._in_call.state.ranks = None   # the call is given up: watch nothing after it
-        board = self.board
-        for q in peers:
-            if board.ticket(q) == ticket:
-                board.ack([q])
-            else:
-                board.debts.setdefault(q, []).append(ticket)
 
     def _strays(self, pending: list[int], ticket: int) -> list[int] | None:
         """If every pending peer entered the call of ``ticket`` (flight recorder)

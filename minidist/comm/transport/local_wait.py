@@ -219,13 +219,10 @@ class LocalWaits:
             with self._lock:
                 self._progress()
             if not h.done:
-                raise self._finished_error(h.describe(), peer)
-
-    def _finished_error(self, what: str, peer: int) -> PeerFinishedError:
-        """``what`` waits on ``peer``, which has returned from the run: it never will come."""
-        return PeerFinishedError(
-            f"rank {self.rank}: {what} cannot complete: rank {peer} has returned from the "
-            f"function this world runs (it finished early, or skipped a call the others make)")
+                raise PeerFinishedError(
+                    f"rank {self.rank}: {h.describe()} cannot complete: rank {peer} has "
+                    f"returned from the function this world runs (it finished early, or "
+                    f"skipped a call the others make)")
 
     def _timeout_error(self, handles, timeout, what) -> CommTimeoutError:
         self._in_call.state.ranks = None   # the call is given up (PeerDiedError's case too)

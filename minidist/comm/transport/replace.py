@@ -64,7 +64,7 @@ class Replacements:
             ch.count = self._words[ch.head_i]        # what it sent and we never took
             self._words[ch.tail_i] = ch.count
             if self.board is not None:               # its acks of our posts stop here
-                self.board.let_off(r)
+                self.board.owed[r] = self.board._words[self.board.acks[r] + self.rank]
 
     def _take_over(self) -> None:
         """Step 4: this process replaces a dead rank; take its channels as they stand."""
