@@ -9,9 +9,11 @@ busbw = algbw * (N-1)/N (nccl-tests' all-to-all factor: the share of M that leav
 the rank). minidist runs on the local shared-memory transport with the same-call
 check (which carries the split sizes): through the board up to 256 KiB of input
 per rank (alltoall_board.py), reading its peers' inputs in one copy above
-(alltoall.py); the "pairwise" column is the same call with single-copy reads
-turned off (``MINIDIST_SINGLE_COPY=0``: above 256 KiB every part through the
-channels, two copies; up to 256 KiB it takes the board like the first column). The
+(alltoall.py), at 4 ranks through the board in rounds up to 4 MiB
+(alltoall_rounds.py); the "pairwise" column is the same call with single-copy
+reads turned off (``MINIDIST_SINGLE_COPY=0``: above 256 KiB, or 4 MiB at 4
+ranks, every part through the channels, two copies; below it takes the board
+like the first column). The
 reference is mpi4py's ``Alltoallv`` under MPICH's ``mpiexec`` (which reads its
 peer's memory in one copy too, CMA, for large messages), and with ``--peer gloo``
 torch.distributed's ``all_to_all_single`` on gloo. All are timed alike (best

@@ -28,6 +28,7 @@ Files, in reading order:
 - alltoall.py      all-to-all with uneven splits (pairwise exchange, single-copy reads)
 - alltoall_board.py  all-to-all's splits, and inputs that fit a slot, in one post on the board;
                    a split plan per call shape, compared byte for byte with the posts
+- alltoall_rounds.py  an all-to-all input larger than a slot through it in rounds (4 ranks)
 - work.py          ``Work``: async handles and the background thread that runs them
 - interleave.py    two computations taking turns, each handing over while its collective
                    is in flight (DualPipeV's F&B: one micro-batch's all-to-all hidden

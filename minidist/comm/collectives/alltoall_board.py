@@ -1,10 +1,9 @@
 """All-to-all through the board: the split sizes and small inputs in one post.
 
-alltoall.py's all-to-all starts with the same-call check, a Bruck all-gather of
-every rank's record and row and column of the split matrix S, in ceil(log2 N)
-rounds; then the parts move, pairwise (N-1 more steps) or by single-copy reads.
-For small parts those rounds are the whole cost. On one machine every rank
-posts instead, once, into its slot on the board (transport/board.py):
+alltoall.py's all-to-all starts with the same-call check, a Bruck all-gather of every rank's record
+and row and column of the split matrix S, in ceil(log2 N) rounds; then the parts move, pairwise
+(N-1 more steps) or by single-copy reads. For small parts those rounds are the whole cost. On one
+machine every rank posts instead, once, into its slot on the board (transport/board.py):
 
     slot of rank q = [record | S[q][:] (N) | S[:][q] (N) | fits, pid, address | input of q]
 
@@ -13,31 +12,28 @@ posts instead, once, into its slot on the board (transport/board.py):
     check     every record equals mine, S[i][j] as i says it = as j says it
     move      every input fits:  rank r copies part r of each rank's input out
                                  of its slot (offsets(S[q])[r] rows on), in rank order
+              at 4 ranks, inputs to 4 MiB: the same, a piece a round (alltoall_rounds.py)
               otherwise:         single-copy reads or the pairwise exchange
                                  (alltoall.py), with S and the addresses as posted
     ack       done with every slot
 
     T_board = alpha_post + sum_q S[q][r] * row / beta   (rank r, every input fitting)
 
-Every rank sees every post, so every rank decides the same: the same way to
-move the parts, the same ``CollectiveMismatchError`` when the splits disagree
-(the pair is named, as alltoall.py names it). A peer that made another call
-never posts; as with oneshot.py, the flight recorder shows it in this call
-without a post, and the ranks join the records-only check, so all raise.
+Every rank sees every post, so every rank decides the same: the same way to move the parts, the
+same ``CollectiveMismatchError`` when the splits disagree (the pair is named, as alltoall.py names
+it). A peer that made another call never posts; as with oneshot.py, the flight recorder shows it in
+this call without a post, and the ranks join the records-only check, so all raise.
 
-A call with the split sizes of an earlier call (a Ulysses layer, a loop of the
-same shapes) repeats its work: its ``SplitPlan``, kept per (shapes, dtypes,
-splits) where ``all_to_all_single`` looks first (api.py: the arrays' checks
-ran when it was made), holds the counts to post, the offsets, and the S
-agreed last time with the parts of the slots to copy out. Those parts, in
-rank order, are the caller's output: a slice copy each puts them in it (any
-strides). Such a call (``SplitPlan.repeat``) writes its counts only when
-another call wrote over them, and compares each peer's record and counts with
-those of the last agreed call byte for byte, in one pass (the same-call check
-of the call and its splits, on every call); only if they differ are the
-records checked alone and the counts parsed. A rank that expects
-every input on the board offers no address (pid 0): if a peer's splits then
-say otherwise, the parts move pairwise.
+A call with the split sizes of an earlier call (a Ulysses layer, a loop of the same shapes) repeats
+its work: its ``SplitPlan``, kept per (shapes, dtypes, splits) where ``all_to_all_single`` looks
+first (api.py: the arrays' checks ran when it was made), holds the counts to post, the offsets, and
+the S agreed last time with the parts of the slots to copy out. Those parts, in rank order, are the
+caller's output: a slice copy each puts them in it (any strides). Such a call
+(``SplitPlan.repeat``) writes its counts only when another call wrote over them, and compares each
+peer's record and counts with those of the last agreed call byte for byte, in one pass (the same-
+call check of the call and its splits, on every call); only if they differ are the records checked
+alone and the counts parsed. A rank that expects every input on the board offers no address (pid
+0): if a peer's splits then say otherwise, the parts move pairwise.
 """
 from __future__ import annotations
 
@@ -46,7 +42,7 @@ from typing import Any, NamedTuple
 
 from minidist import backend
 from minidist.backend import xp
-from minidist.comm.collectives import oneshot
+from minidist.comm.collectives import alltoall_rounds, oneshot
 from minidist.comm.collectives.alltoall import offsets, parse_counts, split_sizes
 from minidist.comm.collectives.call import _flat
 from minidist.comm.collectives.check import (cached_plan, describe, encode, keep_plan,
@@ -91,6 +87,7 @@ class BoardAllToAllPlan:
         self.peer_records = [board.records[q] for q in self.peers]
         self.dtype = dtype
         self.room = board.capacity - head                  # input bytes a slot holds
+        self.way = alltoall_rounds.RoundsWay(board, n, self.inputs, self.room, dtype)
         self.split_plans: dict = {}                        # (send, recv) -> SplitPlan
 
 
@@ -112,6 +109,7 @@ class SplitPlan:
         self.in_edges, self.out_edges = offsets(send), offsets(recv)
         self.nbytes = self.in_edges[-1] * row * plan.dtype.itemsize       # my input
         self.fits = self.nbytes <= plan.room
+        self.streams = not self.fits and plan.way.takes(self.nbytes)   # piece 0 in the post
         self.my_input = (plan.inputs[group.rank][:self.nbytes].view(plan.dtype)
                          .reshape(in_shape)) if self.fits else None   # my input, in my slot
         # Large inputs on NumPy: only the parts for the peers go into the slot,
@@ -141,12 +139,10 @@ class SplitPlan:
         self.sends = sends
         self.everyone_fits = all(plan.counts[q][2 * n + FITS] for q in range(n))
         self.repeat = self.everyone_fits and self.numpy and not self.keep_direct
-        if not self.everyone_fits:
-            self.parts, self.blocks = [], []
-            return
         step = self.row * plan.dtype.itemsize              # bytes per row
+        self.rounds = plan.way.rounds(sends, self.row, r, self.out_edges, self.everyone_fits)
         self.parts, self.blocks = [], []
-        for q in range(n):
+        for q in range(n if self.everyone_fits else 0):
             lo = sum(sends[q][:r]) * step
             part = plan.inputs[q][lo:lo + sends[q][r] * step].view(plan.dtype)
             self.parts.append((self.out_edges[q] * self.row, self.out_edges[q + 1] * self.row,
@@ -238,18 +234,18 @@ def board_all_to_all(group, output: Any, input: Any, sp: SplitPlan, source_of,
         _copy_out(group, sp, output, input, False)
         t.board.ack(plan.peers)
         return None
-    return _settle(group, output, input, sp, direct, tag, move)
+    return _settle(group, output, input, sp, direct, tag, move, ticket)
 
 
 def _settle(group, output: Any, input: Any, sp: SplitPlan, direct: bool, tag: int,
-            move) -> tuple | None:
+            move, ticket: int) -> tuple | None:
     """A call off the repeat path, after the wait: check the records and S, move the parts."""
     t = group.transport
     board, plan = t.board, sp.plan
     _check_records(group, plan)                                # raises on every rank
     if not _as_agreed(sp):
         sources = _agree(group, sp)                            # raises on every rank
-        if not sp.everyone_fits:
+        if not sp.everyone_fits and sp.rounds is None:
             board.ack(plan.peers)    # S and the addresses are read: the slots may change
             before = group.stats.snapshot()
             flat_out, write_back = _flat(output)
@@ -257,6 +253,8 @@ def _settle(group, output: Any, input: Any, sp: SplitPlan, direct: bool, tag: in
                  sp.out_edges, sp.row, sp.sends, sources, tag, None)
             write_back()
             return before
+    if sp.rounds is not None:                                  # the rest of the rounds
+        return plan.way.finish(group, sp.rounds, input, output, ticket, plan.line, plan.peers)
     _copy_out(group, sp, output, input, direct)
     board.ack(plan.peers)
     return None
@@ -271,8 +269,8 @@ def _post(group, sp: SplitPlan, output: Any, input: Any, direct: bool, source_of
     n = group.size
     mine = plan.counts[group.rank]
     mine[:] = sp.posted
-    if not (sp.seen is not None and sp.everyone_fits):   # an address is worth offering
-        flat_in = xp.ascontiguousarray(input).reshape(-1)
+    if not (sp.seen is not None and (sp.everyone_fits or sp.rounds)):   # an address
+        flat_in = xp.ascontiguousarray(input).reshape(-1)               # is worth offering
         mine[2 * n + PID:2 * n + ADDRESS + 1] = source_of(group, flat_in, output)
     if direct:               # copy in the parts for the peers, in any layout
         lo, hi = sp.keep
@@ -280,6 +278,8 @@ def _post(group, sp: SplitPlan, output: Any, input: Any, direct: bool, source_of
         sp.my_input[hi:] = input[hi:]
     elif sp.fits:                                         # copy in, in any layout
         sp.my_input[...] = input if sp.numpy else backend.to_host(input)
+    elif sp.streams:                                      # round 0's piece (alltoall_rounds.py)
+        plan.way.first_piece(group.rank, input)
     _post_record(group, plan, ticket, sp.nbytes)
 
 
@@ -325,7 +325,7 @@ def _check_records(group, plan: BoardAllToAllPlan) -> None:
 def _as_agreed(sp: SplitPlan) -> bool:
     """Did every peer post my record and the S (and fits) of the last agreed
     call with these splits, byte for byte? (peer, record, words, bytes agreed)"""
-    if sp.seen is None or not sp.everyone_fits:
+    if sp.seen is None or not (sp.everyone_fits or sp.rounds):
         return False
     record = sp.plan.record
     for rec, words, before in sp.expected:

@@ -250,8 +250,9 @@ def all_to_all_single(output: Any, input: Any, output_split_sizes: list[int] | N
     (``output_split_sizes[i]`` on j): otherwise every rank raises
     ``CollectiveMismatchError`` naming the pair, before any data moves.
     On one machine the split sizes, and inputs that fit, travel through the
-    board in one post (alltoall_board.py), and larger parts are read straight
-    from the peers' inputs (single copy); otherwise pairwise exchange (alltoall.py).
+    board in one post (alltoall_board.py), at 4 ranks inputs up to 4 MiB in
+    rounds (alltoall_rounds.py), and larger parts are read straight from the
+    peers' inputs (single copy); otherwise pairwise exchange (alltoall.py).
     """
     g = resolve(group)
     key = alltoall_board.call_key(input, output, input_split_sizes, output_split_sizes)
