@@ -119,7 +119,11 @@ class Thresholds(NamedTuple):
 #     4 MiB      - /   1088 / 1744 / 1489
 #     16 MiB     - /   5104 / 7652 / 8654       32 MiB     - /  14057 / 29215 / 15280
 #     64 MiB     - /  56623 / 59358 / 29804
-#   so: allgather while M <= 128 KiB, the two-shot below 64 MiB, direct from it.
+#   so: allgather while M <= 128 KiB, the two-shot from there. (The loaded run had
+#   direct ahead at 64 MiB; the quiet `bench_collectives.py --worlds 4`, 2026-11-27
+#   07:45, did not: two-shot 21.61 ms against direct's 23.65 at 64 MiB, 5.03 against
+#   7.37 at 16 MiB, 1.19 against 1.61 at 4 MiB; so the two-shot takes every size
+#   above the all-gather's, as auto follows the quiet machine.)
 #   At world 3 (3 ranks on 2 cores, same load) the two-shot lost to the
 #   all-gather at 256 KiB and 1 MiB (295 against 146, 623 against 383 us) and
 #   won only at 16 MiB (8675 against the ring's 11108): world 3 keeps world 2's
@@ -128,7 +132,7 @@ NEVER = 1 << 62   # a threshold no array reaches
 THRESHOLDS = {
     2: Thresholds(gather_bytes=256 * 1024, small_bytes=1024 * 1024, direct_bytes=NEVER),
     4: Thresholds(gather_bytes=3 * 128 * 1024, small_bytes=0, direct_bytes=4 * 1024 * 1024,
-                  twoshot_bytes=64 * 1024 * 1024),
+                  twoshot_bytes=NEVER),
 }
 
 # `minidist bench collectives --tune` (bench/bench_collectives.py) measures every
