@@ -1,7 +1,7 @@
 """bench_overlap.py's report: each pair's table and, per overlap, its bars.
 
-    removed  = exposed(plain) - exposed(overlapped)          (from the traces; fsdp: the
-                                          gathers' waits alone, the least rank's at each)
+    removed  = exposed(plain) - exposed(overlapped)          (from the traces; fsdp, moe:
+                       the gathers' / dispatches' waits alone, the least rank's at each)
     allowed  = min(wire time of the traffic it acts on, exposed(plain))
     target:    removed >= allowed / 2
     room     = step(plain) - CPU floor(overlapped);   saved = step(plain) - step(overlapped)
@@ -34,9 +34,15 @@ def report(pair: str, variants: list, rows: dict, gbps: float) -> list[str]:
             for v, row in rows.items()))
         print("  exposed in the gathers' waits (FSDP gather unit k spans), per step, median "
               "over the rounds, at each gather the least over the ranks (the largest rank's "
-              "waits): " + ", ".join(f"{v} {1e3 * row['gathers_own']:.2f} ms "
-                                     f"({1e3 * row['gathers_exposed']:.2f})"
+              "waits): " + ", ".join(f"{v} {1e3 * row['waits_own']:.2f} ms "
+                                     f"({1e3 * row['waits_exposed']:.2f})"
                                      for v, row in rows.items()))
+    if pair == "moe":        # the dispatches' waits: what the overlap acts on
+        print("  exposed in the dispatches' waits (MoE dispatch unit k spans), per step, "
+              "median over the rounds, at each dispatch the least over the ranks (the largest "
+              "rank's waits): " + ", ".join(f"{v} {1e3 * row['waits_own']:.2f} ms "
+                                          f"({1e3 * row['waits_exposed']:.2f})"
+                                          for v, row in rows.items()))
     if pair == "pipeline_ep":   # which mesh dimension carries what
         print("  MB sent per step (largest rank) on pp / ep: " + ", ".join(
             f"{v} {most((1, row['traffic']['pp'])) / 1e6:.3f} / "
@@ -45,7 +51,7 @@ def report(pair: str, variants: list, rows: dict, gbps: float) -> list[str]:
     for v in overlapped:
         bars.append(f"{pair + ':':<13}"
                     + verdict(v, plain, rows[v], base, gbps, targeted(pair, rows[v], base),
-                              EXPOSED.get(pair, "exposed")))
+                              EXPOSED.get(pair, "exposed"), WAITED.get(pair)))
         if pair in ("fsdp", "moe"):
             break_even(v, rows[v], base, gbps)
     return bars
@@ -76,18 +82,20 @@ def break_even(v: str, row: dict, base: dict, gbps: float) -> None:
               f"slower than {saved_bytes / extra_cpu / 1e9:.2f} GB/s (--link-gbps)")
 
 
-EXPOSED = {"fsdp": "gathers_own"}   # pair -> the exposed figure its bar reads
+EXPOSED = {"fsdp": "waits_own", "moe": "waits_own"}   # pair -> the exposed figure its bar reads
+WAITED = {"fsdp": ("gathers'", "gather"), "moe": ("dispatches'", "dispatch")}
 
 
 def verdict(v: str, plain: str, row: dict, base: dict, gbps: float,
-            target: tuple[float, str], key: str = "exposed") -> str:
+            target: tuple[float, str], key: str = "exposed",
+            waited: tuple[str, str] | None = None) -> str:
     """Three lines: the exposed communication removed against what the wire allows this
     overlap to hide (the wire time of the traffic it acts on, ``target``, no more than
     the plain variant exposed), the old whole-wire figure beside it, and the step time
     saved against the CPU floor. ``key``: the exposed figure the bar reads ("exposed",
-    the whole step's, or "gathers_own", the FSDP gathers' own waits, with the largest
-    rank's gather waits and the whole step's beside it). Returns the one-line form for
-    the closing summary."""
+    the whole step's, or "waits_own", the FSDP gathers' or the MoE dispatches' own waits,
+    ``waited`` naming them, with the largest rank's waits and the whole step's beside
+    it). Returns the one-line form for the closing summary."""
     removed = base[key] - row[key]
     acted, what = target
     allowed = min(acted / (gbps * 1e9), base[key])
@@ -96,10 +104,10 @@ def verdict(v: str, plain: str, row: dict, base: dict, gbps: float,
     ok = allowed > 0 and removed >= 0.5 * allowed
     met = (f"target >= half {'met' if ok else 'NOT met'}" if allowed > 0
            else "nothing it acts on to hide")
-    d = 1 if key == "exposed" else 2       # the gathers' bar is a few tenths of a ms
-    name = "exposed" if key == "exposed" else "gathers' exposed"
-    step = ("" if key == "exposed" else f" (largest rank's gather waits "
-            f"{1e3 * base['gathers_exposed']:.1f} -> {1e3 * row['gathers_exposed']:.1f} ms, "
+    d = 1 if key == "exposed" else 2       # the waits' bar is a few tenths of a ms
+    name = "exposed" if key == "exposed" else f"{waited[0]} exposed"
+    step = ("" if key == "exposed" else f" (largest rank's {waited[1]} waits "
+            f"{1e3 * base['waits_exposed']:.1f} -> {1e3 * row['waits_exposed']:.1f} ms, "
             f"whole step {1e3 * base['exposed']:.1f} -> {1e3 * row['exposed']:.1f} ms)")
     print(f"  {v} vs {plain}: {name} {1e3 * base[key]:.{d}f} -> {1e3 * row[key]:.{d}f} ms"
           f"{step}, removed {1e3 * removed:.{d}f} ms of the {1e3 * allowed:.{d}f} ms the wire "

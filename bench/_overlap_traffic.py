@@ -16,45 +16,48 @@
 
     over the link's bandwidth, the wire time the overlap may remove from the exposed
     communication (for fsdp, from the gathers' exposed time: what the units waited for
-    their weights, the reduce-scatters and the rest of the step left out). from_trace
-    adds the exposed communication ``minidist trace summary`` reads, whole and in the
-    gathers' waits (which counts the blocking calls of an F&B's second half as exposed: the
-    main thread is parked while they block, trace/summary.py).
+    their weights, the reduce-scatters and the rest of the step left out; for moe, from
+    the dispatches': what each layer waited for its rows, the counts' exchange, the
+    combine and a late peer left out). from_trace adds the exposed communication
+    ``minidist trace summary`` reads, whole and in the units' waits (which counts the
+    blocking calls of an F&B's second half as exposed: the main thread is parked while
+    they block, trace/summary.py).
 """
 from __future__ import annotations
 
 
-GATHER_WAIT = "FSDP gather"   # the spans of how long an FSDP unit waited for its weights
+WAITS = {"fsdp": "FSDP gather",     # pair -> the family of its unit-wait spans: how long
+         "moe": "MoE dispatch"}     # an FSDP unit waited for its weights, an MoE layer
+                                    # for its dispatched rows (trace/summary.py)
 
 
-def from_trace(path: str, steps: int) -> dict:
+def from_trace(path: str, steps: int, family: str | None = None) -> dict:
     """Per step, read off the trace as ``minidist trace summary`` reads it: ``exposed``
-    (seconds), ``gathers_exposed`` (seconds: the part of it inside the ``FSDP gather unit
-    k`` spans, the units' waits for their weights) and ``sent`` / ``gathered`` (bytes),
-    each the largest over the ranks, ``gathers_own`` (seconds: the gathers' exposed time
-    without the waits for a late peer, ``gathers_own``), and
-    ``traffic``: kind -> {rank: bytes it sent per step} for the kinds an overlap acts on
-    (``traffic_of``)."""
+    (seconds), ``waits_exposed`` (seconds: the part of it inside the unit-wait spans of
+    ``family``, "FSDP gather unit k" or "MoE dispatch unit k") and ``sent`` / ``gathered``
+    (bytes), each the largest over the ranks, ``waits_own`` (seconds: the waits' exposed
+    time without the waits for a late peer, ``own_waits``), and ``traffic``: kind ->
+    {rank: bytes it sent per step} for the kinds an overlap acts on (``traffic_of``)."""
     from minidist.trace import load
     from minidist.trace.summary import summarize
     trace = load(path)
     ranks = summarize(trace)["ranks"].values()
     exposed = max(row["exposed_comm"] for row in ranks)
-    gathers = max(row["exposed_by"].get(GATHER_WAIT, 0) for row in ranks)
+    waits = max(row["exposed_by"].get(family, 0) for row in ranks)
     traffic = {k: {pid: n / steps for pid, n in v.items()} for k, v in traffic_of(trace).items()}
-    return dict(exposed=exposed * 1e-6 / steps, gathers_exposed=gathers * 1e-6 / steps,
-                gathers_own=gathers_own(ranks) * 1e-6 / steps,
+    return dict(exposed=exposed * 1e-6 / steps, waits_exposed=waits * 1e-6 / steps,
+                waits_own=own_waits(ranks, family) * 1e-6 / steps,
                 sent=max(traffic["all"].values(), default=0),
                 gathered=max(traffic["gathered"].values(), default=0), traffic=traffic)
 
 
-def gathers_own(ranks) -> float:
-    """The gathers' own exposed time (microseconds): at each FSDP gather (the k-th
-    ``FSDP gather unit`` span of every rank: each rank waits for the same gathers in the
-    same order) the least over the ranks, summed. The rank that came last to a gather
-    waited for the gather alone (wire, copies); the others waited for that rank as well,
-    which is its compute or the scheduler, not the gather's bytes."""
-    per_rank = [row["exposed_in_waits"].get(GATHER_WAIT, []) for row in ranks]
+def own_waits(ranks, family: str | None) -> float:
+    """The waits' own exposed time (microseconds): at each wait of ``family`` (the k-th
+    span of it on every rank: each rank waits for the same FSDP gathers, or MoE
+    dispatches, in the same order) the least over the ranks, summed. The rank that came
+    last to a collective waited for it alone (wire, copies); the others waited for that
+    rank as well, which is its compute or the scheduler, not the collective's bytes."""
+    per_rank = [row["exposed_in_waits"].get(family, []) for row in ranks]
     return sum(min(each) for each in zip(*per_rank)) if per_rank else 0.0
 
 

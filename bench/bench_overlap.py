@@ -16,7 +16,8 @@ while the CPU is free), each variant's ratio taken against the plain one of the 
                    float8 (distributed/fsdp/gather_format.py), with the bytes they move;
 - ``moe``:         an expert-parallel MoE Llama with a shared expert (ep = 2), plain
                    dispatch vs overlapped (parallel/expert/dispatch.py: the shared expert
-                   computes while the all-to-all travels);
+                   computes while the all-to-all travels), read off the dispatches' own
+                   waits (the ``MoE dispatch unit k`` spans, as fsdp's gathers below);
 - ``pipeline_ep``: an MoE Llama on 4 ranks, pp = 2 x ep = 2 (ep borrows dp_shard = 2, so
                    FSDP shards the dense weights over it; parallel/compose/:
                    ParallelDims, parallelize_llama), 1F1B vs DualPipeV, whose F&B ops take
@@ -34,7 +35,9 @@ ranks; its median over the rounds. For ``fsdp`` also the part of it inside the u
 summary's cut by unit wait), per step: the gathers' own exposed time, at each gather the
 least over the ranks (the rank that came last waited for the gather alone, the others
 for that rank too: its compute, the scheduler), summed, its median over the rounds,
-which the fsdp bar reads; beside it the largest rank's gather waits and the whole step's
+which the fsdp bar reads (the moe bar reads the ``MoE dispatch unit k`` spans the same way:
+each layer's wait for its dispatched rows, the counts' exchange before it, which waits
+for a late peer, and the combine after it left out); beside it the largest rank's gather waits and the whole step's
 exposed time (the reduce-scatters' waits and a late peer move the whole step's by more
 than the gathers' bytes, 3.1-6.9 ms from run to run on a quiet machine, against a bar
 of 0.4-0.6 ms). ``MB sent`` is one rank's bytes per step (every call's ``bytes_sent``),
@@ -93,7 +96,7 @@ import tempfile
 
 from _args import non_negative, positive, positive_int
 from _overlap_report import report
-from _overlap_traffic import from_trace
+from _overlap_traffic import WAITS, from_trace
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")   # before NumPy loads, here and in the spawned ranks
@@ -282,30 +285,30 @@ def time_variant(pair: str, variant: str, a, path: str | None) -> tuple[float, f
     return statistics.median(wall), statistics.median(cpu)
 
 def measure_pair(world, pair: str, a, folder: str) -> dict:
-    """variant -> dict(step, cpu, floor, exposed, gathers_exposed, gathers_own, sent,
+    """variant -> dict(step, cpu, floor, exposed, waits_exposed, waits_own, sent,
     gathered, traffic): step and CPU the medians over rounds of the slowest rank's; floor
     the CPU floor, the larger of that rank's CPU time and every rank's together over the
-    cores (4 ranks share 2); exposed, gathers_exposed (FSDP's gather waits alone) and
-    gathers_own (less the waits for a late peer) the medians over the rounds' traces, per
-    step; the bytes from the first round's."""
+    cores (4 ranks share 2); exposed, waits_exposed (FSDP's gather waits, the MoE
+    dispatches' waits alone) and waits_own (less the waits for a late peer) the medians
+    over the rounds' traces, per step; the bytes from the first round's."""
     per_round: dict = {v: [] for v in PAIRS[pair]}
     rows: dict = {}
     for r in range(a.rounds):
         for v in PAIRS[pair]:
             path = os.path.join(folder, f"{pair}-{v.replace(' ', '_')}-{r}.json")
             ranks = world.run(time_variant, pair, v, a, path)
-            traced = from_trace(path, a.trace_steps)
+            traced = from_trace(path, a.trace_steps, WAITS.get(pair))
             per_round[v].append((max(t for t, _ in ranks), max(c for _, c in ranks),
                                  sum(c for _, c in ranks) / CORES, traced["exposed"],
-                                 traced["gathers_exposed"], traced["gathers_own"]))
+                                 traced["waits_exposed"], traced["waits_own"]))
             rows.setdefault(v, traced)          # the bytes: the same in every round
     for v, times in per_round.items():
         rows[v].update(step=statistics.median(t[0] for t in times),
                        cpu=statistics.median(t[1] for t in times),
                        floor=statistics.median(max(t[1], t[2]) for t in times),
                        exposed=statistics.median(t[3] for t in times),
-                       gathers_exposed=statistics.median(t[4] for t in times),
-                       gathers_own=statistics.median(t[5] for t in times))
+                       waits_exposed=statistics.median(t[4] for t in times),
+                       waits_own=statistics.median(t[5] for t in times))
     return rows
 
 
@@ -322,8 +325,9 @@ def main() -> None:
                     "(per micro-batch in the pipeline)")
     ap.add_argument("--microbatches", type=positive_int, default=4, help="pipeline: m >= 2p")
     ap.add_argument("--steps", type=positive_int, default=3, help="timed steps per measurement")
-    ap.add_argument("--rounds", type=positive_int, default=3)
-    ap.add_argument("--trace-steps", type=positive_int, default=2)
+    ap.add_argument("--rounds", type=positive_int, default=7,
+                    help="rounds of every variant (the medians over them: fewer are noisier)")
+    ap.add_argument("--trace-steps", type=positive_int, default=6)
     ap.add_argument("--link-gbps", type=positive, default=1.0, help="the emulated link, GB/s")
     ap.add_argument("--spin-s", type=non_negative, default=0.0,
                     help="seconds a waiting receive polls before sleeping")
@@ -338,7 +342,8 @@ def main() -> None:
     print(f"world 2 (pipeline_ep: 4) on an emulated {a.link_gbps:g} GB/s link; {a.layers} "
           f"layers, hidden {a.width}, {a.seq} tokens x {a.batch} sequences; median of "
           f"{a.rounds} rounds x {a.steps} steps; exposed: per step, median over the rounds of "
-          f"a trace of {a.trace_steps} steps (fsdp: also the gathers' waits alone)")
+          f"a trace of {a.trace_steps} steps (fsdp, moe: also the gathers' and dispatches' "
+          f"waits alone)")
     bars, worlds = [], {}
     with tempfile.TemporaryDirectory() as folder, ExitStack() as open_worlds:
         for pair in pairs:

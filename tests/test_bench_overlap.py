@@ -103,13 +103,13 @@ def test_each_pair_counts_the_traffic_its_overlap_acts_on_on_the_busiest_rank(pa
     assert acted == expected and what
 
 
-def test_the_gathers_own_exposed_time_is_the_least_rank_at_each_gather():
+def test_the_waits_own_exposed_time_is_the_least_rank_at_each_wait():
     """Rank 0 came late to the first gather (rank 1 waited 5 for it), rank 1 to the
     second: each gather's own exposure is what the last to arrive waited."""
     ranks = [dict(exposed_in_waits={"FSDP gather": [1, 7], "FSDP reduce-scatter": [9]}),
              dict(exposed_in_waits={"FSDP gather": [6, 2]})]
-    assert _overlap_traffic.gathers_own(ranks) == 1 + 2
-    assert _overlap_traffic.gathers_own([dict(exposed_in_waits={})]) == 0
+    assert _overlap_traffic.own_waits(ranks, "FSDP gather") == 1 + 2
+    assert _overlap_traffic.own_waits([dict(exposed_in_waits={})], "FSDP gather") == 0
 
 
 def test_the_low_precision_gathers_are_credited_with_the_bytes_they_save():

@@ -3,7 +3,7 @@
     minidist trace plot run.json run.png [--start MS] [--end MS]
 
 Spans are bars coloured by what they are (communication, module forward,
-pipeline F / B / W, optimizer, DDP bucket, ZeRO, checkpoint); a span inside
+pipeline F / B / W, optimizer, DDP bucket, ZeRO, MoE dispatch, checkpoint); a span inside
 another is drawn thinner on top of it, so the nesting shows. Messages are thin
 grey lines from the send to the receive; failures are red lines across the
 figure. Perfetto shows the same with zoom and search; this is for a page.
@@ -13,8 +13,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 COLOURS = {"comm": "#d62728", "module": "#1f77b4", "optim": "#7f7f7f", "ddp": "#8c564b",
-           "zero": "#17becf", "checkpoint": "#000000", "failure": "#d62728"}
+           "zero": "#17becf", "moe": "#bcbd22", "checkpoint": "#000000", "failure": "#d62728"}
 PIPELINE = {"F": "#2ca02c", "B": "#ff7f0e", "W": "#9467bd"}
+LEGEND = (("communication", COLOURS["comm"]), ("module forward", COLOURS["module"]),
+          ("pipeline F", PIPELINE["F"]), ("pipeline B", PIPELINE["B"]),
+          ("pipeline W", PIPELINE["W"]), ("optimizer", COLOURS["optim"]),
+          ("DDP bucket", COLOURS["ddp"]), ("ZeRO", COLOURS["zero"]),
+          ("MoE dispatch", COLOURS["moe"]))
 MAX_FLOWS = 400   # arrows drawn at most (a long run has many thousands)
 
 
@@ -74,13 +79,9 @@ def plot(trace: dict, out: str, start_ms: float | None = None, end_ms: float | N
     ax.set_yticks(range(len(keys)), labels, fontsize=7)
     ax.set_ylim(len(keys) - 0.4, -1.2)
     ax.set_xlabel("ms")
-    legend = [Patch(color=c, label=n) for n, c in
-              (("communication", COLOURS["comm"]), ("module forward", COLOURS["module"]),
-               ("pipeline F", PIPELINE["F"]), ("pipeline B", PIPELINE["B"]),
-               ("pipeline W", PIPELINE["W"]), ("optimizer", COLOURS["optim"]),
-               ("DDP bucket", COLOURS["ddp"]), ("ZeRO", COLOURS["zero"]))]
+    legend = [Patch(color=c, label=n) for n, c in LEGEND]
     ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / len(keys)),
-              ncol=8, fontsize=7, frameon=False)
+              ncol=9, fontsize=7, frameon=False)
     ax.set_title(title or "every rank, one clock (grey lines: messages, send to receive)",
                  fontsize=9)
     fig.tight_layout()

@@ -27,7 +27,8 @@ is: both are taken out of K (otherwise the F&B span would hide them)::
 Exposed communication by the unit wait it fell in: ZeRO-3 and FSDP record on the main
 thread how long a unit still waited for its weights or its gradients (spans of cat
 "zero": ``FSDP gather unit k (forward)``, ``FSDP reduce-scatter unit k``, ``ZeRO-3
-gather unit k (backward)``). With W_f the union of the spans of one family (the name
+gather unit k (backward)``); an expert-parallel MoE layer how long it waited for its
+dispatched rows (cat "moe": ``MoE dispatch unit k``). With W_f the union of the spans of one family (the name
 without its unit: "FSDP gather")::
 
     exposed by f = |(C \\ K) n W_f|          elsewhere = exposed comm - sum_f exposed by f
@@ -59,7 +60,7 @@ from collections import defaultdict
 from minidist.trace.merge import NO_RANK_PID, WORLD_PID
 
 COMM = "comm"
-WAITING = "zero"               # the spans of how long a unit waited (ZeRO-3, FSDP)
+WAITING = ("zero", "moe")      # the spans of how long a unit waited (ZeRO-3, FSDP; MoE dispatch)
 TURN_THREAD = "second half"    # the thread that takes turns with the main thread (F&B ops)
 
 
@@ -112,7 +113,7 @@ def exposed_in_waits(exposed: list[tuple[float, float]], rows: list[dict]) -> di
     family's exposed time."""
     waits = defaultdict(list)
     for e in sorted(rows, key=lambda e: e["ts"]):
-        if e["cat"] == WAITING and e["tid"] == 0:
+        if e["cat"] in WAITING and e["tid"] == 0:
             waits[waiting_family(e["name"])].append(
                 length(within(exposed, [(e["ts"], e["ts"] + e["dur"])])))
     return dict(waits)

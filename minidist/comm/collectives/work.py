@@ -31,6 +31,15 @@ code (the autograd engine, say), which would stretch every step of a ring by
 that much. While collectives run in the background, the switch interval is
 ``SWITCH_S`` (0.1 ms) instead, from the moment one is queued until the queue
 is empty again.
+
+The launch: a collective queued on an idle thread is taken up before ``submit``
+returns (the caller waits for the thread to start it, a thread switch). Left to the
+scheduler, the woken thread waits for a core while the main threads of 2 ranks hold
+both: up to a millisecond or more, measured, longer than the compute a short overlap
+has to hide it behind (an MoE layer's shared expert, parallel/expert/). Taken up at
+once, its first sends are on the wire while the caller computes, as a collective
+launched on a GPU stream is. One queued behind a running one does not wait: the
+caller goes on computing (DDP's buckets, one after another).
 """
 from __future__ import annotations
 
@@ -51,6 +60,7 @@ class Work:
         self._job = job
         self._device = backend.current_device()  # the issuing thread's GPU (CuPy)
         self._done = threading.Event()
+        self._taken = threading.Event()        # set when the thread takes it up
         self._error: BaseException | None = None
         self.issued_at = time.perf_counter()   # when it was queued
         self.started_at: float | None = None   # perf_counter when the thread took it up
@@ -60,6 +70,7 @@ class Work:
 
     def _run(self) -> None:
         self.started_at = time.perf_counter()
+        self._taken.set()
         self.thread = threading.get_ident()
         cpu = time.thread_time()
         try:
@@ -143,9 +154,12 @@ def submit(job: Callable[[], None], async_op: bool) -> Work | None:
                                             name="minidist-comm", daemon=True)
         _state["thread"].start()
     w = Work(job)
+    was_idle = idle()
     _state["last"] = w
     _count_queued(+1)  # before the thread can take it: it must not wait 5 ms for the GIL
     _state["queue"].put(w)
+    if was_idle:
+        w._taken.wait()
     return w
 
 

@@ -26,6 +26,10 @@ there); the dp copies of expert i sum theirs and divide by N:
 experts compute on the rank's tokens (``all_to_all_single(..., async_op=True)``); the
 same bytes land in the same places and the same sums are taken, so the output is the
 plain one bit for bit. Without shared experts there is nothing to hide it behind.
+In a trace (docs/tracing.md) a span ``MoE dispatch unit k`` (cat "moe", k the block's
+index) covers each dispatch, from its start to the rows in hand (the shared experts
+inside it when overlapped): the exposed communication in it is what the layer still
+waited for its rows (``minidist trace summary``'s cut by unit wait).
 
 Equal to one process training the same model on the same global batch with capacity
 groups of one rank's tokens (``GPTConfig.moe_groups = N``): under the default
@@ -37,6 +41,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import time
+
 import minidist.distributed as dist
 from minidist.autograd.tensor import Tensor
 from minidist.backend import xp
@@ -47,6 +53,7 @@ from minidist.nn.moe import Experts, MoE, dispatch_order, index_add, run_experts
 from minidist.nn.router import expert_counts
 from minidist.parallel.expert.dispatch import (all_to_all, all_to_all_start, all_to_all_wait,
                                                exchange_counts, host_ints)
+from minidist.trace import recorder as trace
 
 _SETTINGS = ("n_expert", "top_k", "capacity_factor", "normalize", "aux_coef", "z_coef",
              "bias_rate", "expert_bias", "balance", "step_counts", "token_share")
@@ -93,9 +100,10 @@ class ExpertParallelMoE(MoE):
     (named by their global index, so state dicts line up with the one-process model).
     """
 
-    def __init__(self, moe: MoE, mesh: ExpertMesh, overlap: bool = False):
+    def __init__(self, moe: MoE, mesh: ExpertMesh, overlap: bool = False, layer: int = -1):
         Module.__init__(self)
         self.overlap = overlap       # dispatch in the background, the shared experts meanwhile
+        self.layer = layer           # the block's index: the trace's "MoE dispatch unit k"
         E, ep = moe.n_expert, mesh.ep
         if E % ep:
             raise ValueError(f"{E} experts do not split over an expert-parallel group of "
@@ -126,13 +134,16 @@ class ExpertParallelMoE(MoE):
         sent = host_ints(per_expert)
         send_splits = [sum(sent[j * per:(j + 1) * per]) for j in range(ep)]
         recv_splits = [sum(row) for row in got]
-        shared = None
+        shared, start = None, time.perf_counter()
         if self.overlap and self.shared is not None:      # the shared experts, while in flight
             pending, flight = all_to_all_start(rows, send_splits, recv_splits, group)
             shared = self.shared(x)                                  # (B, T, C)
             received = all_to_all_wait(pending, flight)              # (R, C) by source
         else:
             received = all_to_all(rows, send_splits, recv_splits, group)  # (R, C) by source
+        if trace.active is not None:   # how long this layer waited for its rows (docstring)
+            trace.active.span(f"MoE dispatch unit {self.layer}", "moe", start,
+                              time.perf_counter(), dict(overlapped=shared is not None))
         order = expert_major(got)                                    # by expert, then source
         y = run_experts(self.experts, received[order],
                         [sum(got[i][e] for i in range(ep)) for e in range(per)])
@@ -166,9 +177,9 @@ def expert_major(got: list[list[int]]) -> Any:
 def expert_parallel(model: Module, mesh: ExpertMesh, overlap: bool = False) -> Module:
     """Make every ``MoE`` block of ``model`` (a GPT) expert-parallel over ``mesh``, in place
     (``overlap``: each dispatch hidden behind the shared experts, ``ExpertParallelMoE``)."""
-    for block in model.blocks:
+    for layer, block in enumerate(model.blocks):
         if isinstance(block.mlp, MoE) and not isinstance(block.mlp, ExpertParallelMoE):
-            block.mlp = ExpertParallelMoE(block.mlp, mesh, overlap)
+            block.mlp = ExpertParallelMoE(block.mlp, mesh, overlap, layer)
     return model
 
 

@@ -39,3 +39,20 @@ def _async_error():
 
 def test_an_async_error_is_raised_by_wait(worlds):
     assert worlds.get(2).run(_async_error) == ["raised", "raised"]
+
+
+def test_a_collective_queued_on_an_idle_thread_is_taken_up_before_the_call_returns():
+    """The launch (work.py): the first job starts before ``submit`` returns, so its sends
+    leave while the caller computes; a second, queued behind it, returns at once."""
+    import threading
+
+    from minidist.comm.collectives import work
+    gate = threading.Event()
+    first = work.submit(lambda: gate.wait(10), async_op=True)
+    try:
+        assert first.started_at is not None            # taken up already
+        second = work.submit(lambda: None, async_op=True)
+        assert second.started_at is None and not first.is_completed()   # did not wait
+    finally:
+        gate.set()
+    assert first.wait(10) and second.wait(10)

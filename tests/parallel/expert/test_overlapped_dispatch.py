@@ -76,3 +76,54 @@ def async_all_to_all(seed):
 def test_all_to_all_single_async_op_returns_a_work_that_waits_for_the_same_output(worlds):
     for is_work, same in worlds(2).run(async_all_to_all, 7):
         assert is_work and same
+
+
+def traced_dispatch(overlap):
+    """One forward and backward of a 2-layer expert-parallel Llama with a shared expert,
+    recorded: (name, cat, thread, start, end) of its dispatch spans and of the shared
+    experts' forwards, and the summary's exposed time per dispatch wait."""
+    import os
+    import shutil
+    import tempfile
+
+    import minidist.distributed as dist
+    from minidist import backend
+    from minidist.nn import Llama, LlamaConfig
+    from minidist.parallel.expert import ExpertMesh, expert_parallel
+    from minidist.trace import recorder as trace
+    from minidist.trace.merge import read_part
+    from minidist.trace.summary import summarize
+    cfg = LlamaConfig(vocab_size=13, hidden_size=8, intermediate_size=12, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=T,
+                      num_local_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                      moe_intermediate_size=6, dtype="float64", seed=0)
+    model = expert_parallel(Llama(cfg), ExpertMesh(ep=dist.get_world_size()), overlap=overlap)
+    idx = np.random.default_rng(dist.get_rank()).integers(0, 13, (B, T))
+    folder = tempfile.mkdtemp()
+    rec = trace.start(os.path.join(folder, "step.json"))
+    try:
+        model(backend.from_host(idx), backend.from_host(np.roll(idx, -1, axis=1)))[1].backward()
+    finally:
+        trace.stop()
+    events, _ = read_part(rec.part)
+    shutil.rmtree(folder)
+    spans = [(e["name"], e["cat"], e["tid"], e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("ph") == "X" and (e["name"].startswith("MoE dispatch")
+                                        or e["name"].endswith("mlp.shared"))]
+    row, = summarize(dict(traceEvents=[dict(e, pid=0) for e in events]))["ranks"].values()
+    return spans, row["exposed_in_waits"].get("MoE dispatch")
+
+
+def test_each_dispatch_is_a_unit_wait_span_around_the_shared_expert_when_overlapped(worlds):
+    """A span "MoE dispatch unit k" (cat "moe", the main thread) per MoE layer and
+    forward: the summary cuts the exposed communication by it, one figure per layer; the
+    overlapped dispatch has the shared expert's forward inside it, the plain one not."""
+    for overlap in (False, True):
+        for spans, waits in worlds(2).run(traced_dispatch, overlap):
+            dispatches = [s for s in spans if s[0].startswith("MoE dispatch")]
+            assert [(s[0], s[1], s[2]) for s in dispatches] == [
+                ("MoE dispatch unit 0", "moe", 0), ("MoE dispatch unit 1", "moe", 0)]
+            assert waits is not None and len(waits) == 2 and min(waits) >= 0
+            shared = [s for s in spans if s[0].endswith("mlp.shared")]
+            inside = [any(d[3] <= s[3] and s[4] <= d[4] for d in dispatches) for s in shared]
+            assert len(shared) == 2 and inside == [overlap, overlap], (overlap, spans)
