@@ -13,6 +13,7 @@ Files, in reading order:
 - hooks.py       communication hooks: ``GradBucket``, ``Future``, fp16 / bf16 compression
 - powersgd.py    ``PowerSGDState``, ``powerSGD_hook``: rank-r approximation, error feedback
 - topk.py        ``TopKState``, ``topk_hook``: the k largest entries as (index, value), error feedback
+- hook_state.py  a hook's memory (residuals, PowerSGD's Q's and step) in state_dict / pickle
 - onebit.py      the 1-bit compressed all-reduce: signs + one scale, worker and server errors
 - onebit_adam.py ``OnebitAdam``: Adam for a warm-up, then frozen variance and 1-bit momentum
 - timeline.py    when each bucket communicated relative to backward; the hidden fraction

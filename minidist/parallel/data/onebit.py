@@ -20,13 +20,32 @@ chunks packs into whole bytes) and averaged in two compressed halves:
 Bytes per rank: about 2 (N-1)/N * n'/8 plus 2 (N-1) scales, 1/32 of a float32
 all-reduce's 2 (N-1)/N * 4n. The errors carry what each rounding to a sign lost
 into the next step, on both sides, so it is not lost for good.
+
+A rank whose input does not fit this step (1-bit Adam's: gradients for other
+parameters than the error feedback is laid out over) cannot just raise: its peers
+would wait for it in the all-to-all until the timeout. It makes the worker half's
+calls with ``refuse=True`` and sends s_i = -1 in place of its scale: a norm is
+never negative, so no byte or message is added. Every rank reads the gathered
+scales (N numbers to the host) and, where one is negative, raises ``Refused``
+naming the ranks that refused, at the same point, before the server half and with
+the errors untouched.
 """
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
 import minidist.distributed as dist
+from minidist import backend
 from minidist.backend import xp
+
+
+class Refused(Exception):
+    """Some ranks refused this compressed all-reduce (``refuse=True``); every rank raises
+    it at the same point, so the caller can name the cause on every rank."""
+
+    def __init__(self, ranks: list[int]):
+        super().__init__(f"ranks {ranks} of the group refused the compressed all-reduce")
+        self.ranks = ranks                 # group ranks that sent a negative scale
 
 
 class OneBitErrors(NamedTuple):
@@ -61,23 +80,28 @@ def scale_of(x: Any) -> Any:
     return xp.sqrt(xp.sum(x * x) / x.size).reshape(1)
 
 
-def compressed_allreduce(m: Any, errors: OneBitErrors, group: Any = None) -> Any:
+def compressed_allreduce(m: Any, errors: OneBitErrors, group: Any = None,
+                         refuse: bool = False) -> Any:
     """The average of ``m`` (flat, (n,)) over ``group`` as above; updates ``errors``
-    in place and returns a new (n,) array, the same bits on every rank."""
+    in place and returns a new (n,) array, the same bits on every rank. ``refuse``:
+    this rank cannot take part (``m`` is ignored); every rank raises ``Refused``."""
     world = dist.get_world_size(group)
     n, size = m.size, errors.worker.size
     chunk = size // world
     x = xp.zeros(size, dtype=m.dtype)
-    x[:n] = m
+    if not refuse:
+        x[:n] = m
     x += errors.worker                                       # x_i = m_i + e_i
-    s = scale_of(x)                                          # (1,)
-    signs = signs_of(sign_bits(x), size, x.dtype)
-    errors.worker[...] = x - s * signs                       # e_i = x_i - s_i sign(x_i)
+    s = -xp.ones(1, dtype=x.dtype) if refuse else scale_of(x)   # (1,); -1: refused
     # worker -> server: chunk j of my signs to rank j, and my scale to everyone
     bits_in = xp.empty(size // 8, dtype=xp.uint8)            # (N * chunk / 8,)
     dist.all_to_all_single(bits_in, sign_bits(x), group=group)
     scales = xp.empty(world, dtype=x.dtype)                  # (N,) every worker's s_i
     dist.all_gather_into_tensor(scales, s, group=group)
+    refused = [i for i, v in enumerate(backend.to_host(scales).tolist()) if v < 0]
+    if refused:
+        raise Refused(refused)
+    errors.worker[...] = x - s * signs_of(sign_bits(x), size, x.dtype)   # e_i = x_i - s_i sign(x_i)
     # server: my chunk j of every worker, averaged, plus my error
     y = xp.zeros(chunk, dtype=x.dtype)
     for i in range(world):                                   # in worker order

@@ -29,7 +29,10 @@ gradient to the same parameters: the warm-up's all-reduce carries, before the fl
 gradient, each rank's mask of the group's P parameters (1 where it has a gradient), and
 an average strictly between 0 and 1 is refused on every rank (P numbers more, no
 message more); the compression stage checks the mask once, in one all-reduce at its
-first step, and after it each rank checks that the same parameters as then have one.
+first step; after it a rank whose parameters with a gradient are not those any more
+refuses the step's compressed all-reduce (a negative scale where its scale goes, no
+byte more: onebit.py), so that every rank raises at once, and on that path only the
+ranks gather their masks, so that each names the parameter and the rank.
 The error feedback is laid out over that flat vector: ``errors``
 holds, per param group, one worker error (n',) and one server error (n'/N,), n'
 being n padded as onebit.py needs.
@@ -61,7 +64,8 @@ from minidist.backend import xp
 from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.optim.optimizer import Optimizer, check_non_negative
 from minidist.parallel.data.naive import found_inf_reduce
-from minidist.parallel.data.onebit import OneBitErrors, compressed_allreduce, new_errors
+from minidist.parallel.data.onebit import (OneBitErrors, Refused, compressed_allreduce,
+                                           new_errors)
 
 
 def flatten(arrays: list[Any]) -> Any:
@@ -173,9 +177,14 @@ class OnebitAdam(Optimizer):
             errors = self._errors_of(index, group, params)
             if errors is None:                   # no gradient in this group on any rank
                 return
+            if self._laid_out[index] != [id(p) for p in params]:
+                self._refuse_changed_gradients(index, group, params, errors)
             local = flatten([beta1 * s["exp_avg"] + (1 - beta1) * p.grad   # (n,) m_i
                              for p, s in zip(params, states)])
-            m = compressed_allreduce(local, errors, self.group)
+            try:
+                m = compressed_allreduce(local, errors, self.group)
+            except Refused:                      # a peer's gradients changed: name them
+                self._refuse_changed_gradients(index, group, params, errors)
             for state, piece in zip(states, views(m, [p.data for p in params])):
                 state["exp_avg"][...] = piece
         for p, state in zip(params, states):
@@ -246,11 +255,52 @@ class OnebitAdam(Optimizer):
                 n = sum(p.data.size for p in params)
                 self.errors[index] = new_errors(n, dist.get_world_size(self.group),
                                                 params[0].data.dtype)
-        elif self._laid_out[index] != ids:
-            raise ValueError(
-                f"1-bit Adam's error feedback of param group {index} is laid out over the "
-                f"flat momentum of the {len(self._laid_out[index])} parameters that had a "
-                f"gradient at its first compressed step; this step has gradients for "
-                f"{len(ids)} parameters, not the same ones: give the same parameters a gradient at every step "
-                f"(zero_grad(set_to_none=False) keeps them as zeros)")
+        elif self._laid_out[index] != ids and index not in self.errors:
+            # laid out over no parameter: the group makes no collective, so this rank
+            # raises alone (its peers wait at their next collective)
+            me = dist.get_rank(self.group)
+            raise ValueError(self._changed_message(index, group, {
+                self._global(me): backend.to_host(gradient_mask(group, params)).tolist()}))
         return self.errors.get(index)
+
+    def _refuse_changed_gradients(self, index: int, group: dict, params: list,
+                                  errors: OneBitErrors) -> None:
+        """Raise on every rank, naming the parameters, when some rank's gradients are not
+        those the group's error feedback is laid out over. The rank that sees it refuses
+        the compressed all-reduce (its peers learn it from the gathered scales, no message
+        more: onebit.py), then all gather their masks (this error's path only)."""
+        mine = self._laid_out[index] != [id(p) for p in params]
+        if mine:
+            try:
+                compressed_allreduce(xp.zeros_like(errors.worker), errors, self.group,
+                                     refuse=True)
+            except Refused:
+                pass
+        have = gradient_mask(group, params)                                   # (P,)
+        masks = xp.empty(dist.get_world_size(self.group) * have.size, dtype=have.dtype)
+        dist.all_gather_into_tensor(masks, have, group=self.group)            # (N * P,)
+        rows = backend.to_host(masks).reshape(-1, have.size).tolist()          # N x (P,)
+        raise ValueError(self._changed_message(
+            index, group, {self._global(r): mask for r, mask in enumerate(rows)}))
+
+    def _global(self, rank: int) -> int:
+        """The global rank of ``rank`` of the optimizer's group."""
+        return rank if self.group is None else self.group.ranks[rank]
+
+    def _changed_message(self, index: int, group: dict, masks: dict[int, list]) -> str:
+        """What changed, per parameter, against the parameters the errors are laid out
+        over; ``masks``: global rank -> its mask of the group's P parameters."""
+        laid_out = set(self._laid_out[index])
+        changes = []
+        for j, p in enumerate(group["params"]):
+            was = id(p) in laid_out
+            now = [r for r, mask in masks.items() if bool(mask[j]) != was]
+            if now:
+                what = "has no gradient" if was else "has a gradient"
+                changes.append(f"parameter {j} (shape {tuple(p.shape)}) {what} on "
+                               f"rank(s) {now}")
+        return (f"1-bit Adam: the error feedback of param group {index} is laid out over "
+                f"the flat momentum of the {len(laid_out)} parameters that had a gradient "
+                f"at its first compressed step, and this step's gradients differ: "
+                f"{'; '.join(changes)}. Give the same parameters a gradient at every step "
+                f"(zero_grad(set_to_none=False) keeps them as zeros)")

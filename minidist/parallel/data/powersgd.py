@@ -32,7 +32,10 @@ runs in the background during backward; the Q half is started when DDP waits
 for the bucket (after backward), because it needs P first.
 
 Use: ``ddp.register_comm_hook(PowerSGDState(None, matrix_approximation_rank=2),
-powerSGD_hook)``; torch's arguments and names.
+powerSGD_hook)``; torch's arguments and names. The residuals, the warm-start Q's,
+``iter`` and the generator of Q's draws are memory a resumed run needs: pickle the
+state as torch's (the process group left out), or save ``state.state_dict()`` and
+``load_state_dict`` it (plain arrays and scalars; hook_state.py), one per rank.
 """
 from __future__ import annotations
 
@@ -43,11 +46,12 @@ from typing import Any
 import minidist.distributed as dist
 from minidist.backend import Generator, xp
 from minidist.comm.transport.reduce_op import ReduceOp
+from minidist.parallel.data.hook_state import HookState, add_residual
 from minidist.parallel.data.hooks import Future, GradBucket, allreduce_hook
 
 
 @dataclass
-class PowerSGDState:
+class PowerSGDState(HookState):
     """Settings and memory of PowerSGD, one per DDP model (torch's names)."""
     process_group: Any = None              # the group to average over (None: the world)
     matrix_approximation_rank: int = 1     # r: columns of P and Q
@@ -67,6 +71,15 @@ class PowerSGDState:
             raise ValueError("PowerSGDState: matrix_approximation_rank must be >= 1, got "
                              f"{self.matrix_approximation_rank}")
         self._rng = Generator(self.random_seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        """HookState's fields, and the generator of Q's draws under ``"rng"`` (its
+        PCG64 words: with ``warm_start=False`` every step draws)."""
+        return {**super().state_dict(), "rng": self._rng.get_state()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._rng.set_state(state_dict["rng"])
 
     def maybe_increase_iter(self, bucket: GradBucket) -> None:
         if bucket.is_last():
@@ -147,8 +160,7 @@ class _PowerSGDRound:
         """input = gradient + residual; start the dense all-reduce and P = sum M Q."""
         state, i, buf = self.state, self.i, self.buf
         if state.use_error_feedback:
-            if i in state.error_dict:
-                buf += state.error_dict[i]               # input = gradient + residual
+            add_residual(state.error_dict, i, buf)       # input = gradient + residual
             self.before = buf.copy()
         state.dense_elements[i] = buf.size
         state.sent_elements[i] = (

@@ -18,7 +18,9 @@ k = ceil(density * n) per bucket, at least 1. When k >= n nothing would be dropp
 the hook sends the bucket with DDP's own all-reduce (``allreduce_hook``), so density
 1.0 is DDP bit for bit (and sends no indices).
 
-Use: ``ddp.register_comm_hook(TopKState(None, density=0.01), topk_hook)``.
+Use: ``ddp.register_comm_hook(TopKState(None, density=0.01), topk_hook)``. The
+residuals are memory a resumed run needs: ``state.state_dict()`` /
+``load_state_dict`` (hook_state.py), one per rank.
 """
 from __future__ import annotations
 
@@ -28,11 +30,12 @@ from typing import Any
 
 import minidist.distributed as dist
 from minidist.backend import xp
+from minidist.parallel.data.hook_state import HookState, add_residual
 from minidist.parallel.data.hooks import Future, GradBucket, allreduce_hook
 
 
 @dataclass
-class TopKState:
+class TopKState(HookState):
     """Settings and memory of the Top-K hook, one per DDP model."""
     process_group: Any = None              # the group to average over (None: the world)
     density: float = 0.01                  # fraction of each bucket's entries sent
@@ -64,8 +67,8 @@ def topk_hook(state: TopKState, bucket: GradBucket) -> Future:
     if k >= buf.size:                            # nothing to drop: DDP's all-reduce
         return allreduce_hook(group, bucket)
     n_ranks = dist.get_world_size(group)
-    if state.use_error_feedback and i in state.error_dict:
-        buf += state.error_dict[i]               # input = gradient + residual
+    if state.use_error_feedback:
+        add_residual(state.error_dict, i, buf)   # input = gradient + residual
     idx = top_k_indices(buf, k)                  # (k,) int64
     values = buf[idx]                            # (k,)
     if state.use_error_feedback:

@@ -140,3 +140,83 @@ def _calls():
 
 def max_diff(a, b):
     return max(float(np.max(np.abs(a[k] - b[k]))) for k in b)
+
+
+def hook_of(case):
+    """(state, hook) of the case's communication hook: "topk" or "powersgd"."""
+    if case["hook"] == "topk":
+        from minidist.parallel.data.topk import TopKState, topk_hook
+        return TopKState(None, density=case["density"]), topk_hook
+    from minidist.parallel.data.powersgd import PowerSGDState, powerSGD_hook
+    return PowerSGDState(None, **case["powersgd"]), powerSGD_hook
+
+
+def _ddp_with_hook(case, rank, state=None):
+    """A fresh model under DDP with the case's hook (a fresh state, or ``state``), and
+    its AdamW."""
+    model = make_model(case, rank)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=case["bucket_cap_mb"])
+    fresh, hook = hook_of(case)
+    state = fresh if state is None else state
+    ddp.register_comm_hook(state, hook)
+    cls, kw = optimizer_spec(case)
+    return model, ddp, state, cls(model.parameters(), **kw)
+
+
+def _saved_and_loaded(saved, via, path):
+    """``saved`` after the trip a resumed run's state makes: a file of this rank
+    (minidist's checkpoint), the healing buffer (packed, unpacked as heal.py does), or
+    pickle (torch's PowerSGDState surface: the process group left out)."""
+    if via == "checkpoint":
+        from minidist.checkpoint import load_file, save_file
+        save_file(path, saved)
+        return load_file(path)
+    if via == "healing":
+        from minidist.parallel.fault_tolerance.pack import pack_state, unpack_state
+        return unpack_state(*pack_state(saved), copy=False)
+    import pickle
+    return pickle.loads(pickle.dumps(saved))
+
+
+def train_with_hook_on_rank(case, resume_at=None, via="checkpoint", path=None,
+                            load_hook=True):
+    """``case["steps"]`` steps of DDP with the case's hook. With ``resume_at`` = k: k
+    steps, then the model's, optimizer's and hook state's state dicts (the hook state
+    itself, under pickle) make their trip (``_saved_and_loaded``, to ``path`` + this
+    rank), everything is built afresh and loads them (the hook's only if
+    ``load_hook``), and the other steps follow. Returns the final parameters."""
+    rank = dist.get_rank()
+    model, ddp, state, opt = _ddp_with_hook(case, rank)
+    x, y = data(case)
+    b = case["batch"]
+    for s in range(case["steps"]):
+        if s == resume_at:
+            hook_saved = state if via == "pickle" else state.state_dict()
+            saved = _saved_and_loaded(dict(model=dict(model.state_dict()),
+                                           optimizer=opt.state_dict(), hook=hook_saved),
+                                      via, f"{path}-rank{rank}.npz")
+            unpickled = saved["hook"] if load_hook and via == "pickle" else None
+            assert unpickled is None or unpickled.process_group is None
+            model, ddp, state, opt = _ddp_with_hook(case, rank, unpickled)
+            model.load_state_dict(saved["model"])
+            opt.load_state_dict(saved["optimizer"])
+            if load_hook and via != "pickle":
+                state.load_state_dict(saved["hook"])
+        out = ddp(Tensor(backend.from_host(x[s, 0, rank * b:(rank + 1) * b])))
+        mse(out, y[s, 0, rank * b:(rank + 1) * b], 1).backward()
+        opt.step()
+        opt.zero_grad()
+    return {n: backend.to_host(p.data).copy() for n, p in model.named_parameters()}
+
+
+def assert_resumed_run_takes_the_uninterrupted_runs_steps(world, case, resume_at, via, path):
+    """On every rank: resumed at ``resume_at`` with the hook's state, the parameters equal
+    the uninterrupted run's bit for bit; resumed without it, they do not (so the state
+    carried something)."""
+    whole = world.run(train_with_hook_on_rank, case)
+    resumed = world.run(train_with_hook_on_rank, case, resume_at, via, path)
+    forgot = world.run(train_with_hook_on_rank, case, resume_at, via, path, False)
+    for w, r, f in zip(whole, resumed, forgot):
+        for name in w:
+            np.testing.assert_array_equal(r[name], w[name], err_msg=name)
+        assert any(not np.array_equal(f[name], w[name]) for name in w)

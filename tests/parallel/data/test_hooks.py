@@ -208,3 +208,23 @@ def test_register_comm_hook_twice_is_an_error():
             return str(e)
         return "no error"
     assert "only once" in launch(fn, 1)[0]
+
+
+@settings(max_examples=2, deadline=None)
+@given(seed=st.integers(0, 2**16), resume_at=st.integers(1, 5), warm_start=st.booleans(),
+       cap=st.sampled_from([1e-6, 25.0]))
+@pytest.mark.parametrize("via", ["checkpoint", "healing", "pickle"])
+def test_powersgd_resumed_from_its_state_dict_takes_the_uninterrupted_runs_steps(
+        world, tmp_path_factory, via, seed, resume_at, warm_start, cap):
+    """PowerSGD's memory (residuals, warm-start Q's, ``iter`` against
+    ``start_powerSGD_iter``, the generator of Q's draws) saved beside the model's and the
+    optimizer's, through a checkpoint file per rank, the healing buffer or torch's pickle
+    surface: 6 steps equal k steps (before or after the switch at step 2), a fresh start
+    from the saved states and 6 - k more, bit for bit; without the memory the run parts."""
+    import parallel.data.ddp_cases as C
+    case = dict(world=world.world_size, dtype="float64", seed=seed, steps=6, micro=1,
+                batch=2, d_in=4, hidden=8, d_out=3, optimizer="adamw", bucket_cap_mb=cap,
+                hook="powersgd", powersgd=dict(matrix_approximation_rank=1,
+                                               start_powerSGD_iter=2, warm_start=warm_start))
+    path = str(tmp_path_factory.mktemp("powersgd") / "ckpt")
+    C.assert_resumed_run_takes_the_uninterrupted_runs_steps(world, case, resume_at, via, path)

@@ -322,3 +322,42 @@ def test_an_inf_on_one_rank_alone_skips_the_step_on_every_rank(world, freeze_ste
         for a, b in zip(hit[rank][2], hit[rank][1]):
             assert np.array_equal(a, b)
         assert all(np.array_equal(x, y) for g, w in zip(got, clean[rank]) for x, y in zip(g, w))
+
+
+def _change_gradients_on_one_rank(change):
+    """Two compressed steps; at the second, rank 1 alone drops parameter 1's gradient
+    ("drop") or gives parameter 2, which had none at the first, one ("add")."""
+    from minidist import backend
+    from minidist.autograd import Tensor
+    import minidist.distributed as dist
+    from minidist.parallel.data.onebit_adam import OnebitAdam
+    params = [Tensor(backend.from_host(np.ones(4 + i)), requires_grad=True) for i in range(3)]
+    opt = OnebitAdam(params, freeze_step=0)
+    for step in range(2):
+        for i, p in enumerate(params):
+            p.grad = backend.from_host(np.ones(4 + i)) if i < 2 else None
+        if step == 1 and dist.get_rank() == 1:
+            if change == "drop":
+                params[1].grad = None
+            else:
+                params[2].grad = backend.from_host(np.ones(6))
+        opt.step()
+
+
+@pytest.mark.parametrize("change", ["drop", "add"])
+def test_a_gradient_set_changed_on_one_rank_is_refused_on_every_rank_naming_it(change):
+    """The rank whose gradients changed refuses the compressed all-reduce (a negative
+    scale where its scale would go, no message more); its peer learns it from the
+    gathered scales instead of waiting out the timeout (5 s here), and both name the
+    parameter and the rank."""
+    want = (r"parameter 1 \(shape \(5,\)\) has no gradient on rank\(s\) \[1\]"
+            if change == "drop" else r"parameter 2 \(shape \(6,\)\) has a gradient on "
+                                     r"rank\(s\) \[1\]")
+    with World(2, timeout=5.0, run_timeout=60.0) as w:
+        with pytest.raises(RankFailedError) as info:
+            w.run(_change_gradients_on_one_rank, change)
+    assert sorted(info.value.failures) == [0, 1]
+    for exc_type, text in info.value.failures.values():
+        assert exc_type == "ValueError", text
+        assert re.search(want, text), text
+        assert "zero_grad(set_to_none=False)" in text

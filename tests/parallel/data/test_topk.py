@@ -97,3 +97,20 @@ def test_topk_sends_k_indices_and_values_per_rank(world):
     n = world.world_size
     for b in world.run(sent, 0):
         assert b == (n - 1) * 5 * (8 + 8)      # ring all-gather of k int64 + k float64
+
+
+@settings(max_examples=2, deadline=None)
+@given(seed=st.integers(0, 2**16), resume_at=st.integers(1, 4),
+       cap=st.sampled_from([1e-6, 25.0]))
+@pytest.mark.parametrize("via", ["checkpoint", "healing", "pickle"])
+def test_topk_resumed_from_its_state_dict_takes_the_uninterrupted_runs_steps(
+        world, tmp_path_factory, via, seed, resume_at, cap):
+    """Top-K's residuals (``TopKState.state_dict()``) saved beside the model's and the
+    optimizer's, through a checkpoint file per rank, the healing buffer or pickle: 6
+    steps equal k steps, a fresh start from the saved states and 6 - k more, bit for
+    bit; without the residuals the run parts."""
+    case = dict(world=world.world_size, dtype="float64", seed=seed, steps=6, micro=1,
+                batch=2, d_in=4, hidden=8, d_out=3, optimizer="adamw", bucket_cap_mb=cap,
+                hook="topk", density=0.3)
+    path = str(tmp_path_factory.mktemp("topk") / "ckpt")
+    C.assert_resumed_run_takes_the_uninterrupted_runs_steps(world, case, resume_at, via, path)

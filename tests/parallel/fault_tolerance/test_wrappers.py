@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from minidist.comm import RankFailedError, World
+from minidist.comm.launch import RankLost
 
 
 def _routed_step(routes):
@@ -135,3 +136,84 @@ def test_grad_scaler_clip_and_lr_schedule_through_the_wrapper_equal_the_plain_op
             assert g["lr"] == w["lr"] and g["scale"] == w["scale"]
             for a, b in zip(g["params"], w["params"]):
                 np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
+
+
+HEAL_STEPS, DIES_AT, INF_AT_HEAL = 6, 2, 1     # replica 1 dies at step 2; an inf at step 1
+
+
+def _spare_joins_under_a_scaler(scaler_in_state):
+    """Replicas 0 and 1 train under a GradScaler, replica 2 is a spare; an inf at step
+    INF_AT_HEAL backs the scale off, replica 1 dies at DIES_AT and the spare heals from
+    replica 0 (with the scaler's state in the Manager's state, or without it). Returns
+    the parameters and the scale after the last step, and the steps it trained."""
+    from minidist import backend
+    import minidist.distributed as dist
+    from minidist.autograd import Tensor
+    from minidist.nn import Linear
+    from minidist.optim import AdamW
+    from minidist.parallel.fault_tolerance import (DistributedDataParallel, Manager,
+                                                   OptimizerWrapper)
+    from minidist.precision import GradScaler
+    from parallel.fault_tolerance.ft_cases import _die
+    rank = dist.get_rank()
+    model = Linear(3, 2, dtype="float64", generator=backend.Generator(rank))
+    inner = AdamW(model.parameters(), lr=0.1, weight_decay=0.01)
+    scaler = GradScaler(init_scale=2.0 ** 10, growth_interval=2)
+    cursor = {"next": 0}
+
+    def state_dict():
+        state = {"model": model.state_dict(), "optim": inner.state_dict(), "cursor": cursor}
+        return dict(state, scaler=scaler.state_dict()) if scaler_in_state else state
+
+    def load_state_dict(state):
+        model.load_state_dict(state["model"])
+        inner.load_state_dict(state["optim"])
+        cursor.update(state["cursor"])
+        if scaler_in_state:
+            scaler.load_state_dict(state["scaler"])
+
+    manager = Manager(load_state_dict, state_dict, num_replicas=2, timeout=20.0)
+    ddp = DistributedDataParallel(manager, model)
+    optimizer = OptimizerWrapper(manager, inner, model)
+    trained = []
+    while cursor["next"] < HEAL_STEPS:
+        if not optimizer.zero_grad():
+            break
+        step = cursor["next"]
+        cursor["next"] += 1
+        if (rank, step) == (1, DIES_AT):
+            _die()
+        x, y = (Tensor(backend.from_host(a)) for a in _batch(step, rank))
+        scaler.scale(((model(x) - y) ** 2).mean()).backward()
+        if (rank, step) == (0, INF_AT_HEAL):
+            model.weight.grad[0, 0] = np.inf
+        ddp.sync_gradients()
+        scaler.step(optimizer)
+        scaler.update()
+        trained.append(step)
+    return dict(params=[backend.to_host(p.data).copy() for p in model.parameters()],
+                scale=scaler.get_scale(), tracker=scaler.state_dict()["_growth_tracker"],
+                trained=trained)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")   # the inf step
+@pytest.mark.parametrize("scaler_in_state", [True, False], ids=["with", "without"])
+def test_a_spare_healed_with_the_scalers_state_trains_to_its_peers_parameters(
+        scaler_in_state):
+    """The scale is part of the state: the spare that steps in for replica 1 receives
+    replica 0's scale (backed off by the inf, grown since) and growth tracker with the
+    model and optimizer, and the two end bit for bit alike. Without it the spare keeps
+    its initial scale, unscales the quorum's mean by another S than its peer, and the
+    two part without a word (the case the docs warn about)."""
+    with World(3, fault_tolerant=True, timeout=20.0, run_timeout=90.0) as w:
+        got = w.run(_spare_joins_under_a_scaler, scaler_in_state)
+    source, spare = got[0], got[2]
+    assert isinstance(got[1], RankLost)
+    assert spare["trained"] == [DIES_AT + 1, DIES_AT + 2, DIES_AT + 3]
+    alike = [np.array_equal(a, b) for a, b in zip(source["params"], spare["params"])]
+    if scaler_in_state:
+        assert all(alike)
+        assert (spare["scale"], spare["tracker"]) == (source["scale"], source["tracker"])
+    else:
+        assert not any(alike)
+        assert (spare["scale"], spare["tracker"]) != (source["scale"], source["tracker"])
