@@ -16,6 +16,7 @@ Files, in reading order:
 - hook_state.py  a hook's memory (residuals, PowerSGD's Q's and step) in state_dict / pickle
 - onebit.py      the 1-bit compressed all-reduce: signs + one scale, worker and server errors
 - onebit_adam.py ``OnebitAdam``: Adam for a warm-up, then frozen variance and 1-bit momentum
+- onebit_layout.py which parameters 1-bit Adam's flat vectors hold; how every rank agrees on it
 - timeline.py    when each bucket communicated relative to backward; the hidden fraction
 - sync_check.py  ``verify_parameter_sync``: are the replicas still bitwise equal?
 - sampler.py     ``DistributedSampler``: which samples each rank reads, ``set_epoch``

@@ -25,17 +25,13 @@ after it, per param group, whatever the number of parameters: one scale per work
 for the whole vector, one per server chunk, and the fixed cost of a message paid
 4(N-1) times a step, not that many times per parameter (``minidist calc diloco``
 counts the same). The vectors are averaged by position, so every rank must give a
-gradient to the same parameters: the warm-up's all-reduce carries, before the flat
-gradient, each rank's mask of the group's P parameters (1 where it has a gradient), and
-an average strictly between 0 and 1 is refused on every rank (P numbers more, no
-message more); the compression stage checks the mask once, in one all-reduce at its
-first step; after it a rank whose parameters with a gradient are not those any more
-refuses the step's compressed all-reduce (a negative scale where its scale goes, no
-byte more: onebit.py), so that every rank raises at once, and on that path only the
-ranks gather their masks, so that each names the parameter and the rank.
-The error feedback is laid out over that flat vector: ``errors``
-holds, per param group, one worker error (n',) and one server error (n'/N,), n'
-being n padded as onebit.py needs.
+gradient to the same parameters, and after the first compressed step to those the
+error feedback is laid out over: onebit_layout.py checks it on every rank at once,
+with P numbers more in each warm-up all-reduce, one all-reduce at the first
+compressed step, and after it no byte and no message more (a rank whose gradients
+changed, in any group, refuses the step's compressed all-reduce). The error feedback
+is laid out over that flat vector: ``errors`` holds, per param group, one worker error
+(n',) and one server error (n'/N,), n' being n padded as onebit.py needs.
 
 Adam's variance settles early in training; once frozen, Adam is a momentum SGD
 with a fixed per-coordinate step size, and momentum SGD tolerates 1-bit compression
@@ -66,51 +62,9 @@ from minidist.optim.optimizer import Optimizer, check_non_negative
 from minidist.parallel.data.naive import found_inf_reduce
 from minidist.parallel.data.onebit import (OneBitErrors, Refused, compressed_allreduce,
                                            new_errors)
-
-
-def flatten(arrays: list[Any]) -> Any:
-    """The arrays back to back in one new flat vector (n,), of their one dtype."""
-    dtypes = {str(a.dtype) for a in arrays}
-    if len(dtypes) != 1:
-        raise ValueError(f"1-bit Adam flattens each param group into one vector of one "
-                         f"dtype, got {sorted(dtypes)}: put the parameters of each dtype "
-                         f"in a param group of their own")
-    return xp.concatenate([a.reshape(-1) for a in arrays])
-
-
-def views(flat: Any, like: list[Any]) -> list[Any]:
-    """Pieces of ``flat`` shaped like the arrays of ``like``, in order (no copy)."""
-    out, off = [], 0
-    for a in like:
-        out.append(flat[off:off + a.size].reshape(a.shape))
-        off += a.size
-    return out
-
-
-def gradient_mask(group: dict, params: list) -> Any:
-    """(P,) over the group's P parameters: 1 where the parameter is among ``params``
-    (those with a gradient on this rank), else 0; in the group's dtype."""
-    with_grad = {id(p) for p in params}
-    first = group["params"][0].data
-    return backend.from_host([1.0 if id(p) in with_grad else 0.0 for p in group["params"]],
-                             dtype=first.dtype)
-
-
-def refuse_left_out(index: int, group: dict, averaged: Any) -> None:
-    """Raise, on every rank alike, if the ranks' gradient masks differ: ``averaged`` is
-    their mean (the same bits everywhere), and a slot strictly between 0 and 1 is a
-    parameter some ranks have a gradient for and others not. The flat vectors are
-    averaged by position, so such a step would add one parameter's gradient to
-    another's, silently where the sizes match."""
-    left_out = [j for j, x in enumerate(backend.to_host(averaged).tolist()) if 0 < x < 1]
-    if left_out:
-        shapes = [tuple(group["params"][j].shape) for j in left_out]
-        raise ValueError(
-            f"1-bit Adam: parameters {left_out} of param group {index} (shapes {shapes}) "
-            f"have a gradient on some ranks and not on others; the group's flat vector is "
-            f"averaged by position, so it would pair different parameters' numbers: give "
-            f"every parameter a gradient on every rank (zero_grad(set_to_none=False) "
-            f"keeps them as zeros)")
+from minidist.parallel.data.onebit_layout import (agree_on_layout, changed_groups, flatten,
+                                                  gradient_mask, refuse_changed,
+                                                  refuse_left_out, views)
 
 
 class OnebitAdam(Optimizer):
@@ -146,7 +100,12 @@ class OnebitAdam(Optimizer):
         return found_inf_reduce(self.group)(found_inf)
 
     def step(self, closure: Any = None) -> Any:
+        compressing = self.frozen
         loss = super().step(closure)             # _update_group, once per param group
+        if compressing and not self.errors:
+            # no group has a gradient on any rank: no compressed all-reduce would tell
+            # the peers of one that comes on one rank alone; agree again next step
+            self._laid_out.clear()
         self.steps += 1
         if self.steps >= self.freeze_step:
             self.frozen = True
@@ -177,14 +136,15 @@ class OnebitAdam(Optimizer):
             errors = self._errors_of(index, group, params)
             if errors is None:                   # no gradient in this group on any rank
                 return
-            if self._laid_out[index] != [id(p) for p in params]:
-                self._refuse_changed_gradients(index, group, params, errors)
-            local = flatten([beta1 * s["exp_avg"] + (1 - beta1) * p.grad   # (n,) m_i
-                             for p, s in zip(params, states)])
+            # a rank whose gradients changed, in any group, refuses (onebit_layout.py)
+            refuse = bool(changed_groups(self.param_groups, self._laid_out))
+            local = xp.zeros_like(errors.worker) if refuse else flatten(
+                [beta1 * s["exp_avg"] + (1 - beta1) * p.grad                # (n,) m_i
+                 for p, s in zip(params, states)])
             try:
-                m = compressed_allreduce(local, errors, self.group)
-            except Refused:                      # a peer's gradients changed: name them
-                self._refuse_changed_gradients(index, group, params, errors)
+                m = compressed_allreduce(local, errors, self.group, refuse=refuse)
+            except Refused:                      # on every rank: name the changes
+                refuse_changed(self.param_groups, self._laid_out, self.group)
             for state, piece in zip(states, views(m, [p.data for p in params])):
                 state["exp_avg"][...] = piece
         for p, state in zip(params, states):
@@ -242,65 +202,12 @@ class OnebitAdam(Optimizer):
 
     def _errors_of(self, index: int, group: dict, params: list) -> OneBitErrors | None:
         """The group's flat error buffers (None when it has no gradient), made at its first
-        compressed step, on every rank at once: there the ranks check (one all-reduce of
-        the mask) that they lay them out over the same parameters. Every later step must
-        have gradients for those same ones."""
-        ids = [id(p) for p in params]
+        compressed step, on every rank at once, once the ranks agree on the parameters
+        they lay them out over (onebit_layout.py)."""
         if index not in self._laid_out:
-            have = gradient_mask(group, params)                             # (P,)
-            dist.all_reduce(have, op=ReduceOp.AVG, group=self.group)
-            refuse_left_out(index, group, have)
-            self._laid_out[index] = ids
+            self._laid_out[index] = agree_on_layout(index, group, params, self.group)
             if params:
                 n = sum(p.data.size for p in params)
                 self.errors[index] = new_errors(n, dist.get_world_size(self.group),
                                                 params[0].data.dtype)
-        elif self._laid_out[index] != ids and index not in self.errors:
-            # laid out over no parameter: the group makes no collective, so this rank
-            # raises alone (its peers wait at their next collective)
-            me = dist.get_rank(self.group)
-            raise ValueError(self._changed_message(index, group, {
-                self._global(me): backend.to_host(gradient_mask(group, params)).tolist()}))
         return self.errors.get(index)
-
-    def _refuse_changed_gradients(self, index: int, group: dict, params: list,
-                                  errors: OneBitErrors) -> None:
-        """Raise on every rank, naming the parameters, when some rank's gradients are not
-        those the group's error feedback is laid out over. The rank that sees it refuses
-        the compressed all-reduce (its peers learn it from the gathered scales, no message
-        more: onebit.py), then all gather their masks (this error's path only)."""
-        mine = self._laid_out[index] != [id(p) for p in params]
-        if mine:
-            try:
-                compressed_allreduce(xp.zeros_like(errors.worker), errors, self.group,
-                                     refuse=True)
-            except Refused:
-                pass
-        have = gradient_mask(group, params)                                   # (P,)
-        masks = xp.empty(dist.get_world_size(self.group) * have.size, dtype=have.dtype)
-        dist.all_gather_into_tensor(masks, have, group=self.group)            # (N * P,)
-        rows = backend.to_host(masks).reshape(-1, have.size).tolist()          # N x (P,)
-        raise ValueError(self._changed_message(
-            index, group, {self._global(r): mask for r, mask in enumerate(rows)}))
-
-    def _global(self, rank: int) -> int:
-        """The global rank of ``rank`` of the optimizer's group."""
-        return rank if self.group is None else self.group.ranks[rank]
-
-    def _changed_message(self, index: int, group: dict, masks: dict[int, list]) -> str:
-        """What changed, per parameter, against the parameters the errors are laid out
-        over; ``masks``: global rank -> its mask of the group's P parameters."""
-        laid_out = set(self._laid_out[index])
-        changes = []
-        for j, p in enumerate(group["params"]):
-            was = id(p) in laid_out
-            now = [r for r, mask in masks.items() if bool(mask[j]) != was]
-            if now:
-                what = "has no gradient" if was else "has a gradient"
-                changes.append(f"parameter {j} (shape {tuple(p.shape)}) {what} on "
-                               f"rank(s) {now}")
-        return (f"1-bit Adam: the error feedback of param group {index} is laid out over "
-                f"the flat momentum of the {len(laid_out)} parameters that had a gradient "
-                f"at its first compressed step, and this step's gradients differ: "
-                f"{'; '.join(changes)}. Give the same parameters a gradient at every step "
-                f"(zero_grad(set_to_none=False) keeps them as zeros)")

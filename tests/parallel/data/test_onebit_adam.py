@@ -31,8 +31,9 @@ def grad(seed, step, rank, shapes):
     return [rng.standard_normal(s) for s in shapes]
 
 
-def run_onebit(seed, shapes, steps, freeze_step):
-    """On every rank: the parameters after each step (rank r starts elsewhere)."""
+def run_onebit(seed, shapes, steps, freeze_step, empty_steps=0):
+    """On every rank: the parameters after each step (rank r starts elsewhere);
+    ``empty_steps``: steps with no gradient at all, taken first and not counted."""
     from minidist import backend
     from minidist.autograd import Tensor
     import minidist.distributed as dist
@@ -41,6 +42,8 @@ def run_onebit(seed, shapes, steps, freeze_step):
     params = [Tensor(backend.from_host(w + rank), requires_grad=True)
               for w in start(seed, shapes)]
     opt = OnebitAdam(params, freeze_step=freeze_step, **HYPER)
+    for _ in range(empty_steps):
+        opt.step()
     before, msgs = dist.get_stats().bytes_sent, dist.get_stats().msgs_sent
     out = []
     for step in range(steps):
@@ -228,7 +231,7 @@ def test_a_compressed_step_sends_what_calc_diloco_counts(world):
 def test_a_param_group_of_two_dtypes_is_refused():
     """One flat vector holds one dtype; the message names the fix."""
     from minidist import backend
-    from minidist.parallel.data.onebit_adam import flatten
+    from minidist.parallel.data.onebit_layout import flatten
     mixed = [backend.from_host(np.ones(3, dtype=np.float32)), backend.from_host(np.ones(2))]
     with pytest.raises(ValueError, match="param group of their own"):
         flatten(mixed)
@@ -324,6 +327,19 @@ def test_an_inf_on_one_rank_alone_skips_the_step_on_every_rank(world, freeze_ste
         assert all(np.array_equal(x, y) for g, w in zip(got, clean[rank]) for x, y in zip(g, w))
 
 
+def assert_every_rank_refuses(want, fn, *args):
+    """``fn(*args)`` in a world of 2 with a 5 s timeout: both ranks raise a ValueError
+    matching ``want`` (no rank left waiting for the other) that names the fix."""
+    with World(2, timeout=5.0, run_timeout=60.0) as w:
+        with pytest.raises(RankFailedError) as info:
+            w.run(fn, *args)
+    assert sorted(info.value.failures) == [0, 1]
+    for exc_type, text in info.value.failures.values():
+        assert exc_type == "ValueError", text
+        assert re.search(want, text, re.S), text
+        assert "zero_grad(set_to_none=False)" in text
+
+
 def _change_gradients_on_one_rank(change):
     """Two compressed steps; at the second, rank 1 alone drops parameter 1's gradient
     ("drop") or gives parameter 2, which had none at the first, one ("add")."""
@@ -353,11 +369,51 @@ def test_a_gradient_set_changed_on_one_rank_is_refused_on_every_rank_naming_it(c
     want = (r"parameter 1 \(shape \(5,\)\) has no gradient on rank\(s\) \[1\]"
             if change == "drop" else r"parameter 2 \(shape \(6,\)\) has a gradient on "
                                      r"rank\(s\) \[1\]")
-    with World(2, timeout=5.0, run_timeout=60.0) as w:
-        with pytest.raises(RankFailedError) as info:
-            w.run(_change_gradients_on_one_rank, change)
-    assert sorted(info.value.failures) == [0, 1]
-    for exc_type, text in info.value.failures.values():
-        assert exc_type == "ValueError", text
-        assert re.search(want, text), text
-        assert "zero_grad(set_to_none=False)" in text
+    assert_every_rank_refuses(want, _change_gradients_on_one_rank, change)
+
+
+def _gradient_for_a_group_that_had_none(others):
+    """Two compressed steps; param group 1's parameter (shape (6,)) has no gradient on
+    any rank at the first, and rank 1 alone gives it one at the second. ``others``:
+    "travel" (group 0's parameter has a gradient on both ranks at both steps) or
+    "nothing" (it has none either: no compressed all-reduce at all)."""
+    from minidist import backend
+    from minidist.autograd import Tensor
+    import minidist.distributed as dist
+    from minidist.parallel.data.onebit_adam import OnebitAdam
+    params = [Tensor(backend.from_host(np.ones(4 + 2 * i)), requires_grad=True)
+              for i in range(2)]
+    opt = OnebitAdam([{"params": [p]} for p in params], freeze_step=0)
+    for step in range(2):
+        params[0].grad = backend.from_host(np.ones(4)) if others == "travel" else None
+        params[1].grad = None
+        if step == 1 and dist.get_rank() == 1:
+            params[1].grad = backend.from_host(np.ones(6))
+        opt.step()
+
+
+@pytest.mark.parametrize("others", ["travel", "nothing"])
+def test_a_gradient_in_a_group_laid_out_over_nothing_is_refused_on_every_rank(others):
+    """A param group with no gradient on any rank at its first compressed step makes no
+    collective, so rank 1 alone raised when it gave it a gradient, and rank 0 waited
+    for it at its next all-reduce (5 s here) or went on without it. The check is over
+    the whole optimizer: rank 1 refuses group 0's compressed all-reduce, and both name
+    the parameter; with no compressed all-reduce at all, the masks are agreed on at
+    every step until some group has a gradient, so both refuse it there."""
+    want = (r"param group 1, parameter 0 \(shape \(6,\)\) has a gradient on rank\(s\) \[1\]"
+            if others == "travel" else
+            r"parameters \[0\] of param group 1 .*on some ranks and not on others")
+    assert_every_rank_refuses(want, _gradient_for_a_group_that_had_none, others)
+
+
+def test_steps_with_no_gradient_anywhere_leave_the_layout_to_the_first_with_one(world):
+    """While no parameter has a gradient on any rank, nothing is laid out (every step
+    agrees on the masks again), so a run whose first compressed steps have no gradient
+    at all is the algorithm from the first step that has one, on the same bits."""
+    shapes = [(3, 4), (5,)]
+    got = world.run(run_onebit, 7, shapes, 3, 0, empty_steps=2)
+    want = simulate(7, shapes, 3, 0, world.world_size)
+    for rank_steps in got:
+        for g_step, w_step in zip(rank_steps["params"], want):
+            for g, w in zip(g_step, w_step):
+                np.testing.assert_allclose(g, w, rtol=0, atol=1e-12)
