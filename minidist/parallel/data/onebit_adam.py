@@ -39,11 +39,12 @@ with error feedback. The bytes of the compression stage are about 1/32 of the
 warm-up's (``minidist calc diloco`` counts both).
 
 Saving: ``state_dict()`` holds, beside Adam's buffers, the step count (whether the
-variance is frozen yet) and this rank's error feedback under ``'onebit'``, so that a run
-saved and loaded mid-way takes the uninterrupted run's steps bit for bit. The worker
-error is this rank's own: save one file per rank (``save_checkpoint(...,
-rank0_only=False)``) and load each rank its own, at the same world size. (DeepSpeed
-drops the errors on load instead and restarts the feedback from zero.)
+variance is frozen yet), this rank's error feedback and the parameters it is laid out
+over under ``'onebit'``, so that a run saved and loaded mid-way takes the uninterrupted
+run's steps bit for bit. The worker error is this rank's own: save one file per rank
+(``save_checkpoint(..., rank0_only=False)``) and load each rank its own, at the same
+world size. (DeepSpeed drops the errors on load instead and restarts the feedback
+from zero.)
 
 The optimizer does its own communication (as DeepSpeed's engine turns its backward
 all-reduce off for it): use it on a model that is *not* wrapped in DDP. It starts
@@ -157,14 +158,17 @@ class OnebitAdam(Optimizer):
         """Adam's state dict, and under ``'onebit'`` the step count and each param group's
         error feedback with the parameters (their indices in the state dict) it is laid
         out over: ``{'steps': int, 'errors': {group: {'worker': (n',), 'server':
-        (n'/N,), 'params': [indices]}}}`` (live arrays, as the buffers)."""
+        (n'/N,), 'params': [indices]}}, 'empty': [groups]}`` (live arrays, as the
+        buffers); ``'empty'``: the groups laid out over no parameter, which a gradient
+        must not come to either."""
         saved = super().state_dict()
         index = {id(p): i for i, p in enumerate(
             p for g in self.param_groups for p in g["params"])}
         errors = {g: {"worker": e.worker, "server": e.server,
                       "params": [index[i] for i in self._laid_out[g]]}
                   for g, e in self.errors.items()}
-        saved["onebit"] = {"steps": self.steps, "errors": errors}
+        empty = [g for g in sorted(self._laid_out) if g not in self.errors]
+        saved["onebit"] = {"steps": self.steps, "errors": errors, "empty": empty}
         return saved
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -195,6 +199,8 @@ class OnebitAdam(Optimizer):
                 want.worker.dtype, copy=True), backend.from_host(saved["server"]).astype(
                 want.server.dtype, copy=True))
             laid_out[g] = [id(p) for p in ps]
+        for g in onebit.get("empty", []):        # (not in a state dict saved before it)
+            laid_out[int(g)] = []
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "onebit"})
         self.steps = int(onebit["steps"])
         self.frozen = self.steps >= self.freeze_step

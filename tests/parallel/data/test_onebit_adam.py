@@ -417,3 +417,39 @@ def test_steps_with_no_gradient_anywhere_leave_the_layout_to_the_first_with_one(
         for g_step, w_step in zip(rank_steps["params"], want):
             for g, w in zip(g_step, w_step):
                 np.testing.assert_allclose(g, w, rtol=0, atol=1e-12)
+
+
+def _gradient_after_resume_for_a_group_that_had_none(directory):
+    """A compressed step with a gradient in param group 0 alone, a checkpoint per rank,
+    a new model and optimizer that load it, and a step with gradients in both groups,
+    on every rank."""
+    from minidist import backend, nn
+    from minidist.autograd import Tensor
+    import minidist.distributed as dist
+    from minidist.checkpoint import load_checkpoint, save_checkpoint
+    from minidist.parallel.data.onebit_adam import OnebitAdam
+
+    def model_and_optimizer():
+        model = nn.Module()
+        model.a = nn.Parameter(Tensor(backend.from_host(np.ones(4))))
+        model.b = nn.Parameter(Tensor(backend.from_host(np.ones(6))))
+        return model, OnebitAdam([{"params": [model.a]}, {"params": [model.b]}], freeze_step=0)
+
+    path = f"{directory}/rank{dist.get_rank()}.ckpt"
+    model, opt = model_and_optimizer()
+    model.a.grad = backend.from_host(np.ones(4))
+    opt.step()
+    save_checkpoint(path, model, opt, rank0_only=False)
+    model, opt = model_and_optimizer()
+    load_checkpoint(path, model, opt)
+    model.a.grad, model.b.grad = backend.from_host(np.ones(4)), backend.from_host(np.ones(6))
+    opt.step()
+
+
+def test_a_resumed_run_keeps_the_groups_laid_out_over_nothing(tmp_path):
+    """The uninterrupted run refuses a gradient that comes to a group laid out over no
+    parameter, even on every rank; the state dict keeps those groups ('empty'), so the
+    resumed run refuses it too instead of laying the group out afresh."""
+    want = r"param group 1, parameter 0 \(shape \(6,\)\) has a gradient on rank\(s\) \[0, 1\]"
+    assert_every_rank_refuses(want, _gradient_after_resume_for_a_group_that_had_none,
+                              str(tmp_path))
