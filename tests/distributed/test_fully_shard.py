@@ -10,7 +10,7 @@ reduce-scatter. Every element lives on one rank; a rank holds at most a row
 of padding more per parameter than P / N.
 """
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minidist import backend
@@ -94,29 +94,35 @@ def test_fully_shard_trains_like_one_process_and_zero3(world, layers, steps, res
     assert max(pieces) <= sum(-(-rows // n) * width for rows, width in shapes)
 
 
+def backward_both(single, model, rng, syncs):
+    """A backward per item of ``syncs`` (gradient sync on or off for ``model``): one
+    process on a whole drawn batch, the sharded model on this rank's rows of it."""
+    import minidist.distributed as dist
+    n, r = dist.get_world_size(), dist.get_rank()
+    per = BATCH // n
+    for sync in syncs:
+        idx, tgt = rng.integers(0, 11, (BATCH, 8)), rng.integers(0, 11, (BATCH, 8))
+        _, loss = single(backend.from_host(idx), backend.from_host(tgt))
+        loss.backward()
+        model.set_requires_gradient_sync(sync)
+        _, loss = model(*(backend.from_host(a[r * per:(r + 1) * per]) for a in (idx, tgt)))
+        loss.backward()
+
+
 def accumulation_case(seed):
     """Two micro-batches, the first with gradient sync off: the gradients equal one
     process's accumulated over the two whole micro-batches; one reduce-scatter per unit."""
-    import minidist.distributed as dist
     from minidist.distributed.fsdp import fully_shard, sharded_state_dict
     from minidist.distributed.tensor.debug import CommDebugMode
     from minidist.nn import GPT, GPTConfig
-    n, r = dist.get_world_size(), dist.get_rank()
     cfg = GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8,
                     dtype="float64", seed=seed)
     single, model = GPT(cfg), GPT(cfg)
     fully_shard(model.blocks[0])
     fully_shard(model)
     rng = np.random.default_rng(seed)
-    per = BATCH // n
     with CommDebugMode() as comm:
-        for sync in (False, True):
-            idx, tgt = rng.integers(0, 11, (BATCH, 8)), rng.integers(0, 11, (BATCH, 8))
-            _, loss = single(backend.from_host(idx), backend.from_host(tgt))
-            loss.backward()
-            model.set_requires_gradient_sync(sync)
-            _, loss = model(*(backend.from_host(a[r * per:(r + 1) * per]) for a in (idx, tgt)))
-            loss.backward()
+        backward_both(single, model, rng, (False, True))
     theirs = {k: backend.to_host(p.grad) for k, p in single.named_parameters()}
     errors = {}
     for name, d in sharded_state_dict(model).items():
@@ -247,3 +253,52 @@ def test_an_inf_in_one_ranks_piece_makes_every_rank_skip_the_step(world):
         for changed, scale in world.run(scaler_case, bad_rank):
             assert changed == (bad_rank is None)
             assert scale == (8.0 if bad_rank is None else 4.0)
+
+
+def frozen_case(case):
+    """A GPT with its position embedding (the root unit's) and a block's first norm
+    frozen (``requires_grad=False`` before fully_shard), trained in one process and under
+    fully_shard: (whole parameters, their requires_grad, whether each piece has a .grad)."""
+    from minidist.distributed.fsdp import fully_shard, sharded_state_dict
+    from minidist.nn import GPT, GPTConfig
+    from minidist.optim import AdamW
+    cfg = GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8,
+                    dtype="float64", seed=case["seed"])
+    single, model = GPT(cfg), GPT(cfg)
+    for m in (single, model):
+        for name, p in m.named_parameters():
+            p.requires_grad = name not in FROZEN
+    fully_shard(model.blocks[0], reshard_after_forward=case["reshard"])
+    fully_shard(model)
+    opts = [AdamW(m.parameters(), lr=1e-2, weight_decay=0.1) for m in (single, model)]
+    rng = np.random.default_rng(case["seed"])
+    backward_both(single, model, rng, (False, True) if case["accumulate"] else (True,))
+    has_grad = {k: p.grad is not None for k, p in model.named_parameters()}
+    for opt in opts:
+        opt.step()
+    theirs = {k: backend.to_host(p.data) for k, p in single.named_parameters()}
+    ours = {k: backend.to_host(d.full_tensor().data) for k, d in sharded_state_dict(model).items()}
+    trains = {k: p.requires_grad for k, p in model.named_parameters()}
+    return ours, theirs, trains, has_grad
+
+
+FROZEN = ("wpe.weight", "blocks.0.ln_1.weight", "blocks.0.ln_1.bias")
+
+
+@settings(max_examples=2, deadline=None)
+@given(reshard=st.booleans(), accumulate=st.booleans(), seed=st.integers(0, 99))
+@example(reshard=True, accumulate=True, seed=0)     # the block's backward recomputes
+@example(reshard=False, accumulate=False, seed=1)
+def test_a_frozen_parameter_stays_frozen_and_the_rest_train_as_one_process(world, reshard,
+                                                                          accumulate, seed):
+    """A piece keeps its parameter's requires_grad: a frozen one gets no gradient, so
+    AdamW (with weight decay) leaves it as it was, as in one process; it was a trainable
+    piece before, moved by 2e-2 in one step."""
+    case = dict(reshard=reshard, accumulate=accumulate, seed=seed)
+    for ours, theirs, trains, has_grad in world.run(frozen_case, case):
+        for name, value in ours.items():
+            assert trains[name] == (name not in FROZEN), name
+            assert has_grad[name] == (name not in FROZEN), name
+            np.testing.assert_allclose(value, theirs[name], rtol=TOL, atol=TOL, err_msg=name)
+            if name in FROZEN:
+                assert value.tobytes() == theirs[name].tobytes(), name

@@ -258,3 +258,40 @@ def test_loss_parallel_equals_cross_entropy_on_full_logits(world):
         np.testing.assert_allclose(outside_grad, want_grad, rtol=TOL, atol=TOL)
         if t > 1:   # max, sum of exponentials, target logit; backward: none
             assert counts == {"forward": {"all_reduce": 3}, "backward": {}}
+
+
+def frozen_case(seed):
+    """A dense MLP whose c_fc.weight is frozen, and its tensor-parallel copy, one AdamW
+    step each on the same input: (requires_grad of each piece, whether it has a .grad,
+    max |piece - the dense rows| of c_fc.weight after the step)."""
+    import minidist.distributed as dist
+    from minidist.autograd import Tensor
+    from minidist.distributed.device_mesh import init_device_mesh
+    from minidist.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                      parallelize_module)
+    from minidist.nn import MLP
+    from minidist.optim import AdamW
+    t, r = dist.get_world_size(), dist.get_rank()
+    dense = MLP(4, 4 * t, 0.0, True, "float64", generator=backend.Generator(seed))
+    dense.c_fc.weight.requires_grad = False
+    tp = copy.deepcopy(dense)
+    mesh = init_device_mesh(backend.device_type(), (t,), mesh_dim_names=("tp",))
+    parallelize_module(tp, mesh, {"c_fc": ColwiseParallel(), "c_proj": RowwiseParallel()})
+    x = np.random.default_rng(seed).standard_normal((2, 3, 4))
+    for model in (dense, tp):
+        opt = AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        y = model(Tensor(backend.from_host(x)))
+        (y * y).sum().backward()
+        opt.step()
+    flags = {n: (p.requires_grad, p.grad is not None) for n, p in tp.named_parameters()}
+    rows = backend.to_host(dense.c_fc.weight.data)[r * 4:(r + 1) * 4]
+    return flags, float(np.abs(backend.to_host(tp.c_fc.weight.data) - rows).max())
+
+
+def test_a_frozen_parameter_is_cut_into_a_frozen_piece(world):
+    """A style's piece keeps the parameter's requires_grad, so the optimizer leaves a
+    frozen weight as the dense model's (a trainable piece before: 1e-2 away in a step)."""
+    for flags, diff in world.run(frozen_case, 4):
+        assert flags["c_fc.weight"] == (False, False)
+        assert flags["c_proj.weight"] == (True, True)
+        assert diff == 0.0

@@ -49,10 +49,17 @@ def _batches(case):
             for _ in range(STEPS)]
 
 
+def _freeze(model, case):
+    """``model`` with the parameters named in ``case["frozen"]`` (if any) frozen."""
+    for name, q in model.named_parameters():
+        q.requires_grad = name not in case.get("frozen", ())
+    return model
+
+
 def train_single(case):
     """One process, micro-batch j holding every data shard's j-th rows: the parameters,
     and per step the loss and the clipped norm."""
-    model = Llama(_config(case))
+    model = _freeze(Llama(_config(case)), case)
     opt = AdamW(model.parameters(), lr=LR)
     dp, m, mb = _rows(case)
     losses, norms = [], []
@@ -76,7 +83,8 @@ def train_parallel(case, dense):
     """Every rank: its share trained -> (max |piece - dense piece|, losses, norms)."""
     from minidist.parallel import parallelize_llama
     dims = ParallelDims(**case["dims"])
-    model = parallelize_llama(Llama(_config(case)), dims.build_mesh(), dims, case["m"],
+    dense_model = _freeze(Llama(_config(case)), case)
+    model = parallelize_llama(dense_model, dims.build_mesh(), dims, case["m"],
                               case["schedule"], sequence_parallel=case["sp"],
                               max_grad_norm=MAX_NORM if case["clip"] else None,
                               cp_kind=case["cp_kind"])
@@ -152,6 +160,19 @@ def test_composed_dense_llama_trains_as_one_process(worlds, dims, schedule, m, s
 def test_composed_moe_llama_trains_as_one_process_balancing_loss_included(
         worlds, dims, schedule, m, clip, cp_kind, seed):
     _check(worlds, _case(dims, True, schedule, m, False, clip, cp_kind, seed))
+
+
+FROZEN = ("model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+          "model.layers.1.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight",
+          "model.layers.0.mlp.experts.1.up_proj.weight")
+
+
+@pytest.mark.parametrize("dims, moe", [(dict(tp=2), False), (dict(dp_shard=2, ep=2), True)])
+def test_frozen_parameters_stay_frozen_and_the_rest_trains_as_one_process(worlds, dims, moe):
+    """A parameter frozen in the Llama stays frozen in its tensor-parallel twin, and a
+    frozen expert takes no gradient: before, the twin trained the frozen ones (2e-2 away
+    after two AdamW steps, the clipped norm another) and a frozen expert was decayed."""
+    _check(worlds, {**_case(dims, moe), "frozen": FROZEN})
 
 
 def _mesh_groups(dims):

@@ -143,7 +143,8 @@ class _ShardedUnit(Function):
         gen.set_state(ctx.rng_state)                  # replay the forward's random draws
         x_in = Tensor(x, requires_grad=ctx.needs_input_grad[0])
         with backward_phase():
-            full = [Tensor(f, requires_grad=True) for f in state.gather("backward")]
+            full = [Tensor(f, requires_grad=param.shard.requires_grad)
+                    for f, param in zip(state.gather("backward"), state.params)]
         state.awaits_backward -= 1
         if not state.awaits_backward:
             state.post_forward = None             # reshard_after_forward=k: freed
@@ -236,7 +237,7 @@ def shard_parameters(module: Module, state: FSDPState, ignored: set[int] = froze
         if not shape:
             raise ValueError(f"fully_shard cuts parameters along dim 0; {uses[0][1]} is a scalar")
         piece = distribute_tensor(param.data, mesh, state.placements).to_local().data.copy()
-        shard = Parameter(piece)
+        shard = Parameter(piece, requires_grad=param.requires_grad)   # frozen stays frozen
         note_piece(shard, mesh, state.placements, cut_from=param)  # clip_grad_norm_: the whole
         for owner, name in uses:
             setattr(owner, name, shard)

@@ -272,7 +272,14 @@ class FSDPState:
         in flight while the units before this one compute their backward; the pieces land
         in the shards' ``.grad`` when the backward is done (post_backward.py). Off: add the
         whole gradients to what is kept (no communication; the next synced backward
-        reduce-scatters the sum)."""
+        reduce-scatters the sum). ``grads``: one per parameter of the unit; those of frozen
+        parameters (``requires_grad=False``, the same on every rank) are dropped, so a
+        frozen parameter gets no ``.grad`` and no optimizer moves it (FSDP2 reduces the
+        parameters with a gradient only)."""
+        trained = [param.shard.requires_grad for param in self.params]
+        grads = [g for g, keep in zip(grads, trained) if keep]
+        if not grads:
+            return
         if self.unsharded_grads is not None:
             grads = [g + kept for g, kept in zip(grads, self.unsharded_grads)]
         if not self.requires_gradient_sync:
@@ -281,7 +288,8 @@ class FSDPState:
         self.unsharded_grads = None
         post_backward = self.schedule.post_backward
         post_backward.wait_in_flight()      # before the copy-in: one in flight at a time
-        post_backward.issue(PendingReduce(self.shards(), self.start_reduce(grads),
+        shards = [s for s, keep in zip(self.shards(), trained) if keep]
+        post_backward.issue(PendingReduce(shards, self.start_reduce(grads),
                                           self.schedule.sequence().index(self)))
 
     def start_reduce(self, grads: list[Any], async_op: bool = True) -> ScatteredDim0:

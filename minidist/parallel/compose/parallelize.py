@@ -220,12 +220,15 @@ class ParallelLlama:
 
 
 def _tensor_parallel(model: Module, tp: Any, sequence_parallel: bool) -> Module:
-    """The Megatron twin of ``model`` over ``tp``, holding ``model``'s weights."""
+    """The Megatron twin of ``model`` over ``tp``, holding ``model``'s weights, each
+    frozen where ``model``'s is (``requires_grad=False``)."""
     cfg = model.config
     cls = TensorParallelLlama if isinstance(cfg, LlamaConfig) else TensorParallelGPT
     twin = cls(cfg, tp, sequence_parallel)
-    dense = {n: q.data for n, q in model.named_parameters()}
-    twin.load_state_dict(shard_state_dict(twin, dense))
+    dense = dict(model.named_parameters())
+    twin.load_state_dict(shard_state_dict(twin, {n: q.data for n, q in dense.items()}))
+    for name, q in twin.named_parameters():
+        q.requires_grad = dense[name].requires_grad
     return twin
 
 
@@ -277,7 +280,9 @@ def _data_parallel(model: Module, chunks: list, groups: MeshGroups,
 
 def _sync_experts(experts: list, groups: MeshGroups) -> None:
     """Each expert's gradient: the sum over the ranks holding it, divided by dp_cp (every
-    rank that holds tokens), as the dense gradients' mean is over dp_cp."""
+    rank that holds tokens), as the dense gradients' mean is over dp_cp. A frozen expert
+    (the same on every rank) takes no part and keeps no gradient."""
+    experts = [q for q in experts if q.requires_grad]
     if not experts:
         return
     from minidist.backend import xp

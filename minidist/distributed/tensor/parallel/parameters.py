@@ -2,7 +2,8 @@
 
 A style cuts each parameter once, when it is applied: ``module.weight`` becomes the
 Parameter of this rank's piece (rank 0's values, as torch's ``distribute_tensor``),
-so the module's own forward and any optimizer see an ordinary, smaller Parameter.
+so the module's own forward and any optimizer see an ordinary, smaller Parameter
+(with the parameter's ``requires_grad``: a frozen weight stays frozen).
 ``module._dtensor_placements[name] = (mesh, placements, global shape)`` says what the
 piece is a piece of; ``parameter_as_dtensor`` gives the DTensor (its local tensor is
 the Parameter, so gradients reach it).
@@ -63,7 +64,7 @@ def shard_parameter(module: Module, name: str, mesh: Any, placement: Placement,
     local = distribute_tensor(full, mesh, [placement]).to_local().data
     if view is not None:
         local = local.reshape((-1,) + tuple(param.shape[1:]))             # (3 out/t, in)
-    setattr(module, name, Parameter(local.copy()))
+    setattr(module, name, Parameter(local.copy(), requires_grad=param.requires_grad))
     note_layout(module, name, mesh, (placement,), tuple(full.shape))
 
 
