@@ -1,10 +1,14 @@
 """The demos' short settings for the suite.
 
 Each demo prints a line starting with ``check:`` and exits non-zero when the
-check fails; test_checks.py runs each with these arguments, test_launched.py
-under a launcher, test_usage.py with bad ones.
+check fails; test_checks.py runs each with these arguments, alone and under
+``minidist run``, test_launched.py the README's launcher commands, test_usage.py
+bad arguments.
 """
+import os
 import pathlib
+import subprocess
+import sys
 
 DEMOS = pathlib.Path(__file__).resolve().parents[2] / "demos"
 
@@ -42,3 +46,17 @@ SMOKE_ARGS = {
     "28_overlap.py": ["--pair", "moe", "--width", "16", "--seq", "8", "--batch", "2"],
     "29_compose.py": ["--steps", "2"],
 }
+
+# The demos that start no world and join none: under ``minidist run`` each rank runs the
+# whole demo, the same ``python demos/NAME`` run with the same arguments (test_checks.py).
+WHOLE_ON_EACH_RANK = {"01_autograd.py", "09_mixed_precision.py", "10_flash_attention.py",
+                      "14_cost_models_observed.py", "23_block_scaling.py", "24_planner.py",
+                      "26_muon.py"}
+
+
+def run_under_minidist_run(name: str, *flags: str) -> subprocess.CompletedProcess:
+    """``minidist run -n 2 [flags] demos/NAME`` with the demo's smoke arguments."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MINIDIST_SHM")}
+    return subprocess.run([sys.executable, "-m", "minidist.cli", "run", "-n", "2", *flags,
+                           str(DEMOS / name), *SMOKE_ARGS[name]],
+                          capture_output=True, text=True, timeout=240, env=env)

@@ -1,4 +1,5 @@
-"""The demos under a launcher: `minidist run` and `mpiexec` start them as ranks of a world."""
+"""The README's launcher commands: `minidist run` and `mpiexec` start demos as ranks of a
+world (every demo under `minidist run`: test_checks.py)."""
 import os
 import re
 import subprocess
@@ -6,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.demos.smoke import DEMOS, SMOKE_ARGS
+from tests.demos.smoke import DEMOS, run_under_minidist_run
 
 # the launcher, not the math: the demos' checks run on every backend in test_checks.py
 pytestmark = pytest.mark.launcher   # the NumPy pass only (tests/conftest.py)
@@ -32,33 +33,6 @@ def test_the_readme_starts_demo_02_under_a_launcher(launcher):
     checks = [line for line in lines if line.startswith("check:")]
     assert len(checks) == 1 and checks[0].endswith("ok"), proc.stdout[-3000:]
     assert "3 processes" in proc.stdout
-
-
-def run_under_minidist_run(name: str, *flags: str) -> subprocess.CompletedProcess:
-    """``minidist run -n 2 [flags] demos/NAME`` with the demo's smoke arguments."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MINIDIST_SHM")}
-    return subprocess.run([sys.executable, "-m", "minidist.cli", "run", "-n", "2", *flags,
-                           str(DEMOS / name), *SMOKE_ARGS[name]],
-                          capture_output=True, text=True, timeout=240, env=env)
-
-
-ONE_LINE_REASON = re.compile(r"^\[rank 0\] (\d\d_\w+\.py) runs as one process: .+\. "
-                             r"Run it as `python \S*\1`\.$")
-
-
-@pytest.mark.parametrize("name", sorted(SMOKE_ARGS))
-def test_demo_runs_under_minidist_run_or_says_in_one_line_why_not(name):
-    """Each rank joins the launched world, or the demo runs whole on each rank, or rank 0
-    prints one line saying why the demo starts worlds of its own; never a traceback."""
-    proc = run_under_minidist_run(name)
-    out = proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, out
-    lines = proc.stdout.splitlines()
-    if len(lines) == 1:
-        assert ONE_LINE_REASON.match(lines[0]), lines[0]
-        return
-    checks = [line for line in lines if re.sub(r"^\[rank \d+\] ", "", line).startswith("check:")]
-    assert checks and all("FAILED" not in c for c in checks), out
 
 
 def test_demo_04_under_minidist_run_writes_a_trace_that_summary_reads(tmp_path):
