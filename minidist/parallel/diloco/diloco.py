@@ -45,6 +45,9 @@ all-gathers the slices (shard.py): 1/L of the bytes on the slow link.
 DiLoCo's; each outer step is then one step of its quorum, and a replica that dies
 between two syncs only drops its outer gradient (over_quorum.py).
 
+A frozen parameter (``requires_grad=False`` at construction) is in no outer all-reduce
+and no outer step: it stays as it was, whatever the outer optimizer's weight decay.
+
 Invariant: right after a fragment's synchronisation with alpha = 0 its parameters
 are bitwise equal on every replica (the all-reduce leaves the same bits everywhere,
 and the outer step is the same arithmetic on the same inputs). Demo:
@@ -99,6 +102,11 @@ class DiLoCo:
                                       fragment_sync_delay)
         groups = [list(model.parameters())] if fragments is None \
             else _fragment_params(model, fragments)
+        # A frozen parameter (requires_grad=False, the same on every replica) has no
+        # outer gradient: it is left out of the outer all-reduce and the outer step, so
+        # that the outer optimizer's weight decay or momentum cannot move it.
+        self.frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+        groups = [[p for p in ps if p.requires_grad] for ps in groups]
         check_schedule(sync_every, len(groups), fragment_sync_delay, fragment_update_alpha)
         _check_optimizers(model, inner_optimizer, outer_optimizer)
         self.model = model
@@ -150,6 +158,10 @@ class DiLoCo:
         self.local_step += 1
         t = self.local_step
         f = fragment_starting_at(t, self.sync_every, len(self.fragments))
+        if f is not None:
+            self._check_frozen()
+        if f is not None and not self.fragments[f].params:
+            f = None                             # a wholly frozen fragment: nothing to send
         if f is not None and self.manager is not None:
             over_quorum.sync_over_quorum(self, f)
         elif f is not None:
@@ -240,8 +252,8 @@ class DiLoCo:
         shapes = [[tuple(g.shape) for g in frag.global_params] for frag in self.fragments]
         if [[tuple(a.shape) for a in arrays] for arrays in saved] != shapes:
             raise ValueError("DiLoCo's state dict holds theta_global of other fragments or "
-                             "shapes than this DiLoCo's: build it with the same model and "
-                             "fragments")
+                             "shapes than this DiLoCo's: build it with the same model, "
+                             "fragments and frozen parameters")
         self.outer.load_state_dict(state["outer"])
         self.local_step = int(state["local_step"])
         for frag, arrays in zip(self.fragments, saved):
@@ -253,6 +265,17 @@ class DiLoCo:
 
     def _load_ft_state(self, state: dict) -> None:
         self.load_state_dict(state)
+
+    def _check_frozen(self) -> None:
+        """Refuse a parameter frozen or unfrozen since construction: its outer gradient
+        would be left out, or would come to an outer step that does not expect it."""
+        now = [n for n, p in self.model.named_parameters() if not p.requires_grad]
+        if now != self.frozen:
+            changed = sorted(set(now) ^ set(self.frozen))
+            raise RuntimeError(f"parameters {changed} changed requires_grad after DiLoCo "
+                               "was built; DiLoCo leaves the parameters frozen at its "
+                               "construction out of the outer step: build DiLoCo again "
+                               "after freezing or unfreezing")
 
     def _bounds(self, frag: Fragment) -> tuple[int, int | None]:
         """[lo, hi) of the fragment's values this rank sends (all without a shard_group)."""
@@ -320,10 +343,11 @@ def _check_optimizers(model: Module, inner: Any, outer: Any) -> None:
         raise ValueError("the inner and outer optimizers must be two optimizers (the outer "
                          "one runs only at synchronisations)")
     mine = {id(p) for p in model.parameters()}
+    trained = {id(p) for p in model.parameters() if p.requires_grad}
     held = [p for group in outer.param_groups for p in group["params"]]
     theirs = {id(p) for p in held}
-    if theirs != mine:
-        extra, missing = len(theirs - mine), len(mine - theirs)
+    if not trained <= theirs <= mine:        # frozen ones it may hold: it never steps them
+        extra, missing = len(theirs - mine), len(trained - theirs)
         raise ValueError(f"the outer optimizer must hold exactly the model's parameters "
-                         f"({extra} not the model's, {missing} of the model's missing): "
-                         "build it as OuterOpt(model.parameters(), ...)")
+                         f"({extra} not the model's, {missing} of the model's trainable "
+                         "ones missing): build it as OuterOpt(model.parameters(), ...)")
