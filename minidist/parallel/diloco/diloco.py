@@ -45,6 +45,10 @@ all-gathers the slices (shard.py): 1/L of the bytes on the slow link.
 DiLoCo's; each outer step is then one step of its quorum, and a replica that dies
 between two syncs only drops its outer gradient (over_quorum.py).
 
+A step that a GradScaler skips (an inf / NaN gradient, found by each replica alone)
+counts as an inner step too (``Optimizer.register_step_skipped_hook``): every replica
+synchronises after the same iterations.
+
 A frozen parameter (``requires_grad=False`` at construction) is in no outer all-reduce
 and no outer step: it stays as it was, whatever the outer optimizer's weight decay.
 
@@ -117,7 +121,7 @@ class DiLoCo:
         self.format = outer_grad.outer_grad_format(outer_grad_format)   # None: full precision
         self.group = _process_group(group)
         self.local_step = 0                      # inner steps taken (t, from 1 after the first)
-        self._handle = None
+        self._handles: list = []                 # the inner optimizer's hooks, while entered
         self.manager = manager                   # None: no fault tolerance (over_quorum.py)
         if manager is not None:                  # the manager's first quorum syncs instead
             self.slices = None
@@ -139,13 +143,16 @@ class DiLoCo:
 
     # -- the context: torchft registers the hook on enter -----------------------
     def __enter__(self) -> "DiLoCo":
-        self._handle = self.inner.register_step_post_hook(self._after_inner_step)
+        # A step GradScaler skips (inf / NaN) is an inner step too: the replicas skip
+        # on their own, and must still synchronise at the same iterations.
+        self._handles = [self.inner.register_step_post_hook(self._after_inner_step),
+                         self.inner.register_step_skipped_hook(self._after_inner_step)]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
         # A synchronisation still in flight completes on the wire (so no collective is
         # left half done) but is not merged: the parameters stay the local ones.
         for frag in self.fragments:

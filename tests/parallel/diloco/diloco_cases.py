@@ -183,7 +183,8 @@ def simulate(case, alive=None):
         t = step + 1
         for i, (m, opt) in enumerate(zip(models, inners)):
             loss_backward(m, *batch(case, step, i))
-            opt.step()
+            if (i, step) not in case.get("skipped", ()):    # a step GradScaler skips
+                opt.step()
             opt.zero_grad()
         params = [dict(m.named_parameters()) for m in models]
         for f in range(F):
