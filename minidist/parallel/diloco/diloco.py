@@ -123,6 +123,8 @@ class DiLoCo:
         self.local_step = 0                      # inner steps taken (t, from 1 after the first)
         self._handles: list = []                 # the inner optimizer's hooks, while entered
         self.manager = manager                   # None: no fault tolerance (over_quorum.py)
+        self.healed = False                      # the model was received from a peer since
+                                                 # the last sync: none of its steps are its own
         if manager is not None:                  # the manager's first quorum syncs instead
             self.slices = None
             self.fragments = [Fragment(ps, [p.data.copy() for p in ps]) for ps in groups]
@@ -130,6 +132,7 @@ class DiLoCo:
             manager.start_quorum()
             if self.local_step:    # healed from a member already in a sync: join it
                 over_quorum.sync_over_quorum(self, 0)
+            self.healed = False    # (the first quorum's init_sync: the round not begun)
             return
         self.slices = replica_slices(_process_group(shard_group), self.group,
                                      list(model.named_parameters()))   # None: whole
@@ -272,6 +275,7 @@ class DiLoCo:
 
     def _load_ft_state(self, state: dict) -> None:
         self.load_state_dict(state)
+        self.healed = True
 
     def _check_frozen(self) -> None:
         """Refuse a parameter frozen or unfrozen since construction: its outer gradient
