@@ -67,6 +67,7 @@ from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.distributed.device_mesh import DeviceMesh
 from minidist.nn import Module
 from minidist.parallel.diloco import outer_grad, over_quorum
+from minidist.parallel.diloco.fragments import check_optimizers, trained_fragment_params
 from minidist.parallel.diloco.schedule import check_schedule, fragment_starting_at
 from minidist.parallel.diloco.shard import replica_slices
 from minidist import backend
@@ -104,15 +105,10 @@ class DiLoCo:
         if manager is not None:
             over_quorum.check_manager(manager, group, shard_group, outer_grad_format,
                                       fragment_sync_delay)
-        groups = [list(model.parameters())] if fragments is None \
-            else _fragment_params(model, fragments)
-        # A frozen parameter (requires_grad=False, the same on every replica) has no
-        # outer gradient: it is left out of the outer all-reduce and the outer step, so
-        # that the outer optimizer's weight decay or momentum cannot move it.
+        groups = trained_fragment_params(model, fragments)
         self.frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
-        groups = [[p for p in ps if p.requires_grad] for ps in groups]
         check_schedule(sync_every, len(groups), fragment_sync_delay, fragment_update_alpha)
-        _check_optimizers(model, inner_optimizer, outer_optimizer)
+        check_optimizers(model, inner_optimizer, outer_optimizer)
         self.model = model
         self.inner, self.outer = inner_optimizer, outer_optimizer
         self.sync_every = sync_every
@@ -315,50 +311,3 @@ def _global_rank(group: Any, group_rank: int) -> int:
     if group is None:
         return group_rank
     return group.ranks[group_rank]
-
-
-def _fragment_params(model: Module, fragments: Sequence[Any]) -> list[list]:
-    """Each fragment's parameters in model order; every parameter in exactly one."""
-    if len(fragments) == 0:
-        raise ValueError("fragments is empty: pass None (the whole model) or a list of "
-                         "Modules / lists of Modules")
-    owner: dict[int, int] = {}
-    for f, frag in enumerate(fragments):
-        modules = [frag] if isinstance(frag, Module) else list(frag)
-        for m in modules:
-            if not isinstance(m, Module):
-                raise TypeError(f"fragment {f} holds a {type(m).__name__}; a fragment is a "
-                                "Module or a list of Modules")
-            for p in m.parameters():
-                if id(p) in owner and owner[id(p)] != f:
-                    raise ValueError(f"a parameter is in fragments {owner[id(p)]} and {f}: "
-                                     "each parameter must be in exactly one fragment")
-                owner[id(p)] = f
-    names = {id(p): n for n, p in model.named_parameters()}
-    missing = [names[i] for i in names if i not in owner]
-    if missing:
-        raise ValueError(f"parameters {missing} are in no fragment: add the modules that "
-                         "hold them to a fragment")
-    foreign = [i for i in owner if i not in names]
-    if foreign:
-        raise ValueError(f"fragments hold {len(foreign)} parameter(s) that are not the "
-                         "model's: build fragments from the model's own submodules")
-    groups: list[list] = [[] for _ in fragments]
-    for p in model.parameters():
-        groups[owner[id(p)]].append(p)
-    return groups
-
-
-def _check_optimizers(model: Module, inner: Any, outer: Any) -> None:
-    if inner is outer:
-        raise ValueError("the inner and outer optimizers must be two optimizers (the outer "
-                         "one runs only at synchronisations)")
-    mine = {id(p) for p in model.parameters()}
-    trained = {id(p) for p in model.parameters() if p.requires_grad}
-    held = [p for group in outer.param_groups for p in group["params"]]
-    theirs = {id(p) for p in held}
-    if not trained <= theirs <= mine:        # frozen ones it may hold: it never steps them
-        extra, missing = len(theirs - mine), len(trained - theirs)
-        raise ValueError(f"the outer optimizer must hold exactly the model's parameters "
-                         f"({extra} not the model's, {missing} of the model's trainable "
-                         "ones missing): build it as OuterOpt(model.parameters(), ...)")
