@@ -49,6 +49,7 @@ class Optimizer:
         self.state: dict[Tensor, dict[str, Any]] = {}
         self._step_pre_hooks: list[Callable] = []     # hook(optimizer, args, kwargs)
         self._step_post_hooks: list[Callable] = []    # run after each step(), in order
+        self._step_skipped_hooks: list[Callable] = [] # run by skip_step(), in order
         self.param_groups: list[dict[str, Any]] = []
         groups = list(params)
         if len(groups) == 0:
@@ -94,6 +95,19 @@ class Optimizer:
         the parameters were updated: what it does to them is what ``step()`` leaves."""
         self._step_post_hooks.append(hook)
         return RemovableHandle(self._step_post_hooks, hook)
+
+    def register_step_skipped_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(optimizer, args, kwargs)`` at every ``skip_step()``: an iteration
+        whose step was not taken (GradScaler's step on an inf / NaN gradient). A wrapper
+        that counts iterations (DiLoCo's schedule) registers here beside its post hook."""
+        self._step_skipped_hooks.append(hook)
+        return RemovableHandle(self._step_skipped_hooks, hook)
+
+    def skip_step(self, *args: Any, **kwargs: Any) -> None:
+        """Say that this iteration's ``step(*args, **kwargs)`` is not taken: nothing is
+        updated; the step-skipped hooks run."""
+        for hook in list(self._step_skipped_hooks):
+            hook(self, args, kwargs)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset every parameter's gradient: to ``None`` (default) or to zeros in place."""

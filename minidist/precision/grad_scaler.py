@@ -32,6 +32,11 @@ as torch's GradScaler does for DTensor gradients. Nor does an optimizer that sen
 each rank's own gradients itself (1-bit Adam: no DDP averaged them, so one rank's
 inf is that rank's alone): it says so with a method ``combine_found_inf(flag)``,
 which ``unscale_`` calls, as DeepSpeed's engine max-reduces its overflow flag.
+
+A skipped step calls the optimizer's ``skip_step()`` (optim/optimizer.py), where it
+has one, so that a wrapper counting iterations by the optimizer's steps (DiLoCo
+synchronises every H of them) counts the skipped one too and its replicas, each of
+which may skip on its own, stay in step.
 """
 from __future__ import annotations
 
@@ -119,6 +124,10 @@ class GradScaler:
         result = None
         if float(state["found_inf"]) == 0.0:
             result = optimizer.step(*args, **kwargs)
+        else:            # the hooks that count iterations (DiLoCo's) count this one too
+            skip = getattr(optimizer, "skip_step", None)
+            if skip is not None:
+                skip(*args, **kwargs)
         state["stage"] = _STEPPED
         return result
 

@@ -90,6 +90,26 @@ def test_unscale_then_step_unscales_once():
     assert np.array_equal(backend.to_host(p.data), W0 - G)
 
 
+def test_a_skipped_step_runs_the_step_skipped_hooks_and_not_the_post_hooks():
+    """What a wrapper counting iterations (DiLoCo) sees: one call per scaler.step()."""
+    p = Tensor(W0.copy(), requires_grad=True)
+    opt = SGD([p], lr=1.0)
+    seen = []
+    opt.register_step_post_hook(lambda o, args, kwargs: seen.append("stepped"))
+    handle = opt.register_step_skipped_hook(lambda o, args, kwargs: seen.append("skipped"))
+    scaler = GradScaler(init_scale=4.0)
+    for grad in (G * 4, np.full_like(G, np.inf), G * 2):
+        p.grad = backend.from_host(grad)
+        scaler.step(opt)
+        scaler.update()
+    assert seen == ["stepped", "skipped", "stepped"]
+    handle.remove()
+    p.grad = backend.from_host(np.full_like(G, np.nan))
+    scaler.step(opt)
+    assert seen == ["stepped", "skipped", "stepped"]
+    assert np.array_equal(backend.to_host(p.data), (W0 - G) - G)   # two steps taken
+
+
 def test_misuse_is_refused():
     p = Tensor(W0.copy(), requires_grad=True)
     opt = SGD([p], lr=1.0)

@@ -93,9 +93,21 @@ def _worst_piece(views_a: list, dense_b: dict, kind: str, tol: Tolerance) -> tup
     return None
 
 
+def _absent_gradients_as_zeros(view: dict) -> dict:
+    """The view with gradient 0 for each parameter piece that has none (frozen, or left out
+    of a reduction), in module order: a gradient on one side only then parts at its step,
+    unless it is 0 (an expert no token reached); without this it went unseen and the
+    parameter it moved parted instead."""
+    grads = {name: view["gradient"].get(name, (index, np.zeros_like(values)))
+             for name, (index, values) in view["parameter"].items()}
+    return {"gradient": grads, "parameter": view["parameter"]}
+
+
 def _first_parting(spec: RunSpec, a: Layout, b: Layout, step: int, views_a: list,
                    views_b: list, tol: Tolerance) -> Parting | None:
     """The first gradient, then parameter, past the tolerance at this step."""
+    views_a = [_absent_gradients_as_zeros(v) for v in views_a]
+    views_b = [_absent_gradients_as_zeros(v) for v in views_b]
     for kind in ("gradient", "parameter"):
         dense_b = scatter(views_b, kind, _sizes(views_b, kind))
         worst = _worst_piece(views_a, dense_b, kind, tol)

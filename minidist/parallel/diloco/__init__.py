@@ -16,6 +16,8 @@ Files, in reading order:
 - schedule.py    which fragment starts after which inner step, when it is merged; the
                  checks on H, F, tau, alpha
 - outer_grad.py  the outer gradient rounded to bf16 / fp8 / fp4 under a power-of-two scale
+- fragments.py   which parameters each fragment synchronises (frozen ones left out),
+                 the check on the outer optimizer
 - shard.py       ``shard_group``: each rank of a DDP replica sends its slice of the outer
                  gradient across the replicas, the replica all-gathers the slices
 - diloco.py      ``DiLoCo``: the step post-hook on the inner optimizer (torchft's API)

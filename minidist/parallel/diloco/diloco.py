@@ -45,6 +45,13 @@ all-gathers the slices (shard.py): 1/L of the bytes on the slow link.
 DiLoCo's; each outer step is then one step of its quorum, and a replica that dies
 between two syncs only drops its outer gradient (over_quorum.py).
 
+A step that a GradScaler skips (an inf / NaN gradient, found by each replica alone)
+counts as an inner step too (``Optimizer.register_step_skipped_hook``): every replica
+synchronises after the same iterations.
+
+A frozen parameter (``requires_grad=False`` at construction) is in no outer all-reduce
+and no outer step: it stays as it was, whatever the outer optimizer's weight decay.
+
 Invariant: right after a fragment's synchronisation with alpha = 0 its parameters
 are bitwise equal on every replica (the all-reduce leaves the same bits everywhere,
 and the outer step is the same arithmetic on the same inputs). Demo:
@@ -60,6 +67,7 @@ from minidist.comm.transport.reduce_op import ReduceOp
 from minidist.distributed.device_mesh import DeviceMesh
 from minidist.nn import Module
 from minidist.parallel.diloco import outer_grad, over_quorum
+from minidist.parallel.diloco.fragments import check_optimizers, trained_fragment_params
 from minidist.parallel.diloco.schedule import check_schedule, fragment_starting_at
 from minidist.parallel.diloco.shard import replica_slices
 from minidist import backend
@@ -97,10 +105,10 @@ class DiLoCo:
         if manager is not None:
             over_quorum.check_manager(manager, group, shard_group, outer_grad_format,
                                       fragment_sync_delay)
-        groups = [list(model.parameters())] if fragments is None \
-            else _fragment_params(model, fragments)
+        groups = trained_fragment_params(model, fragments)
+        self.frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
         check_schedule(sync_every, len(groups), fragment_sync_delay, fragment_update_alpha)
-        _check_optimizers(model, inner_optimizer, outer_optimizer)
+        check_optimizers(model, inner_optimizer, outer_optimizer)
         self.model = model
         self.inner, self.outer = inner_optimizer, outer_optimizer
         self.sync_every = sync_every
@@ -109,8 +117,10 @@ class DiLoCo:
         self.format = outer_grad.outer_grad_format(outer_grad_format)   # None: full precision
         self.group = _process_group(group)
         self.local_step = 0                      # inner steps taken (t, from 1 after the first)
-        self._handle = None
+        self._handles: list = []                 # the inner optimizer's hooks, while entered
         self.manager = manager                   # None: no fault tolerance (over_quorum.py)
+        self.healed = False                      # the model was received from a peer since
+                                                 # the last sync: none of its steps are its own
         if manager is not None:                  # the manager's first quorum syncs instead
             self.slices = None
             self.fragments = [Fragment(ps, [p.data.copy() for p in ps]) for ps in groups]
@@ -118,6 +128,7 @@ class DiLoCo:
             manager.start_quorum()
             if self.local_step:    # healed from a member already in a sync: join it
                 over_quorum.sync_over_quorum(self, 0)
+            self.healed = False    # (the first quorum's init_sync: the round not begun)
             return
         self.slices = replica_slices(_process_group(shard_group), self.group,
                                      list(model.named_parameters()))   # None: whole
@@ -131,13 +142,16 @@ class DiLoCo:
 
     # -- the context: torchft registers the hook on enter -----------------------
     def __enter__(self) -> "DiLoCo":
-        self._handle = self.inner.register_step_post_hook(self._after_inner_step)
+        # A step GradScaler skips (inf / NaN) is an inner step too: the replicas skip
+        # on their own, and must still synchronise at the same iterations.
+        self._handles = [self.inner.register_step_post_hook(self._after_inner_step),
+                         self.inner.register_step_skipped_hook(self._after_inner_step)]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
         # A synchronisation still in flight completes on the wire (so no collective is
         # left half done) but is not merged: the parameters stay the local ones.
         for frag in self.fragments:
@@ -150,6 +164,10 @@ class DiLoCo:
         self.local_step += 1
         t = self.local_step
         f = fragment_starting_at(t, self.sync_every, len(self.fragments))
+        if f is not None:
+            self._check_frozen()
+        if f is not None and not self.fragments[f].params:
+            f = None                             # a wholly frozen fragment: nothing to send
         if f is not None and self.manager is not None:
             over_quorum.sync_over_quorum(self, f)
         elif f is not None:
@@ -240,8 +258,8 @@ class DiLoCo:
         shapes = [[tuple(g.shape) for g in frag.global_params] for frag in self.fragments]
         if [[tuple(a.shape) for a in arrays] for arrays in saved] != shapes:
             raise ValueError("DiLoCo's state dict holds theta_global of other fragments or "
-                             "shapes than this DiLoCo's: build it with the same model and "
-                             "fragments")
+                             "shapes than this DiLoCo's: build it with the same model, "
+                             "fragments and frozen parameters")
         self.outer.load_state_dict(state["outer"])
         self.local_step = int(state["local_step"])
         for frag, arrays in zip(self.fragments, saved):
@@ -253,6 +271,18 @@ class DiLoCo:
 
     def _load_ft_state(self, state: dict) -> None:
         self.load_state_dict(state)
+        self.healed = True
+
+    def _check_frozen(self) -> None:
+        """Refuse a parameter frozen or unfrozen since construction: its outer gradient
+        would be left out, or would come to an outer step that does not expect it."""
+        now = [n for n, p in self.model.named_parameters() if not p.requires_grad]
+        if now != self.frozen:
+            changed = sorted(set(now) ^ set(self.frozen))
+            raise RuntimeError(f"parameters {changed} changed requires_grad after DiLoCo "
+                               "was built; DiLoCo leaves the parameters frozen at its "
+                               "construction out of the outer step: build DiLoCo again "
+                               "after freezing or unfreezing")
 
     def _bounds(self, frag: Fragment) -> tuple[int, int | None]:
         """[lo, hi) of the fragment's values this rank sends (all without a shard_group)."""
@@ -281,49 +311,3 @@ def _global_rank(group: Any, group_rank: int) -> int:
     if group is None:
         return group_rank
     return group.ranks[group_rank]
-
-
-def _fragment_params(model: Module, fragments: Sequence[Any]) -> list[list]:
-    """Each fragment's parameters in model order; every parameter in exactly one."""
-    if len(fragments) == 0:
-        raise ValueError("fragments is empty: pass None (the whole model) or a list of "
-                         "Modules / lists of Modules")
-    owner: dict[int, int] = {}
-    for f, frag in enumerate(fragments):
-        modules = [frag] if isinstance(frag, Module) else list(frag)
-        for m in modules:
-            if not isinstance(m, Module):
-                raise TypeError(f"fragment {f} holds a {type(m).__name__}; a fragment is a "
-                                "Module or a list of Modules")
-            for p in m.parameters():
-                if id(p) in owner and owner[id(p)] != f:
-                    raise ValueError(f"a parameter is in fragments {owner[id(p)]} and {f}: "
-                                     "each parameter must be in exactly one fragment")
-                owner[id(p)] = f
-    names = {id(p): n for n, p in model.named_parameters()}
-    missing = [names[i] for i in names if i not in owner]
-    if missing:
-        raise ValueError(f"parameters {missing} are in no fragment: add the modules that "
-                         "hold them to a fragment")
-    foreign = [i for i in owner if i not in names]
-    if foreign:
-        raise ValueError(f"fragments hold {len(foreign)} parameter(s) that are not the "
-                         "model's: build fragments from the model's own submodules")
-    groups: list[list] = [[] for _ in fragments]
-    for p in model.parameters():
-        groups[owner[id(p)]].append(p)
-    return groups
-
-
-def _check_optimizers(model: Module, inner: Any, outer: Any) -> None:
-    if inner is outer:
-        raise ValueError("the inner and outer optimizers must be two optimizers (the outer "
-                         "one runs only at synchronisations)")
-    mine = {id(p) for p in model.parameters()}
-    held = [p for group in outer.param_groups for p in group["params"]]
-    theirs = {id(p) for p in held}
-    if theirs != mine:
-        extra, missing = len(theirs - mine), len(mine - theirs)
-        raise ValueError(f"the outer optimizer must hold exactly the model's parameters "
-                         f"({extra} not the model's, {missing} of the model's missing): "
-                         "build it as OuterOpt(model.parameters(), ...)")

@@ -25,9 +25,20 @@ theta_global of each fragment, the outer optimizer's state (its momentum) and th
 step count. The manager's first quorum makes every replica alike (init_sync), as the
 broadcast from the group's first rank does without a manager.
 
-Not here yet: spares (a replica that joins mid-round would send its source's outer
-gradient a second time), ``fragment_sync_delay`` > 0 (the all-reduce in flight across
-inner steps), ``outer_grad_format`` and ``shard_group``. Docs: docs/fault_tolerance.md.
+A replica healed at a sync (a replacement process, or a member that missed a commit)
+holds its source's model: none of the round's inner steps are its own, and its outer
+gradient would count the source's a second time. It sends zeros, and a 0 where the
+others send a 1 after their outer gradients, so the mean is over the P replicas that
+took the round's steps:
+
+    mean = (sum_{p in P} Delta_p / Q) / (P / Q)          (P = Q: divided by exactly 1)
+
+It then takes the same outer step (it holds the source's theta_global and momentum) and
+starts the next round from theta_global in every fragment, as the others do.
+
+Not here yet: spares (a spare would heal as a replacement does, untested),
+``fragment_sync_delay`` > 0 (the all-reduce in flight across inner steps),
+``outer_grad_format`` and ``shard_group``. Docs: docs/fault_tolerance.md.
 """
 from __future__ import annotations
 
@@ -50,8 +61,8 @@ def check_manager(manager: Any, group: Any, shard_group: Any, outer_grad_format:
     if manager.num_replicas != len(manager.replicas.ranks):
         raise ValueError(f"DiLoCo over a manager takes no spares: num_replicas="
                          f"{manager.num_replicas} of {len(manager.replicas.ranks)} replicas "
-                         "(a spare joining mid-round would repeat its source's outer "
-                         "gradient)")
+                         "(spares are not supported yet; a replacement process "
+                         "heals in place of a lost replica)")
 
 
 def sync_over_quorum(diloco: Any, f: int) -> None:
@@ -65,12 +76,21 @@ def sync_over_quorum(diloco: Any, f: int) -> None:
                                       len(diloco.fragments))
         f = f if healed is None else healed
         frag = diloco.fragments[f]
-        wire = xp.concatenate([(g - p.data).reshape(-1)                     # (sum numel,)
-                               for g, p in zip(frag.global_params, frag.params)])
+        deltas = [(g - p.data).reshape(-1) for g, p in zip(frag.global_params, frag.params)]
+        if diloco.healed:            # its model is its source's: no steps of its own
+            deltas = [xp.zeros_like(d) for d in deltas]
+        took_steps = xp.full(1, 0.0 if diloco.healed else 1.0, dtype=deltas[0].dtype)
+        wire = xp.concatenate(deltas + [took_steps])                         # (sum numel + 1,)
         manager.allreduce(wire)      # sum / Q, in place; on a failure the step won't commit
         if manager.should_commit():
             break
+    mean = wire[:-1] / wire[-1]      # (sum over the P that took steps / Q) / (P / Q); P = Q: / 1
     frag.wire = wire
     frag.history.append((diloco.local_step, diloco.local_step))
-    diloco.outer_step(frag, wire)
+    diloco.outer_step(frag, mean)
+    if diloco.healed:                # start the next round from theta_global, as the others
+        for other in diloco.fragments:
+            for g, p in zip(other.global_params, other.params):
+                p.data[...] = g
+        diloco.healed = False
 

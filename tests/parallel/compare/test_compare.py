@@ -103,6 +103,25 @@ def test_a_skipped_all_reduce_is_named_at_the_first_gradient(world2):
     assert part.rank in (0, 1)
 
 
+def freeze_scaled(model, rank):
+    """requires_grad=False for SCALED: it gets no gradient and does not move."""
+    params = model.named_parameters()
+    dict(params)[SCALED].requires_grad = False
+
+
+@pytest.mark.parametrize("layout, frozen_in", [("single", "a"), ("single", "b"),
+                                               ("dp_shard=2", "a")])
+def test_a_parameter_frozen_in_one_layout_parts_at_its_gradient(world2, layout, frozen_in):
+    """The gradient present on one side only is the first tensor that parts (it was left
+    out, and the parameter it moved was named instead)."""
+    plant = Plant(on_model=freeze_scaled)
+    report = compare(_spec(2), parse_layout(layout), parse_layout("single"),
+                     plant_a=plant if frozen_in == "a" else None,
+                     plant_b=plant if frozen_in == "b" else None, worlds={2: world2})
+    part = report.parting
+    assert (part.step, part.kind, part.name, part.cause) == (0, "gradient", SCALED, BUG)
+
+
 def test_bf16_against_float32_is_told_as_rounding():
     report = compare(_spec(1, "float32"), parse_layout("single amp=bf16"),
                      parse_layout("single"))

@@ -58,9 +58,13 @@ def batch(case, step, replica, parts=1, part=0):
 
 
 def make_model(case, seed_offset=0):
-    """The case's Net; without biases under an inner Muon (it takes matrices only)."""
-    return Net(case["d_in"], case["hidden"], case["d_out"], case["seed"] + seed_offset,
-               bias=case["inner"] != "muon")
+    """The case's Net; without biases under an inner Muon (it takes matrices only); the
+    parameters named in ``case["frozen"]`` get requires_grad=False."""
+    model = Net(case["d_in"], case["hidden"], case["d_out"], case["seed"] + seed_offset,
+                bias=case["inner"] != "muon")
+    for name, p in model.named_parameters():
+        p.requires_grad = name not in case.get("frozen", ())
+    return model
 
 
 def make_inner(case, params):
@@ -150,8 +154,9 @@ def round_outer(delta, fmt):
     return backend.to_host(quantize(scaled, fmt, saturate=True)) * 2.0 ** k
 
 
-def nesterov_sgd(theta, delta, buf, lr, momentum=0.0, nesterov=False):
-    """torch.optim.SGD's step on theta with gradient delta (no weight decay, no dampening)."""
+def nesterov_sgd(theta, delta, buf, lr, momentum=0.0, nesterov=False, weight_decay=0.0):
+    """torch.optim.SGD's step on theta with gradient delta (no dampening)."""
+    delta = delta + weight_decay * theta if weight_decay else delta
     if momentum:
         buf = delta.copy() if buf is None else momentum * buf + delta
         delta = delta + momentum * buf if nesterov else buf
@@ -166,7 +171,9 @@ def simulate(case, alive=None):
     models = [make_model(case) for _ in range(N)]
     inners = [make_inner(case, m.parameters()) for m in models]
     names = [n for n, _ in models[0].named_parameters()]
-    frag_names = [[n for n in names if n.split(".")[0] in [LAYERS[i] for i in cut]]
+    # a frozen parameter is in no fragment: no outer gradient, no outer step
+    frag_names = [[n for n in names if n.split(".")[0] in [LAYERS[i] for i in cut]
+                   and n not in case.get("frozen", ())]
                   for cut in np.array_split(np.arange(len(LAYERS)), F)]
     theta_global = snapshot(models[0])
     buffers = {n: None for n in names}
@@ -176,7 +183,8 @@ def simulate(case, alive=None):
         t = step + 1
         for i, (m, opt) in enumerate(zip(models, inners)):
             loss_backward(m, *batch(case, step, i))
-            opt.step()
+            if (i, step) not in case.get("skipped", ()):    # a step GradScaler skips
+                opt.step()
             opt.zero_grad()
         params = [dict(m.named_parameters()) for m in models]
         for f in range(F):

@@ -35,10 +35,11 @@ def build(**kw):
     (dict(outer=lambda m: SGD(list(m.parameters())[:2], lr=0.7)),
      r"outer optimizer must hold exactly the model's parameters \(0 not the model's, 4"),
     (dict(outer=lambda m: SGD(list(m.parameters()) + list(Linear(2, 2).parameters()), lr=1)),
-     r"2 not the model's, 0 of the model's missing.*OuterOpt\(model.parameters\(\)"),
+     r"2 not the model's, 0 of the model's trainable ones missing.*OuterOpt\(model.parameters\(\)"),
     (dict(outer_grad_format="fp3"), "unknown outer_grad_format 'fp3'; use None"),
     (dict(outer_grad_format="e8m0"), "has no sign bit"),
 ])
 def test_bad_arguments_raise_naming_the_fix(kw, message):
     with pytest.raises(ValueError, match=message):
         build(**kw)
+
