@@ -111,6 +111,22 @@ class OptimizerWrapper(Optimizer):
         self.optimizer.step()
         return True
 
+    def skip_step(self, *args: Any, **kwargs: Any) -> None:
+        """A step GradScaler skips (an inf / NaN gradient, on every member alike): no
+        vote, the wrapped optimizer's step-skipped hooks (DiLoCo counts the iteration)."""
+        skip = getattr(self.optimizer, "skip_step", None)
+        if skip is not None:
+            skip(*args, **kwargs)
+
+    def register_step_pre_hook(self, hook: Any) -> Any:
+        return self.optimizer.register_step_pre_hook(hook)    # they run where it steps
+
+    def register_step_post_hook(self, hook: Any) -> Any:
+        return self.optimizer.register_step_post_hook(hook)
+
+    def register_step_skipped_hook(self, hook: Any) -> Any:
+        return self.optimizer.register_step_skipped_hook(hook)
+
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
 

@@ -217,3 +217,25 @@ def test_a_spare_healed_with_the_scalers_state_trains_to_its_peers_parameters(
     else:
         assert not any(alike)
         assert (spare["scale"], spare["tracker"]) != (source["scale"], source["tracker"])
+
+
+def test_a_step_the_scaler_skips_reaches_the_wrapped_optimizers_hooks():
+    """GradScaler's skip through the wrapper runs the wrapped optimizer's step-skipped
+    hooks (DiLoCo counts that iteration), and hooks registered on the wrapper are the
+    wrapped optimizer's: they run where it steps, after the vote."""
+    from minidist.nn.module import Parameter
+    from minidist.backend import xp
+    from minidist.optim import SGD
+    from minidist.parallel.fault_tolerance import OptimizerWrapper
+    from minidist.precision import GradScaler
+    p = Parameter(xp.ones(3))
+    inner = SGD([p], lr=0.1)
+    wrapper = OptimizerWrapper(None, inner)   # no manager: a skip asks it nothing
+    seen = []
+    wrapper.register_step_skipped_hook(lambda opt, args, kwargs: seen.append(("skip", opt)))
+    wrapper.register_step_post_hook(lambda opt, args, kwargs: seen.append(("post", opt)))
+    p.grad = xp.asarray([1.0, float("inf"), 0.0])
+    GradScaler().step(wrapper)
+    assert seen == [("skip", inner)]
+    inner.step()
+    assert seen == [("skip", inner), ("post", inner)]
