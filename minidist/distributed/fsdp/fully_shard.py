@@ -81,7 +81,6 @@ from minidist.autograd.function import Function
 from minidist.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
 from minidist.autograd.recompute import capture_forward_context, is_recomputing
 from minidist.autograd.tensor import Tensor
-from minidist.backend import xp
 from minidist.distributed._shared_tokens import share_tokens
 from minidist.distributed.fsdp.hsdp import data_parallel_mesh
 from minidist.distributed.fsdp.pre_backward import with_pre_backward
@@ -157,7 +156,7 @@ class _ShardedUnit(Function):
         finally:
             state.reshard()
         with backward_phase():              # the pieces land in .grad at the backward's end
-            state.reduce_or_keep([f.grad if f.grad is not None else f.data * 0 for f in full])
+            state.reduce_or_keep([f.grad for f in full])
         return (x_in.grad if ctx.needs_input_grad[0] else None, *[None] * len(full))
 
 
@@ -175,8 +174,6 @@ class _GatheredParameters(Function):
     @staticmethod
     def backward(ctx, *grads):
         state = ctx.state
-        grads = [g if g is not None else xp.zeros(param.shape, dtype=param.shard.dtype)
-                 for g, param in zip(grads, state.params)]
         with backward_phase():              # the pieces land in .grad at the backward's end
             state.reduce_or_keep(grads)
         return (None,) * len(grads) if len(grads) > 1 else None
