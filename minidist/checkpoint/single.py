@@ -9,6 +9,9 @@ what a resumed run needs to take exactly the steps the uninterrupted run would:
     sampler     epoch, seed and position in the epoch's permutation
     rng         the default generator's state (dropout masks)
     extra       anything else (step number, loss-scale state...)
+
+A model whose parameters are pieces cut over ranks (fully_shard, parallelize_module)
+is refused where rank 0 writes for all: checkpoint/dtensor.py saves each rank's pieces.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import Any
 
 import minidist.distributed as dist
 from minidist import backend
+from minidist.autograd.pieces import piece_layout
 from minidist.checkpoint.io import CheckpointError, load_file, save_file
 from minidist.parallel.pipeline.gpt import pipeline_stages
 
@@ -32,6 +36,8 @@ def save_checkpoint(path: str, model: Any, optimizer: Any = None, sampler: Any =
             "stage's blocks, so one file from rank 0 would hold stale copies of the others. "
             "Save it by stage with minidist.checkpoint.save_pipeline(directory, three_d, "
             "optimizer) (load_pipeline reads it back, at any pipeline degree)")
+    if rank0_only and grouped and dist.get_world_size() > 1:
+        _refuse_pieces(model)
     if not (rank0_only and grouped and dist.get_rank() != 0):
         state = dict(model=dict(model.state_dict()),
                      optimizer=optimizer.state_dict() if optimizer is not None else None,
@@ -40,6 +46,21 @@ def save_checkpoint(path: str, model: Any, optimizer: Any = None, sampler: Any =
         save_file(path, state)
     if grouped and rank0_only:
         dist.barrier()
+
+
+def _refuse_pieces(model: Any) -> None:
+    """Raise if a parameter is this rank's piece of a tensor cut over ranks (fully_shard,
+    parallelize_module, the tensor- and expert-parallel layers): rank 0's file would hold
+    only rank 0's pieces, which every rank would then load as its own."""
+    cut = [name for name, p in model.named_parameters() if piece_layout(p) is not None]
+    if cut:
+        raise CheckpointError(
+            f"save_checkpoint writes rank 0's model for every rank, but {cut[0]!r} (and "
+            f"{len(cut) - 1} more) is a piece of a tensor cut over ranks: each rank would "
+            "load rank 0's pieces. Save every rank's pieces with minidist.checkpoint.dtensor."
+            "save_dtensors(path, sharded_state_dict(model)) (fully_shard) or "
+            "save_dtensors(path, model.state_dict()) (parallelize_module), or pass "
+            "rank0_only=False with a path per rank")
 
 
 def load_checkpoint(path: str, model: Any, optimizer: Any = None, sampler: Any = None,

@@ -182,3 +182,28 @@ def test_a_manifest_whose_owners_are_not_ranks_is_refused(tmp_path):
             json.dump({"world": 2, "tensors": {"w": entry}}, f)
         with pytest.raises(CheckpointError, match="owners"):
             read_dtensors_manifest(str(tmp_path))
+
+
+def one_file_case(path, tensor_parallel):
+    """save_checkpoint (rank 0 writes) of a model of pieces: refused, and nothing written."""
+    import os
+    from minidist.checkpoint import CheckpointError, save_checkpoint
+    from minidist.optim import AdamW
+    model = _tp_model(1) if tensor_parallel else _model(1)
+    try:
+        save_checkpoint(path, model, AdamW(model.parameters(), lr=1e-2))
+    except CheckpointError as e:
+        return str(e), os.path.exists(path)
+    return None, os.path.exists(path)
+
+
+def test_one_file_of_rank_0s_pieces_is_refused(tmp_path):
+    """A fully_shard (or tensor-parallel) model saved by save_checkpoint was rank 0's
+    pieces, which every rank then loaded as its own: at two ranks rank 1's weights came
+    back 9e-2 away from what it had saved. It is refused, naming save_dtensors."""
+    with World(2, timeout=20.0, run_timeout=90.0) as world:
+        for tensor_parallel in (False, True):
+            path = str(tmp_path / f"one_file_{tensor_parallel}.npz")
+            for message, written in world.run(one_file_case, path, tensor_parallel):
+                assert message is not None and "save_dtensors" in message, tensor_parallel
+                assert not written

@@ -82,3 +82,75 @@ def test_a_units_reduce_scatter_is_in_flight_while_the_unit_before_computes(worl
     for log, every_grad in world.run(in_flight_case, 0):
         assert log == expected
         assert every_grad
+
+
+def sitting_out_case(strategy):
+    """Two Linears, ``b`` left out of the second of three steps (one process on the
+    whole batch of 6 rows, each rank its rows; AdamW with weight decay). Returns the
+    largest distance from one process's parameters, or the error raised."""
+    import minidist.distributed as dist
+    from minidist.autograd.tensor import Tensor
+    from minidist.nn.layers import Linear
+    from minidist.nn.module import Module
+    from minidist.optim import AdamW
+    n, r = dist.get_world_size(), dist.get_rank()
+
+    class SometimesB(Module):
+        def __init__(self):
+            super().__init__()
+            gen = backend.Generator(0)
+            self.a = Linear(4, 4, dtype="float64", generator=gen)
+            self.b = Linear(4, 4, dtype="float64", generator=gen)
+            self.use_b = True
+
+        def forward(self, x):
+            y = self.b(self.a(x)) if self.use_b else self.a(x)
+            return (y * y).mean()
+
+    single, model = SometimesB(), SometimesB()
+    kwargs = dict(lr=1e-2, weight_decay=0.1)
+    if strategy == "zero1":
+        from minidist.parallel import Zero1
+        wrapper = Zero1(model, AdamW, **kwargs)
+        step, zero_grad = wrapper.step, wrapper.zero_grad
+    else:
+        from minidist.distributed.fsdp import fully_shard
+        if strategy == "units":
+            fully_shard(model.a)
+            fully_shard(model.b)
+        wrapper = fully_shard(model)
+        opt = AdamW(model.parameters(), **kwargs)
+        step, zero_grad = opt.step, opt.zero_grad
+    oracle = AdamW(single.parameters(), **kwargs)
+    rng = np.random.default_rng(0)
+    per = 6 // n
+    try:
+        for s in range(3):
+            single.use_b = model.use_b = s != 1
+            x = rng.standard_normal((6, 4))
+            single(Tensor(backend.from_host(x))).backward()
+            wrapper(Tensor(backend.from_host(x[r * per:(r + 1) * per]))).backward()
+            for update in (oracle.step, oracle.zero_grad, step, zero_grad):
+                update()
+    except RuntimeError as e:
+        return str(e)
+    if strategy == "units":
+        from minidist.distributed.fsdp import sharded_state_dict
+        ours = {k: d.full_tensor().data for k, d in sharded_state_dict(model).items()}
+    else:
+        ours = {k: p.data for k, p in model.named_parameters()}
+    theirs = {k: p.data for k, p in single.named_parameters()}
+    return max(float(backend.to_host(abs(ours[k] - theirs[k])).max()) for k in theirs)
+
+
+def test_a_parameter_its_unit_did_not_use_is_refused(world):
+    """A unit that ran without using ``b`` (one unit for the whole model) reduced a zero
+    gradient for it, which AdamW stepped (momentum, weight decay): 7e-3 from one
+    process, which skips a parameter with no gradient. It is refused, naming the
+    parameters; with ``b`` in its own unit, which does not run that step, the model
+    trains as one process does."""
+    for message in world.run(sitting_out_case, "root"):
+        assert isinstance(message, str) and "received no gradient" in message
+        assert "own fully_shard unit" in message
+    for distance in world.run(sitting_out_case, "units"):
+        assert distance <= 1e-12

@@ -302,3 +302,29 @@ def test_a_frozen_parameter_stays_frozen_and_the_rest_train_as_one_process(world
             np.testing.assert_allclose(value, theirs[name], rtol=TOL, atol=TOL, err_msg=name)
             if name in FROZEN:
                 assert value.tobytes() == theirs[name].tobytes(), name
+
+
+def split_tie_case(split):
+    """Shard a tied GPT's embedding and output layer in two units (as ``split`` says)."""
+    from minidist.distributed.fsdp import fully_shard
+    from minidist.nn import GPT, GPTConfig
+    model = GPT(GPTConfig(block_size=8, vocab_size=11, n_layer=1, n_head=2, n_embd=8,
+                          dtype="float64"))
+    try:
+        for name in split:
+            fully_shard(getattr(model, name))
+        fully_shard(model)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_a_tied_weight_cut_by_two_units_is_refused(world):
+    """The tied wte / lm_head sharded apart (the head alone, then the root; or each
+    alone) would be two copies stepped apart: one process's weights were 4e-2 away
+    after two AdamW steps. fully_shard refuses the second cut and says to shard the
+    modules that share it in one unit."""
+    for split in (["lm_head"], ["wte", "lm_head"]):
+        for message in world.run(split_tie_case, split):
+            assert message is not None and "tied weights" in message, split
+            assert "in one unit" in message

@@ -15,6 +15,7 @@
                     (bf16 codes: half the bytes), or e4m3 codes with a scale per piece
     reduce_format.py  the gradients' reduce-scatter in an emulated format (bf16, fp16, ...),
                     every partial sum rounded as on hardware
+    ties.py         a tied weight belongs to one unit: a second unit cutting it is refused
 
 The flat-buffer version of the same idea is minidist.parallel.zero.Zero3.
 """

@@ -54,11 +54,10 @@ and the gradient clipping work parameter by parameter (FSDP2's reason for the
 change): ``optim.clip_grad_norm_(model.parameters(), ...)`` counts each piece with
 the other ranks' (distributed/tensor/_piece_norm.py).
 
-``reshard_after_forward=k`` (an int dividing N) keeps, from forward to backward,
-each parameter cut for a group of k ranks (a node), so backward's all-gather runs
-within that group (state.py). The next unit's all-gather is issued before the current
-unit computes, forward and backward (FSDP2's prefetch, state.py);
-``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch`` choose others.
+``reshard_after_forward=k`` (an int dividing N) keeps, from forward to backward, each
+parameter cut for a group of k ranks (a node), so backward's all-gather runs within that
+group (state.py). The next unit's all-gather is issued before the current unit computes
+(FSDP2's prefetch, state.py); ``set_modules_to_*_prefetch`` choose others. Ties: ties.py.
 
 On a 2-D mesh (HSDP, hsdp.py) the parameters are placed (Replicate(), Shard(0)): the
 gathers and the reduce-scatter run over dim 1 (the N above is its size), and each
@@ -82,11 +81,11 @@ from minidist.autograd.function import Function
 from minidist.autograd.grad_mode import enable_grad, is_grad_enabled, no_grad
 from minidist.autograd.recompute import capture_forward_context, is_recomputing
 from minidist.autograd.tensor import Tensor
-from minidist.backend import xp
 from minidist.distributed._shared_tokens import share_tokens
 from minidist.distributed.fsdp.hsdp import data_parallel_mesh
 from minidist.distributed.fsdp.pre_backward import with_pre_backward
 from minidist.distributed.fsdp.state import FSDPParam, FSDPState, MixedPrecisionPolicy
+from minidist.distributed.fsdp.ties import refuse_split_ties
 from minidist.distributed.tensor._api import DTensor, distribute_tensor
 from minidist.distributed.tensor._collectives import backward_phase
 from minidist.distributed.tensor._piece_norm import note_piece, refuse_pieces_as_replicas
@@ -157,7 +156,7 @@ class _ShardedUnit(Function):
         finally:
             state.reshard()
         with backward_phase():              # the pieces land in .grad at the backward's end
-            state.reduce_or_keep([f.grad if f.grad is not None else f.data * 0 for f in full])
+            state.reduce_or_keep([f.grad for f in full])
         return (x_in.grad if ctx.needs_input_grad[0] else None, *[None] * len(full))
 
 
@@ -175,8 +174,6 @@ class _GatheredParameters(Function):
     @staticmethod
     def backward(ctx, *grads):
         state = ctx.state
-        grads = [g if g is not None else xp.zeros(param.shape, dtype=param.shard.dtype)
-                 for g, param in zip(grads, state.params)]
         with backward_phase():              # the pieces land in .grad at the backward's end
             state.reduce_or_keep(grads)
         return (None,) * len(grads) if len(grads) > 1 else None
@@ -228,6 +225,7 @@ def shard_parameters(module: Module, state: FSDPState, ignored: set[int] = froze
     mesh = state.mesh
     managed = _managed_parameters(module, ignored)
     names = {id(p): n for n, p in module.named_parameters()}
+    refuse_split_ties(module, managed, names)
     for dim in range(mesh.ndim):                # every rank of the mesh holds a batch
         refuse_pieces_as_replicas([(names.get(key, "?"), p) for key, (p, _) in managed.items()],
                                   mesh.get_group(dim), "fully_shard")

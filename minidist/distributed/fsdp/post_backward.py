@@ -99,3 +99,20 @@ class PostBackward:
         """The backward raised: forget its reduces (not waited: a wait here could mask
         the error, or block on a peer that failed too)."""
         self.in_flight, self.done, self.queued = [], [], False
+
+
+def refuse_missing_gradients(params: list, grads: list) -> None:
+    """Raise if a trainable parameter of a unit that ran got no gradient (``grads[i]``
+    None: the unit's forward did not use it). One process leaves such a parameter
+    without ``.grad`` and the optimizer skips it; a zero gradient in its place would let
+    AdamW move it (momentum, weight decay), and whether another rank used it is not
+    known here. torch's FSDP2 reduces only the gradients that exist, which needs every
+    rank to agree."""
+    missing = [f"{type(m).__name__}.{name}" for g, param in zip(grads, params)
+               if g is None and param.shard.requires_grad for m, name in param.uses[:1]]
+    if missing:
+        raise RuntimeError(f"fully_shard: these parameters of a unit that ran received no "
+                           f"gradient: {missing}. A unit reduces all its parameters' "
+                           "gradients together; give a module that may sit out a step its "
+                           "own fully_shard unit (a unit that does not run reduces nothing), "
+                           "or freeze what should not train (requires_grad=False)")

@@ -54,7 +54,8 @@ from minidist.comm.group import ProcessGroup, new_group, world_group
 from minidist.distributed.fsdp.gather_format import (EncodedPieces, encode_pieces, encodes,
                                                      gather_encoded)
 from minidist.distributed.fsdp.hsdp import DataParallelMesh, all_reduce_pieces
-from minidist.distributed.fsdp.post_backward import PendingReduce, PostBackward
+from minidist.distributed.fsdp.post_backward import (PendingReduce, PostBackward,
+                                                     refuse_missing_gradients)
 from minidist.distributed.fsdp.reduce_format import (emulated_format,
                                                      start_reduce_scatter_dim0_in_format)
 from minidist.distributed.tensor import _collectives as coll
@@ -272,11 +273,13 @@ class FSDPState:
         in flight while the units before this one compute their backward; the pieces land
         in the shards' ``.grad`` when the backward is done (post_backward.py). Off: add the
         whole gradients to what is kept (no communication; the next synced backward
-        reduce-scatters the sum). ``grads``: one per parameter of the unit; those of frozen
+        reduce-scatters the sum). ``grads``: one per parameter of the unit (None for one the
+        unit's forward did not use: refused, post_backward.py); those of frozen
         parameters (``requires_grad=False``, the same on every rank) are dropped, so a
         frozen parameter gets no ``.grad`` and no optimizer moves it (FSDP2 reduces the
         parameters with a gradient only)."""
         trained = [param.shard.requires_grad for param in self.params]
+        refuse_missing_gradients(self.params, grads)
         grads = [g for g, keep in zip(grads, trained) if keep]
         if not grads:
             return

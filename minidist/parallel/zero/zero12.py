@@ -23,7 +23,9 @@ update element by element, so updating a flat shard is the same arithmetic as
 updating the parameters one by one. Clipping uses the norm of the *whole*
 gradient: sqrt(all_reduce(sum of squares of my shard)). Gradient accumulation:
 call backward several times, then ``step()``; stage 1 accumulates full
-gradients locally, stage 2 accumulates its shard.
+gradients locally, stage 2 accumulates its shard. A parameter that got no gradient
+is refused at ``step()``, naming it: one process's optimizer would skip it, but a
+flat shard is stepped whole, and a zero in its place would still move it.
 
 Over a model whose parameters are already pieces (a tensor-parallel plan over
 "tp", ZeRO over "dp": torchtitan's 2-D), each flat group holds one kind of piece
@@ -248,6 +250,13 @@ class Zero1(ZeroBase):
                                for p in layout.params])                       # (N*S,)
 
     def _reduce_gradients(self) -> None:
+        missing = [q for layout in self.layouts for q in layout.params if q.grad is None]
+        if missing:     # a zero in its place would let AdamW move it (momentum, decay)
+            raise RuntimeError(f"ZeRO-1: these parameters received no gradient: "
+                               f"{self.pending_parameter_names(missing)}. A flat shard is "
+                               "stepped whole, so every trainable parameter must take part "
+                               "in the loss on every rank (as DDP); freeze one that should "
+                               "not train (requires_grad=False)")
         for layout, shard in zip(self.layouts, self.shards):
             mine = backend.xp.empty(layout.shard_size, dtype=layout.dtype)     # (S,)
             dist.reduce_scatter_tensor(mine, self._group_grads(layout), group=self.group)
