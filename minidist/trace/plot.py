@@ -81,7 +81,7 @@ def plot(trace: dict, out: str, start_ms: float | None = None, end_ms: float | N
     ax.set_xlabel("ms")
     legend = [Patch(color=c, label=n) for n, c in LEGEND]
     ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.3 / len(keys)),
-              ncol=9, fontsize=7, frameon=False)
+              ncol=5, fontsize=7, frameon=False)
     ax.set_title(title or "every rank, one clock (grey lines: messages, send to receive)",
                  fontsize=9)
     fig.tight_layout()
