@@ -280,20 +280,12 @@ def _data_parallel(model: Module, chunks: list, groups: MeshGroups,
 
 def _sync_experts(experts: list, groups: MeshGroups) -> None:
     """Each expert's gradient: the sum over the ranks holding it, divided by dp_cp (every
-    rank that holds tokens), as the dense gradients' mean is over dp_cp. A frozen expert
-    (the same on every rank) takes no part and keeps no gradient."""
-    experts = [q for q in experts if q.requires_grad]
-    if not experts:
-        return
-    from minidist.backend import xp
-    grads = [q.grad if q.grad is not None else xp.zeros(q.shape, q.dtype) for q in experts]
-    flat = xp.concatenate([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=groups.dp_mod_ep)
-    flat /= _size(groups.dp_cp)
-    start = 0
-    for q in experts:
-        q.grad = flat[start:start + q.data.size].reshape(q.shape)
-        start += q.data.size
+    rank that holds tokens), as the dense gradients' mean is over dp_cp; one that no rank
+    has a gradient of keeps none (``mean_gradients``). A frozen expert (the same on every
+    rank) takes no part and keeps no gradient."""
+    from minidist.parallel.expert.expert_parallel import mean_gradients
+    mean_gradients([q for q in experts if q.requires_grad], groups.dp_mod_ep,
+                   _size(groups.dp_cp))
 
 
 def _share_tokens(model: Module, groups: MeshGroups) -> None:

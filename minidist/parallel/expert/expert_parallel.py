@@ -190,18 +190,36 @@ def _is_expert(model: Module) -> set[int]:
 
 def sync_expert_parallel_gradients(model: Module, mesh: ExpertMesh) -> None:
     """Average the gradients as the module docstring says: dense over all ranks, each
-    expert's over the dp ranks that hold it (both divided by N). One all-reduce each."""
+    expert's over the dp ranks that hold it (both divided by N). One all-reduce each
+    (``mean_gradients``)."""
     experts = _is_expert(model)
     params = [p for p in model.parameters() if p.requires_grad]
-    for group, mine in ((mesh.world_group, [p for p in params if id(p) not in experts]),
-                        (mesh.dp_group, [p for p in params if id(p) in experts])):
-        if not mine:
-            continue
-        grads = [p.grad if p.grad is not None else xp.zeros(p.shape, p.dtype) for p in mine]
-        flat = xp.concatenate([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=group)
-        flat /= mesh.world
-        start = 0
-        for p in mine:
-            p.grad = flat[start:start + p.data.size].reshape(p.shape)
-            start += p.data.size
+    mean_gradients([p for p in params if id(p) not in experts], mesh.world_group, mesh.world)
+    mean_gradients([p for p in params if id(p) in experts], mesh.dp_group, mesh.world)
+
+
+def mean_gradients(params: list, group: Any, n: int) -> None:
+    """p.grad = (sum over ``group`` of p.grad) / n, in one all-reduce, as one process
+    treats a parameter no token reached on some rank:
+
+        grad on some ranks    the others add zeros (exact: they had no term for it)
+        grad on no rank       no grad (None), so the optimizer skips it as one process
+                              does (a zero would let AdamW's momentum and decay move it)
+
+    Each rank appends a 1 per parameter it holds a gradient of, 0 otherwise; the sum
+    says on how many ranks each had one. An expert with no row still runs, so it has a
+    zero gradient (nn/moe.py ``run_experts``); this is for a parameter the forward left
+    out of the graph (torch leaves its grad None too)."""
+    if not params:
+        return
+    grads = [p.grad if p.grad is not None else xp.zeros(p.shape, p.dtype) for p in params]
+    flat = xp.concatenate([g.reshape(-1) for g in grads]
+                          + [xp.asarray([float(p.grad is not None) for p in params],
+                                        dtype=grads[0].dtype)])
+    dist.all_reduce(flat, group=group)
+    held = host_ints(flat[-len(params):])             # on how many ranks each had a grad
+    flat /= n
+    start = 0
+    for p, ranks in zip(params, held):
+        p.grad = flat[start:start + p.data.size].reshape(p.shape) if ranks else None
+        start += p.data.size
