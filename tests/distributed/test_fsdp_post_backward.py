@@ -113,6 +113,11 @@ def sitting_out_case(strategy):
         from minidist.parallel import Zero1
         wrapper = Zero1(model, AdamW, **kwargs)
         step, zero_grad = wrapper.step, wrapper.zero_grad
+    elif strategy.startswith("zero3"):    # "zero3": a unit per Linear; "zero3 root": one
+        from minidist.parallel import Zero3
+        wrapper = Zero3(model, AdamW, units=[model] if strategy == "zero3 root" else None,
+                        **kwargs)
+        step, zero_grad = wrapper.step, wrapper.zero_grad
     else:
         from minidist.distributed.fsdp import fully_shard
         if strategy == "units":
@@ -134,7 +139,9 @@ def sitting_out_case(strategy):
                 update()
     except RuntimeError as e:
         return str(e)
-    if strategy == "units":
+    if strategy.startswith("zero3"):
+        ours = {k: backend.from_host(v) for k, v in wrapper.full_state_dict().items()}
+    elif strategy == "units":
         from minidist.distributed.fsdp import sharded_state_dict
         ours = {k: d.full_tensor().data for k, d in sharded_state_dict(model).items()}
     else:

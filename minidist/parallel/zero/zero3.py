@@ -42,6 +42,12 @@ The unit's shard is a leaf tensor that is an *input* of the unit's autograd node
 so backward delivers the reduce-scattered gradient to ``shard.grad`` through the
 ordinary engine (accumulating over micro-batches) and the optimizer, built on the
 shards, never sees a full parameter. A unit's forward takes one input.
+
+A unit that ran must use every parameter it holds: its shard is stepped whole, so a
+zero in place of a missing gradient would let AdamW move a parameter one process
+leaves alone (momentum, weight decay). Such a parameter is refused by name, as
+fully_shard and ZeRO-1 refuse it; a unit that does not run in a step gets no
+gradient and is skipped, as one process skips its parameters.
 """
 from __future__ import annotations
 
@@ -251,7 +257,18 @@ class Zero3(ZeroBase):
                 unit.prefetched = None
 
     def _round_grads(self, unit: Unit) -> list[Any]:
-        return [None if p.grad is None else self._round(p.grad) for p in unit.layout.params]
+        """The unit's gradients, to reduce-scatter; refuses a parameter without one
+        (module docstring)."""
+        missing = [p for p in unit.layout.params if p.grad is None]
+        if missing:     # a zero in its place would let AdamW move it (momentum, decay)
+            raise RuntimeError(f"ZeRO-3: these parameters of a unit that ran received no "
+                               f"gradient: {self.pending_parameter_names(missing)}. A unit's "
+                               "shard is stepped whole; give a module that may sit out a "
+                               "step its own unit (units=..., the default: every module "
+                               "that owns parameters; a unit that does not run gets no "
+                               "gradient), or freeze what should not train "
+                               "(requires_grad=False)")
+        return [self._round(p.grad) for p in unit.layout.params]
 
     # -- the step: shards already hold their gradients ----------------------------
     def _reduce_gradients(self) -> None:

@@ -112,3 +112,19 @@ def test_zero1_refuses_a_parameter_without_gradient(world):
         pytest.skip("six rows do not split over this world")
     for message in world.run(sitting_out_case, "zero1"):
         assert isinstance(message, str) and "ZeRO-1" in message and "b.weight" in message
+
+
+def test_zero3_refuses_a_parameter_its_unit_did_not_use(world):
+    """ZeRO-3 filled the gradient of a parameter its unit did not use with zeros and
+    stepped the unit's shard whole, so AdamW moved what one process leaves alone (one
+    unit for the model, ``b`` left out of a step). It now refuses, naming it, as
+    fully_shard and ZeRO-1 do; with the default units (one per Linear) ``b``'s unit does
+    not run that step and the model trains as one process."""
+    from tests.distributed.test_fsdp_post_backward import sitting_out_case
+    if 6 % world.world_size:
+        pytest.skip("six rows do not split over this world")
+    for message in world.run(sitting_out_case, "zero3 root"):
+        assert isinstance(message, str) and "ZeRO-3" in message and "b.weight" in message
+        assert "own unit" in message
+    for distance in world.run(sitting_out_case, "zero3"):
+        assert distance <= 1e-12
