@@ -161,3 +161,59 @@ def test_a_parameter_its_unit_did_not_use_is_refused(world):
         assert "own fully_shard unit" in message
     for distance in world.run(sitting_out_case, "units"):
         assert distance <= 1e-12
+
+
+def nested_sitting_out_case():
+    """Two blocks, each its own fully_shard unit inside the root's, block 1's attention
+    running without its c_proj: the error fully_shard raises."""
+    from minidist.autograd.tensor import Tensor
+    from minidist.distributed.fsdp import fully_shard
+    from minidist.nn.layers import Linear
+    from minidist.nn.module import Module, ModuleList
+
+    class Attention(Module):
+        def __init__(self, skip):
+            super().__init__()
+            self.c_attn, self.c_proj = Linear(4, 4, dtype="float64"), Linear(4, 4, dtype="float64")
+            self.skip = skip
+
+        def forward(self, x):
+            y = self.c_attn(x)
+            return y if self.skip else self.c_proj(y)
+
+    class Block(Module):
+        def __init__(self, skip):
+            super().__init__()
+            self.attn = Attention(skip)
+
+        def forward(self, x):
+            return self.attn(x)
+
+    class Model(Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = ModuleList([Block(False), Block(True)])
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return (x * x).mean()
+
+    model = Model()
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    try:
+        model(Tensor(backend.from_host(np.ones((2, 4))))).backward()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def test_the_no_gradient_error_names_parameters_as_the_model_does(world):
+    """The refusal named ``Linear.weight`` (the unit's parameters kept no name); each
+    unit now keeps its parameters' qualified names from the outermost fully_shard
+    (torch's ``_param_fqn``)."""
+    for message in world.run(nested_sitting_out_case):
+        assert isinstance(message, str), message
+        assert "['blocks.1.attn.c_proj.weight', 'blocks.1.attn.c_proj.bias']" in message

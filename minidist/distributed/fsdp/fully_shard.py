@@ -198,6 +198,7 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
     shard_parameters(module, state, {id(p) for p in ignored_params or ()})
     _join_schedules(module, state)
     object.__setattr__(module, "_fsdp_state", state)
+    _qualify_names(module)
     _add_methods(module)
     if state.params:
         object.__setattr__(module, "forward", _sharded_forward(module, state))
@@ -239,7 +240,7 @@ def shard_parameters(module: Module, state: FSDPState, ignored: set[int] = froze
         note_piece(shard, mesh, state.placements, cut_from=param)  # clip_grad_norm_: the whole
         for owner, name in uses:
             setattr(owner, name, shard)
-        state.params.append(FSDPParam(shard, uses, shape))
+        state.params.append(FSDPParam(shard, uses, shape, names.get(id(param), "?")))
     dtypes = {s.dtype for s in state.shards()}
     if len(dtypes) > 1:
         raise ValueError("fully_shard gathers a unit's parameters in one buffer: give them one "
@@ -254,6 +255,17 @@ def _join_schedules(module: Module, state: FSDPState) -> None:
                 and inner_state.schedule is not state.schedule:
             state.schedule.join(inner_state.schedule)
             state.is_root = True
+
+
+def _qualify_names(module: Module) -> None:
+    """Every unit in ``module``'s subtree names its parameters from ``module`` (the
+    outermost fully_shard so far names them as the model does: blocks.0.attn.c_proj.weight)."""
+    names = {id(p): n for n, p in module.named_parameters()}   # the pieces, set in place
+    for m in module.modules():
+        state = m.__dict__.get("_fsdp_state")
+        if state is not None:
+            state.params[:] = [p._replace(fqn=names.get(id(p.shard), p.fqn))
+                               for p in state.params]
 
 
 def _sharded_forward(module: Module, state: FSDPState) -> Callable[..., Any]:

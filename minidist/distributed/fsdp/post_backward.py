@@ -108,8 +108,8 @@ def refuse_missing_gradients(params: list, grads: list) -> None:
     AdamW move it (momentum, weight decay), and whether another rank used it is not
     known here. torch's FSDP2 reduces only the gradients that exist, which needs every
     rank to agree."""
-    missing = [f"{type(m).__name__}.{name}" for g, param in zip(grads, params)
-               if g is None and param.shard.requires_grad for m, name in param.uses[:1]]
+    missing = [param.fqn for g, param in zip(grads, params)
+               if g is None and param.shard.requires_grad]
     if missing:
         raise RuntimeError(f"fully_shard: these parameters of a unit that ran received no "
                            f"gradient: {missing}. A unit reduces all its parameters' "

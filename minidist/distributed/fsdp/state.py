@@ -89,11 +89,13 @@ class MixedPrecisionPolicy:
 
 
 class FSDPParam(NamedTuple):
-    """One parameter of a unit (torch's FSDPParam): the piece this rank keeps and where
-    the modules use the parameter."""
+    """One parameter of a unit (torch's FSDPParam): the piece this rank keeps, where the
+    modules use the parameter, and its qualified name (torch's ``_param_fqn``: from the
+    unit's module, qualified again by each fully_shard of a module around it)."""
     shard: Parameter                      # this rank's dim-0 piece, (ceil(rows / N), ...) or fewer
     uses: list[tuple[Module, str]]        # (module, attribute name): two for a tied parameter
     shape: tuple[int, ...]                # the whole parameter's shape, (rows, ...)
+    fqn: str = "?"                        # its name from the outermost fully_shard module
 
 
 class Schedule:
