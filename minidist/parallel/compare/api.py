@@ -2,7 +2,7 @@
 
     report = compare(spec, parse_layout("dp=2 tp=2"), parse_layout("single"))
     report.steps[k]      # StepLine: both losses and their distance in ulps
-    report.parting       # the first gradient / parameter past the tolerance, or None
+    report.parting       # the first loss / gradient / parameter past the tolerance, or None
 
 Per step the order is: the loss, then each gradient as the optimizer uses it
 (module path order), then each parameter after the step; the first tensor whose
@@ -103,6 +103,20 @@ def _absent_gradients_as_zeros(view: dict) -> dict:
     return {"gradient": grads, "parameter": view["parameter"]}
 
 
+def _loss_parting(spec: RunSpec, a: Layout, b: Layout, line: StepLine,
+                  tol: Tolerance) -> Parting | None:
+    """The step's loss if it is past the tolerance (a loss scaled or averaged wrongly:
+    its gradients part too, but later in the order; a loss reported wrongly parts here
+    alone), else None."""
+    la, lb = (np.array([v], spec.dtype) for v in (line.loss_a, line.loss_b))
+    if not past(la, lb, tol):
+        return None
+    diff = float(abs(la[0] - lb[0]))
+    cause, why = classify(diff, float(abs(lb[0])), line.step, _longest_sum(spec), spec.dtype,
+                          (a.amp, b.amp))
+    return Parting(line.step, "loss", "", None, diff, line.ulps, cause, why)
+
+
 def _first_parting(spec: RunSpec, a: Layout, b: Layout, step: int, views_a: list,
                    views_b: list, tol: Tolerance) -> Parting | None:
     """The first gradient, then parameter, past the tolerance at this step."""
@@ -146,7 +160,8 @@ def compare(spec: RunSpec, a: Layout, b: Layout, tolerance: Tolerance | None = N
             continue
         views = [[{"gradient": r[step].grads, "parameter": r[step].params} for r in ranks]
                  for ranks in (ranks_a, ranks_b)]
-        report.parting = _first_parting(spec, a, b, step, views[0], views[1], tol)
+        report.parting = (_loss_parting(spec, a, b, report.steps[-1], tol)
+                          or _first_parting(spec, a, b, step, views[0], views[1], tol))
     return report
 
 

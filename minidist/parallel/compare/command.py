@@ -78,7 +78,8 @@ def print_report(report: Report) -> None:
         print("equal within the tolerance at every step")
         return
     where = "" if part.rank is None else f" (rank {part.rank} of a)"
-    print(f"first past the tolerance: the {part.kind} of {part.name} at step {part.step}{where}: "
+    what = part.kind if part.kind == "loss" else f"{part.kind} of {part.name}"
+    print(f"first past the tolerance: the {what} at step {part.step}{where}: "
           f"max |a - b| = {part.max_abs:.3e}, {part.max_ulps} ulps")
     print(f"cause: {part.cause}: {part.why}")
 

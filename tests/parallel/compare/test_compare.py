@@ -122,6 +122,34 @@ def test_a_parameter_frozen_in_one_layout_parts_at_its_gradient(world2, layout, 
     assert (part.step, part.kind, part.name, part.cause) == (0, "gradient", SCALED, BUG)
 
 
+def _loss_planted(change):
+    """A plant that makes the model's forward return ``change(loss)`` for its loss."""
+    def plant(model, rank):
+        forward = model.forward
+
+        def wrong(*args):
+            logits, loss = forward(*args)
+            return logits, change(loss)
+        object.__setattr__(model, "forward", wrong)
+    return plant
+
+
+scale_the_loss = _loss_planted(lambda loss: loss * 2)     # a wrong averaging: grads x 2 too
+offset_the_loss = _loss_planted(lambda loss: loss + 1.0)  # a constant: the gradients right
+
+
+@pytest.mark.parametrize("plant", [scale_the_loss, offset_the_loss], ids=["scaled", "offset"])
+def test_a_loss_that_parts_is_named_first_at_its_step(plant):
+    """The loss is checked before the gradients: a doubled loss was named at the first
+    gradient in module order, and a loss wrong by a constant (its gradients right) not at
+    all ("equal within the tolerance")."""
+    report = compare(_spec(2), parse_layout("single"), parse_layout("single"),
+                     plant_a=Plant(on_model=plant))
+    part = report.parting
+    assert (part.step, part.kind, part.name, part.rank, part.cause) == (0, "loss", "", None, BUG)
+    assert part.max_abs == abs(report.steps[0].loss_a - report.steps[0].loss_b) > 0.5
+
+
 def test_bf16_against_float32_is_told_as_rounding():
     report = compare(_spec(1, "float32"), parse_layout("single amp=bf16"),
                      parse_layout("single"))
