@@ -16,6 +16,7 @@
     reduce_format.py  the gradients' reduce-scatter in an emulated format (bf16, fp16, ...),
                     every partial sum rounded as on hardware
     ties.py         a tied weight belongs to one unit: a second unit cutting it is refused
+    names.py        a unit's parameters by the model's names (torch's _param_fqn), for errors
 
 The flat-buffer version of the same idea is minidist.parallel.zero.Zero3.
 """

@@ -83,6 +83,7 @@ from minidist.autograd.recompute import capture_forward_context, is_recomputing
 from minidist.autograd.tensor import Tensor
 from minidist.distributed._shared_tokens import share_tokens
 from minidist.distributed.fsdp.hsdp import data_parallel_mesh
+from minidist.distributed.fsdp.names import qualify_names
 from minidist.distributed.fsdp.pre_backward import with_pre_backward
 from minidist.distributed.fsdp.state import FSDPParam, FSDPState, MixedPrecisionPolicy
 from minidist.distributed.fsdp.ties import refuse_split_ties
@@ -198,7 +199,7 @@ def fully_shard(module: Module, *, mesh: Any = None, reshard_after_forward: bool
     shard_parameters(module, state, {id(p) for p in ignored_params or ()})
     _join_schedules(module, state)
     object.__setattr__(module, "_fsdp_state", state)
-    _qualify_names(module)
+    qualify_names(module)
     _add_methods(module)
     if state.params:
         object.__setattr__(module, "forward", _sharded_forward(module, state))
@@ -255,17 +256,6 @@ def _join_schedules(module: Module, state: FSDPState) -> None:
                 and inner_state.schedule is not state.schedule:
             state.schedule.join(inner_state.schedule)
             state.is_root = True
-
-
-def _qualify_names(module: Module) -> None:
-    """Every unit in ``module``'s subtree names its parameters from ``module`` (the
-    outermost fully_shard so far names them as the model does: blocks.0.attn.c_proj.weight)."""
-    names = {id(p): n for n, p in module.named_parameters()}   # the pieces, set in place
-    for m in module.modules():
-        state = m.__dict__.get("_fsdp_state")
-        if state is not None:
-            state.params[:] = [p._replace(fqn=names.get(id(p.shard), p.fqn))
-                               for p in state.params]
 
 
 def _sharded_forward(module: Module, state: FSDPState) -> Callable[..., Any]:
