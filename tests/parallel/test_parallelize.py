@@ -34,7 +34,8 @@ def _config(case):
     return LlamaConfig(vocab_size=VOCAB, hidden_size=8, intermediate_size=8,
                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                        max_position_embeddings=T, dtype="float64", seed=case["seed"],
-                       checkpoint=case.get("checkpoint", False), **moe)
+                       checkpoint=case.get("checkpoint", False),
+                       moe_bias_rate=1e-300 if "skipped" in case else 0.0, **moe)
 
 
 def _rows(case):
@@ -50,9 +51,14 @@ def _batches(case):
 
 
 def _freeze(model, case):
-    """``model`` with the parameters named in ``case["frozen"]`` (if any) frozen."""
+    """``model`` with the parameters named in ``case["frozen"]`` (if any) frozen, and the
+    expert ``case["skipped"]`` (if any) kept from every token by its selection bias."""
     for name, q in model.named_parameters():
         q.requires_grad = name not in case.get("frozen", ())
+    if "skipped" in case:
+        from minidist.nn.moe import routers
+        for moe in routers(model):    # (the config's rate too small to move it by a bit)
+            moe.expert_bias[case["skipped"]] = -1e9
     return model
 
 
@@ -173,6 +179,16 @@ def test_frozen_parameters_stay_frozen_and_the_rest_trains_as_one_process(worlds
     frozen expert takes no gradient: before, the twin trained the frozen ones (2e-2 away
     after two AdamW steps, the clipped norm another) and a frozen expert was decayed."""
     _check(worlds, {**_case(dims, moe), "frozen": FROZEN})
+
+
+@pytest.mark.parametrize("dims", [dict(dp_shard=2, ep=2), dict(dp_replicate=2, dp_shard=2, ep=2)],
+                         ids=["dp_shard2_ep2", "dp_replicate2_dp_shard2_ep2"])
+def test_an_expert_no_token_reaches_trains_as_one_process(worlds, dims):
+    """An expert the router never picks runs on zero rows in one process and under ep
+    alike: a zero gradient, which AdamW's weight decay steps the same on both sides. The
+    router's selection bias that keeps it out is the dense model's: parallelize_llama's
+    twin took the weights only and routed with zeros (experts 4e-2 from one process)."""
+    _check(worlds, {**_case(dims, True), "skipped": 1})
 
 
 def _mesh_groups(dims):
