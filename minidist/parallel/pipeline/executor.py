@@ -28,6 +28,12 @@ raises if they can get stuck; the schedules here pass it for every (p, m, v),
 and the real run waits on exactly those dependencies. Messages are told apart
 by tag (kind, chunk, micro-batch), so arrival order does not matter.
 
+The stages are one model: run_pipeline registers this rank's chunks' parameters as a
+stage of the pipeline group (distributed/tensor/_piece_norm.py, ``note_stage``), so
+GradScaler skips a step on every stage when one stage's gradient overflowed, as one
+process skips it, and ``optim.clip_grad_norm_`` refuses a stage's parameters (its norm
+is not the model's: ``parallel.clip_grad_norm_`` adds the stages').
+
 In an F&B the forward half hands the turn to the backward half at each expert all-to-all
 it starts, and back (comm/collectives/interleave.py): one micro-batch's dispatch and
 combine travel while the other's attention and MLP compute (DeepSeek-V3's overlap), one
@@ -52,6 +58,7 @@ from minidist.autograd.tensor import Tensor
 from minidist.autograd.weight_grad import backward_split
 from minidist.backend import xp
 from minidist.comm.collectives.interleave import Turns
+from minidist.distributed.tensor._piece_norm import note_stage
 from minidist.nn.module import Module
 from minidist.parallel.pipeline.clock import OpClock
 from minidist.parallel.pipeline.op import (Op, Overlap, op_label, plain_ops, rank_and_chunk,
@@ -171,6 +178,8 @@ def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
     Gradients accumulate into the chunks' parameters.
     """
     p, r = dist.get_world_size(group), dist.get_rank(group)
+    if p > 1:       # one model over the stages: GradScaler's decision is theirs together
+        note_stage([q for chunk in chunks for q in chunk.parameters()], group)
     split = any(op.kind == "W" for op in plain_ops(ops))
     clock = OpClock(op_seconds, op_costs, split, len(chunks))
     link = Neighbours(group, p * len(chunks), microbatches, placement, activation_shape,
