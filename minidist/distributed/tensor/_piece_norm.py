@@ -98,7 +98,10 @@ def note_piece_over(param: Any, groups: list, key: Any, cut_from: Any = None,
 
 def note_stage(params: Any, group: Any) -> None:
     """Register ``params`` as one pipeline stage's, the other stages on the ranks of
-    ``group`` (None: the world): an inf / NaN flag max-combines over it."""
+    ``group`` (None: the world): an inf / NaN flag max-combines over it. Nothing for a
+    pipeline of one stage."""
+    if resolve(group).size == 1:
+        return
     key = ("pipeline stage", tuple(resolve(group).ranks))
     layout = PieceNorm([group], key, tensor_groups=[])
     for param in params:

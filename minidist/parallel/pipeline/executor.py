@@ -28,12 +28,6 @@ raises if they can get stuck; the schedules here pass it for every (p, m, v),
 and the real run waits on exactly those dependencies. Messages are told apart
 by tag (kind, chunk, micro-batch), so arrival order does not matter.
 
-The stages are one model: run_pipeline registers this rank's chunks' parameters as a
-stage of the pipeline group (distributed/tensor/_piece_norm.py, ``note_stage``), so
-GradScaler skips a step on every stage when one stage's gradient overflowed, as one
-process skips it, and ``optim.clip_grad_norm_`` refuses a stage's parameters (its norm
-is not the model's: ``parallel.clip_grad_norm_`` adds the stages').
-
 In an F&B the forward half hands the turn to the backward half at each expert all-to-all
 it starts, and back (comm/collectives/interleave.py): one micro-batch's dispatch and
 combine travel while the other's attention and MLP compute (DeepSeek-V3's overlap), one
@@ -175,11 +169,10 @@ def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
     (clock.py). ``placement``: "loop", or "v" for zb_v (schedule.placement).
     ``interleave``: an F&B's halves take turns at each all-to-all (module docstring);
     False: its forward, then its backward.
-    Gradients accumulate into the chunks' parameters.
+    Gradients accumulate into the chunks' parameters, one stage's of ``group``.
     """
     p, r = dist.get_world_size(group), dist.get_rank(group)
-    if p > 1:       # one model over the stages: GradScaler's decision is theirs together
-        note_stage([q for chunk in chunks for q in chunk.parameters()], group)
+    note_stage([q for c in chunks for q in c.parameters()], group)   # GradScaler: all skip
     split = any(op.kind == "W" for op in plain_ops(ops))
     clock = OpClock(op_seconds, op_costs, split, len(chunks))
     link = Neighbours(group, p * len(chunks), microbatches, placement, activation_shape,
