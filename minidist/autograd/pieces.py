@@ -21,6 +21,13 @@ so the layer that cuts a parameter registers it here with a *layout*
 ``piece_kinds`` groups parameters by kind in the order the list first meets each,
 which is the same on every rank (each builds the same model), so the collectives
 line up.
+
+A pipeline stage's parameters are whole tensors, but the other stages hold the rest of
+the model: ``run_pipeline`` registers them with ``register_stage``, under a layout whose
+``combine`` reduces over the pipeline group. ``GradScaler`` max-combines its inf / NaN
+flag over it last (each stage's pieces combine first, within the stage), so the stages
+skip a step together; ``optim.clip_grad_norm_`` refuses them (a stage's norm is not the
+model's, and the tied embedding must count once: ``parallel.clip_grad_norm_``).
 """
 from __future__ import annotations
 
@@ -28,19 +35,49 @@ import weakref
 from typing import Any, Iterable
 
 _pieces: dict[int, tuple[weakref.ref, Any]] = {}   # id(param) -> (the param, its layout)
+_stages: dict[int, tuple[weakref.ref, Any]] = {}   # id(param) -> (the param, its pipeline's)
+
+
+def _register(registry: dict, param: Any, layout: Any) -> None:
+    key = id(param)
+    registry[key] = (weakref.ref(param, lambda _: registry.pop(key, None)), layout)
+
+
+def _layout(registry: dict, param: Any) -> Any:
+    found = registry.get(id(param))
+    return found[1] if found is not None and found[0]() is param else None
 
 
 def register_piece(param: Any, layout: Any) -> None:
     """``param`` is this rank's piece of a tensor cut over several ranks, laid out as
     ``layout`` (module docstring)."""
-    key = id(param)
-    _pieces[key] = (weakref.ref(param, lambda _: _pieces.pop(key, None)), layout)
+    _register(_pieces, param, layout)
 
 
 def piece_layout(param: Any) -> Any:
     """The layout ``param`` was registered with, or None for a whole tensor."""
-    found = _pieces.get(id(param))
-    return found[1] if found is not None and found[0]() is param else None
+    return _layout(_pieces, param)
+
+
+def register_stage(param: Any, layout: Any) -> None:
+    """``param`` belongs to this rank's pipeline stage; ``layout.combine`` reduces over
+    the pipeline group (module docstring)."""
+    _register(_stages, param, layout)
+
+
+def stage_layout(param: Any) -> Any:
+    """The pipeline layout ``param`` was registered with, or None outside a pipeline."""
+    return _layout(_stages, param)
+
+
+def stage_kinds(params: Iterable[Any]) -> list:
+    """The pipeline layouts of ``params``, each once, in first-met order."""
+    kinds: dict = {}
+    for p in params:
+        layout = stage_layout(p)
+        if layout is not None:
+            kinds.setdefault(layout.key, layout)
+    return list(kinds.values())
 
 
 def piece_kinds(params: Iterable[Any]) -> tuple[list, list[tuple[Any, list]]]:

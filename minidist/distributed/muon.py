@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, NamedTuple
 
+from minidist.autograd.pieces import piece_layout
 from minidist.backend import xp
 from minidist.comm.collectives.api import all_gather_into_tensor, all_to_all_single
 from minidist.comm.group import resolve
@@ -102,6 +103,17 @@ class ShardedMuon(Muon):
     def whole_shape(self, p: Any) -> tuple:
         found = self.pieces.get(id(p))
         return tuple(p.shape) if found is None else found.shape
+
+    def knows_pieces(self, p: Any) -> bool:
+        """Whether ``pieces`` says how ``p`` is cut, over every group that cuts it (a
+        matrix cut twice, tensor parallel then fully_shard, is not brought together by
+        one group's pieces)."""
+        found = self.pieces.get(id(p))
+        if found is None:
+            return False
+        layout = piece_layout(p)
+        cuts = [tuple(resolve(g).ranks) for g in (layout.tensor_groups if layout else [])]
+        return cuts in ([], [tuple(resolve(found.group).ranks)])
 
     def matrices(self, p: Any, update: Any) -> list[MatrixUpdate]:
         return [MatrixUpdate(p.data, update, self.whole_shape(p), self.pieces.get(id(p)))]

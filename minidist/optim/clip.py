@@ -29,6 +29,10 @@ combined kind by kind (one collective per kind of cut, in the order the paramete
 list first meets it, which is the same on every rank), so every rank must call it.
 This layer cannot talk to other ranks (it sits below comm): the distributed layer
 supplies the combining (distributed/tensor/_piece_norm.py).
+
+A pipeline stage's parameters (registered by ``run_pipeline``) are refused: the other
+stages hold the rest of the model, and a tied embedding sits on two of them;
+``minidist.parallel.clip_grad_norm_(model, max_norm, chunks, pp_group)`` counts them.
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ import math
 from typing import Any, Callable, Iterable
 
 from minidist.autograd import Tensor
-from minidist.autograd.pieces import piece_kinds, piece_layout
+from minidist.autograd.pieces import piece_kinds, piece_layout, stage_layout
 from minidist.backend import xp
 
 
@@ -152,10 +156,28 @@ def total_grad_share(params: Tensor | Iterable[Tensor], norm_type: float = 2.0) 
     return max(shares) if _check_norm_type(norm_type) == math.inf else sum(shares)
 
 
+def refuse_stage_parameters(params: Iterable[Tensor]) -> None:
+    """Raise if a parameter is one pipeline stage's (autograd/pieces.py): the norm of
+    this rank's would be its stage's alone, not the model's."""
+    for p in params:
+        layout = stage_layout(p)
+        if layout is not None:
+            raise ValueError(
+                f"a parameter of shape {tuple(p.shape)} is one pipeline stage's (run_pipeline "
+                f"over ranks {list(layout.key[1])}): the norm of this rank's gradients "
+                "would be this stage's alone, not the model's, and each stage would clip by "
+                "another factor. Use minidist.parallel.clip_grad_norm_(model, max_norm, "
+                "chunks, pp_group), which adds the stages' shares over the pipeline group and "
+                "counts a tied embedding once")
+
+
 def total_grad_norm(params: Tensor | Iterable[Tensor], norm_type: float = 2.0) -> float:
     """The p-norm of the gradients of ``params`` taken as one vector; pieces count
     with the pieces the other ranks hold (module docstring), so the result is the
-    norm of the whole tensors, the same on every rank."""
+    norm of the whole tensors, the same on every rank. A pipeline stage's parameters
+    are refused (``refuse_stage_parameters``)."""
+    params = [params] if isinstance(params, Tensor) else list(params)
+    refuse_stage_parameters(params)
     return norm_from_share(total_grad_share(params, norm_type), norm_type)
 
 

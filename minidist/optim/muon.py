@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable, NamedTuple
 
+from minidist.autograd.pieces import piece_layout
 from minidist.backend import xp
 from minidist.optim.optimizer import Optimizer, check_non_negative
 from minidist.precision import get_format, quantize
@@ -206,8 +207,23 @@ class Muon(Optimizer):
             self.check_matrices(p)
 
     def check_matrices(self, p: Any) -> None:
-        """Raise unless parameter ``p`` holds matrices only (here: is one)."""
+        """Raise unless parameter ``p`` holds matrices only (here: is one), each whole or
+        a piece whose other pieces this optimizer brings together."""
         refuse_non_matrix(self.whole_shape(p))
+        layout = piece_layout(p)
+        if layout is not None and layout.tensor_groups and not self.knows_pieces(p):
+            raise ValueError(
+                f"Muon's Newton-Schulz iteration needs the whole matrix, but a parameter of "
+                f"shape {tuple(p.shape)} is this rank's piece of a matrix cut over other "
+                "ranks (fully_shard, parallelize_module or a tensor-parallel layer): "
+                "iterating on the piece alone is not Muon's step. Use "
+                "minidist.distributed.muon.ShardedMuon(params, fully_shard_pieces(model) or "
+                "tensor_parallel_pieces(model)), or Zero1 / Zero2(model, Muon) on the whole "
+                "model")
+
+    def knows_pieces(self, p: Any) -> bool:
+        """Whether the step brings the pieces of ``p`` together (here: never)."""
+        return False
 
     def whole_shape(self, p: Any) -> tuple:
         """The shape of the matrix ``p`` is (a piece of): its own here."""

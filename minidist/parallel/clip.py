@@ -42,7 +42,7 @@ import minidist.distributed as dist
 from minidist import backend
 from minidist.nn.module import Module
 from minidist.optim.clip import (check_finite, clip_grads_with_norm_, norm_from_share,
-                                 total_grad_share)
+                                 refuse_stage_parameters, total_grad_share)
 from minidist.parallel.pipeline.gpt import counted_parameters, pipeline_parameters
 
 
@@ -68,6 +68,8 @@ def clip_grad_norm_(model: Module, max_norm: float, chunks: Sequence[Module] | N
     before clipping, the same on every rank, as ``optim.clip_grad_norm_`` would
     return for the whole model in one process.
     """
+    if chunks is None:         # a pipeline's stage needs its chunks to count the others'
+        refuse_stage_parameters(model.parameters())
     trained = list(model.parameters()) if chunks is None else pipeline_parameters(chunks)
     share = total_grad_share(parameters_to_count(model, chunks), norm_type)
     if chunks is not None and dist.get_world_size(pp_group) > 1:

@@ -28,7 +28,9 @@ all must agree on "found inf" or they would step differently. Pass
 ``unscale_``.
 Parameters that ``fully_shard`` or ``parallelize_module`` cut need none: their
 flag is max-combined over the ranks holding the other pieces (autograd/pieces.py),
-as torch's GradScaler does for DTensor gradients. Nor does an optimizer that sends
+as torch's GradScaler does for DTensor gradients; nor do a pipeline's stages, whose
+flag ``run_pipeline`` has max-combined over the pipeline group (autograd/pieces.py), so
+no stage steps while another skips. Nor does an optimizer that sends
 each rank's own gradients itself (1-bit Adam: no DDP averaged them, so one rank's
 inf is that rank's alone): it says so with a method ``combine_found_inf(flag)``,
 which ``unscale_`` calls, as DeepSpeed's engine max-reduces its overflow flag.
@@ -43,7 +45,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from minidist.autograd.pieces import piece_kinds
+from minidist.autograd.pieces import piece_kinds, stage_kinds
 from minidist import backend
 from minidist.backend import xp
 from minidist.precision.rounding import quiet
@@ -102,7 +104,8 @@ class GradScaler:
                 p.grad[...] = narrow(widen(p.grad) * inv_scale)   # 1/S above 2^126 is subnormal
             else:
                 p.grad *= inv_scale.astype(p.grad.dtype)
-        for layout, _ in piece_kinds(params)[1]:   # pieces: their holders agree
+        kinds = [layout for layout, _ in piece_kinds(params)[1]]   # pieces: holders agree
+        for layout in kinds + stage_kinds(params):   # then a pipeline's stages, together
             found_inf = xp.asarray(layout.combine(float(found_inf), math.inf), dtype=xp.float32)
         combine = getattr(optimizer, "combine_found_inf", None)
         if combine is not None:     # an optimizer that sends rank-local gradients itself

@@ -141,3 +141,42 @@ def test_a_gradient_clip_and_a_grad_scaler_before_sharded_muon_match_one_process
     every piece: the sharded run is one process's run with the same clip and scaler."""
     _check(worlds, dict(layout=layout, scheme="round_robin", world=2, seed=3, clip=0.05,
                         scaler=True))
+
+
+def plain_muon_on_pieces(layout):
+    """Every rank: the message Muon raises for pieces of matrices (None: accepted)."""
+    from minidist.distributed.device_mesh import init_device_mesh
+    from minidist.distributed.fsdp import fully_shard
+    from minidist.distributed.muon import ShardedMuon, fully_shard_pieces
+    from minidist.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                      parallelize_module)
+    from minidist.optim import Muon
+    model = _stack(0, [(6, 8), (8, 5)])
+    tp_plan = {"0": ColwiseParallel(), "1": RowwiseParallel()}
+    if layout == "fully_shard":
+        fully_shard(model)
+    elif layout == "tensor_parallel":
+        parallelize_module(model, init_device_mesh(backend.device_type(), (2,)), tp_plan)
+    else:        # tp, then fully_shard over dp: ShardedMuon given fully_shard's cut only
+        mesh = init_device_mesh(backend.device_type(), (2, 2), mesh_dim_names=("dp", "tp"))
+        parallelize_module(model, mesh["tp"], tp_plan)
+        fully_shard(model, mesh=mesh["dp"])
+    try:
+        if layout == "2d":
+            ShardedMuon(model.parameters(), fully_shard_pieces(model), **HYPER)
+        else:
+            Muon(model.parameters(), **HYPER)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("layout,world", [("fully_shard", 2), ("tensor_parallel", 2),
+                                          ("2d", 4)])
+def test_muon_refuses_pieces_it_cannot_bring_together(worlds, layout, world):
+    """Newton-Schulz on one rank's piece is not Muon's step (0.03 from one process after
+    one step, lr 0.05, for the first two): Muon refuses pieces, ShardedMuon those it is
+    not told how to bring together over every cut."""
+    for message in worlds(world).run(plain_muon_on_pieces, layout):
+        assert message is not None and "needs the whole matrix" in message
+        assert "ShardedMuon" in message

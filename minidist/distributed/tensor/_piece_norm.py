@@ -18,6 +18,8 @@ slice on each rank of the tensor-parallel group.
 ``optim.clip_grad_norm_`` sums the pieces of one kind first and calls ``combine``
 once per kind (optim/clip.py), and ``GradScaler`` max-combines its inf / NaN flag
 the same way (precision/grad_scaler.py); autograd/pieces.py keeps the registry.
+A pipeline stage's parameters are noted over the pipeline group (``note_stage``), for
+GradScaler's flag only: every stage skips a step that one process would skip.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import math
 from typing import Any
 
 from minidist import backend
-from minidist.autograd.pieces import piece_layout, register_piece
+from minidist.autograd.pieces import piece_layout, register_piece, register_stage
 from minidist.comm.collectives.api import all_reduce
 from minidist.comm.group import resolve
 from minidist.comm.transport.reduce_op import ReduceOp
@@ -92,6 +94,18 @@ def note_piece_over(param: Any, groups: list, key: Any, cut_from: Any = None,
     else:
         key = (key,)
     register_piece(param, PieceNorm(groups, key, cuts))
+
+
+def note_stage(params: Any, group: Any) -> None:
+    """Register ``params`` as one pipeline stage's, the other stages on the ranks of
+    ``group`` (None: the world): an inf / NaN flag max-combines over it. Nothing for a
+    pipeline of one stage."""
+    if resolve(group).size == 1:
+        return
+    key = ("pipeline stage", tuple(resolve(group).ranks))
+    layout = PieceNorm([group], key, tensor_groups=[])
+    for param in params:
+        register_stage(param, layout)
 
 
 def refuse_pieces_as_replicas(named_params: list, group: Any, strategy: str) -> None:

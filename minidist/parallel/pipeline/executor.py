@@ -52,6 +52,7 @@ from minidist.autograd.tensor import Tensor
 from minidist.autograd.weight_grad import backward_split
 from minidist.backend import xp
 from minidist.comm.collectives.interleave import Turns
+from minidist.distributed.tensor._piece_norm import note_stage
 from minidist.nn.module import Module
 from minidist.parallel.pipeline.clock import OpClock
 from minidist.parallel.pipeline.op import (Op, Overlap, op_label, plain_ops, rank_and_chunk,
@@ -168,9 +169,10 @@ def run_pipeline(ops: Sequence[Op], chunks: Sequence[Module], microbatches: int,
     (clock.py). ``placement``: "loop", or "v" for zb_v (schedule.placement).
     ``interleave``: an F&B's halves take turns at each all-to-all (module docstring);
     False: its forward, then its backward.
-    Gradients accumulate into the chunks' parameters.
+    Gradients accumulate into the chunks' parameters, one stage's of ``group``.
     """
     p, r = dist.get_world_size(group), dist.get_rank(group)
+    note_stage([q for c in chunks for q in c.parameters()], group)   # GradScaler: all skip
     split = any(op.kind == "W" for op in plain_ops(ops))
     clock = OpClock(op_seconds, op_costs, split, len(chunks))
     link = Neighbours(group, p * len(chunks), microbatches, placement, activation_shape,
