@@ -213,9 +213,9 @@ def fully_shard_pieces(module: Any) -> dict:
         state = m.__dict__.get("_fsdp_state")
         if state is None:
             continue
-        for shard, _, shape in state.params:
-            if len(shape) == 2:
-                found[id(shard)] = row_chunks(shape, state.shard_group)
+        for param in state.params:
+            if len(param.shape) == 2:
+                found[id(param.shard)] = row_chunks(param.shape, state.shard_group)
     return found
 
 
