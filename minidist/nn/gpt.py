@@ -27,6 +27,7 @@ from minidist.nn.generate import generate
 from minidist.nn.layers import MLP, Dropout, Embedding, LayerNorm, Linear
 from minidist.nn.module import Module, ModuleList
 from minidist.nn.moe import MoE, layer_loss, routing_mlp, run_block
+from minidist.nn.ties import tie
 
 
 @dataclass
@@ -118,7 +119,7 @@ class GPT(Module):
         self.lm_head = Linear(cfg.n_embd, cfg.vocab_size, bias=False, dtype=cfg.dtype,
                               std=0.02, generator=gen)
         if cfg.tie_weights:
-            self.lm_head.weight = self.wte.weight
+            tie(self, "lm_head.weight", "wte.weight")
 
     def embed(self, idx: Any) -> Tensor:
         """Token + position embeddings: (B, T) ids -> (B, T, C)."""

@@ -40,6 +40,7 @@ from minidist.nn.layers import Embedding, Linear, RMSNorm, SwiGLU
 from minidist.nn.module import Module, ModuleList
 from minidist.nn.moe import MoE, layer_mean_probs, routing_mlp, run_block
 from minidist.nn.router import pooled_balance
+from minidist.nn.ties import tie
 
 
 @dataclass
@@ -191,7 +192,7 @@ class Llama(Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=cfg.dtype,
                               std=cfg.initializer_range, generator=gen)
         if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            tie(self, "lm_head.weight", "model.embed_tokens.weight")
 
     @property
     def blocks(self) -> ModuleList:

@@ -7,7 +7,10 @@ Names are ``named_modules`` paths; a ``*`` matches any one part
 (``"blocks.*.mlp.c_fc"``), as in torch. A name that matches no module is an
 error listing the names that exist nearby, not a plan silently half-applied.
 A parameter two modules share (a tied embedding and head) stays one Parameter,
-which the plan must cut the same way on both sides.
+which the plan must cut the same way on both sides. A plan given a module that holds
+one side only (``parallelize_module(model.lm_head, mesh, ColwiseParallel())`` on a
+tied GPT) is refused: it would cut ``lm_head.weight`` while ``wte.weight`` stayed
+whole, two copies trained apart (nn/ties.py); apply the plan at the root.
 
 ``async_tp=True`` (torchtitan's ``enable_async_tp``): each column style whose input
 arrives cut by position and each row style whose output leaves cut by position fuses
@@ -21,6 +24,7 @@ from typing import Any
 
 from minidist.nn.layers import Linear
 from minidist.nn.module import Module
+from minidist.nn.ties import ties_leaving
 from minidist.distributed.tensor.parallel.style import (ColwiseParallel, ParallelStyle,
                                                         RowwiseParallel)
 from minidist.distributed.tensor.placement_types import Shard
@@ -49,12 +53,14 @@ def parallelize_module(module: Module, device_mesh: Any = None,
     if isinstance(parallelize_plan, ParallelStyle):
         style = _fused(parallelize_plan, module, async_tp)
         _something_to_fuse([style], async_tp)
+        _refuse_ties_leaving(module, [module])
         return style._apply(module, device_mesh)
     if not isinstance(parallelize_plan, dict):
         raise TypeError("parallelize_plan must be a ParallelStyle or a dict of module names "
                         f"to styles, got {type(parallelize_plan).__name__}")
     targets = _targets(module, parallelize_plan, async_tp)
     _something_to_fuse([style for _, style in targets], async_tp)
+    _refuse_ties_leaving(module, [target for target, _ in targets])
     modules = dict(module.named_modules())
     tied = _tied_parameters(modules)
     for target, style in targets:
@@ -71,6 +77,21 @@ def _something_to_fuse(styles: list, async_tp: bool) -> None:
                          "cut by position and no row style leaves its output so, so there is "
                          "no gather or reduce-scatter to fuse; async TP needs sequence "
                          "parallelism (e.g. gpt_tp_plan(..., sequence_parallel=True))")
+
+
+def _refuse_ties_leaving(module: Module, targets: list[Module]) -> None:
+    """Raise if a style would replace a parameter that a module outside ``module``
+    holds too (a tied embedding and head, the plan given one of them)."""
+    for target in targets:
+        for t in ties_leaving(target):
+            if t in ties_leaving(module):
+                raise ValueError(
+                    f"parallelize_module: {t.name} is {t.other_name} (tied weights), and "
+                    f"{t.other_name.rpartition('.')[0] or 'the root'} lies outside the "
+                    f"{type(module).__name__} given; the plan would cut {t.name} alone and "
+                    f"leave {t.other_name} whole, two copies trained apart. Apply the plan "
+                    f"at the root, parallelize_module(model, mesh, {{...}}), naming both "
+                    f"modules: it cuts them the same way and ties them again")
 
 
 def _targets(module: Module, plan: dict, async_tp: bool) -> list[tuple[Module, ParallelStyle]]:
