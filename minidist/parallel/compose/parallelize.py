@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 
 import minidist.distributed as dist
 from minidist import backend
+from minidist.backend import xp
 from minidist.distributed._shared_tokens import TokenShare
 from minidist.nn.llama import LlamaConfig
 from minidist.nn.module import Module, ModuleList
@@ -173,7 +174,10 @@ class ParallelLlama:
 
     def run_step(self, idx: Any, targets: Any) -> PipelineStats:
         """Forward and backward of every micro-batch, the gradients made whole-model
-        (tied embedding, data-parallel means), clipped if asked."""
+        (tied embedding, data-parallel means), clipped if asked. Once per optimizer
+        step, from zeroed gradients: the gradient accumulation is its micro-batches
+        (``microbatches``); a second call would sync, average and clip again."""
+        _refuse_unzeroed(pipeline_parameters(self.chunks))
         inputs, labels = self.my_microbatches(idx, targets)
         cp = _size(self.groups.cp)
         if cp > 1:        # RoPE turns each token by its place in the whole sequence
@@ -217,6 +221,19 @@ class ParallelLlama:
         for moe in routers(self.model):          # DeepSeek-V3's bias (no-op when off)
             moe.update_bias()
         return self.whole_loss(stats)
+
+
+def _refuse_unzeroed(params: list) -> None:
+    """Raise if a parameter holds a gradient that is not all zeros: run_step after a
+    run_step with no step and zero_grad between would add the tied embedding's other
+    half, the experts' sums and the replicas' means onto ones already made."""
+    grads = [q.grad for q in params if q.grad is not None]
+    if grads and bool(backend.to_host(xp.stack([xp.any(g) for g in grads])).any()):
+        raise RuntimeError(
+            "ParallelLlama.run_step: the gradients of the last run_step are still there; a "
+            "second one would sync the tied embedding, average the experts and clip again "
+            "onto them. Call optimizer.step() and optimizer.zero_grad() between (train_step "
+            "does), and accumulate over more micro-batches (microbatches=) instead")
 
 
 def _tensor_parallel(model: Module, tp: Any, sequence_parallel: bool) -> Module:

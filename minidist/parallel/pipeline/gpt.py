@@ -38,6 +38,9 @@ from minidist.parallel.pipeline.executor import split_layers
 
 _TIED_TAG = (1 << 20) - 1
 _stages: "weakref.WeakKeyDictionary[Module, int]" = weakref.WeakKeyDictionary()
+# id(tied weight) -> (the weight held weakly, the .grad array its last sync left: held
+# weakly where the array type allows, as numpy's and CuPy's do)
+_synced: dict[int, tuple[weakref.ref, Any]] = {}
 
 
 class GPTPiece(Module):
@@ -156,7 +159,13 @@ def sync_tied_gradients(model: Module, chunks: Sequence[GPTPiece], group: Any = 
 
     Only when the model ties wte and lm_head and the two pieces are on different
     ranks of the pipeline ``group``; the sum a + b on one side and b + a on the
-    other is the same float, so the copies stay bitwise equal."""
+    other is the same float, so the copies stay bitwise equal.
+
+    Once per optimizer step, after the last ``run_pipeline`` of a gradient
+    accumulation: a second sync of the same gradient would add the other stage's
+    half again (a + b + b'). So each sync notes the array it leaves in ``.grad``,
+    and a sync that finds it there (not set to None by ``zero_grad()`` since) raises,
+    on both stages, before exchanging anything."""
     p = dist.get_world_size(group)
     if not model.config.dims().tied or p == 1:
         return
@@ -167,8 +176,32 @@ def sync_tied_gradients(model: Module, chunks: Sequence[GPTPiece], group: Any = 
     peer = p - 1 if has_first else 0
     peer = peer if group is None else group.ranks[peer]
     weight = model.lm_head.weight                       # the embedding's matrix, tied
+    _refuse_synced_twice(weight)
     theirs = xp.empty_like(weight.grad)
     send = dist.isend(xp.ascontiguousarray(weight.grad), peer, group, _TIED_TAG)
     dist.recv(theirs, peer, group, _TIED_TAG)
     send.wait()
     weight.grad = weight.grad + theirs
+    key = id(weight)
+    _synced[key] = (weakref.ref(weight, lambda _: _synced.pop(key, None)), _held(weight.grad))
+
+
+def _held(array: Any) -> Any:
+    """A callable giving ``array`` back: a weak reference, or a strong one where the
+    array type takes no weak references."""
+    try:
+        return weakref.ref(array)
+    except TypeError:
+        return lambda: array
+
+
+def _refuse_synced_twice(weight: Any) -> None:
+    """Raise if ``weight.grad`` is still the array the last sync left (backward adds
+    into it in place, so a gradient accumulated onto a synced one is that array)."""
+    last = _synced.get(id(weight))
+    if last is not None and last[0]() is weight and last[1]() is weight.grad:
+        raise RuntimeError(
+            "sync_tied_gradients: the tied embedding's gradient was synced already and not "
+            "zeroed since; a second sync would add the other stage's half again. Sync once "
+            "per optimizer step, after the last run_pipeline of a gradient accumulation, "
+            "then step and zero_grad() (which sets the gradients to None)")
