@@ -25,6 +25,9 @@ def test_bench_prints_each_kill_the_medians_and_the_bar_on_them():
     for row in re.findall(r"^  kill at step.*$", restart, re.M):
         *terms, redo, _, step, formula = row.split()[5:]      # after the lost time
         total = sum(float(t) for t in terms) + int(redo) * float(step)
-        assert abs(total - float(formula)) <= 0.002, row       # printed to 1 ms each
+        # each figure printed to 1 ms, so off by up to 0.5 ms: the terms, the step once per
+        # step redone, and the formula itself (a term left out would be tens of ms)
+        slack = 0.0005 * (len(terms) + int(redo) + 1) + 1e-9
+        assert abs(total - float(formula)) <= slack, row
     assert re.search(r"\(median [\d.]+ <= [\d.]+ \+ [\d.]+ \+ [\d.]+\): (yes|no), \d of 2 kills "
                      r"one by one; without T_detect", out), out
