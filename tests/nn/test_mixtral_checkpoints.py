@@ -53,7 +53,7 @@ def their_grads_as_ours(ours, theirs):
     """transformers' gradients laid out under our names (test_llama_moe's mapping)."""
     import types
     grads = [(n, p.grad.detach().clone()) for n, p in theirs.named_parameters()]
-    keep = {n: p.data for n, p in ours.named_parameters()}
+    keep = dict(ours.state_dict())
     _copy_from_mixtral(ours, types.SimpleNamespace(named_parameters=lambda: grads), WIDTH)
     out = {n: backend.to_host(p.data).copy() for n, p in ours.named_parameters()}
     ours.load_state_dict(keep)

@@ -221,17 +221,15 @@ class ParallelLlama:
 
 def _tensor_parallel(model: Module, tp: Any, sequence_parallel: bool) -> Module:
     """The Megatron twin of ``model`` over ``tp``, holding ``model``'s weights, each
-    frozen where ``model``'s is (``requires_grad=False``), and each router's selection
-    bias (``expert_bias``: not a parameter; a twin made from the config had zeros)."""
+    frozen where ``model``'s is (``requires_grad=False``), and its persistent buffers
+    (each router's selection bias ``expert_bias``: a twin made from the config had zeros)."""
     cfg = model.config
     cls = TensorParallelLlama if isinstance(cfg, LlamaConfig) else TensorParallelGPT
     twin = cls(cfg, tp, sequence_parallel)
+    twin.load_state_dict(shard_state_dict(twin, model.state_dict()))   # buffers too
     dense = dict(model.named_parameters())
-    twin.load_state_dict(shard_state_dict(twin, {n: q.data for n, q in dense.items()}))
     for name, q in twin.named_parameters():
         q.requires_grad = dense[name].requires_grad
-    for theirs, mine in zip(routers(model), routers(twin)):
-        mine.expert_bias = theirs.expert_bias.copy()
     return twin
 
 
