@@ -48,6 +48,7 @@ from minidist import backend
 from minidist.distributed._shared_tokens import TokenShare
 from minidist.nn.llama import LlamaConfig
 from minidist.nn.module import Module, ModuleList
+from minidist.nn.module import persistent_buffers
 from minidist.nn.moe import routers
 from minidist.parallel.clip import clip_grad_norm_
 from minidist.parallel.data.naive import DataParallelNaive
@@ -132,6 +133,12 @@ class ParallelLlama:
         mine = {id(q) for q in self.parameters()}
         return {n: q for n, q in self.model.named_parameters() if id(q) in mine}
 
+    def named_buffers(self) -> dict[str, Any]:
+        """Name -> array of the persistent buffers of this rank's pieces (the routers'
+        ``expert_bias``), what a checkpoint of its stage holds beside the parameters."""
+        mine = {id(b) for chunk in self.chunks for b in chunk.buffers()}
+        return {n: b for n, b in persistent_buffers(self.model).items() if id(b) in mine}
+
     def shard_of(self, dense: dict) -> dict:
         """This rank's pieces of a dense model's arrays (name -> array), for its names: the
         tensor-parallel slice, then (under FSDP) its Shard(0) piece over dp_shard_cp."""
@@ -214,9 +221,14 @@ class ParallelLlama:
         stats = self.run_step(idx, targets)
         optimizer.step()
         optimizer.zero_grad()
-        for moe in routers(self.model):          # DeepSeek-V3's bias (no-op when off)
-            moe.update_bias()
+        self.update_moe_bias()
         return self.whole_loss(stats)
+
+    def update_moe_bias(self) -> None:
+        """DeepSeek-V3 balancing after each optimizer step (no-op when off), as
+        ``Llama.update_moe_bias``: every router of this rank's pieces."""
+        for moe in routers(self.model):
+            moe.update_bias()
 
 
 def _tensor_parallel(model: Module, tp: Any, sequence_parallel: bool) -> Module:
