@@ -329,9 +329,8 @@ def _add_methods(module: Module) -> None:
 
 def sharded_state_dict(module: Module) -> dict[str, Any]:
     """The parameters of a fully_shard module as Shard(0) DTensors, by name (torch's
-    ``model.state_dict()`` under FSDP2): ``.full_tensor()`` gives the whole one. Then the
-    persistent buffers, plain arrays every rank holds whole (torch leaves them
-    unsharded): save_dtensors writes them once, load_dtensors fills them on every rank."""
+    ``model.state_dict()`` under FSDP2; ``.full_tensor()`` the whole one), then the
+    persistent buffers: plain arrays, whole on every rank (unsharded, as torch's)."""
     out: dict[str, Any] = {}
     for name, p in module.named_parameters():
         owner_name, attr = name.rsplit(".", 1) if "." in name else ("", name)
@@ -339,8 +338,7 @@ def sharded_state_dict(module: Module) -> dict[str, Any]:
         state = _state_of(module, owner)
         shape = next(param.shape for param in state.params if param.shard is p)
         out[name] = DTensor(p, state.spec(shape), GradPlacements(state.placements, True))
-    out.update(persistent_buffers(module))
-    return out
+    return {**out, **persistent_buffers(module)}
 
 
 def _state_of(root: Module, owner: Module) -> FSDPState:
