@@ -7,8 +7,10 @@ blocks; the other blocks stay as they were initialised. One file written by rank
 this module saves it instead:
 
     directory/pp{s}_tp{t}.ckpt    written by replica 0 of stage s, tensor rank t:
-                                  {"model": name -> array (the parameters it trains,
-                                   named as in the whole model), "optimizer": its state,
+                                  {"model": name -> array (the parameters it trains and
+                                   the persistent buffers of its blocks, the routers'
+                                   expert_bias, named as in the whole model),
+                                   "optimizer": its state,
                                    "layout": {"pp": p, "tp": T, "stage": s, "tensor": t}}
 
 ``load_pipeline`` gives every rank the parameters it holds from whichever files hold
@@ -41,7 +43,8 @@ def save_pipeline(directory: str, three_d: Any, optimizer: Any = None) -> None:
     pp, stage, tp, tensor, replica = _coords(three_d)
     if replica == 0:
         os.makedirs(directory, exist_ok=True)
-        state = dict(model={n: q.data for n, q in three_d.named_parameters().items()},
+        state = dict(model={**{n: q.data for n, q in three_d.named_parameters().items()},
+                            **three_d.named_buffers()},
                      optimizer=optimizer.state_dict() if optimizer is not None else None,
                      layout=dict(pp=pp, tp=tp, stage=stage, tensor=tensor))
         save_file(os.path.join(directory, f"pp{stage}_tp{tensor}.ckpt"), state)
@@ -67,15 +70,17 @@ def load_pipeline(directory: str, three_d: Any, optimizer: Any = None) -> None:
         saved.update(state["model"])
         if layout["pp"] == pp and layout["stage"] == stage:
             own = state
-    mine = three_d.named_parameters()
+    mine = {**{n: q.data for n, q in three_d.named_parameters().items()},
+            **three_d.named_buffers()}
     missing = sorted(set(mine) - set(saved))
     if missing:
-        raise CheckpointError(f"{directory} lacks {len(missing)} parameter(s) this stage "
-                              f"holds, e.g. {missing[0]!r}: some stage's file is missing")
-    for name, param in mine.items():
-        if tuple(saved[name].shape) != tuple(param.shape):
+        raise CheckpointError(f"{directory} lacks {len(missing)} parameter(s) or buffer(s) "
+                              f"this stage holds, e.g. {missing[0]!r}: some stage's file is "
+                              f"missing, or it predates buffers")
+    for name, array in mine.items():
+        if tuple(saved[name].shape) != tuple(array.shape):
             raise CheckpointError(f"{name}: saved shape {tuple(saved[name].shape)}, "
-                                  f"model shape {tuple(param.shape)}")
-        param.data[...] = saved[name].astype(param.dtype)
+                                  f"model shape {tuple(array.shape)}")
+        array[...] = saved[name].astype(array.dtype)
     if optimizer is not None and own is not None and own["optimizer"] is not None:
         optimizer.load_state_dict(own["optimizer"])

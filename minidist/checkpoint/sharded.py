@@ -9,7 +9,9 @@ Layout of a checkpoint directory:
                                       size and sha256 (JSON; values as in tree.py)
     path/v3/shard-00001-of-00004.npz  rank 1's shard of every flat group: master
                                       weights, optimizer buffers (exp_avg, ...), step
-                                      counts, and rank 1's RNG state (records.py)
+                                      counts, and rank 1's RNG state (records.py);
+                                      shard 0 also the model's persistent buffers
+                                      (whole on every rank: saved once, loaded by all)
 
 Saving writes a new version next to the old one and only then replaces LATEST
 (atomically, io.py), so a crash at any point leaves LATEST naming a complete
@@ -45,6 +47,7 @@ from minidist.checkpoint.io import (CONVERT, CheckpointError, atomic_write_bytes
                                    read_checkpoint_bytes, refuse_pickle,
                                    remove_stale_temporaries, save_file)
 from minidist.checkpoint.tree import FormatError, flatten, key_path, unflatten
+from minidist.nn.module import persistent_buffers
 from minidist.untrusted import MAX_JSON_BYTES, Refused, confined_name
 
 FORMAT = "minidist-sharded-2"     # 1: shard files were pickles
@@ -85,7 +88,8 @@ def save_sharded(path: str, zero: Any, sampler: Any = None, extra: dict | None =
     name = shard_name(rank, world)
     digest = save_file(os.path.join(vdir, name), dict(
         rank=rank, world_size=world, groups=shards,
-        rng=backend.default_generator().get_state()))
+        rng=backend.default_generator().get_state(),
+        buffers=dict(persistent_buffers(zero.module)) if rank == 0 else {}))
     size = os.path.getsize(os.path.join(vdir, name))
     # every rank's digest and size to every rank: 32 + 8 bytes each
     mine = backend.from_host(list(bytes.fromhex(digest)) + list(size.to_bytes(8, "little")),
@@ -212,7 +216,7 @@ def load_sharded(path: str, zero: Any, sampler: Any = None) -> dict:
     if zero.rank == 0:
         remove_partial_versions(path)
     try:
-        vdir, manifest, pieces, rng = _read_my_part(path, zero)
+        vdir, manifest, pieces, rng, buffers = _read_my_part(path, zero)
     except CheckpointError as e:
         error = e
     except (KeyError, IndexError, TypeError, ValueError) as e:   # well-formed, wrong shape
@@ -225,6 +229,8 @@ def load_sharded(path: str, zero: Any, sampler: Any = None) -> dict:
     if int(backend.to_host(flag)[0]):
         raise CheckpointError(f"another rank could not read its part of the checkpoint "
                               f"under {path} (its error names the file)")
+    for name, b in persistent_buffers(zero.module).items():
+        b[...] = xp.asarray(buffers[name])
     for shard, new in zip(zero.shards, pieces):
         shard.data[...] = new["param"]
         state = {k: v for k, v in new.items() if k != "param"}
@@ -243,7 +249,7 @@ def load_sharded(path: str, zero: Any, sampler: Any = None) -> dict:
     return manifest["extra"]
 
 
-def _read_my_part(path: str, zero: Any) -> tuple[str, dict, list[dict], Any]:
+def _read_my_part(path: str, zero: Any) -> tuple[str, dict, list[dict], Any, dict]:
     """Check the manifest against ``zero``; read this rank's new shard of every group."""
     vdir, manifest = read_manifest(path)
     mpath = os.path.join(vdir, "manifest.json")
@@ -274,7 +280,21 @@ def _read_my_part(path: str, zero: Any) -> tuple[str, dict, list[dict], Any]:
     pieces = [_gather_range(layout, old_world, lambda r, g=g: old_shard(r)["groups"][g])
               for g, layout in enumerate(zero.layouts)]
     rng = old_shard(zero.rank)["rng"] if zero.rank < old_world else None
-    return vdir, manifest, pieces, rng
+    return vdir, manifest, pieces, rng, _saved_buffers(zero, old_shard(0), mpath)
+
+
+def _saved_buffers(zero: Any, first: dict, mpath: str) -> dict:
+    """The model's persistent buffers as rank 0 saved them (every rank holds the same),
+    each name and shape checked against the model's."""
+    saved, own = first.get("buffers", {}), persistent_buffers(zero.module)
+    if set(saved) != set(own):
+        raise CheckpointError(f"{mpath}: the checkpoint holds the buffers {sorted(saved)}, "
+                              f"this model has {sorted(own)}")
+    for name, b in own.items():
+        if tuple(saved[name].shape) != tuple(b.shape):
+            raise CheckpointError(f"{mpath}: buffer {name!r} saved of shape "
+                                  f"{tuple(saved[name].shape)}, {tuple(b.shape)} in the model")
+    return saved
 
 
 def _shard_path(vdir: str, name: Any, rank: int, world: int, mpath: str) -> str:

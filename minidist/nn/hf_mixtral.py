@@ -15,7 +15,9 @@ one of two layouts, and ``Llama.from_pretrained`` reads both:
         model.layers.L.mlp.experts.down_proj                  (E, C, H)
 
 ``save_pretrained`` writes the per-expert layout, which every transformers version
-loads. Names that fit neither layout pass through unchanged, so the check that follows
+loads. A Mixtral has no selection bias (DeepSeek-V3's ``mlp.gate.e_score_correction_bias``,
+a model type not read here): each router's persistent buffer ``expert_bias`` stays at
+its init, zeros, and is not written. Names that fit neither layout pass through unchanged, so the check that follows
 (hf.check_tensors) reports them as unexpected under the checkpoint's own names.
 
 The routing is Mixtral's: softmax over the E router logits, the top k kept and

@@ -5,6 +5,13 @@ a ``Parameter`` or another ``Module`` to ``self.something`` registers it, as in
 ``torch.nn.Module``. Names are dotted paths (``blocks.0.attn.c_attn.weight``),
 so ``state_dict()`` of a PyTorch model with the same structure lines up key
 for key.
+
+A buffer is state that is not a parameter (no gradient, no optimizer) but belongs
+to the model: ``register_buffer(name, array, persistent=True)``, as in torch (the
+MoE router's selection bias ``expert_bias``). Assigning a new array to its name
+replaces it. A persistent buffer is in ``state_dict()`` (each module's parameters,
+then its buffers, then its children's: torch's order) and ``load_state_dict()``
+copies it back; ``persistent=False`` keeps it out of both.
 """
 from __future__ import annotations
 
@@ -35,12 +42,24 @@ class Module:
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_non_persistent_buffers", set())
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if "_parameters" not in self.__dict__:
             raise RuntimeError(f"call super().__init__() in {type(self).__name__}.__init__ "
                                "before assigning attributes")
+        buffers = self.__dict__.get("_buffers", {})
+        if name in buffers and not isinstance(value, (Parameter, Module)):
+            if value is not None and not backend.is_array(value):
+                raise TypeError(f"cannot assign {type(value).__name__} to the buffer {name!r} "
+                                f"of {type(self).__name__}: an array (or None) is expected")
+            buffers[name] = value            # the buffer, replaced (torch's semantics)
+            object.__setattr__(self, name, value)
+            return
+        buffers.pop(name, None)
+        self.__dict__.get("_non_persistent_buffers", set()).discard(name)
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
         if isinstance(value, Parameter):
@@ -72,17 +91,70 @@ class Module:
 
     def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, Parameter]]:
         """Each parameter once (a tied parameter under its first name)."""
+        yield from self._named_once("_parameters", prefix)
+
+    def _named_once(self, table: str, prefix: str) -> Iterator[tuple[str, Any]]:
+        """The entries of every module's ``table`` (``_parameters``, ``_buffers``), each
+        object once under its first dotted name, None left out."""
         seen: set[int] = set()
         for mod_name, mod in self.named_modules(prefix):
-            for name, p in mod._parameters.items():
-                if id(p) in seen:
+            for name, v in getattr(mod, table).items():
+                if v is None or id(v) in seen:
                     continue
-                seen.add(id(p))
-                yield (f"{mod_name}.{name}" if mod_name else name), p
+                seen.add(id(v))
+                yield (f"{mod_name}.{name}" if mod_name else name), v
 
     def parameters(self) -> Iterator[Parameter]:
         for _, p in self.named_parameters():
             yield p
+
+    def register_buffer(self, name: str, array: Any, persistent: bool = True) -> None:
+        """Register ``array`` (or None) as the buffer ``name``, read as ``self.<name>``:
+        state that is not a parameter. ``persistent``: whether ``state_dict()`` holds it
+        (torch's semantics; a non-persistent buffer is rebuilt by ``__init__``)."""
+        if "_buffers" not in self.__dict__:
+            raise RuntimeError(f"call super().__init__() in {type(self).__name__}.__init__ "
+                               "before registering buffers")
+        if not name or "." in name:
+            raise KeyError(f"a buffer's name is a non-empty attribute name without '.', "
+                           f"got {name!r}")
+        if name in self._parameters or name in self._modules or (
+                hasattr(self, name) and name not in self._buffers):
+            raise KeyError(f"{type(self).__name__} already has an attribute {name!r}")
+        if array is not None and not backend.is_array(array):
+            raise TypeError(f"buffer {name!r}: an array of the active backend (or None) is "
+                            f"expected, got {type(array).__name__}")
+        self._buffers[name] = array
+        if persistent:
+            self._non_persistent_buffers.discard(name)
+        else:
+            self._non_persistent_buffers.add(name)
+        object.__setattr__(self, name, array)
+
+    def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, Any]]:
+        """Each buffer once (one shared by two modules under its first name), None left
+        out, as torch's ``named_buffers``."""
+        yield from self._named_once("_buffers", prefix)
+
+    def buffers(self) -> Iterator[Any]:
+        for _, b in self.named_buffers():
+            yield b
+
+    def _persistent_state(self) -> Iterator[tuple[str, Any, bool]]:
+        """(name, parameter or array, is_buffer) of what ``state_dict`` holds, in torch's
+        order: each module's parameters, then its persistent buffers, then its children."""
+        seen: set[int] = set()
+        for mod_name, mod in self.named_modules():
+            dot = f"{mod_name}." if mod_name else ""
+            for name, p in mod._parameters.items():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield dot + name, p, False
+            for name, b in mod._buffers.items():
+                if b is not None and name not in mod._non_persistent_buffers and \
+                        id(b) not in seen:
+                    seen.add(id(b))
+                    yield dot + name, b, True
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -115,10 +187,12 @@ class Module:
 
     # -- state --------------------------------------------------------------
     def state_dict(self) -> "OrderedDict[str, Any]":
-        """Parameter name -> array (the live arrays, not copies, as in PyTorch); a module
-        with a state-dict post hook then replaces its entries (tensor parallelism: by
-        DTensors, each holding this rank's piece)."""
-        out = OrderedDict((name, p.data) for name, p in self.named_parameters())
+        """Parameter and persistent buffer name -> array (the live arrays, not copies, as
+        in PyTorch; torch's order, ``_persistent_state``); a module with a state-dict post
+        hook then replaces its entries (tensor parallelism: its parameters by DTensors,
+        each holding this rank's piece; a buffer stays the array every rank holds)."""
+        out = OrderedDict((name, v if buffer else v.data)
+                          for name, v, buffer in self._persistent_state())
         for name, module in self.named_modules():
             for hook in module.__dict__.get("_state_dict_post_hooks", ()):
                 hook(module, out, f"{name}." if name else "")
@@ -138,12 +212,13 @@ class Module:
         self.__dict__.setdefault("_load_state_dict_pre_hooks", []).append(hook)
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
-        """Copy arrays into the parameters; names and shapes must match."""
+        """Copy arrays into the parameters and persistent buffers (in place); names (with
+        ``strict``) and shapes must match."""
         state = dict(state)                   # the pre hooks replace entries of a copy
         for name, module in self.named_modules():
             for hook in module.__dict__.get("_load_state_dict_pre_hooks", ()):
                 hook(module, state, f"{name}." if name else "")
-        own = dict(self.named_parameters())
+        own = {name: v for name, v, _ in self._persistent_state()}
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
         if strict and (missing or unexpected):
@@ -151,13 +226,14 @@ class Module:
         for name, value in state.items():
             if name not in own:
                 continue
-            p = own[name]
-            if tuple(value.shape) != p.shape:
+            target = own[name]
+            target = target.data if isinstance(target, Parameter) else target
+            if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(f"{name}: shape {tuple(value.shape)} in the state_dict, "
-                                 f"{p.shape} in the model")
+                                 f"{tuple(target.shape)} in the model")
             if not backend.is_array(value):
                 value = backend.from_host(value)
-            p.data[...] = value.astype(p.dtype, copy=False)   # the assignment copies
+            target[...] = value.astype(target.dtype, copy=False)   # the assignment copies
 
     def to_dtype(self, dtype: Any) -> "Module":
         """Cast every parameter (in place of its data) to ``dtype``."""
@@ -174,6 +250,12 @@ class Module:
         for name, p in self._parameters.items():
             lines.append(f"  {name}: {p.shape}")
         return "\n".join(lines) + ")" if len(lines) > 1 else f"{type(self).__name__}()"
+
+
+def persistent_buffers(module: Module) -> "OrderedDict[str, Any]":
+    """Name -> array of the buffers ``module.state_dict()`` holds, in its order (the live
+    arrays): what a model's state has beside its parameters."""
+    return OrderedDict((name, b) for name, b, buffer in module._persistent_state() if buffer)
 
 
 class ModuleList(Module):

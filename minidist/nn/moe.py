@@ -145,8 +145,9 @@ class MoE(Module):
         self.capacity_factor, self.groups, self.normalize = capacity_factor, groups, normalize
         self.aux_coef, self.z_coef, self.bias_rate = aux_coef, z_coef, bias_rate
         self.balance = balance
-        # DeepSeek-V3's selection bias: not a parameter (no gradient), moved by update_bias
-        self.expert_bias = xp.zeros((n_expert,), dtype=dtype)
+        # DeepSeek-V3's selection bias: not a parameter (no gradient), moved by update_bias;
+        # a persistent buffer (torchtitan's), so checkpoints keep it
+        self.register_buffer("expert_bias", xp.zeros((n_expert,), dtype=dtype))
         self.step_counts: Any = None   # (E,) assignments of the forwards since update_bias
         self.token_share: Any = None   # the ranks holding the batch's other tokens, or None
         self.aux_loss: Tensor | None = None

@@ -72,4 +72,5 @@ class ThreeDParallelGPT(ParallelLlama):
         stats = self.run_step(idx, targets)
         optimizer.step()
         optimizer.zero_grad()
+        self.update_moe_bias()          # the routers' selection bias, as one process moves it
         return sum(stats.losses) / len(stats.losses) if stats.losses else None

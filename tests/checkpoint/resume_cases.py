@@ -5,7 +5,8 @@ batch of 12 (so 12 / N per rank at N = 2, 3, 4, 6); a run of 6 steps crosses int
 a second epoch (``set_epoch``). ``run(case, directory, start, stop)`` builds a
 fresh model -- from a *different* seed than the first run, so that loading must
 do the work -- loads the checkpoint if ``start > 0``, trains steps
-[start, stop), saves if asked, and returns the full parameters.
+[start, stop), saves if asked, and returns the full parameters and the step count
+the model keeps in a buffer.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class TinyNet(Module):
         gen = backend.Generator(seed)
         self.fc1 = Linear(d_in, hidden, dtype=dtype, generator=gen)
         self.fc2 = Linear(hidden, d_out, dtype=dtype, generator=gen)
+        self.register_buffer("steps", backend.xp.zeros((1,), dtype=dtype))   # not trained
 
     def forward(self, x):
         return self.fc2(self.fc1(x).tanh())
@@ -84,11 +86,14 @@ def run(case, directory, start, stop, save=True):
         else:
             wrapped.step()
             wrapped.zero_grad()
+        model.steps = model.steps + 1      # a buffer: saved once, loaded on every rank
     if save:
         if strategy == "ddp":
             save_checkpoint(f"{directory}/ckpt.npz", model, opt, sampler)
         else:
             save_sharded(directory, wrapped, sampler)
     if strategy == "zero3":
-        return {k: backend.to_host(v).copy() for k, v in wrapped.full_state_dict().items()}
-    return {k: backend.to_host(p.data).copy() for k, p in model.named_parameters()}
+        out = {k: backend.to_host(v).copy() for k, v in wrapped.full_state_dict().items()}
+    else:
+        out = {k: backend.to_host(p.data).copy() for k, p in model.named_parameters()}
+    return {**out, "steps": backend.to_host(model.steps).copy()}

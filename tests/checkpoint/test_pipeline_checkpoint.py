@@ -18,11 +18,14 @@ worlds = worlds_fixture()
 
 def _config(case):
     from minidist.nn import GPTConfig, LlamaConfig
-    if case["model"] == "llama":
+    if case["model"] in ("llama", "moe"):     # moe: routed by a moving selection bias
+        moe = dict(num_local_experts=4, num_experts_per_tok=1, moe_intermediate_size=6,
+                   moe_bias_rate=0.05) if case["model"] == "moe" else {}
         return LlamaConfig(vocab_size=11, hidden_size=8, intermediate_size=12,
                            num_hidden_layers=case["layers"], num_attention_heads=2,
                            num_key_value_heads=1, max_position_embeddings=4,
-                           tie_word_embeddings=case["tie"], dtype="float64", seed=case["seed"])
+                           tie_word_embeddings=case["tie"], dtype="float64", seed=case["seed"],
+                           **moe)
     return GPTConfig(block_size=4, vocab_size=11, n_layer=case["layers"], n_head=2, n_embd=8,
                      tie_weights=case["tie"], dtype="float64", seed=case["seed"])
 
@@ -35,7 +38,8 @@ def _batch(rng):
 
 def _host(three_d):
     from minidist import backend
-    return {n: backend.to_host(q.data).copy() for n, q in three_d.named_parameters().items()}
+    return {**{n: backend.to_host(q.data).copy() for n, q in three_d.named_parameters().items()},
+            **{n: backend.to_host(b).copy() for n, b in three_d.named_buffers().items()}}
 
 
 def save_and_reload(case, directory):
@@ -80,12 +84,25 @@ def load_whole(case, directory):
        seed=st.integers(0, 100))
 def test_pipeline_checkpoint_holds_every_stage_and_loads_bit_for_bit(worlds, tmp_path_factory,
                                                                      model, layers, tie, seed):
-    case = dict(model=model, layers=layers, tie=tie, seed=seed)
+    check_saved_and_loaded(worlds, tmp_path_factory,
+                           dict(model=model, layers=layers, tie=tie, seed=seed))
+
+
+def test_pipeline_checkpoint_keeps_the_routers_selection_bias(worlds, tmp_path_factory):
+    """Each stage's routers' ``expert_bias`` (persistent buffers) saved and loaded with its
+    weights: the step after loading routes as the uninterrupted run's."""
+    check_saved_and_loaded(worlds, tmp_path_factory,
+                           dict(model="moe", layers=2, tie=False, seed=3))
+
+
+def check_saved_and_loaded(worlds, tmp_path_factory, case):
     directory = str(tmp_path_factory.mktemp("pipeline"))
     stages = worlds(2).run(save_and_reload, case, directory)
     whole = {}
     for message, trained, loaded, stepped, stepped_again in stages:
         assert "split over 2 pipeline stages" in message
+        if case["model"] == "moe":
+            assert any(trained[n].any() for n in trained if n.endswith("expert_bias"))
         assert trained.keys() == loaded.keys()
         for name in trained:
             assert np.array_equal(loaded[name], trained[name]), name

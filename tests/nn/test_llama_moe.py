@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from minidist import backend
 from minidist.nn import Llama, LlamaConfig
+from minidist.nn.module import persistent_buffers
 from oracles.optional import require, require_transformers_model
 
 torch = require("torch")
@@ -51,7 +52,8 @@ def _copy_from_mixtral(ours, theirs, width):
                 state[name] = t[fused + "gate_up_proj"][int(i)][half]
         else:
             state[name] = t[name]
-    ours.load_state_dict({k: backend.from_host(v) for k, v in state.items()})
+    ours.load_state_dict({**{k: backend.from_host(v) for k, v in state.items()},
+                          **persistent_buffers(ours)})        # Mixtral has no selection bias
     return state
 
 

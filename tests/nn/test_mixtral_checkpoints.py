@@ -53,7 +53,7 @@ def their_grads_as_ours(ours, theirs):
     """transformers' gradients laid out under our names (test_llama_moe's mapping)."""
     import types
     grads = [(n, p.grad.detach().clone()) for n, p in theirs.named_parameters()]
-    keep = {n: p.data for n, p in ours.named_parameters()}
+    keep = dict(ours.state_dict())
     _copy_from_mixtral(ours, types.SimpleNamespace(named_parameters=lambda: grads), WIDTH)
     out = {n: backend.to_host(p.data).copy() for n, p in ours.named_parameters()}
     ours.load_state_dict(keep)
@@ -153,6 +153,16 @@ def rewrite(saved, tmp_path, change_tensors=None, change_config=None):
 
 
 EXPERT = "model.layers.0.block_sparse_moe.experts.1.w3.weight"
+
+
+def test_a_checkpoint_without_the_selection_bias_loads_it_at_its_init(saved):
+    """Mixtral has no selection bias (DeepSeek-V3's ``e_score_correction_bias``): each
+    router's persistent ``expert_bias`` stays at its zeros, in the model's state dict."""
+    ours = Llama.from_pretrained(str(saved))
+    state = ours.state_dict()
+    assert np.array_equal(backend.to_host(state["model.layers.0.mlp.expert_bias"]),
+                          np.zeros(4))
+    Llama(ours.config).load_state_dict(state)        # strict: the buffer with the weights
 
 
 def test_missing_expert_tensor_is_named_with_our_name(saved, tmp_path):

@@ -91,7 +91,7 @@ from minidist.distributed.tensor._api import DTensor, distribute_tensor
 from minidist.distributed.tensor._collectives import backward_phase
 from minidist.distributed.tensor._piece_norm import note_piece, refuse_pieces_as_replicas
 from minidist.distributed.tensor._redistribute import GradPlacements
-from minidist.nn.module import Module, Parameter
+from minidist.nn.module import Module, Parameter, persistent_buffers
 from minidist.nn.moe import routes_tokens
 
 
@@ -327,17 +327,18 @@ def _add_methods(module: Module) -> None:
         object.__setattr__(module, method.__name__, method)
 
 
-def sharded_state_dict(module: Module) -> dict[str, DTensor]:
+def sharded_state_dict(module: Module) -> dict[str, Any]:
     """The parameters of a fully_shard module as Shard(0) DTensors, by name (torch's
-    ``model.state_dict()`` under FSDP2): ``.full_tensor()`` gives the whole one."""
-    out = {}
+    ``model.state_dict()`` under FSDP2; ``.full_tensor()`` the whole one), then the
+    persistent buffers: plain arrays, whole on every rank (unsharded, as torch's)."""
+    out: dict[str, Any] = {}
     for name, p in module.named_parameters():
         owner_name, attr = name.rsplit(".", 1) if "." in name else ("", name)
         owner = dict(module.named_modules())[owner_name]
         state = _state_of(module, owner)
         shape = next(param.shape for param in state.params if param.shard is p)
         out[name] = DTensor(p, state.spec(shape), GradPlacements(state.placements, True))
-    return out
+    return {**out, **persistent_buffers(module)}
 
 
 def _state_of(root: Module, owner: Module) -> FSDPState:

@@ -49,6 +49,7 @@ from minidist.backend import xp
 from minidist.distributed._shared_tokens import TokenShare
 from minidist.nn.llama import LlamaConfig
 from minidist.nn.module import Module, ModuleList
+from minidist.nn.module import persistent_buffers
 from minidist.nn.moe import routers
 from minidist.parallel.clip import clip_grad_norm_
 from minidist.parallel.data.naive import DataParallelNaive
@@ -132,6 +133,12 @@ class ParallelLlama:
         """Name (as in the dense model) -> parameter, for this rank's parameters only."""
         mine = {id(q) for q in self.parameters()}
         return {n: q for n, q in self.model.named_parameters() if id(q) in mine}
+
+    def named_buffers(self) -> dict[str, Any]:
+        """Name -> array of the persistent buffers of this rank's pieces (the routers'
+        ``expert_bias``), what a checkpoint of its stage holds beside the parameters."""
+        mine = {id(b) for chunk in self.chunks for b in chunk.buffers()}
+        return {n: b for n, b in persistent_buffers(self.model).items() if id(b) in mine}
 
     def shard_of(self, dense: dict) -> dict:
         """This rank's pieces of a dense model's arrays (name -> array), for its names: the
@@ -218,9 +225,14 @@ class ParallelLlama:
         stats = self.run_step(idx, targets)
         optimizer.step()
         optimizer.zero_grad()
-        for moe in routers(self.model):          # DeepSeek-V3's bias (no-op when off)
-            moe.update_bias()
+        self.update_moe_bias()
         return self.whole_loss(stats)
+
+    def update_moe_bias(self) -> None:
+        """DeepSeek-V3 balancing after each optimizer step (no-op when off), as
+        ``Llama.update_moe_bias``: every router of this rank's pieces."""
+        for moe in routers(self.model):
+            moe.update_bias()
 
 
 def _refuse_unzeroed(params: list) -> None:
@@ -238,17 +250,15 @@ def _refuse_unzeroed(params: list) -> None:
 
 def _tensor_parallel(model: Module, tp: Any, sequence_parallel: bool) -> Module:
     """The Megatron twin of ``model`` over ``tp``, holding ``model``'s weights, each
-    frozen where ``model``'s is (``requires_grad=False``), and each router's selection
-    bias (``expert_bias``: not a parameter; a twin made from the config had zeros)."""
+    frozen where ``model``'s is (``requires_grad=False``), and its persistent buffers
+    (each router's selection bias ``expert_bias``: a twin made from the config had zeros)."""
     cfg = model.config
     cls = TensorParallelLlama if isinstance(cfg, LlamaConfig) else TensorParallelGPT
     twin = cls(cfg, tp, sequence_parallel)
+    twin.load_state_dict(shard_state_dict(twin, model.state_dict()))   # buffers too
     dense = dict(model.named_parameters())
-    twin.load_state_dict(shard_state_dict(twin, {n: q.data for n, q in dense.items()}))
     for name, q in twin.named_parameters():
         q.requires_grad = dense[name].requires_grad
-    for theirs, mine in zip(routers(model), routers(twin)):
-        mine.expert_bias = theirs.expert_bias.copy()
     return twin
 
 

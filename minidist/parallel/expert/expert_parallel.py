@@ -56,7 +56,7 @@ from minidist.parallel.expert.dispatch import (all_to_all, all_to_all_start, all
 from minidist.trace import recorder as trace
 
 _SETTINGS = ("n_expert", "top_k", "capacity_factor", "normalize", "aux_coef", "z_coef",
-             "bias_rate", "expert_bias", "balance", "step_counts", "token_share")
+             "bias_rate", "balance", "step_counts", "token_share")
 
 
 class ExpertMesh:
@@ -111,6 +111,7 @@ class ExpertParallelMoE(MoE):
         self.router, self.shared = moe.router, moe.shared   # shared experts: on every rank
         for name in _SETTINGS:
             setattr(self, name, getattr(moe, name))
+        self.register_buffer("expert_bias", moe.expert_bias)   # on every rank of the group
         per = E // ep
         mine = range(mesh.ep_rank * per, (mesh.ep_rank + 1) * per)
         self.experts = Experts({i: moe.experts[i] for i in mine})

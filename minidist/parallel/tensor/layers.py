@@ -46,7 +46,7 @@ from minidist.backend import xp
 from minidist.distributed.tensor._piece_norm import note_piece_over
 from minidist.nn import functional as F
 from minidist.nn.layers import Dropout, LayerNorm, Linear
-from minidist.nn.module import Module, Parameter
+from minidist.nn.module import Module, Parameter, persistent_buffers
 from minidist.precision.autocast import get_autocast_policy
 from minidist.distributed._symmetric_memory import (fused_all_gather_matmul,
                                                     fused_matmul_reduce_scatter)
@@ -270,7 +270,8 @@ def note_tp_pieces(module: Module, group: Any, names: tuple = ("weight", "bias")
 def shard_state_dict(model: Module, dense: dict) -> dict:
     """Slice a dense model's arrays (``name -> array``: weights, or gradients)
     into ``model``'s shards, by parameter name. Layers with a ``shard`` method
-    slice; the rest (layer norms, position embeddings) are replicated."""
+    slice; the rest (layer norms, position embeddings) are replicated, as are the
+    persistent buffers ``dense`` holds (a router's ``expert_bias``)."""
     modules = dict(model.named_modules())
     out = {}
     for name, _ in model.named_parameters():
@@ -278,6 +279,9 @@ def shard_state_dict(model: Module, dense: dict) -> dict:
         module = modules[owner]
         full = dense[name]
         out[name] = module.shard(local, full) if hasattr(module, "shard") else full.copy()
+    for name in persistent_buffers(model):
+        if name in dense:
+            out[name] = dense[name].copy()
     return out
 
 

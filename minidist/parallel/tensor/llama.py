@@ -99,7 +99,7 @@ class TensorParallelLlama(Llama):
         if sequence_parallel:
             check_sequence_parallel(cfg, t)
         super().__init__(cfg)                         # the dense model: its weights, its seed
-        dense = {name: p.data for name, p in self.named_parameters()}
+        dense = dict(self.state_dict())                # its weights and buffers
         self.group, self.sequence_parallel = group, sequence_parallel
         sp, C, hd = sequence_parallel, cfg.hidden_size, cfg.head_dim
         std, dtype = cfg.initializer_range, cfg.dtype

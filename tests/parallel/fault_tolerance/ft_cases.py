@@ -42,6 +42,7 @@ def case_of(**kw):
 
 def snapshot(model, optimizer=None):
     out = {name: backend.to_host(p.data).copy() for name, p in model.named_parameters()}
+    out.update({name: backend.to_host(b).copy() for name, b in model.named_buffers()})
     if optimizer is not None:
         for i, buffers in optimizer.state_dict()["state"].items():
             for key, value in buffers.items():
@@ -96,6 +97,9 @@ def train_on_rank(case):
                                                    ReplicaLostError)
     mesh, dim, replica, part, pair = _mesh_and_place(case)
     model = Net(case["d_in"], case["hidden"], case["d_out"], case["seed"] + replica)
+    # a persistent buffer no step moves, its replica's own until healed: state_dict()
+    # carries it, so a healed spare holds its source's
+    model.register_buffer("tag", backend.xp.full((2,), float(replica)))
     fsdp = case["parts"] > 1 and case["pair"] == "fsdp"
     if fsdp:
         _fully_shard_over_the_pair(model, mesh)
