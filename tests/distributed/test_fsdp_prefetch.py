@@ -254,7 +254,7 @@ def reshard_to_node_case(seed):
                         backend.from_host(np.ones((1, 8), dtype="int64")))
         states = [block.__dict__["_fsdp_state"] for block in model.blocks]
         # held from forward to backward: each parameter's piece for a group of 2
-        held = [[(tuple(p.shape), shape) for p, (_, _, shape) in zip(s.post_forward, s.params)]
+        held = [[(tuple(p.shape), param.shape) for p, param in zip(s.post_forward, s.params)]
                 for s in states]
         LOG.append("backward")
         loss.backward()

@@ -70,7 +70,8 @@ def train(case, world, sharded):
         opt.zero_grad()
     if sharded:
         return counts, {k: backend.to_host(d.full_tensor().data).copy()
-                        for k, d in sharded_state_dict(model).items()}
+                        for k, d in sharded_state_dict(model).items()
+                        if hasattr(d, "full_tensor")}   # the parameters, not the buffers
     return counts, {k: backend.to_host(p.data).copy() for k, p in model.named_parameters()}
 
 

@@ -72,6 +72,11 @@ def train(case, model, parts):
     return counts
 
 
+def parameters_of(state):
+    """The DTensors of a sharded state dict: its parameters, the buffers left out."""
+    return {n: d for n, d in state.items() if hasattr(d, "full_tensor")}
+
+
 def hsdp_case(case):
     """This rank's run under HSDP: (counts per step, whole parameters, local pieces,
     placements as text, mesh coordinate)."""
@@ -86,7 +91,7 @@ def hsdp_case(case):
     fully_shard(model, mesh=mesh)
     r = dist.get_rank()
     counts = train(case, model, [slice(r * PER, (r + 1) * PER)])
-    state = sharded_state_dict(model)
+    state = parameters_of(sharded_state_dict(model))
     whole = {k: backend.to_host(d.full_tensor().data).copy() for k, d in state.items()}
     local = {k: backend.to_host(d.to_local().data).copy() for k, d in state.items()}
     placements = {k: [repr(p) for p in d.placements] for k, d in state.items()}
@@ -188,7 +193,7 @@ def torch_shaped_case(case):
         counts.append(comm.get_comm_counts())
         opt.step()
         opt.zero_grad()
-    state = sharded_state_dict(model)
+    state = parameters_of(sharded_state_dict(model))
     return ({n: [repr(p) for p in d.placements] for n, d in state.items()},
             {n: backend.to_host(d.to_local().data).copy() for n, d in state.items()},
             counts,

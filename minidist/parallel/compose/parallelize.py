@@ -115,8 +115,7 @@ class ParallelLlama:
         self.chunks = pieces_of_rank(split_gpt(self.model, p, virtual, carry_balance=True),
                                      pp_rank, p, self.placement)
         self.ops = make_schedule(schedule, p, microbatches, virtual)[pp_rank]
-        self.relay = balance_relay(self.model, p, virtual, microbatches, groups.pp,
-                                   self.placement)
+        self.relay = balance_relay(self.model, p, virtual, microbatches, groups.pp, self.placement)
         for chunk in self.chunks:
             chunk.relay = self.relay
         self.replica = _data_parallel(self.model, self.chunks, groups, self.experts)   # 5
@@ -236,22 +235,20 @@ class ParallelLlama:
 
 
 def _refuse_unzeroed(params: list) -> None:
-    """Raise if a parameter holds a gradient that is not all zeros: run_step after a
-    run_step with no step and zero_grad between would add the tied embedding's other
-    half, the experts' sums and the replicas' means onto ones already made."""
+    """Raise if a parameter holds a nonzero gradient: a second run_step before a step would
+    add the tied half, the experts' sums and the replicas' means onto the first's."""
     grads = [q.grad for q in params if q.grad is not None]
     if grads and bool(backend.to_host(xp.stack([xp.any(g) for g in grads])).any()):
         raise RuntimeError(
-            "ParallelLlama.run_step: the gradients of the last run_step are still there; a "
-            "second one would sync the tied embedding, average the experts and clip again "
-            "onto them. Call optimizer.step() and optimizer.zero_grad() between (train_step "
-            "does), and accumulate over more micro-batches (microbatches=) instead")
+            "ParallelLlama.run_step: the last run_step's gradients are still there; a second "
+            "would sync the tied embedding, average the experts and clip again onto them. Call "
+            "optimizer.step() and optimizer.zero_grad() between (train_step does), and "
+            "accumulate over more micro-batches (microbatches=) instead")
 
 
 def _tensor_parallel(model: Module, tp: Any, sequence_parallel: bool) -> Module:
-    """The Megatron twin of ``model`` over ``tp``, holding ``model``'s weights, each
-    frozen where ``model``'s is (``requires_grad=False``), and its persistent buffers
-    (each router's selection bias ``expert_bias``: a twin made from the config had zeros)."""
+    """The Megatron twin of ``model`` over ``tp``: its weights, frozen where they are, and
+    its persistent buffers (each router's ``expert_bias``: one from the config had zeros)."""
     cfg = model.config
     cls = TensorParallelLlama if isinstance(cfg, LlamaConfig) else TensorParallelGPT
     twin = cls(cfg, tp, sequence_parallel)

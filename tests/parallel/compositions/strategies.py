@@ -93,7 +93,8 @@ def fully_shard(case: Case, model) -> Run:
     opt = make_optimizer(case, model.parameters())
 
     def parameters():
-        out = host_parameters((n, d.full_tensor()) for n, d in sharded_state_dict(model).items())
+        out = host_parameters((n, d.full_tensor()) for n, d in sharded_state_dict(model).items()
+                              if hasattr(d, "full_tensor"))   # the buffers: moe_biases
         out.update(moe_biases(model))
         return out
 
