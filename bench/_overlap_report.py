@@ -12,7 +12,7 @@ the gathers and the dispatch the link speed below which the extra CPU time pays
 """
 from __future__ import annotations
 
-from _overlap_traffic import most, targeted
+from _overlap_traffic import WAITS, most, targeted
 
 
 def report(pair: str, variants: list, rows: dict, gbps: float) -> list[str]:
@@ -32,17 +32,13 @@ def report(pair: str, variants: list, rows: dict, gbps: float) -> list[str]:
         print("  all-gathered per step and rank: " + ", ".join(
             f"{v} {row['gathered'] / 1e6:.3f} MB ({row['gathered'] / base['gathered']:.2f} x)"
             for v, row in rows.items()))
-        print("  exposed in the gathers' waits (FSDP gather unit k spans), per step, median "
-              "over the rounds, at each gather the least over the ranks (the largest rank's "
-              "waits): " + ", ".join(f"{v} {1e3 * row['waits_own']:.2f} ms "
-                                     f"({1e3 * row['waits_exposed']:.2f})"
-                                     for v, row in rows.items()))
-    if pair == "moe":        # the dispatches' waits: what the overlap acts on
-        print("  exposed in the dispatches' waits (MoE dispatch unit k spans), per step, "
-              "median over the rounds, at each dispatch the least over the ranks (the largest "
-              "rank's waits): " + ", ".join(f"{v} {1e3 * row['waits_own']:.2f} ms "
-                                          f"({1e3 * row['waits_exposed']:.2f})"
-                                          for v, row in rows.items()))
+    if pair in WAITED:       # the units' own waits: what the bar reads
+        many, one = WAITED[pair]
+        print(f"  exposed in the {many} waits ({WAITS[pair]} unit k spans), per step, median "
+              f"over the rounds, at each {one} the least over the ranks (the largest rank's "
+              f"waits): " + ", ".join(f"{v} {1e3 * row['waits_own']:.2f} ms "
+                                      f"({1e3 * row['waits_exposed']:.2f})"
+                                      for v, row in rows.items()))
     if pair == "pipeline_ep":   # which mesh dimension carries what
         print("  MB sent per step (largest rank) on pp / ep: " + ", ".join(
             f"{v} {most((1, row['traffic']['pp'])) / 1e6:.3f} / "
@@ -51,7 +47,7 @@ def report(pair: str, variants: list, rows: dict, gbps: float) -> list[str]:
     for v in overlapped:
         bars.append(f"{pair + ':':<13}"
                     + verdict(v, plain, rows[v], base, gbps, targeted(pair, rows[v], base),
-                              EXPOSED.get(pair, "exposed"), WAITED.get(pair)))
+                              "waits_own" if pair in WAITED else "exposed", WAITED.get(pair)))
         if pair in ("fsdp", "moe"):
             break_even(v, rows[v], base, gbps)
     return bars
@@ -82,8 +78,8 @@ def break_even(v: str, row: dict, base: dict, gbps: float) -> None:
               f"slower than {saved_bytes / extra_cpu / 1e9:.2f} GB/s (--link-gbps)")
 
 
-EXPOSED = {"fsdp": "waits_own", "moe": "waits_own"}   # pair -> the exposed figure its bar reads
-WAITED = {"fsdp": ("gathers'", "gather"), "moe": ("dispatches'", "dispatch")}
+WAITED = {"fsdp": ("gathers'", "gather"),       # pair -> whose own waits its bar reads
+          "moe": ("dispatches'", "dispatch")}
 
 
 def verdict(v: str, plain: str, row: dict, base: dict, gbps: float,
